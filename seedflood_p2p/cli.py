@@ -1,0 +1,270 @@
+"""The `seedflood` command: every subcommand is wired here, and only here.
+
+Run settings are `RunConfig` fields; each is a flag of the same name
+(`--refresh-period`) and a key of the same name in a TOML file (`--config`,
+`refresh_period = 20`). Flags override the file. A `UserError` anywhere prints
+one line, `error: ...`, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.errors import UserError
+
+log = logging.getLogger("seedflood")
+
+_RUN_FIELDS = [f for f in dataclasses.fields(RunConfig) if f.name not in ("extra", "base_sha256")]
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("run settings (also accepted as keys of --config TOML)")
+    group.add_argument("--config", type=Path, help="TOML file with run settings")
+    for f in _RUN_FIELDS:
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            group.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None
+            )
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            group.add_argument(
+                flag, dest=f.name, type=kind, default=None, help=f"default: {f.default}"
+            )
+
+
+def run_config_from_args(
+    args: argparse.Namespace, defaults: dict[str, Any] | None = None
+) -> RunConfig:
+    """Settings from `RunConfig` defaults, then `defaults`, the TOML file, flags; validated."""
+    values: dict[str, Any] = dict(defaults or {})
+    names = {f.name: f for f in _RUN_FIELDS}
+    if getattr(args, "config", None) is not None:
+        try:
+            table = tomllib.loads(Path(args.config).read_text())
+        except FileNotFoundError:
+            raise UserError(f"config file {args.config} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"config file {args.config} is not valid TOML: {exc}") from None
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            if name not in names:
+                raise UserError(
+                    f"config file {args.config}: unknown setting '{key}' "
+                    f"(known: {', '.join(sorted(names))})"
+                )
+            values[name] = value
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    for name, value in values.items():
+        expected = str(names[name].type)
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+        }.get(expected, True)
+        if not ok:
+            raise UserError(f"setting '{name}' must be of type {expected}, got {value!r}")
+    return RunConfig(**values)
+
+
+def _setup_logging(fmt: str = "text", level: str = "INFO") -> None:
+    from seedflood_p2p.logs import setup_logging
+
+    setup_logging(fmt, level)
+
+
+# -- train / eval / replay ----------------------------------------------------
+def cmd_train(args: argparse.Namespace) -> int:
+    from seedflood_p2p.data import load_task
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.models import load_model, save_model, weights_sha256
+    from seedflood_p2p.subcge import make_estimator
+    from seedflood_p2p.trainer import evaluate, train_local
+
+    config = run_config_from_args(args)
+    model, tokenizer = load_model(config.model)
+    task = load_task(
+        config.dataset, text_column=config.text_column, label_column=config.label_column
+    )
+    config = config.replace(
+        base_sha256=weights_sha256(model),
+        n_ref=args.peers if getattr(args, "n_ref", None) is None else config.n_ref,
+    )
+    out = Path(args.out or f"runs/{config.run_id[:12]}")
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(args.ledger or out / "ledger.sqlite", config.run_id)
+    ledger.set_meta("manifest", config.to_json())
+    engine = make_estimator(model, config)
+    log.info(
+        "run %s: model %s (%.1fM trainable params in %d matrices), dataset %s "
+        "(%d train / %d test), %d simulated peers, %d rounds, estimator %s",
+        config.run_id[:12],
+        config.model,
+        engine.num_parameters / 1e6,
+        len(engine.matrices),
+        config.dataset,
+        len(task.train),
+        len(task.test),
+        args.peers,
+        args.rounds,
+        config.estimator,
+    )
+    if len(ledger):
+        from seedflood_p2p.replay import replay
+
+        log.info("resuming: replaying %d ledger messages", len(ledger))
+        replay(model, config, ledger.messages())
+    loss, acc = evaluate(model, tokenizer, task, config, args.eval_examples)
+    log.info("start: eval loss %.4f%s", loss, "" if acc is None else f"  accuracy {acc:.3f}")
+    started = time.perf_counter()
+
+    def show(r) -> None:
+        line = f"round {r.round + 1}/{args.rounds}  train loss {r.train_loss:.4f}"
+        if r.eval_loss is not None:
+            line += f"  eval loss {r.eval_loss:.4f}"
+        if r.eval_accuracy is not None:
+            line += f"  accuracy {r.eval_accuracy:.3f}"
+        log.info("%s  (%.2f s/round)", line, r.seconds)
+
+    train_local(
+        engine,
+        tokenizer,
+        task,
+        peers=args.peers,
+        rounds=args.rounds,
+        ledger=ledger,
+        eval_every=args.eval_every,
+        eval_examples=args.eval_examples,
+        on_round=show,
+    )
+    engine.close()
+    save_model(model, tokenizer, out / "model")
+    log.info(
+        "done in %.1f s: %d messages in %s; model saved to %s; weights sha256 %s",
+        time.perf_counter() - started,
+        len(ledger),
+        ledger.path,
+        out / "model",
+        weights_sha256(model),
+    )
+    ledger.close()
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from seedflood_p2p.data import load_task
+    from seedflood_p2p.models import load_model
+    from seedflood_p2p.trainer import evaluate
+
+    config = run_config_from_args(args)
+    model, tokenizer = load_model(args.model_path or config.model)
+    task = load_task(
+        config.dataset, text_column=config.text_column, label_column=config.label_column
+    )
+    loss, acc = evaluate(model, tokenizer, task, config, args.examples)
+    shown = min(args.examples, len(task.test))
+    print(
+        f"{config.dataset}: {shown} held-out examples  loss {loss:.4f}"
+        + ("" if acc is None else f"  accuracy {acc:.4f}")
+    )
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.models import load_model, save_model, weights_sha256
+    from seedflood_p2p.replay import replay
+
+    ledger = Ledger.open_existing(args.ledger)
+    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    model, tokenizer = load_model(args.base or config.model)
+    base_hash = weights_sha256(model)
+    if config.base_sha256 and base_hash != config.base_sha256:
+        raise UserError(
+            f"base weights '{args.base or config.model}' have SHA-256 {base_hash[:16]}..., but "
+            f"the run was trained from {config.base_sha256[:16]}...: pass the run's base model"
+        )
+    started = time.perf_counter()
+    total = len(ledger)
+
+    def progress(done: int, epoch: int) -> None:
+        log.info("replayed %d/%d messages (epoch %d)", done, total, epoch)
+
+    count = replay(model, config, ledger.messages(), progress=progress if total > 50_000 else None)
+    save_model(model, tokenizer, args.out)
+    digest = weights_sha256(model)
+    log.info(
+        "replayed %d messages of run %s in %.2f s; model written to %s",
+        count,
+        config.run_id[:12],
+        time.perf_counter() - started,
+        args.out,
+    )
+    print(digest)
+    return 0
+
+
+# -- wiring ------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seedflood",
+        description="Peer-to-peer zeroth-order fine-tuning of language models (SeedFlood/SubCGE).",
+    )
+    parser.add_argument("--log-format", choices=["text", "json"], default="text")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train on this machine with simulated peers")
+    _add_run_flags(p)
+    p.add_argument("--peers", type=int, default=1, help="simulated peers (default 1)")
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-examples", type=int, default=200)
+    p.add_argument("--ledger", type=Path, help="ledger file (default OUT/ledger.sqlite)")
+    p.add_argument("--out", type=Path, help="output directory (default runs/RUN_ID)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="held-out loss and accuracy of a model")
+    _add_run_flags(p)
+    p.add_argument("model_path", nargs="?", help="model directory or name (default --model)")
+    p.add_argument("--examples", type=int, default=1000)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("replay", help="rebuild a model from base weights plus a ledger")
+    p.add_argument("--ledger", type=Path, required=True)
+    p.add_argument("--base", help="base model (default: the run's model)")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_replay)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_format, args.log_level)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The durable log of accepted update messages: one SQLite file in WAL mode.
+
+A message is keyed by (run, peer, round); inserting it twice is a no-op, so
+applying the ledger is idempotent and arrival order does not matter. Every
+insert is committed with synchronous=FULL before the caller applies the
+message, so a process killed at any point reopens with every committed
+message intact (SQLite's journal rolls back a half-written transaction).
+The run's manifest is stored beside the messages, so a ledger file alone is
+enough to rebuild the model from the base weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from seedflood_p2p.errors import UserError
+from seedflood_p2p.message import UpdateMessage
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    run_id TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    peer BLOB NOT NULL,
+    scalar REAL NOT NULL,
+    PRIMARY KEY (run_id, round, peer)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class Ledger:
+    """Accepted messages of one run, in a SQLite file."""
+
+    def __init__(self, path: str | Path, run_id: str) -> None:
+        self.path = Path(path)
+        self.run_id = run_id
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise UserError(
+                f"ledger {self.path} is corrupt or not a seedflood ledger ({exc}): move it "
+                "aside and let the peer re-sync from the network, or rebuild it from a "
+                "peer's copy"
+            ) from None
+        except sqlite3.OperationalError as exc:
+            raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
+
+    @classmethod
+    def open_existing(cls, path: str | Path) -> Ledger:
+        """Open a ledger file for reading, taking the run id from its manifest."""
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"ledger file {path} does not exist: pass the path of a .sqlite ledger")
+        ledger = cls(path, run_id="")
+        manifest = ledger.get_meta("manifest")
+        if manifest is None:
+            raise UserError(f"ledger {path} has no run manifest: it was not written by seedflood")
+        from seedflood_p2p.config import RunConfig
+
+        ledger.run_id = RunConfig.from_json(manifest).run_id
+        return ledger
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------
+    def add(self, messages: Iterable[UpdateMessage]) -> list[UpdateMessage]:
+        """Insert messages in one committed transaction; returns those that were new."""
+        new = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            for m in messages:
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?)",
+                    (self.run_id, m.round, m.peer, m.scalar),
+                )
+                if cur.rowcount:
+                    new.append(m)
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if "full" in str(exc).lower():
+                raise UserError(
+                    f"disk full while writing ledger {self.path}: free space on "
+                    f"{self.path.parent} and restart the peer (nothing committed was lost)"
+                ) from None
+            raise
+        return new
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    # -- reading ---------------------------------------------------------
+    def __len__(self) -> int:
+        query = "SELECT COUNT(*) FROM messages WHERE run_id = ?"
+        return self._db.execute(query, (self.run_id,)).fetchone()[0]
+
+    def messages(self, min_round: int = 0, max_round: int | None = None) -> Iterator[UpdateMessage]:
+        """Messages in canonical order: (round, peer)."""
+        upper = (1 << 62) if max_round is None else max_round
+        rows = self._db.execute(
+            "SELECT round, peer, scalar FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
+            " ORDER BY round, peer",
+            (self.run_id, min_round, upper),
+        )
+        for round_, peer, scalar in rows:
+            yield UpdateMessage(round_, bytes(peer), scalar)
+
+    def max_round(self) -> int:
+        """The highest round in the ledger, or -1 when empty."""
+        query = "SELECT MAX(round) FROM messages WHERE run_id = ?"
+        row = self._db.execute(query, (self.run_id,)).fetchone()
+        return -1 if row[0] is None else row[0]
+
+    def has(self, peer: bytes, round_: int) -> bool:
+        query = "SELECT 1 FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
+        return self._db.execute(query, (self.run_id, round_, peer)).fetchone() is not None
+
+    def digest(self) -> str:
+        """SHA-256 over all messages in canonical order: equal digests, equal ledgers."""
+        h = hashlib.sha256()
+        for m in self.messages():
+            h.update(m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer)
+            h.update(repr(m.scalar).encode())
+        return h.hexdigest()

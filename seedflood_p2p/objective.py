@@ -1,0 +1,43 @@
+"""Losses the estimator minimises: prompt-based classification and language modelling.
+
+Batches come from `seedflood_p2p.data.make_batch`. Classification reads the
+logits of the label words (" terrible" / " great") at the end of the prompt
+and takes the cross-entropy over those words only, as MeZO does. Only the
+target positions go through the LM head, which saves its full-vocabulary
+matmul at every other position.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.no_grad()
+def label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
+    """[batch, num_labels] logits of the label words at each prompt's last position."""
+    hidden = model.base_model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    last = hidden[rows, batch["target_positions"]]
+    logits = model.get_output_embeddings()(last)  # goes through the perturbation hooks
+    return logits[:, batch["label_word_ids"]].float()
+
+
+@torch.no_grad()
+def batch_loss(model: nn.Module, batch: dict, kind: str) -> tuple[float, float | None]:
+    """(mean loss, accuracy or None) of one batch."""
+    if kind == "classification":
+        logits = label_word_logits(model, batch)
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits, labels)
+        accuracy = (logits.argmax(dim=-1) == labels).float().mean().item()
+        return loss.item(), accuracy
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        labels=batch["labels"],
+    )
+    return out.loss.float().item(), None

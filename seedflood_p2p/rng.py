@@ -1,0 +1,82 @@
+"""Counter-based random numbers that are bit-identical on every machine.
+
+torch's generators are not portable (CPU and CUDA streams differ; CUDA randn
+depends on the device), so every random quantity that peers must agree on is
+drawn here instead: Philox4x32-10 (Salmon et al., SC'11, the generator behind
+cuRAND and Random123) evaluated with NumPy's unsigned integer arithmetic on the
+CPU. Results are integers or exactly representable floats (+1/-1), so they do
+not depend on the torch version, device or math library. Keys are derived with
+SHA-256 from readable domain strings, so different uses never share a stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+_M0 = np.uint64(0xD2511F53)
+_M1 = np.uint64(0xCD9E8D57)
+_W0 = np.uint64(0x9E3779B9)
+_W1 = np.uint64(0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_SHIFT32 = np.uint64(32)
+
+
+def philox4x32(counters: np.ndarray, key: tuple, rounds: int = 10) -> np.ndarray:
+    """Philox4x32-R on a batch of 128-bit counters.
+
+    counters: array of shape (n, 4) holding 32-bit words (any integer dtype).
+    key: two 32-bit words, each an int or an array of shape (n,) (one key per
+    counter). Returns a uint32 array of shape (n, 4).
+    """
+    c = np.asarray(counters, dtype=np.uint64) & _MASK32
+    if c.ndim != 2 or c.shape[1] != 4:
+        raise ValueError(f"counters must have shape (n, 4), got {c.shape}")
+    c0, c1, c2, c3 = (c[:, i].copy() for i in range(4))
+    k0 = np.asarray(key[0], dtype=np.uint64) & _MASK32
+    k1 = np.asarray(key[1], dtype=np.uint64) & _MASK32
+    for _ in range(rounds):
+        p0 = _M0 * c0  # 32x32 -> 64 bit products cannot overflow uint64
+        p1 = _M1 * c2
+        c0, c1, c2, c3 = (
+            (p1 >> _SHIFT32) ^ c1 ^ k0,
+            p1 & _MASK32,
+            (p0 >> _SHIFT32) ^ c3 ^ k1,
+            p0 & _MASK32,
+        )
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    return np.stack([c0, c1, c2, c3], axis=1).astype(np.uint32)
+
+
+def derive_key(*parts: bytes | str | int) -> tuple[int, int]:
+    """A 64-bit Philox key from SHA-256 of length-prefixed parts (unambiguous)."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, int):
+            data = part.to_bytes(8, "little", signed=False)
+        elif isinstance(part, str):
+            data = part.encode()
+        else:
+            data = bytes(part)
+        h.update(len(data).to_bytes(4, "little"))
+        h.update(data)
+    digest = h.digest()
+    return int.from_bytes(digest[0:4], "little"), int.from_bytes(digest[4:8], "little")
+
+
+def random_words(key: tuple[int, int], stream: int, count: int) -> np.ndarray:
+    """`count` uint32 words from counters (i, stream, 0, 0), i = 0, 1, ..."""
+    blocks = -(-count // 4)
+    counters = np.zeros((blocks, 4), dtype=np.uint64)
+    counters[:, 0] = np.arange(blocks, dtype=np.uint64)
+    counters[:, 1] = stream
+    return philox4x32(counters, key).reshape(-1)[:count]
+
+
+def random_signs(key: tuple[int, int], stream: int, count: int) -> np.ndarray:
+    """`count` values in {-1.0, +1.0} (float32), one bit each, little-endian bit order."""
+    words = random_words(key, stream, -(-count // 32))
+    bits = np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little")[:count]
+    return (bits.astype(np.float32) * 2.0 - 1.0).astype(np.float32)

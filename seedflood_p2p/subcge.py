@@ -1,0 +1,307 @@
+"""SubCGE: subspace coordinate-wise gradient estimation (the project's definition).
+
+Per epoch e = round // T and trainable matrix l there is a shared basis
+U_l^e (m x r) and V_l^e (k x r) of +1/-1 entries, drawn from Philox keyed by
+(run, e, l). A message of peer p for round t derives its seed from
+(run, p, t); the seed picks per matrix a coordinate (a_l, b_l) in [r] x [r]
+and a sign, so its direction is Z = {sign_l * U[:, a_l] V[:, b_l]^T}.
+
+Aggregation: a message adds sign_l * coef into the r x r core C_l of its epoch
+(O(layers) per message); merging applies W_l -= U_l C_l V_l^T (O(r*d)), once
+per round on a live peer and once per epoch in a replay, whatever the number
+of messages. Everything here is pure computation on tensors: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.errors import UserError
+from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.rng import derive_key, philox4x32, random_signs
+from seedflood_p2p.trainable import (
+    TrainableMatrix,
+    find_trainable_matrices,
+    install_perturbation_hooks,
+)
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One message's direction: per matrix the coordinate (a, b) and sign.
+
+    The naive baseline leaves a, b, sign empty and regenerates from (peer, round).
+    """
+
+    peer: bytes
+    round: int
+    epoch: int
+    a: np.ndarray  # int64 [L]
+    b: np.ndarray  # int64 [L]
+    sign: np.ndarray  # float64 [L], +1 or -1
+
+
+def message_coordinates(
+    run_key: bytes, peers: list[bytes], rounds: list[int], num_layers: int, rank: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, sign), each of shape [n, L], for n messages at once.
+
+    Word j of matrix l comes from Philox block (3l + j) // 4 under the message's
+    key (run, peer, round). The modulo bias of `% rank` is below rank / 2^32.
+    """
+    n = len(peers)
+    keys = np.array(
+        [derive_key("seedflood/message", run_key, p, t) for p, t in zip(peers, rounds)],
+        dtype=np.uint64,
+    ).reshape(n, 2)
+    blocks = -(-3 * num_layers // 4)
+    counters = np.zeros((n * blocks, 4), dtype=np.uint64)
+    counters[:, 0] = np.tile(np.arange(blocks, dtype=np.uint64), n)
+    key0 = np.repeat(keys[:, 0], blocks)
+    key1 = np.repeat(keys[:, 1], blocks)
+    words = philox4x32(counters, (key0, key1)).reshape(n, blocks * 4)[:, : 3 * num_layers]
+    words = words.reshape(n, num_layers, 3).astype(np.int64)
+    sign = np.where(words[:, :, 2] & 1, 1.0, -1.0)
+    return words[:, :, 0] % rank, words[:, :, 1] % rank, sign
+
+
+def layer_basis(run_key: bytes, epoch: int, layer: int, m: int, k: int, rank: int) -> np.ndarray:
+    """U (m x r) stacked over V (k x r): an (m + k) x r array of +1/-1 (float32)."""
+    key = derive_key("seedflood/basis", run_key, epoch, layer)
+    return random_signs(key, 0, (m + k) * rank).reshape(m + k, rank)
+
+
+class ZerothOrderEstimator:
+    """What SubCGE and the naive baseline share: the two-point estimate.
+
+    Subclasses say how a direction is derived, how a forward pass is perturbed
+    along it, and how accepted messages are folded into the weights.
+    """
+
+    def __init__(self, model: nn.Module, config: RunConfig) -> None:
+        self.model = model
+        self.config = config
+        self.run_key = config.run_key
+        self.matrices: list[TrainableMatrix] = find_trainable_matrices(
+            model, include_embeddings=config.include_embeddings
+        )
+        if not self.matrices:
+            raise UserError(
+                "the model has no trainable 2-D weights of a Linear, Embedding or Conv1D "
+                "module: SubCGE cannot train it (try include_embeddings = true)"
+            )
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(m.weight.numel() for m in self.matrices)
+
+    def direction(self, peer: bytes, round_: int) -> Direction:
+        raise NotImplementedError
+
+    @contextmanager
+    def perturbed(self, direction: Direction, scale: float) -> Iterator[None]:
+        raise NotImplementedError
+        yield
+
+    def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Detach anything attached to the model."""
+
+    def coefficient(self, message: UpdateMessage) -> float:
+        """The step size of one message: (lr_t / n_ref) * clip(g)."""
+        clip = self.config.clip
+        g = min(max(message.scalar, -clip), clip)
+        return self.config.lr_at(message.round) / self.config.n_ref * g
+
+    @torch.no_grad()
+    def estimate(self, loss_fn: Callable[[], float], direction: Direction) -> tuple[float, float]:
+        """Two-point estimate (L(+eps) - L(-eps)) / 2eps; returns (g, mean loss)."""
+        eps = self.config.eps
+        with self.perturbed(direction, eps):
+            loss_plus = float(loss_fn())
+        with self.perturbed(direction, -eps):
+            loss_minus = float(loss_fn())
+        return (loss_plus - loss_minus) / (2 * eps), 0.5 * (loss_plus + loss_minus)
+
+
+class SubCGE(ZerothOrderEstimator):
+    """SubCGE on a model: bases, pending r x r cores per epoch, merges."""
+
+    def __init__(self, model: nn.Module, config: RunConfig, basis_cache: int = 3) -> None:
+        super().__init__(model, config)
+        rank = config.rank
+        too_small = [m for m in self.matrices if rank > min(m.shape)]
+        if too_small:
+            worst = min(too_small, key=lambda m: min(m.shape))
+            raise UserError(
+                f"rank {rank} is larger than weight '{worst.name}' allows "
+                f"(shape {worst.shape[0]} x {worst.shape[1]}): choose a rank <= "
+                f"{min(worst.shape)}"
+            )
+        self._basis_cache_size = basis_cache
+        self._bases: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._pending: dict[int, np.ndarray] = {}  # epoch -> [L, r*r] float64
+        self._hooks = install_perturbation_hooks(self.matrices)
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    # -- shared randomness -------------------------------------------------
+    def basis(self, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """[(U_l, V_l)] of an epoch, on the weights' device and dtype (cached)."""
+        if epoch not in self._bases:
+            bases = []
+            for index, matrix in enumerate(self.matrices):
+                m, k = matrix.shape
+                uv = layer_basis(self.run_key, epoch, index, m, k, self.config.rank)
+                uv = torch.from_numpy(uv).to(matrix.weight.device, matrix.weight.dtype)
+                bases.append((uv[:m], uv[m:]))
+            self._bases[epoch] = bases
+            while len(self._bases) > self._basis_cache_size:
+                del self._bases[min(self._bases)]
+        return self._bases[epoch]
+
+    def direction(self, peer: bytes, round_: int) -> Direction:
+        a, b, sign = message_coordinates(
+            self.run_key, [peer], [round_], len(self.matrices), self.config.rank
+        )
+        return Direction(peer, round_, self.config.epoch_of(round_), a[0], b[0], sign[0])
+
+    @contextmanager
+    def perturbed(self, direction: Direction, scale: float) -> Iterator[None]:
+        """Forward passes inside see W + scale * Z; W itself is never written."""
+        bases = self.basis(direction.epoch)
+        try:
+            for i, matrix in enumerate(self.matrices):
+                u_all, v_all = bases[i]
+                a, b = int(direction.a[i]), int(direction.b[i])
+                matrix.perturbation = (u_all[:, a], v_all[:, b], scale * float(direction.sign[i]))
+            yield
+        finally:
+            for matrix in self.matrices:
+                matrix.perturbation = None
+
+    # -- aggregation -------------------------------------------------------
+    def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
+        """Fold messages into their epochs' cores: O(layers) each. Returns the count.
+
+        Within one call, entries are added in the order given (np.add.at is
+        sequential), so a replay in canonical order is reproducible bit for bit.
+        """
+        messages = list(messages)
+        if not messages:
+            return 0
+        L, r = len(self.matrices), self.config.rank
+        a, b, sign = message_coordinates(
+            self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r
+        )
+        coef = np.array([self.coefficient(m) for m in messages], dtype=np.float64)
+        epochs = np.array([self.config.epoch_of(m.round) for m in messages])
+        layer = np.broadcast_to(np.arange(L), a.shape)
+        for epoch in np.unique(epochs):
+            rows = epochs == epoch
+            core = self._pending.setdefault(int(epoch), np.zeros((L, r * r), dtype=np.float64))
+            np.add.at(
+                core,
+                (layer[rows].ravel(), (a[rows] * r + b[rows]).ravel()),
+                (sign[rows] * coef[rows, None]).ravel(),
+            )
+        return len(messages)
+
+    @property
+    def pending_epochs(self) -> list[int]:
+        return sorted(self._pending)
+
+    @torch.no_grad()
+    def commit(self, epochs: Iterable[int] | None = None) -> None:
+        """Merge pending cores into the weights: W_l -= U_l C_l V_l^T, O(r*d) per epoch."""
+        r = self.config.rank
+        for epoch in sorted(self._pending if epochs is None else epochs):
+            core = self._pending.pop(epoch, None)
+            if core is None:
+                continue
+            bases = self.basis(epoch)
+            for i, matrix in enumerate(self.matrices):
+                if not core[i].any():
+                    continue
+                u, v = bases[i]
+                c = torch.from_numpy(core[i].reshape(r, r)).to(u.device, u.dtype)
+                matrix.weight.addmm_(u @ c, v.T, alpha=-1.0)
+
+
+class NaiveSeedReplay(ZerothOrderEstimator):
+    """The baseline (MeZO, FedKSeed, Just One Byte): a full-size Gaussian per message.
+
+    Each message's direction is regenerated from its seed at apply time, so
+    applying n messages costs O(n * d). The Gaussian comes from torch's CPU
+    generator, as in MeZO: it is for comparison on one machine, not for the
+    network (it is not bit-identical across devices).
+    """
+
+    def __init__(self, model: nn.Module, config: RunConfig) -> None:
+        super().__init__(model, config)
+        self._pending: list[UpdateMessage] = []
+
+    def _seed(self, peer: bytes, round_: int) -> int:
+        k0, k1 = derive_key("seedflood/naive", self.run_key, peer, round_)
+        return (k1 << 32 | k0) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def _gaussians(
+        self, peer: bytes, round_: int
+    ) -> Iterator[tuple[TrainableMatrix, torch.Tensor]]:
+        gen = torch.Generator(device="cpu").manual_seed(self._seed(peer, round_))
+        for matrix in self.matrices:
+            z = torch.randn(matrix.shape, generator=gen, dtype=torch.float32)
+            yield matrix, z.to(matrix.weight.device, matrix.weight.dtype)
+
+    def direction(self, peer: bytes, round_: int) -> Direction:
+        empty = np.zeros(0)
+        return Direction(peer, round_, self.config.epoch_of(round_), empty, empty, empty)
+
+    @contextmanager
+    def perturbed(self, direction: Direction, scale: float) -> Iterator[None]:
+        """In-place perturbation, restored from a copy so W is bitwise unchanged."""
+        saved = [m.weight.detach().clone() for m in self.matrices]
+        try:
+            with torch.no_grad():
+                for matrix, z in self._gaussians(direction.peer, direction.round):
+                    matrix.weight.add_(z, alpha=scale)
+            yield
+        finally:
+            with torch.no_grad():
+                for matrix, original in zip(self.matrices, saved):
+                    matrix.weight.copy_(original)
+
+    def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
+        messages = list(messages)
+        self._pending.extend(messages)
+        return len(messages)
+
+    @torch.no_grad()
+    def commit(self) -> None:
+        """O(n * d): regenerate and add every message's full-size direction."""
+        for message in self._pending:
+            coef = self.coefficient(message)
+            for matrix, z in self._gaussians(message.peer, message.round):
+                matrix.weight.add_(z, alpha=-coef)
+        self._pending = []
+
+
+def make_estimator(model: nn.Module, config: RunConfig) -> ZerothOrderEstimator:
+    if config.estimator == "naive":
+        return NaiveSeedReplay(model, config)
+    return SubCGE(model, config)

@@ -1,0 +1,116 @@
+"""One zeroth-order step, evaluation, and `seedflood train` (simulated peers in one process).
+
+The step is the same one the peer daemon runs: sample the peer's minibatch
+for the round, estimate the projected gradient along the message's derived
+direction, round it to wire precision. Applying is separate (accumulate +
+commit), so a sender applies its own message exactly as receivers do.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.data import Task, make_batch, sample_batch
+from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.message import UpdateMessage, quantize_scalar
+from seedflood_p2p.objective import batch_loss
+from seedflood_p2p.rng import derive_key
+from seedflood_p2p.subcge import ZerothOrderEstimator
+
+log = logging.getLogger("seedflood.train")
+
+
+def batch_seed(run_key: bytes, peer: bytes, round_: int) -> int:
+    """Which training examples a peer uses in a round (reproducible, distinct per peer)."""
+    k0, k1 = derive_key("seedflood/data", run_key, peer, round_)
+    return k1 << 32 | k0
+
+
+def zo_step(
+    engine: ZerothOrderEstimator, tokenizer, task: Task, peer: bytes, round_: int
+) -> tuple[UpdateMessage, float]:
+    """Estimate this peer's update for `round_`; returns (message, training loss)."""
+    config = engine.config
+    examples = sample_batch(task, batch_seed(config.run_key, peer, round_), config.batch_size)
+    batch = make_batch(examples, tokenizer, task, config.max_length)
+    direction = engine.direction(peer, round_)
+    g, loss = engine.estimate(lambda: batch_loss(engine.model, batch, task.kind)[0], direction)
+    if not math.isfinite(g):
+        raise FloatingPointError(f"non-finite projected gradient at round {round_}: lower lr")
+    return UpdateMessage(round_, peer, quantize_scalar(g)), loss
+
+
+@torch.no_grad()
+def evaluate(
+    model, tokenizer, task: Task, config: RunConfig, max_examples: int = 200
+) -> tuple[float, float | None]:
+    """(mean loss, accuracy or None) on the first `max_examples` held-out examples."""
+    examples = task.test[:max_examples]
+    total_loss, total_correct, count = 0.0, 0.0, 0
+    for start in range(0, len(examples), config.batch_size):
+        chunk = examples[start : start + config.batch_size]
+        loss, accuracy = batch_loss(
+            model, make_batch(chunk, tokenizer, task, config.max_length), task.kind
+        )
+        total_loss += loss * len(chunk)
+        total_correct += (accuracy or 0.0) * len(chunk)
+        count += len(chunk)
+    return total_loss / count, (total_correct / count if task.kind == "classification" else None)
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    train_loss: float
+    eval_loss: float | None
+    eval_accuracy: float | None
+    seconds: float
+
+
+def train_local(
+    engine: ZerothOrderEstimator,
+    tokenizer,
+    task: Task,
+    *,
+    peers: int,
+    rounds: int,
+    ledger: Ledger | None = None,
+    eval_every: int = 0,
+    eval_examples: int = 200,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> list[RoundRecord]:
+    """Simulated peers in one process: every round each peer estimates on the same model,
+    the messages are logged, then all are applied as the network would apply them."""
+    peer_ids = [f"local-{i}".encode() for i in range(peers)]
+    start = (ledger.max_round() + 1) if ledger is not None else 0
+    records = []
+    for round_ in range(start, rounds):
+        t0 = time.perf_counter()
+        messages, losses = [], []
+        for peer in peer_ids:
+            message, loss = zo_step(engine, tokenizer, task, peer, round_)
+            messages.append(message)
+            losses.append(loss)
+        if ledger is not None:
+            ledger.add(messages)  # log before apply: the ledger is the source of truth
+        engine.accumulate(messages)
+        engine.commit()
+        eval_loss = eval_acc = None
+        if eval_every and ((round_ + 1) % eval_every == 0 or round_ + 1 == rounds):
+            eval_loss, eval_acc = evaluate(
+                engine.model, tokenizer, task, engine.config, eval_examples
+            )
+        record = RoundRecord(
+            round_, sum(losses) / len(losses), eval_loss, eval_acc, time.perf_counter() - t0
+        )
+        records.append(record)
+        if on_round is not None:
+            on_round(record)
+    return records

@@ -1,0 +1,300 @@
+"""Transport tests against real p2pd daemons on 127.0.0.1 (no other address is used)."""
+
+import asyncio
+import os
+import socket
+import stat
+import time
+
+import pytest
+from hivemind.p2p import P2P
+from hivemind.proto import crypto_pb2
+
+from seedflood_p2p.errors import UserError
+from seedflood_p2p.transport import (
+    PubSubClient,
+    RemoteCallError,
+    TokenBucket,
+    TransportError,
+    _daemon_user_error,
+    call_bytes,
+    create_p2p,
+    load_or_create_identity,
+    remove_stale_sockets,
+    serve_bytes,
+)
+
+LOCAL = "/ip4/127.0.0.1/tcp/0"
+TOPIC = "seedflood-test"
+
+
+@pytest.fixture
+async def spawn():
+    """Start daemons with `await spawn(...)`; all of them are shut down after the test."""
+    started = []
+
+    async def _spawn(**kwargs):
+        kwargs.setdefault("identity_path", None)
+        kwargs.setdefault("host_maddrs", [LOCAL])
+        kwargs.setdefault("heartbeat_interval", 0.2)
+        p2p = await create_p2p(**kwargs)
+        started.append(p2p)
+        return p2p
+
+    try:
+        yield _spawn
+    finally:
+        for p2p in started:
+            await p2p.shutdown()
+        for p2p in started:
+            assert p2p._child.returncode is not None  # the daemon process is gone
+
+
+async def full_maddr(p2p) -> str:
+    return str((await p2p.get_visible_maddrs())[0])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def collect(sub, count: int, timeout: float) -> list:
+    got = []
+    async with asyncio.timeout(timeout):
+        while len(got) < count:
+            got.append(await anext(sub))
+    return got
+
+
+async def wait_for_topic_peers(client: PubSubClient, minimum: int, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while len(await client.list_peers(TOPIC)) < minimum:
+        assert time.monotonic() < deadline, "GossipSub peers never showed up"
+        await asyncio.sleep(0.05)
+
+
+async def test_flood_four_daemons(spawn):
+    boot = await spawn()
+    addr = await full_maddr(boot)
+    others = await asyncio.gather(*[spawn(initial_peers=[addr]) for _ in range(3)])
+    nodes = [boot, *others]
+    ids = [p.peer_id.to_base58() for p in nodes]
+    clients = [PubSubClient(p, max_rate=100.0, burst=5) for p in nodes]
+    try:
+        subs = [await c.subscribe(TOPIC) for c in clients]
+        own_sub = await clients[0].subscribe(TOPIC, include_own=True)
+        assert await clients[0].get_topics() == [TOPIC]
+        await wait_for_topic_peers(clients[0], 3)
+        for c in clients[1:]:
+            await wait_for_topic_peers(c, 1)
+
+        async def publish_all(i, client):
+            for k in range(20):
+                await client.publish(TOPIC, f"{i}:{k}".encode())
+
+        t0 = time.monotonic()
+        await asyncio.gather(*[publish_all(i, c) for i, c in enumerate(clients)])
+        assert time.monotonic() - t0 >= 0.1  # paced: 20 messages at 100/s with a burst of 5
+
+        received = await asyncio.gather(*[collect(s, 60, 15.0) for s in subs])
+        own = await collect(own_sub, 80, 15.0)
+        await asyncio.sleep(0.5)  # give duplicates a chance to show up
+        for i, (sub, msgs) in enumerate(zip(subs, received, strict=True)):
+            assert sub._queue.empty(), "duplicate or extra messages"
+            payloads = [m.data.decode() for m in msgs]
+            expected = {f"{j}:{k}" for j in range(4) if j != i for k in range(20)}
+            assert sorted(payloads) == sorted(expected)  # each exactly once, none of our own
+            for m in msgs:
+                publisher = int(m.data.split(b":")[0])
+                assert m.sender_b58 == ids[publisher]
+                assert m.sender == nodes[publisher].peer_id.to_bytes()
+                assert m.topic == TOPIC
+        # the daemon delivers our own publishes to our own subscription
+        assert sum(m.sender_b58 == ids[0] for m in own) == 20
+        assert own_sub._queue.empty()
+    finally:
+        for c in clients:
+            await c.close()
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("pubsub:")]
+
+
+async def test_subscription_survives_broken_stream_and_reports_dead_daemon(spawn):
+    p2p = await spawn()
+    client = PubSubClient(p2p, max_rate=None)
+    sub = await client.subscribe(TOPIC, include_own=True)
+    await client.publish(TOPIC, b"before")
+    assert (await collect(sub, 1, 5.0))[0].data == b"before"
+
+    sub._writer.close()  # break the stream: the subscription reconnects by itself
+    deadline = time.monotonic() + 5.0
+    while sub.reconnects == 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await client.publish(TOPIC, b"after")
+    assert (await collect(sub, 1, 5.0))[0].data == b"after"
+
+    await p2p.shutdown()
+    with pytest.raises(TransportError, match="could not resubscribe"):
+        await collect(sub, 1, 10.0)
+    with pytest.raises(TransportError):
+        await client.publish(TOPIC, b"x")
+    await client.close()
+    with pytest.raises(StopAsyncIteration):
+        await anext(sub)
+
+
+async def test_identity_persists_and_is_ed25519(spawn, tmp_path):
+    key = tmp_path / "peer.key"
+    first = await spawn(identity_path=key)
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    blob = crypto_pb2.PrivateKey.FromString(key.read_bytes())
+    assert blob.key_type == crypto_pb2.Ed25519
+    assert first.peer_id == load_or_create_identity(key)
+    assert first.peer_id.to_base58().startswith("12D3KooW")  # inlined Ed25519 public key
+    ed_size = await own_message_size(first)
+    await first.shutdown()
+
+    second = await spawn(identity_path=key)
+    assert second.peer_id == first.peer_id
+
+    rsa_key = tmp_path / "rsa.key"
+    P2P.generate_identity(str(rsa_key))  # hivemind's own format: RSA-2048
+    rsa = await spawn(identity_path=rsa_key)
+    assert rsa.peer_id == load_or_create_identity(rsa_key)
+    rsa_size = await own_message_size(rsa)
+    print(f"signed GossipSub message with a 30-byte payload: Ed25519 {ed_size} B, RSA {rsa_size} B")
+    assert ed_size <= 30 + 125  # from + seqno + 64-byte signature + topic, no key
+    assert rsa_size > ed_size + 400  # RSA ships its public key and a 256-byte signature
+
+
+async def own_message_size(p2p) -> int:
+    async with PubSubClient(p2p) as client:
+        sub = await client.subscribe("size", include_own=True)
+        await client.publish("size", b"x" * 30)
+        async with asyncio.timeout(5.0):
+            return (await anext(sub)).wire_size
+
+
+def test_identity_file_errors(tmp_path):
+    bad = tmp_path / "bad.key"
+    bad.write_bytes(b"not a key")
+    with pytest.raises(UserError, match="not a libp2p private key"):
+        load_or_create_identity(bad)
+    with pytest.raises(UserError, match="does not exist"):
+        load_or_create_identity(tmp_path / "missing-dir" / "peer.key")
+
+
+async def test_request_response(spawn):
+    server = await spawn()
+    client = await spawn(initial_peers=[await full_maddr(server)])
+
+    async def echo(peer, request: bytes) -> bytes:
+        return peer.to_base58().encode() + b"|" + request[::-1]
+
+    async def slow(peer, request: bytes) -> bytes:
+        await asyncio.sleep(10)
+        return b""
+
+    async def boom(peer, request: bytes) -> bytes:
+        raise RuntimeError("handler exploded")
+
+    async def big(peer, request: bytes) -> bytes:
+        return b"x" * 2000
+
+    await serve_bytes(server, "echo", echo, max_request=1 << 20)
+    await serve_bytes(server, "small", echo, max_request=1000)
+    await serve_bytes(server, "slow", slow)
+    await serve_bytes(server, "boom", boom)
+    await serve_bytes(server, "big", big, max_response=1000)
+    sid = server.peer_id
+
+    assert await call_bytes(client, sid, "echo", b"abc", 5.0) == f"{client.peer_id}|cba".encode()
+    payload = os.urandom((1 << 20) - 100)  # near the default 1 MiB limit
+    response = await call_bytes(client, sid.to_base58(), "echo", payload, 10.0)
+    assert response.endswith(payload[::-1])
+
+    with pytest.raises(ValueError, match="exceeds"):
+        await call_bytes(client, sid, "echo", b"x" * 101, 5.0, max_request=100)
+    with pytest.raises(RemoteCallError, match="exceeds 1000"):
+        await call_bytes(client, sid, "small", b"x" * 1001, 5.0)
+    with pytest.raises(RemoteCallError, match="exceeds 1000"):
+        await call_bytes(client, sid, "big", b"", 5.0)
+    with pytest.raises(RemoteCallError, match="exceeds limit"):
+        await call_bytes(client, sid, "echo", b"abc", 5.0, max_response=10)
+    with pytest.raises(RemoteCallError, match="handler exploded"):
+        await call_bytes(client, sid, "boom", b"", 5.0)
+    with pytest.raises(RemoteCallError):
+        await call_bytes(client, sid, "no-such-handler", b"", 5.0)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCallError, match="timed out"):
+        await call_bytes(client, sid, "slow", b"", 0.3)
+    assert time.monotonic() - t0 < 2.0
+    # the connection still works after all those failures
+    assert (await call_bytes(client, sid, "echo", b"ok", 5.0)).endswith(b"ko")
+
+
+async def test_unreachable_bootstrap(spawn, tmp_path):
+    peer_id = load_or_create_identity(tmp_path / "other.key")
+    with socket.socket() as closed:  # bound but not listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id}"
+        with pytest.raises(UserError) as info:
+            await spawn(initial_peers=[addr])
+    message = str(info.value)
+    assert addr in message and f"nc -vz 127.0.0.1 {port}" in message
+    assert "\n" not in message
+
+    with pytest.raises(UserError, match="/p2p/<peer id>"):
+        await spawn(initial_peers=[f"/ip4/127.0.0.1/tcp/{port}"])
+
+
+async def test_port_in_use(spawn):
+    port = free_port()
+    await spawn(host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])
+    # go-libp2p binds with SO_REUSEPORT, so without our probe a second daemon would start
+    with pytest.raises(UserError, match="already in use"):
+        await spawn(host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = f"/ip4/127.0.0.1/tcp/{other.getsockname()[1]}"
+        with pytest.raises(UserError, match=f"cannot listen on {taken}: the port is already"):
+            await spawn(host_maddrs=[taken])
+
+
+def test_daemon_failure_messages():
+    hosts, boots = ["/ip4/127.0.0.1/tcp/4001"], []
+    line = "Daemon failed to start: 2026/01/01 failed to listen on any addresses: "
+    line += "[listen tcp4 127.0.0.1:4001: bind: address already in use]"
+    assert "already in use" in str(_daemon_user_error(line, hosts, boots))
+    line = (
+        "Daemon failed to start: 2026/01/01 listen unix /tmp/x.sock: bind: address already in use"
+    )
+    assert "delete the file" in str(_daemon_user_error(line, hosts, boots))
+    assert "did not start in time" in str(
+        _daemon_user_error("Daemon failed to start in 1.0 s", [], [])
+    )
+
+
+def test_remove_stale_sockets(tmp_path):
+    dead, live = tmp_path / "hivemind-p2pd-dead.sock", tmp_path / "hivemind-p2pd-live.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(dead))  # closed without unlinking, like a SIGKILLed daemon
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(live))
+        listener.listen()
+        assert remove_stale_sockets(str(tmp_path)) == []  # too young
+        assert remove_stale_sockets(str(tmp_path), min_age=0) == [str(dead)]
+        assert live.exists() and not dead.exists()
+
+
+async def test_token_bucket_paces():
+    bucket = TokenBucket(rate=200.0, burst=1)
+    t0 = time.monotonic()
+    for _ in range(41):
+        await bucket.acquire()
+    assert 0.19 <= time.monotonic() - t0 < 0.6
