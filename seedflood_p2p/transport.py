@@ -27,6 +27,7 @@ daemon). The daemon delivers a peer's own publishes to its own subscriptions;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import errno
 import logging
@@ -125,7 +126,8 @@ def load_or_create_identity(path: Path) -> PeerID:
 # ---------------------------------------------------------------------------------------------
 # Daemon startup
 
-_extra_flags: contextvars.ContextVar[dict] = contextvars.ContextVar("p2pd_extra_flags")
+# Per-launch settings for PubSubP2P._make_process_args, which hivemind calls inside create().
+_launch: contextvars.ContextVar[dict] = contextvars.ContextVar("p2pd_launch")
 
 
 class PubSubP2P(P2P):
@@ -133,7 +135,9 @@ class PubSubP2P(P2P):
 
     def _make_process_args(self, *args, **kwargs) -> list[str]:
         kwargs.update(pubsub=True, pubsubRouter="gossipsub", pubsubSign=True, pubsubSignStrict=True)
-        kwargs.update(_extra_flags.get({}))
+        launch = _launch.get({})
+        kwargs.update(launch.get("flags", {}))
+        launch["p2p"] = self  # lets create_p2p clean up if the daemon fails to start
         return P2P._make_process_args(*args, **kwargs)
 
 
@@ -212,7 +216,8 @@ async def create_p2p(
     flags = {}
     if heartbeat_interval is not None:
         flags["gossipsubHeartbeatInterval"] = f"{max(1, round(heartbeat_interval * 1000))}ms"
-    token = _extra_flags.set(flags)
+    launch = {"flags": flags}
+    token = _launch.set(launch)
     try:
         return await PubSubP2P.create(
             initial_peers=list(initial_peers) or None,
@@ -226,9 +231,13 @@ async def create_p2p(
             **p2p_kwargs,
         )
     except P2PDaemonError as e:
+        if (failed := launch.get("p2p")) is not None:
+            await failed.shutdown()
+            with contextlib.suppress(OSError, KeyError):  # a daemon that exited leaves its socket
+                os.remove(failed.daemon_listen_maddr["unix"])
         raise _daemon_user_error(str(e), host_maddrs, initial_peers) from e
     finally:
-        _extra_flags.reset(token)
+        _launch.reset(token)
 
 
 def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):
