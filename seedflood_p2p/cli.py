@@ -23,60 +23,116 @@ from seedflood_p2p.errors import UserError
 log = logging.getLogger("seedflood")
 
 _RUN_FIELDS = [f for f in dataclasses.fields(RunConfig) if f.name not in ("extra", "base_sha256")]
+_SCALARS = {"int": int, "float": float, "str": str, "Path": Path}
+
+
+def _field_kind(f: dataclasses.Field) -> tuple[str, bool]:
+    """('int' | 'float' | 'str' | 'Path' | 'bool', is_list) of a settings field."""
+    text = str(f.type).replace(" | None", "")
+    if text.startswith("list["):
+        return text[5:-1], True
+    return text, False
+
+
+def _add_flags(parser: argparse.ArgumentParser, fields: list, title: str) -> None:
+    group = parser.add_argument_group(title)
+    for f in fields:
+        kind, is_list = _field_kind(f)
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else "[]"
+        if kind == "bool":
+            group.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"default: {default}",
+            )
+        elif is_list:
+            group.add_argument(
+                flag,
+                dest=f.name,
+                action="append",
+                type=_SCALARS[kind],
+                default=None,
+                help="repeatable",
+            )
+        else:
+            group.add_argument(
+                flag,
+                dest=f.name,
+                type=_SCALARS.get(kind, str),
+                default=None,
+                help=f"default: {default}",
+            )
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("run settings (also accepted as keys of --config TOML)")
-    group.add_argument("--config", type=Path, help="TOML file with run settings")
-    for f in _RUN_FIELDS:
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            group.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None
-            )
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            group.add_argument(
-                flag, dest=f.name, type=kind, default=None, help=f"default: {f.default}"
-            )
+    parser.add_argument("--config", type=Path, help="TOML file; keys are the flag names")
+    _add_flags(parser, _RUN_FIELDS, "run settings")
 
 
-def run_config_from_args(
-    args: argparse.Namespace, defaults: dict[str, Any] | None = None
-) -> RunConfig:
-    """Settings from `RunConfig` defaults, then `defaults`, the TOML file, flags; validated."""
-    values: dict[str, Any] = dict(defaults or {})
-    names = {f.name: f for f in _RUN_FIELDS}
-    if getattr(args, "config", None) is not None:
-        try:
-            table = tomllib.loads(Path(args.config).read_text())
-        except FileNotFoundError:
-            raise UserError(f"config file {args.config} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"config file {args.config} is not valid TOML: {exc}") from None
-        for key, value in table.items():
-            name = key.replace("-", "_")
-            if name not in names:
-                raise UserError(
-                    f"config file {args.config}: unknown setting '{key}' "
-                    f"(known: {', '.join(sorted(names))})"
-                )
-            values[name] = value
+def _read_toml(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "config", None) is None:
+        return {}
+    try:
+        table = tomllib.loads(Path(args.config).read_text())
+    except FileNotFoundError:
+        raise UserError(f"config file {args.config} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"config file {args.config} is not valid TOML: {exc}") from None
+    return {key.replace("-", "_"): value for key, value in table.items()}
+
+
+def _settings_values(
+    args: argparse.Namespace, fields: list, table: dict[str, Any], defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """Values for `fields` from `defaults`, then the TOML `table`, then flags; type-checked."""
+    values = dict(defaults)
+    names = {f.name: f for f in fields}
+    values.update({k: v for k, v in table.items() if k in names})
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
     for name, value in values.items():
-        expected = str(names[name].type)
-        ok = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "str": isinstance(value, str),
-        }.get(expected, True)
+        kind, is_list = _field_kind(names[name])
+        items = value if is_list and isinstance(value, list) else [value]
+        ok = (not is_list or isinstance(value, list)) and all(
+            {
+                "int": isinstance(v, int) and not isinstance(v, bool),
+                "float": isinstance(v, (int, float)) and not isinstance(v, bool),
+                "bool": isinstance(v, bool),
+                "str": isinstance(v, str),
+                "Path": isinstance(v, (str, Path)),
+            }.get(kind, True)
+            for v in items
+        )
         if not ok:
-            raise UserError(f"setting '{name}' must be of type {expected}, got {value!r}")
-    return RunConfig(**values)
+            expected = f"a list of {kind}" if is_list else kind
+            raise UserError(f"setting '{name}' must be {expected}, got {value!r}")
+        if kind == "Path":
+            values[name] = [Path(v) for v in value] if is_list else Path(value)
+    return values
+
+
+def _check_unknown(table: dict[str, Any], fields: list, args: argparse.Namespace) -> None:
+    known = {f.name for f in fields}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise UserError(
+            f"config file {args.config}: unknown setting(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+
+
+def run_config_from_args(
+    args: argparse.Namespace, defaults: dict[str, Any] | None = None, extra_fields: list = ()
+) -> RunConfig:
+    """Settings from `RunConfig` defaults, then `defaults`, the TOML file, flags; validated."""
+    table = _read_toml(args)
+    _check_unknown(table, _RUN_FIELDS + list(extra_fields), args)
+    return RunConfig(**_settings_values(args, _RUN_FIELDS, table, defaults or {}))
 
 
 def _setup_logging(fmt: str = "text", level: str = "INFO") -> None:
@@ -216,6 +272,57 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- peer / bootstrap ------------------------------------------------------------
+def _peer_fields() -> tuple[list, list]:
+    from peer.daemon import PeerSettings
+    from seedflood_p2p.node import NodeSettings
+
+    own = [f for f in dataclasses.fields(PeerSettings) if f.name != "node"]
+    return own, list(dataclasses.fields(NodeSettings))
+
+
+def _bootstrap_fields() -> tuple[list, list]:
+    from bootstrap.node import BootstrapSettings
+    from seedflood_p2p.node import NodeSettings
+
+    own = [f for f in dataclasses.fields(BootstrapSettings) if f.name != "node"]
+    return own, list(dataclasses.fields(NodeSettings))
+
+
+def cmd_peer(args: argparse.Namespace) -> int:
+    from peer.daemon import PeerSettings, run_peer
+    from seedflood_p2p.node import NodeSettings
+
+    own, node = _peer_fields()
+    table = _read_toml(args)
+    _check_unknown(table, own + node, args)
+    settings = PeerSettings(
+        **_settings_values(args, own, table, {}),
+        node=NodeSettings(**_settings_values(args, node, table, {})),
+    )
+    if not settings.bootstrap:
+        raise UserError(
+            "no bootstrap address: pass --bootstrap /ip4/HOST/tcp/PORT/p2p/PEER_ID "
+            "(the address a bootstrap node prints when it starts)"
+        )
+    run_peer(settings)
+    return 0
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from bootstrap.node import BootstrapSettings, run_bootstrap
+    from seedflood_p2p.node import NodeSettings
+
+    own, node = _bootstrap_fields()
+    table = _read_toml(args)
+    config = run_config_from_args(args, extra_fields=own + node)
+    settings = BootstrapSettings(
+        **_settings_values(args, own, table, {}),
+        node=NodeSettings(**_settings_values(args, node, table, {})),
+    )
+    return run_bootstrap(settings, config)
+
+
 # -- wiring ------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -249,6 +356,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", help="base model (default: the run's model)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("peer", help="join a run: train and flood updates with other peers")
+    p.add_argument("--config", type=Path, help="TOML file; keys are the flag names")
+    own, node = _peer_fields()
+    _add_flags(p, own, "peer settings")
+    _add_flags(p, node, "network settings")
+    p.set_defaults(func=cmd_peer)
+
+    p = sub.add_parser("bootstrap", help="start a run: serve its manifest and an entry point")
+    _add_run_flags(p)
+    own, node = _bootstrap_fields()
+    _add_flags(p, own, "bootstrap settings")
+    _add_flags(p, node, "network settings")
+    p.set_defaults(func=cmd_bootstrap)
     return parser
 
 

@@ -31,12 +31,18 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+def _message_hash(m: UpdateMessage) -> bytes:
+    body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
+    return hashlib.sha256(body + repr(m.scalar).encode()).digest()[:8]
+
+
 class Ledger:
     """Accepted messages of one run, in a SQLite file."""
 
     def __init__(self, path: str | Path, run_id: str) -> None:
         self.path = Path(path)
         self.run_id = run_id
+        self._bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -133,13 +139,53 @@ class Ledger:
         return -1 if row[0] is None else row[0]
 
     def has(self, peer: bytes, round_: int) -> bool:
-        query = "SELECT 1 FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
-        return self._db.execute(query, (self.run_id, round_, peer)).fetchone() is not None
+        return self.scalar_of(peer, round_) is not None
+
+    def bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
+        """{bucket: (count, hash)} over rounds [b * bucket_rounds, (b + 1) * bucket_rounds).
+
+        The hash is an order-independent XOR of per-message hashes, so two peers
+        compare buckets without sorting. The ledger only grows and holds one
+        message per (peer, round), so an unchanged count means an unchanged
+        set: hashes are cached per (bucket, count).
+        """
+        rows = self._db.execute(
+            "SELECT round / ?, COUNT(*) FROM messages WHERE run_id = ? GROUP BY round / ?",
+            (bucket_rounds, self.run_id, bucket_rounds),
+        ).fetchall()
+        cache = self._bucket_cache
+        out = {}
+        for bucket, count in rows:
+            key = (bucket_rounds, bucket)
+            cached = cache.get(key)
+            if cached is None or cached[0] != count:
+                acc = 0
+                lo = bucket * bucket_rounds
+                for m in self.messages(lo, lo + bucket_rounds - 1):
+                    acc ^= int.from_bytes(_message_hash(m), "little")
+                cached = cache[key] = (count, acc.to_bytes(8, "little"))
+            out[bucket] = cached
+        return out
+
+    def messages_after(
+        self, round_: int, peer: bytes, max_round: int, limit: int
+    ) -> list[UpdateMessage]:
+        """Up to `limit` messages after (round_, peer) in canonical order, rounds <= max_round."""
+        rows = self._db.execute(
+            "SELECT round, peer, scalar FROM messages WHERE run_id = ? AND (round, peer) > (?, ?)"
+            " AND round <= ? ORDER BY round, peer LIMIT ?",
+            (self.run_id, round_, peer, max_round, limit),
+        ).fetchall()
+        return [UpdateMessage(r, bytes(p), s) for r, p, s in rows]
+
+    def scalar_of(self, peer: bytes, round_: int) -> float | None:
+        query = "SELECT scalar FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
+        row = self._db.execute(query, (self.run_id, round_, peer)).fetchone()
+        return None if row is None else row[0]
 
     def digest(self) -> str:
         """SHA-256 over all messages in canonical order: equal digests, equal ledgers."""
         h = hashlib.sha256()
         for m in self.messages():
-            h.update(m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer)
-            h.update(repr(m.scalar).encode())
+            h.update(_message_hash(m))
         return h.hexdigest()

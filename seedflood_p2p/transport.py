@@ -22,6 +22,11 @@ there is no ordering. Hence publishes are paced by a token bucket, and lost mess
 repaired by the caller, e.g. with `serve_bytes` / `call_bytes` (unary calls over the same
 daemon). The daemon delivers a peer's own publishes to its own subscriptions;
 `PubSubClient.subscribe` filters them out unless ``include_own=True``.
+
+Measured on loopback with Ed25519 identities: a 30-byte payload becomes a 151-byte signed
+GossipSub message (`PubSubMessage.wire_size`: from 38 + seqno 8 + signature 64 + topic,
+plus protobuf tags; the public key is inlined in the peer id) and 186 bytes per hop on the
+TCP connection (RPC, yamux and TLS framing). An RSA identity costs 677 bytes per hop.
 """
 
 from __future__ import annotations
@@ -111,7 +116,10 @@ def load_or_create_identity(path: Path) -> PeerID:
     except Exception:
         raise UserError(f"{bad} to create a new identity") from None
     if blob.key_type == crypto_pb2.Ed25519 and len(blob.data) in (64, 96):
-        return _ed25519_peer_id(blob.data[32:64])
+        key = Ed25519PrivateKey.from_private_bytes(blob.data[:32])
+        return _ed25519_peer_id(
+            key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+        )
     if blob.key_type == crypto_pb2.RSA:
         logger.warning(
             "identity %s is an RSA key: every signed message carries ~500 extra bytes", path
@@ -210,6 +218,9 @@ async def create_p2p(
                 f"bootstrap address {addr!r} is not a full multiaddr ending in /p2p/<peer id>; "
                 "copy the address the bootstrap node prints at startup"
             )
+    for addr in announce_maddrs or ():
+        if re.search(r"/(tcp|udp)/0(/|$)", str(addr)):
+            raise UserError(f"announce address {addr} needs an explicit port, not 0; fix it")
     _probe_listen_addrs(host_maddrs)
     if identity_path is not None:
         load_or_create_identity(Path(identity_path))
@@ -377,6 +388,9 @@ class Subscription:
         reader, writer = await self._client._connect()
         try:
             await self._client._request(reader, writer, _PS.SUBSCRIBE, self.topic)
+        except (OSError, asyncio.IncompleteReadError) as e:
+            writer.close()
+            raise TransportError(f"p2pd connection lost while subscribing to {self.topic!r}") from e
         except BaseException:
             writer.close()
             raise
@@ -395,6 +409,8 @@ class Subscription:
                 if getattr(m, "from") == own and not self._include_own:
                     continue
                 if self._queue.qsize() >= self._max_queue:
+                    if not self.dropped:
+                        logger.warning("subscription %r: queue full, dropping messages", self.topic)
                     self.dropped += 1
                     continue
                 self._queue.put_nowait(self._convert(m))
@@ -506,7 +522,7 @@ class PubSubClient:
         return response.pubsub
 
     async def _call(self, kind: int, topic: str = "", data: bytes | None = None, pace=False):
-        """One request on the shared connection (opened lazily, dropped after a failure)."""
+        """One request on the shared connection (opened lazily, dropped after any failure)."""
         async with self._lock:
             if pace and self._bucket is not None:
                 await self._bucket.acquire()
@@ -514,10 +530,13 @@ class PubSubClient:
                 self._conn = await self._connect()
             try:
                 return await self._request(*self._conn, kind, topic, data)
-            except (OSError, asyncio.IncompleteReadError) as e:
+            except BaseException as e:  # incl. cancellation: an unread reply would desync
                 self._conn[1].close()
                 self._conn = None
-                raise TransportError(f"p2pd connection lost during {_PS.Type.Name(kind)}") from e
+                if isinstance(e, OSError | asyncio.IncompleteReadError):
+                    name = _PS.Type.Name(kind)
+                    raise TransportError(f"p2pd connection lost during {name}") from e
+                raise
 
     async def subscribe(
         self, topic: str, *, include_own: bool = False, max_queue: int = 100_000

@@ -1,6 +1,7 @@
 """Transport tests against real p2pd daemons on 127.0.0.1 (no other address is used)."""
 
 import asyncio
+import glob
 import os
 import socket
 import stat
@@ -62,9 +63,13 @@ def free_port() -> int:
 
 async def collect(sub, count: int, timeout: float) -> list:
     got = []
-    async with asyncio.timeout(timeout):
-        while len(got) < count:
-            got.append(await anext(sub))
+    try:
+        async with asyncio.timeout(timeout):
+            while len(got) < count:
+                got.append(await anext(sub))
+    except TimeoutError:
+        data = sorted(m.data for m in got)
+        raise AssertionError(f"got {len(got)} of {count} messages: {data}") from None
     return got
 
 
@@ -81,14 +86,17 @@ async def test_flood_four_daemons(spawn):
     others = await asyncio.gather(*[spawn(initial_peers=[addr]) for _ in range(3)])
     nodes = [boot, *others]
     ids = [p.peer_id.to_base58() for p in nodes]
-    clients = [PubSubClient(p, max_rate=100.0, burst=5) for p in nodes]
+    # 4 x 40 msg/s: gentle enough that the daemons' 32-slot queues do not overflow even when
+    # the machine is heavily loaded (seen at load 13 on 2 cores with 4 x 100 msg/s)
+    clients = [PubSubClient(p, max_rate=40.0, burst=1) for p in nodes]
     try:
         subs = [await c.subscribe(TOPIC) for c in clients]
         own_sub = await clients[0].subscribe(TOPIC, include_own=True)
         assert await clients[0].get_topics() == [TOPIC]
-        await wait_for_topic_peers(clients[0], 3)
-        for c in clients[1:]:
-            await wait_for_topic_peers(c, 1)
+        # the others find each other through the DHT; once every node sees every other one
+        # as a topic peer, GossipSub's flood publishing reaches all of them directly
+        for c in clients:
+            await wait_for_topic_peers(c, 3)
 
         async def publish_all(i, client):
             for k in range(20):
@@ -96,7 +104,7 @@ async def test_flood_four_daemons(spawn):
 
         t0 = time.monotonic()
         await asyncio.gather(*[publish_all(i, c) for i, c in enumerate(clients)])
-        assert time.monotonic() - t0 >= 0.1  # paced: 20 messages at 100/s with a burst of 5
+        assert time.monotonic() - t0 >= 0.45  # paced: 20 messages at 40/s
 
         received = await asyncio.gather(*[collect(s, 60, 15.0) for s in subs])
         own = await collect(own_sub, 80, 15.0)
@@ -135,9 +143,23 @@ async def test_subscription_survives_broken_stream_and_reports_dead_daemon(spawn
     await client.publish(TOPIC, b"after")
     assert (await collect(sub, 1, 5.0))[0].data == b"after"
 
+    # a publish cancelled while awaiting its reply must not desynchronize later requests
+    task = asyncio.create_task(client.publish(TOPIC, b"cancelled"))
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await client.get_topics() == [TOPIC]
+    await client.publish(TOPIC, b"marker")
+    async with asyncio.timeout(5.0):
+        while (await anext(sub)).data != b"marker":  # skip "cancelled" if it went out
+            pass
+    with pytest.raises(ValueError, match="exceeds"):
+        await client.publish(TOPIC, b"x" * (1 << 20))
+
     await p2p.shutdown()
     with pytest.raises(TransportError, match="could not resubscribe"):
-        await collect(sub, 1, 10.0)
+        async with asyncio.timeout(10.0):
+            while True:  # the cancelled publish travelled on its own connection: may come late
+                assert (await anext(sub)).data == b"cancelled"
     with pytest.raises(TransportError):
         await client.publish(TOPIC, b"x")
     await client.close()
@@ -241,8 +263,12 @@ async def test_unreachable_bootstrap(spawn, tmp_path):
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
         addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id}"
+        sockets_before = set(glob.glob("/tmp/hivemind-p2pd-*.sock"))
         with pytest.raises(UserError) as info:
             await spawn(initial_peers=[addr])
+        for leftover in set(glob.glob("/tmp/hivemind-p2pd-*.sock")) - sockets_before:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(leftover)  # only live daemons (of concurrent tests) may remain
     message = str(info.value)
     assert addr in message and f"nc -vz 127.0.0.1 {port}" in message
     assert "\n" not in message

@@ -1,0 +1,126 @@
+"""The bootstrap node: a stable entry point that holds the run manifest and a full ledger.
+
+It never trains. It creates the run (settings + SHA-256 of the base weights,
+hashed into the run id), answers `seedflood.manifest`, and takes part in the
+flood and in repair like any peer, so late joiners can sync even when every
+trainer is offline. On restart it keeps its identity and its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.errors import UserError
+from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.metrics import NodeMetrics, serve_http
+from seedflood_p2p.node import FloodNode, NodeSettings
+from seedflood_p2p.transport import create_p2p
+
+log = logging.getLogger("seedflood.bootstrap")
+
+
+@dataclass
+class BootstrapSettings:
+    data_dir: Path = Path("seedflood-bootstrap")
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/31337"])
+    announce: list[str] = field(default_factory=list)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    node: NodeSettings = field(default_factory=NodeSettings)
+
+
+def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfig:
+    """The run this node serves: the stored one on restart, else a new one from `config`."""
+    path = settings.data_dir / "ledger.sqlite"
+    if path.exists():
+        stored = Ledger.open_existing(path)
+        stored_config = RunConfig.from_json(stored.get_meta("manifest"))
+        stored.close()
+        if config.replace(base_sha256=stored_config.base_sha256) != stored_config:
+            raise UserError(
+                f"{settings.data_dir} already serves run {stored_config.run_id[:12]} with other "
+                "settings: start with the same settings, or use a new --data-dir for a new run"
+            )
+        return stored_config
+    from seedflood_p2p.models import load_model, weights_sha256
+
+    log.info("hashing the base weights of %s", config.model)
+    model, _ = load_model(config.model)
+    return config.replace(base_sha256=weights_sha256(model))
+
+
+async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    config = await asyncio.to_thread(resolve_manifest, settings, config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    p2p = await create_p2p(
+        identity_path=settings.data_dir / "identity.key",
+        host_maddrs=settings.listen,
+        announce_maddrs=settings.announce or None,
+    )
+    metrics = NodeMetrics()
+    node = http = None
+    try:
+        ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
+        ledger.set_meta("manifest", config.to_json())
+        node = FloodNode(p2p, ledger, config.to_json(), metrics, settings.node)
+        await node.start()
+        suffix = f"/p2p/{p2p.peer_id.to_base58()}"
+        addresses = [
+            str(a) if str(a).endswith(suffix) else f"{a}{suffix}"
+            for a in await p2p.get_visible_maddrs()
+        ]
+        (settings.data_dir / "address.txt").write_text("\n".join(addresses) + "\n")
+        if settings.metrics_port is not None:
+
+            def status() -> dict:
+                return {
+                    "role": "bootstrap",
+                    "run_id": config.run_id,
+                    "peer_id": p2p.peer_id.to_base58(),
+                    "round": node.newest_round,
+                    "peers_alive": len(node.peers),
+                    "ledger_messages": len(ledger),
+                    "accepted": metrics.accepted_counts(),
+                    "dropped": metrics.drop_counts(),
+                }
+
+            http = await serve_http(settings.metrics_host, settings.metrics_port, metrics, status)
+        log.info(
+            "run %s: model %s, dataset %s, base sha256 %s",
+            config.run_id[:12],
+            config.model,
+            config.dataset,
+            config.base_sha256[:16],
+        )
+        print("bootstrap address (pass to peers with --bootstrap):", flush=True)
+        for address in addresses:
+            print(f"  {address}", flush=True)
+        await stop.wait()
+        log.info("stopping: ledger holds %d messages", len(ledger))
+    finally:
+        if http is not None:
+            http.close()
+        if node is not None:
+            await node.stop()
+        await p2p.shutdown()
+
+
+def run_bootstrap(settings: BootstrapSettings, config: RunConfig) -> int:
+    try:
+        import uvloop
+
+        uvloop.run(serve(settings, config))
+    except ImportError:
+        asyncio.run(serve(settings, config))
+    sys.stdout.flush()
+    return 0

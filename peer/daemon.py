@@ -1,0 +1,408 @@
+"""The peer daemon: the one place where network, ledger and model meet.
+
+    network -> validate -> ledger -> pending -> (once per round) apply to model
+    train: estimate on this round's batch -> encode -> ledger -> publish -> apply
+
+Model work runs on one dedicated thread, so the event loop keeps receiving,
+validating and repairing while a forward pass runs, and the model is only
+ever touched from that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+import torch
+from safetensors.torch import load_file, save_file
+
+from seedflood_p2p import __version__
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.errors import UserError
+from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.metrics import NodeMetrics, serve_http
+from seedflood_p2p.node import FloodNode, NodeSettings
+from seedflood_p2p.transport import RemoteCallError, call_bytes, create_p2p
+
+log = logging.getLogger("seedflood.peer")
+
+MAX_CLOCK_SKEW = 300.0  # seconds; beyond this the peer refuses to join
+
+
+@dataclass
+class PeerSettings:
+    bootstrap: list[str]
+    data_dir: Path = Path("seedflood-peer")
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    announce: list[str] = field(default_factory=list)
+    until_round: int = 0  # stop after this round (0: the run's total_rounds, or never)
+    max_staleness: int = 2  # may start round t once live peers published t - 1 - this
+    round_deadline: float = 30.0  # seconds to wait for slow peers before going on
+    liveness_timeout: float = 60.0  # a peer unheard this long is not waited for
+    min_peers: int = 0  # wait (up to startup_wait) for this many topic peers before round 1
+    startup_wait: float = 30.0
+    linger: float = 5.0  # after the last round: keep repairing until quiet this long
+    eval_every: int = 0
+    eval_examples: int = 200
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port
+    device: str = "cpu"
+    threads: int = 0  # torch threads for this peer (0: torch's default, all cores)
+    node: NodeSettings = field(default_factory=NodeSettings)
+
+
+class PeerDaemon:
+    def __init__(self, settings: PeerSettings) -> None:
+        self.s = settings
+        self.metrics = NodeMetrics()
+        self.pending: list[UpdateMessage] = []
+        self.stopping = False
+        self.round = 0
+        self.model_hash = ""
+        self.last_eval: tuple[float, float | None] | None = None
+        self.started = time.time()
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+
+    # -- helpers ------------------------------------------------------------
+    async def in_model_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, fn, *args)
+
+    def request_stop(self) -> None:
+        if not self.stopping:
+            log.info("stop requested: finishing the current round, then checkpointing")
+        self.stopping = True
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        node = getattr(self, "node", None)
+        alive = self._live_peers(now) if node else {}
+        return {
+            "peer_id": self.p2p.peer_id.to_base58() if hasattr(self, "p2p") else None,
+            "run_id": self.config.run_id if hasattr(self, "config") else None,
+            "version": __version__,
+            "round": self.round,
+            "peers_alive": len(alive),
+            "peer_rounds": {k.hex()[-12:]: v.round for k, v in alive.items()},
+            "ledger_messages": len(node.ledger) if node else 0,
+            "accepted": self.metrics.accepted_counts(),
+            "dropped": self.metrics.drop_counts(),
+            "loss": self.metrics.loss._value.get(),
+            "eval": self.last_eval,
+            "model_sha256": self.model_hash,
+            "uptime_s": round(time.time() - self.started, 1),
+        }
+
+    def _live_peers(self, now: float) -> dict:
+        return {
+            p: st
+            for p, st in self.node.peers.items()
+            if now - st.last_seen < self.s.liveness_timeout
+        }
+
+    # -- startup -------------------------------------------------------------
+    async def fetch_manifest(self) -> RunConfig:
+        from hivemind.p2p import PeerID
+        from hivemind.utils.multiaddr import Multiaddr
+
+        errors = []
+        for addr in self.s.bootstrap:
+            peer_id = PeerID.from_base58(Multiaddr(addr).value_for_protocol("p2p"))
+            try:
+                reply = msgpack.unpackb(
+                    await call_bytes(self.p2p, peer_id, "seedflood.manifest", b"", 15.0)
+                )
+            except RemoteCallError as exc:
+                errors.append(f"{addr}: {exc}")
+                continue
+            skew = reply["time"] - time.time()
+            if abs(skew) > MAX_CLOCK_SKEW:
+                raise UserError(
+                    f"this machine's clock differs from the bootstrap node's by {skew:+.0f} s: "
+                    "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
+                )
+            if reply["version"].split(".")[:2] != __version__.split(".")[:2]:
+                raise UserError(
+                    f"the run uses seedflood-p2p {reply['version']}, this is {__version__}: "
+                    f"install the run's version (pip install seedflood-p2p=={reply['version']})"
+                )
+            return RunConfig.from_json(reply["manifest"])
+        raise UserError(
+            "connected, but no bootstrap node served the run manifest ("
+            + "; ".join(errors)
+            + "): check that the address is a seedflood bootstrap node or peer"
+        )
+
+    def load_model(self, config: RunConfig):
+        from seedflood_p2p.data import load_task
+        from seedflood_p2p.models import load_model, weights_sha256
+
+        if self.s.threads > 0:
+            torch.set_num_threads(self.s.threads)
+        model, tokenizer = load_model(config.model)
+        digest = weights_sha256(model)
+        if config.base_sha256 and digest != config.base_sha256:
+            raise UserError(
+                f"base weights of '{config.model}' on this machine have SHA-256 {digest[:16]}..., "
+                f"the run expects {config.base_sha256[:16]}...: the model files differ (another "
+                "revision or a corrupt cache); delete the cached copy and retry"
+            )
+        task = load_task(
+            config.dataset, text_column=config.text_column, label_column=config.label_column
+        )
+        return model.to(self.s.device), tokenizer, task
+
+    def restore(self) -> str:
+        """Bring the model to base + ledger: from the checkpoint if it covers the ledger."""
+        from seedflood_p2p.replay import replay
+
+        meta_path = self.s.data_dir / "checkpoint.json"
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta.get("ledger_digest") == self.ledger.digest():
+                weights = load_file(
+                    self.s.data_dir / "checkpoint.safetensors", device=self.s.device
+                )
+                with torch.no_grad():
+                    for matrix in self.engine.matrices:
+                        matrix.weight.copy_(weights[matrix.name])
+                return f"checkpoint of round {meta['round']}"
+        count = replay(self.model, self.config, self.ledger.messages())
+        return f"replay of {count} ledger messages"
+
+    # -- per round -------------------------------------------------------------
+    def apply(self, messages: list[UpdateMessage]) -> None:
+        self.engine.accumulate(messages)
+        self.engine.commit()
+
+    async def wait_ready(self, round_: int) -> None:
+        """Bounded staleness with a deadline: slow or dead peers never stall us for long."""
+        deadline = time.monotonic() + self.s.round_deadline
+        while not self.stopping:
+            now = time.monotonic()
+            live = self._live_peers(now)
+            behind = [p for p, st in live.items() if st.round < round_ - 1 - self.s.max_staleness]
+            slowest = min((st.round for st in live.values()), default=round_)
+            self.metrics.staleness.set(round_ - slowest)
+            self.metrics.peers.set(len(live))
+            if not behind:
+                return
+            if now > deadline:
+                log.warning(
+                    "round %d: going on without %d slow peer(s) after %.0f s",
+                    round_,
+                    len(behind),
+                    self.s.round_deadline,
+                )
+                return
+            await asyncio.sleep(0.02)
+
+    async def train(self, until: int) -> None:
+        from seedflood_p2p.trainer import evaluate, zo_step
+
+        while not self.stopping and (until == 0 or self.round <= until):
+            await self.wait_ready(self.round)
+            t0 = time.perf_counter()
+            incoming, self.pending = self.pending, []
+            await self.in_model_thread(self.apply, incoming)
+            message, loss = await self.in_model_thread(
+                zo_step, self.engine, self.tokenizer, self.task, self.peer_id, self.round
+            )
+            await self.node.publish(message)
+            self.pending.append(message)  # applied next round, exactly like others' updates
+            self.metrics.loss.set(loss)
+            self.metrics.rounds.set(self.round)
+            line = {
+                "event": "round",
+                "round": self.round,
+                "loss": round(loss, 5),
+                "peers": len(self._live_peers(time.monotonic())),
+                "applied": len(incoming),
+                "ledger": len(self.ledger),
+            }
+            if self.s.eval_every and (self.round + 1) % self.s.eval_every == 0:
+                self.last_eval = await self.in_model_thread(
+                    evaluate,
+                    self.model,
+                    self.tokenizer,
+                    self.task,
+                    self.config,
+                    self.s.eval_examples,
+                )
+                line["eval_loss"] = round(self.last_eval[0], 5)
+                if self.last_eval[1] is not None:
+                    line["eval_accuracy"] = round(self.last_eval[1], 4)
+                    self.metrics.eval_accuracy.set(self.last_eval[1])
+            seconds = time.perf_counter() - t0
+            self.metrics.round_seconds.set(seconds)
+            line["seconds"] = round(seconds, 3)
+            log.info(
+                "round %d  loss %.4f  peers %d  applied %d  ledger %d%s  %.2f s",
+                self.round,
+                loss,
+                line["peers"],
+                len(incoming),
+                line["ledger"],
+                "".join(f"  {k} {v}" for k, v in line.items() if k.startswith("eval")),
+                seconds,
+                extra={"fields": line},
+            )
+            self.round += 1
+
+    async def linger(self) -> None:
+        """Keep repairing until no new message arrived for `linger` seconds."""
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < self.s.linger:
+            new = await self.node.sync_round()
+            if new:
+                quiet_since = time.monotonic()
+            await asyncio.sleep(0.5)
+            if time.monotonic() - self.node.last_accept < 0.5:
+                quiet_since = time.monotonic()
+
+    def checkpoint(self) -> dict:
+        from seedflood_p2p.models import weights_sha256
+
+        incoming, self.pending = self.pending, []
+        self.apply(incoming)
+        weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.engine.matrices}
+        tmp = self.s.data_dir / "checkpoint.safetensors.tmp"
+        save_file(weights, tmp)
+        tmp.replace(self.s.data_dir / "checkpoint.safetensors")
+        self.model_hash = weights_sha256(self.model)
+        meta = {
+            "round": self.round,
+            "ledger_messages": len(self.ledger),
+            "ledger_digest": self.ledger.digest(),
+            "model_sha256": self.model_hash,
+            "run_id": self.config.run_id,
+            "peer_id": self.p2p.peer_id.to_base58(),
+        }
+        tmp = self.s.data_dir / "checkpoint.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.replace(self.s.data_dir / "checkpoint.json")
+        return meta
+
+    # -- main ------------------------------------------------------------------
+    async def run(self) -> dict:
+        s = self.s
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        self.p2p = await create_p2p(
+            identity_path=s.data_dir / "identity.key",
+            host_maddrs=s.listen,
+            initial_peers=s.bootstrap,
+            announce_maddrs=s.announce or None,
+        )
+        self.peer_id = self.p2p.peer_id.to_bytes()
+        http = None
+        try:
+            self.config = await self.fetch_manifest()
+            log.info(
+                "peer %s joining run %s (model %s, dataset %s)",
+                self.p2p.peer_id.to_base58(),
+                self.config.run_id[:12],
+                self.config.model,
+                self.config.dataset,
+            )
+            self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
+            stored = self.ledger.get_meta("manifest")
+            if stored is not None and stored != self.config.to_json():
+                raise UserError(
+                    f"{s.data_dir} holds a ledger of another run "
+                    f"({RunConfig.from_json(stored).run_id[:12]}): use a new --data-dir per run"
+                )
+            self.ledger.set_meta("manifest", self.config.to_json())
+            self.model, self.tokenizer, self.task = await self.in_model_thread(
+                self.load_model, self.config
+            )
+            from seedflood_p2p.subcge import make_estimator
+
+            self.engine = make_estimator(self.model, self.config)
+            self.node = FloodNode(
+                self.p2p,
+                self.ledger,
+                self.config.to_json(),
+                self.metrics,
+                s.node,
+                on_accept=self.pending.extend,
+            )
+            # on_accept must see the current list object: route through a method instead.
+            self.node.on_accept = lambda msgs: self.pending.extend(msgs)
+            await self.node.start()
+            if s.metrics_port is not None:
+                http = await serve_http(s.metrics_host, s.metrics_port, self.metrics, self.status)
+                port = http.sockets[0].getsockname()[1]
+                log.info(
+                    "metrics and status on http://%s:%d/status",
+                    s.metrics_host,
+                    port,
+                    extra={"fields": {"event": "http", "port": port}},
+                )
+                (s.data_dir / "status_port").write_text(str(port))
+            await self.wait_for_peers()
+            synced = await self.node.sync_round()
+            self.pending = []  # everything in the ledger is applied by restore()
+            how = await self.in_model_thread(self.restore)
+            own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
+            self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)
+            log.info(
+                "ready at round %d: model from %s (%d fetched from peers)",
+                self.round,
+                how,
+                synced,
+                extra={"fields": {"event": "ready", "round": self.round}},
+            )
+            until = s.until_round or self.config.total_rounds
+            await self.train(until - 1 if until else 0)
+            if not self.stopping:
+                await self.linger()
+            meta = await self.in_model_thread(self.checkpoint)
+            log.info(
+                "checkpoint written: round %d, %d ledger messages, model sha256 %s",
+                meta["round"],
+                meta["ledger_messages"],
+                meta["model_sha256"][:16],
+                extra={"fields": {"event": "checkpoint", **meta}},
+            )
+            return meta
+        finally:
+            if http is not None:
+                http.close()
+            if hasattr(self, "node"):
+                await self.node.stop()
+            await self.p2p.shutdown()
+            self._model_thread.shutdown(wait=False)
+
+    async def wait_for_peers(self) -> None:
+        if self.s.min_peers <= 0:
+            return
+        deadline = time.monotonic() + self.s.startup_wait
+        while time.monotonic() < deadline:
+            if len(await self.node.connected_peers()) >= self.s.min_peers:
+                return
+            await asyncio.sleep(0.2)
+        log.warning(
+            "only %d of %d peers after %.0f s: starting anyway",
+            len(await self.node.connected_peers()),
+            self.s.min_peers,
+            self.s.startup_wait,
+        )
+
+
+def run_peer(settings: PeerSettings) -> dict:
+    try:
+        import uvloop
+
+        return uvloop.run(PeerDaemon(settings).run())
+    except ImportError:  # uvloop is Linux/macOS only
+        return asyncio.run(PeerDaemon(settings).run())

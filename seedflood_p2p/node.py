@@ -1,0 +1,301 @@
+"""The network side of a participant: flood, validate, log, repair. No model here.
+
+Data flows one way: a gossip message is validated (`protocol`), written to the
+ledger, then handed to `on_accept` (the peer applies it to its model). Lost
+gossip is repaired by anti-entropy: every few seconds the node compares
+per-bucket ledger digests with a random peer and fetches the buckets that
+differ, so every ledger converges even when GossipSub drops messages. Peers
+and the bootstrap node both run a FloodNode; the bootstrap just never trains.
+
+Request/response protocols (msgpack over the same libp2p daemon):
+
+    seedflood.manifest  b""                        -> run manifest JSON + version + clock
+    seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, hash8], ...]
+    seedflood.fetch     [run_id, round, peer, max_round, limit] -> rows after (round, peer)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+
+from seedflood_p2p import __version__
+from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.metrics import NodeMetrics
+from seedflood_p2p.protocol import (
+    Rejected,
+    WindowRule,
+    check_against_ledger,
+    decode_rows,
+    decode_update,
+    encode_rows,
+    encode_update,
+    topic_for,
+)
+from seedflood_p2p.transport import (
+    PubSubClient,
+    RemoteCallError,
+    call_bytes,
+    serve_bytes,
+)
+
+log = logging.getLogger("seedflood.node")
+
+BUCKET_ROUNDS = 64
+FETCH_LIMIT = 8192  # rows per fetch response: ~0.5 MB with 38-byte peer ids
+
+
+@dataclass
+class NodeSettings:
+    max_ahead: int = 50  # gossip window: rounds past the newest known round
+    repair_interval: float = 3.0  # seconds between anti-entropy exchanges
+    call_timeout: float = 10.0
+    drop_incoming: float = 0.0  # test hook: discard this fraction of incoming gossip
+    publish_rate: float = 50.0  # messages per second, paced
+
+
+@dataclass
+class PeerState:
+    round: int
+    last_seen: float
+
+
+class FloodNode:
+    def __init__(
+        self,
+        p2p,
+        ledger: Ledger,
+        manifest_json: str,
+        metrics: NodeMetrics,
+        settings: NodeSettings,
+        on_accept: Callable[[list[UpdateMessage]], None] = lambda msgs: None,
+    ) -> None:
+        self.p2p = p2p
+        self.ledger = ledger
+        self.run_id = ledger.run_id
+        self.topic = topic_for(self.run_id)
+        self.manifest_json = manifest_json
+        self.metrics = metrics
+        self.settings = settings
+        self.on_accept = on_accept
+        self.peer_id = p2p.peer_id.to_bytes()
+        self.window = WindowRule(settings.max_ahead)
+        self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
+        self.newest_round = ledger.max_round()
+        self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
+        self._tasks: list[asyncio.Task] = []
+        self._drop_rng = random.Random()
+        self.last_accept = time.monotonic()
+
+    # -- lifecycle --------------------------------------------------------
+    async def start(self) -> None:
+        await serve_bytes(self.p2p, "seedflood.manifest", self._serve_manifest)
+        await serve_bytes(self.p2p, "seedflood.digest", self._serve_digest)
+        await serve_bytes(self.p2p, "seedflood.fetch", self._serve_fetch)
+        subscription = await self._pubsub.subscribe(self.topic)
+        self._tasks.append(asyncio.create_task(self._receive(subscription), name="receive"))
+        self._tasks.append(asyncio.create_task(self._anti_entropy(), name="anti-entropy"))
+        self.metrics.ledger_size.set(len(self.ledger))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._pubsub.close()
+
+    # -- the one path into the ledger -------------------------------------
+    def accept(self, messages: list[UpdateMessage], source: str) -> list[UpdateMessage]:
+        """Check against the window and the ledger, log in one transaction, hand on.
+
+        Returns the messages that were new.
+        """
+        valid: dict[tuple[int, bytes], UpdateMessage] = {}
+        for message in messages:
+            try:
+                if source == "gossip":
+                    self.window.check(message, self.newest_round)
+                key = (message.round, message.peer)
+                earlier = valid[key].scalar if key in valid else None
+                check_against_ledger(message, earlier)
+                check_against_ledger(message, self.ledger.scalar_of(message.peer, message.round))
+            except Rejected as exc:
+                self._drop(exc, message.peer)
+                continue
+            valid[key] = message
+        new = self.ledger.add(valid.values()) if valid else []
+        for message in new:
+            self._note(message)
+        if new:
+            self.metrics.accepted.labels(source).inc(len(new))
+            self.metrics.ledger_size.set(len(self.ledger))
+            self.on_accept(new)
+        return new
+
+    def _note(self, message: UpdateMessage) -> None:
+        self.newest_round = max(self.newest_round, message.round)
+        self.last_accept = time.monotonic()
+        if message.peer != self.peer_id:
+            state = self.peers.get(message.peer)
+            if state is None:
+                self.peers[message.peer] = PeerState(message.round, time.monotonic())
+            else:
+                state.round = max(state.round, message.round)
+                state.last_seen = time.monotonic()
+
+    def _drop(self, exc: Rejected, sender: bytes) -> None:
+        self.metrics.dropped.labels(exc.reason).inc()
+        level = logging.DEBUG if exc.reason in ("duplicate", "own") else logging.WARNING
+        log.log(
+            level,
+            "dropped update from %s: %s",
+            _short(sender),
+            exc,
+            extra={"fields": {"event": "drop", "reason": exc.reason}},
+        )
+
+    # -- gossip -----------------------------------------------------------
+    async def publish(self, message: UpdateMessage) -> None:
+        """Log our own update, then flood it. The caller applies it like any other."""
+        self.ledger.add([message])
+        self._note(message)
+        self.metrics.accepted.labels("own").inc()
+        self.metrics.ledger_size.set(len(self.ledger))
+        data = encode_update(self.run_id, message.round, message.scalar)
+        await self._pubsub.publish(self.topic, data)
+        self.metrics.published.inc()
+        self.metrics.bytes_out.inc(len(data))
+
+    async def _receive(self, subscription) -> None:
+        async for item in subscription:
+            self.metrics.bytes_in.inc(len(item.data))
+            if (
+                self.settings.drop_incoming
+                and self._drop_rng.random() < self.settings.drop_incoming
+            ):
+                continue  # test hook: simulate a lossy mesh
+            try:
+                message = decode_update(item.data, self.run_id, item.sender)
+            except Rejected as exc:
+                self._drop(exc, item.sender)
+                continue
+            except Exception as exc:  # never let a hostile message kill the loop
+                self._drop(Rejected("malformed", repr(exc)), item.sender)
+                continue
+            if message.peer == self.peer_id:
+                continue
+            self.accept([message], "gossip")
+
+    # -- repair -------------------------------------------------------------
+    async def _serve_manifest(self, peer, request: bytes) -> bytes:
+        return msgpack.packb(
+            {"manifest": self.manifest_json, "version": __version__, "time": time.time()}
+        )
+
+    async def _serve_digest(self, peer, request: bytes) -> bytes:
+        run_id, bucket_rounds = msgpack.unpackb(request)
+        if run_id != self.run_id:
+            return msgpack.packb([])
+        digests = self.ledger.bucket_digests(int(bucket_rounds))
+        return msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
+
+    async def _serve_fetch(self, peer, request: bytes) -> bytes:
+        run_id, round_, after_peer, max_round, limit = msgpack.unpackb(request)
+        if run_id != self.run_id:
+            return encode_rows([])
+        rows = self.ledger.messages_after(
+            int(round_), bytes(after_peer), int(max_round), min(int(limit), FETCH_LIMIT)
+        )
+        return encode_rows(rows)
+
+    async def sync_with(self, peer_id) -> int:
+        """Pull every message `peer_id` has in buckets that differ from ours; returns new count."""
+        call = self.settings.call_timeout
+        reply = await call_bytes(
+            self.p2p,
+            peer_id,
+            "seedflood.digest",
+            msgpack.packb([self.run_id, BUCKET_ROUNDS]),
+            call,
+        )
+        theirs = {b: (c, bytes(h)) for b, c, h in msgpack.unpackb(reply)}
+        mine = self.ledger.bucket_digests(BUCKET_ROUNDS)
+        new = 0
+        for bucket, digest in sorted(theirs.items()):
+            if mine.get(bucket) == digest:
+                continue
+            lo, hi = bucket * BUCKET_ROUNDS, (bucket + 1) * BUCKET_ROUNDS - 1
+            cursor = (lo - 1, b"\xff" * 64)
+            while True:
+                request = msgpack.packb([self.run_id, cursor[0], cursor[1], hi, FETCH_LIMIT])
+                data = await call_bytes(self.p2p, peer_id, "seedflood.fetch", request, call)
+                try:
+                    rows = decode_rows(data, FETCH_LIMIT)
+                except Rejected as exc:
+                    self._drop(exc, peer_id.to_bytes())
+                    break
+                # Our own rows are authoritative locally: never take them from others.
+                fetched = self.accept([m for m in rows if m.peer != self.peer_id], "repair")
+                new += len(fetched)
+                self.metrics.repaired.inc(len(fetched))
+                if len(rows) < FETCH_LIMIT:
+                    break
+                cursor = (rows[-1].round, rows[-1].peer)
+        return new
+
+    async def connected_peers(self) -> list:
+        """Peers subscribed to the run's topic (others' ledgers to sync with)."""
+        try:
+            ids = await self._pubsub.list_peers(self.topic)
+        except Exception as exc:
+            log.debug("list_peers failed: %s", exc)
+            return []
+        from hivemind.p2p import PeerID
+
+        return [PeerID.from_base58(i) for i in ids]
+
+    async def sync_round(self, peers: list | None = None) -> int:
+        """One anti-entropy pass with the given (default: all topic) peers."""
+        new = 0
+        for peer_id in peers if peers is not None else await self.connected_peers():
+            try:
+                new += await self.sync_with(peer_id)
+            except RemoteCallError as exc:
+                log.debug("sync with %s failed: %s", peer_id, exc)
+        return new
+
+    async def _anti_entropy(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.repair_interval * (0.5 + random.random()))
+            peers = await self.connected_peers()
+            if not peers:
+                continue
+            try:
+                new = await self.sync_with(random.choice(peers))
+            except RemoteCallError as exc:
+                log.debug("anti-entropy failed: %s", exc)
+                continue
+            if new:
+                log.info(
+                    "repair: fetched %d missing messages",
+                    new,
+                    extra={"fields": {"event": "repair", "count": new}},
+                )
+
+
+def _short(peer: bytes) -> str:
+    try:
+        import base58
+
+        return base58.b58encode(peer).decode()[-8:]
+    except Exception:
+        return peer.hex()[:8]

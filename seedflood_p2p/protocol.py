@@ -1,0 +1,170 @@
+"""The SeedFlood wire protocol and its validation rules, stated in one place.
+
+Update message (GossipSub payload), msgpack array, 18 bytes in practice:
+
+    [version: int = 1, run_tag: bin(4), round: uint, scalar: float32]
+
+The sender is not in the payload: it is the signed GossipSub envelope's
+`from` (strict signing is on, so it cannot be forged). The seed is derived
+from (run, sender, round), so it is not sent either.
+
+A received update is accepted only if all of these hold; otherwise it is
+dropped and counted under the named reason (never raised out of the daemon):
+
+    oversized      payload longer than MAX_UPDATE_BYTES
+    malformed      not a msgpack array of the shape above
+    bad_version    version is not PROTOCOL_VERSION
+    wrong_run      run_tag differs from this run's
+    non_finite     scalar is NaN or infinite
+    out_of_window  round < 0 or round > newest round seen + max_ahead
+    duplicate      same (sender, round, scalar) already in the ledger
+    equivocation   same (sender, round) already in the ledger with another scalar
+    own            our own message echoed back (not an error)
+
+Repair messages (request/response between peers) carry ledger entries as
+msgpack `[round, peer, scalar]` rows and pass the same checks except the window:
+a late message is still a valid message, since additions commute.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import msgpack
+
+from seedflood_p2p.message import UpdateMessage
+
+PROTOCOL_VERSION = 1
+MAX_UPDATE_BYTES = 64
+RUN_TAG_BYTES = 4
+
+DROP_REASONS = (
+    "oversized",
+    "malformed",
+    "bad_version",
+    "wrong_run",
+    "non_finite",
+    "out_of_window",
+    "duplicate",
+    "equivocation",
+    "own",
+)
+
+
+def topic_for(run_id: str) -> str:
+    return f"seedflood/{run_id[:32]}/updates"
+
+
+def run_tag(run_id: str) -> bytes:
+    return bytes.fromhex(run_id)[:RUN_TAG_BYTES]
+
+
+def encode_update(run_id: str, round_: int, scalar: float) -> bytes:
+    # use_single_float: the scalar travels as float32, the precision every peer applies.
+    packer = msgpack.Packer(use_single_float=True, use_bin_type=True)
+    return packer.pack([PROTOCOL_VERSION, run_tag(run_id), round_, scalar])
+
+
+class Rejected(Exception):
+    """A message failed validation; `reason` is one of DROP_REASONS."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def decode_update(data: bytes, run_id: str, sender: bytes) -> UpdateMessage:
+    """Parse and check the payload alone (no state); raises Rejected."""
+    if len(data) > MAX_UPDATE_BYTES:
+        raise Rejected("oversized", f"{len(data)} bytes > {MAX_UPDATE_BYTES}")
+    try:
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=64,
+            max_str_len=64,
+            max_array_len=8,
+            max_map_len=0,
+        )
+    except Exception as exc:  # msgpack raises several types on garbage
+        raise Rejected("malformed", f"not msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, list) or len(body) < 1 or not isinstance(body[0], int):
+        raise Rejected("malformed", "not a versioned array")
+    if body[0] != PROTOCOL_VERSION:
+        raise Rejected("bad_version", f"version {body[0]}, expected {PROTOCOL_VERSION}")
+    if len(body) != 4:
+        raise Rejected("malformed", f"{len(body)} fields, expected 4")
+    _, tag, round_, scalar = body
+    if not isinstance(tag, bytes) or len(tag) != RUN_TAG_BYTES:
+        raise Rejected("malformed", "bad run tag")
+    if tag != run_tag(run_id):
+        raise Rejected("wrong_run", f"run tag {tag.hex()} is not {run_tag(run_id).hex()}")
+    if isinstance(round_, bool) or not isinstance(round_, int):
+        raise Rejected("malformed", "round is not an integer")
+    if isinstance(scalar, bool) or not isinstance(scalar, float):
+        raise Rejected("malformed", "scalar is not a float")
+    if not math.isfinite(scalar):
+        raise Rejected("non_finite")
+    if round_ < 0:
+        raise Rejected("out_of_window", f"round {round_} < 0")
+    # Decoded float32 -> Python float is exact; re-pack guards against float64 senders.
+    scalar = struct.unpack("<f", struct.pack("<f", scalar))[0]
+    return UpdateMessage(round_, sender, scalar)
+
+
+@dataclass
+class WindowRule:
+    """Gossip may not run more than `max_ahead` rounds past the newest round we know."""
+
+    max_ahead: int
+
+    def check(self, message: UpdateMessage, newest_round: int) -> None:
+        if message.round > newest_round + self.max_ahead:
+            raise Rejected(
+                "out_of_window",
+                f"round {message.round} is more than {self.max_ahead} ahead of {newest_round}",
+            )
+
+
+def check_against_ledger(message: UpdateMessage, existing_scalar: float | None) -> None:
+    """One message per (peer, round): a repeat is a duplicate, a different one equivocation."""
+    if existing_scalar is None:
+        return
+    if existing_scalar == message.scalar:
+        raise Rejected("duplicate")
+    raise Rejected("equivocation", f"round {message.round} already has {existing_scalar}")
+
+
+def encode_rows(messages: list[UpdateMessage]) -> bytes:
+    packer = msgpack.Packer(use_single_float=True, use_bin_type=True)
+    return packer.pack([[m.round, m.peer, m.scalar] for m in messages])
+
+
+def decode_rows(data: bytes, max_rows: int) -> list[UpdateMessage]:
+    """Ledger rows from a repair response; malformed or non-finite rows raise Rejected."""
+    try:
+        rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 3))
+    except Exception as exc:
+        raise Rejected("malformed", f"repair rows not msgpack ({type(exc).__name__})") from None
+    if not isinstance(rows, list):
+        raise Rejected("malformed", "repair rows are not a list")
+    out = []
+    for row in rows:
+        if not (
+            isinstance(row, list)
+            and len(row) == 3
+            and isinstance(row[0], int)
+            and isinstance(row[1], bytes)
+            and isinstance(row[2], float)
+            and row[0] >= 0
+            and 0 < len(row[1]) <= 64
+        ):
+            raise Rejected("malformed", "bad repair row")
+        if not math.isfinite(row[2]):
+            raise Rejected("non_finite", "repair row")
+        out.append(UpdateMessage(row[0], row[1], row[2]))
+    return out
