@@ -49,6 +49,7 @@ class PeerSettings:
     liveness_timeout: float = 60.0  # a peer unheard this long is not waited for
     min_peers: int = 0  # wait (up to startup_wait) for this many topic peers before round 1
     startup_wait: float = 30.0
+    round_interval: float = 0.0  # minimum seconds per round (pacing for demos and tests)
     linger: float = 5.0  # after the last round: keep repairing until quiet this long
     eval_every: int = 0
     eval_examples: int = 200
@@ -241,6 +242,8 @@ class PeerDaemon:
                     line["eval_accuracy"] = round(self.last_eval[1], 4)
                     self.metrics.eval_accuracy.set(self.last_eval[1])
             seconds = time.perf_counter() - t0
+            if seconds < self.s.round_interval:
+                await asyncio.sleep(self.s.round_interval - seconds)
             self.metrics.round_seconds.set(seconds)
             line["seconds"] = round(seconds, 3)
             log.info(
@@ -367,6 +370,8 @@ class PeerDaemon:
             if not self.stopping:
                 await self.linger()
             meta = await self.in_model_thread(self.checkpoint)
+            status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
+            (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))
             log.info(
                 "checkpoint written: round %d, %d ledger messages, model sha256 %s",
                 meta["round"],

