@@ -39,7 +39,7 @@ MAX_CLOCK_SKEW = 300.0  # seconds; beyond this the peer refuses to join
 
 @dataclass
 class PeerSettings:
-    bootstrap: list[str]
+    bootstrap: list[str] = field(default_factory=list)  # full multiaddrs of bootstrap nodes
     data_dir: Path = Path("seedflood-peer")
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce: list[str] = field(default_factory=list)

@@ -1,0 +1,1277 @@
+#!/usr/bin/env python
+"""Network benchmark of SeedFlood-P2P on real go-libp2p daemons (127.0.0.1 only).
+
+    python bench/bench_network.py [--quick] [--parts flood,bytes,latejoin] [--keep]
+
+Writes bench/results/network.json and bench/results/network.md.
+
+1. flood     N = 8 and 16 peer processes, one update per peer per round. Each process runs
+             its own p2pd (via `create_p2p`) and a real `FloodNode` (decode, validate, SQLite
+             ledger with synchronous=FULL) with anti-entropy switched off while measuring, so
+             the delivery ratio is GossipSub alone. Every process publishes one real 18-byte
+             update per round (`FloodNode.publish` -> `encode_update`) at a random moment of the
+             round, and timestamps (CLOCK_REALTIME, shared on one machine) its publishes, the
+             arrival of each update at the application (`decode_update`) and its ledger commit
+             (`on_accept`). The parent computes delivery (received / expected) and latency
+             percentiles. Afterwards one explicit `sync_round()` shows repair completes the
+             ledgers. Peers bootstrap off peer 0 (the hub), like real peers off a bootstrap node.
+2. bytes     Two daemons connected through a byte-counting TCP proxy; one publishes N updates
+             (18-byte real payload, and 30 bytes for comparison with the transport docstring).
+             Bytes per message per hop = (bytes during the publish window - idle rate x
+             window) / messages received.
+3. latejoin  A synthetic SQLite ledger of 10,000 rounds x 8 peers (80,000 messages, 38-byte
+             Ed25519 peer ids, random float32 scalars) for a SmolLM2-135M run (default rank and
+             refresh period, base_sha256 from `weights_sha256`) is served by a donor FloodNode
+             process. A fresh FloodNode process times `sync_with(donor)` on loopback (direct,
+             then once more through the byte-counting proxy for repair bytes). A torch process
+             times `replay()` on SmolLM2 with accumulate / basis generation / merge split, plus
+             a prototype of a batched merge (all epochs of a matrix in one GEMM). Finally a real
+             `seedflood peer` process joins the donor and is timed to its "ready" event.
+
+Flood-only processes do not import torch: hivemind's package __init__ (which pulls torch,
+~5 s and ~250 MiB per process) is bypassed by stub package modules (`_import_without_torch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+DOWNLOAD_MBIT = 100.0
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _import_without_torch() -> None:
+    """Import hivemind's p2p pieces without running hivemind/__init__ (which imports torch)."""
+    if "hivemind" in sys.modules:
+        return
+    import importlib.util
+
+    root = importlib.util.find_spec("hivemind").submodule_search_locations[0]
+    for name, sub in (("hivemind", ""), ("hivemind.utils", "/utils")):
+        module = types.ModuleType(name)
+        module.__path__ = [root + sub]
+        sys.modules[name] = module
+
+
+def _proc_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError):
+        return None
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def _lat_stats(seconds: list[float]) -> dict:
+    ms = [1000 * s for s in seconds]
+    if not ms:
+        return {"n": 0}
+    return {
+        "n": len(ms),
+        "p50_ms": round(_pct(ms, 0.5), 2),
+        "p90_ms": round(_pct(ms, 0.9), 2),
+        "p99_ms": round(_pct(ms, 0.99), 2),
+        "max_ms": round(max(ms), 2),
+        "mean_ms": round(statistics.fmean(ms), 2),
+    }
+
+
+def _run_loop(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+class ByteProxy:
+    """TCP proxy 127.0.0.1:port -> 127.0.0.1:target that counts bytes per direction."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.up = 0  # client -> target
+        self.down = 0  # target -> client
+        self.connections = 0
+        self.server = None
+        self.port = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _handle(self, reader, writer) -> None:
+        self.connections += 1
+        try:
+            r2, w2 = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pump(src, dst, up: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if up:
+                        self.up += len(data)
+                    else:
+                        self.down += len(data)
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    dst.close()
+
+        await asyncio.gather(pump(reader, w2, True), pump(r2, writer, False))
+
+    def counters(self) -> tuple[int, int]:
+        return self.up, self.down
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def _spawn(mode: str, args: dict, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, str(Path(__file__).resolve()), mode, json.dumps(args)]
+    return subprocess.Popen(
+        cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=str(ROOT)
+    )
+
+
+def _wait_file(path: Path, procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        for p in procs:
+            if p.poll() is not None and p.returncode != 0:
+                raise RuntimeError(f"worker {p.args[2]} exited with {p.returncode} ({path})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {path}")
+        time.sleep(0.1)
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """Stop only the processes this script started, by their PIDs."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _tail(path: Path, n: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. flood workers
+
+
+async def flood_worker(a: dict) -> None:
+    _import_without_torch()
+    import seedflood_p2p.node as nodemod
+    from seedflood_p2p.config import RunConfig
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.message import UpdateMessage, quantize_scalar
+    from seedflood_p2p.metrics import NodeMetrics
+    from seedflood_p2p.node import FloodNode, NodeSettings
+    from seedflood_p2p.transport import create_p2p
+
+    assert "torch" not in sys.modules, "flood worker imported torch"
+    work, index = Path(a["work"]), a["index"]
+    config = RunConfig(salt="bench-network-flood", base_sha256="0" * 64)
+    p2p = await create_p2p(
+        identity_path=None,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        initial_peers=[a["bootstrap"]] if a.get("bootstrap") else [],
+    )
+    p2pd_pid = p2p._child.pid
+    suffix = f"/p2p/{p2p.peer_id.to_base58()}"
+    addr = [str(m) for m in await p2p.get_visible_maddrs()][0]
+    addr = addr if addr.endswith(suffix) else addr + suffix
+
+    arrivals: list[tuple[str, int, float]] = []
+    accepts: list[tuple[str, int, float]] = []
+    original_decode = nodemod.decode_update
+
+    def decode_timed(data, run_id, sender):
+        message = original_decode(data, run_id, sender)
+        arrivals.append((message.peer.hex(), message.round, time.time()))
+        return message
+
+    nodemod.decode_update = decode_timed  # arrival at the application, before validation
+
+    def on_accept(messages) -> None:
+        t = time.time()
+        accepts.extend((m.peer.hex(), m.round, t) for m in messages)
+
+    ledger = Ledger(work / f"ledger{index}.sqlite", config.run_id)
+    ledger.set_meta("manifest", config.to_json())
+    settings = NodeSettings(repair_interval=1e9, publish_rate=50.0)  # no repair while measuring
+    node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings, on_accept)
+    await node.start()
+    if index == 0:
+        (work / "addr0.txt").write_text(addr)
+    deadline = time.monotonic() + 60
+    while len(await node.connected_peers()) < 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    ready = {"peer": node.peer_id.hex(), "pid": os.getpid(), "p2pd_pid": p2pd_pid}
+    (work / f"ready{index}.json").write_text(json.dumps(ready))
+
+    go_path = work / "go.json"
+    while not go_path.exists():
+        await asyncio.sleep(0.05)
+    go = json.loads(go_path.read_text())
+    topic_peers_at_go = len(await node.connected_peers())
+    cpu0 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
+    rng = random.Random(1000 + index)
+    publishes = []
+    t0, period = go["t0"], go["period"]
+    for k in range(go["rounds"]):
+        target = t0 + k * period + rng.random() * period * go["jitter"]
+        await asyncio.sleep(max(0.0, target - time.time()))
+        scalar = quantize_scalar(rng.gauss(0.0, 1.0))
+        t_pub = time.time()
+        await node.publish(UpdateMessage(k, node.peer_id, scalar))
+        publishes.append((k, t_pub, time.time()))
+    await asyncio.sleep(go["drain"])
+    cpu1 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
+    ledger_before_repair = len(ledger)
+    gossip_accepts = list(accepts)
+    topic_peers = len(await node.connected_peers())
+    connections = len(await p2p.list_peers())
+    # Repair: the anti-entropy path, run explicitly (every peer at once).
+    t = time.perf_counter()
+    repaired = 0
+    for _ in range(3):
+        new = await node.sync_round()
+        repaired += new
+        if len(ledger) >= go["expected_ledger"]:
+            break
+        await asyncio.sleep(0.5)
+    repair_s = time.perf_counter() - t
+    result = {
+        "index": index,
+        "peer": node.peer_id.hex(),
+        "publishes": publishes,
+        "arrivals": arrivals,
+        "accepts": gossip_accepts,
+        "ledger_before_repair": ledger_before_repair,
+        "ledger_after_repair": len(ledger),
+        "repaired": repaired,
+        "repair_s": round(repair_s, 3),
+        "drops": node.metrics.drop_counts(),
+        "topic_peers_at_go": topic_peers_at_go,
+        "topic_peers_end": topic_peers,
+        "connections_end": connections,
+        "subscription_dropped": sum(s.dropped for s in node._pubsub._subscriptions),
+        "rss_python_mib": _proc_rss_mib(os.getpid()),
+        "rss_p2pd_mib": _proc_rss_mib(p2pd_pid),
+        "cpu_python_s": None if None in (cpu0[0], cpu1[0]) else cpu1[0] - cpu0[0],
+        "cpu_p2pd_s": None if None in (cpu0[1], cpu1[1]) else cpu1[1] - cpu0[1],
+        "torch_imported": "torch" in sys.modules,
+    }
+    tmp = work / f"result{index}.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(work / f"result{index}.json")
+    # Stay up until everyone has repaired (others sync from us), then leave.
+    stop = work / "stop"
+    deadline = time.monotonic() + 120
+    while not stop.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await node.stop()
+    ledger.close()
+    await p2p.shutdown()
+
+
+def run_flood(n: int, rounds: int, period: float, jitter: float, base: Path) -> dict:
+    work = base / f"flood{n}"
+    work.mkdir(parents=True)
+    load_start = _loadavg()
+    procs: list[subprocess.Popen] = []
+    started = time.monotonic()
+    try:
+        procs.append(_spawn("_flood-worker", {"work": str(work), "index": 0}, work / "w0.log"))
+        _wait_file(work / "addr0.txt", procs, 60)
+        boot = (work / "addr0.txt").read_text()
+        for i in range(1, n):
+            args = {"work": str(work), "index": i, "bootstrap": boot}
+            procs.append(_spawn("_flood-worker", args, work / f"w{i}.log"))
+        for i in range(n):
+            _wait_file(work / f"ready{i}.json", procs, 120)
+        startup_s = time.monotonic() - started
+        time.sleep(3.0)  # a few GossipSub heartbeats (1 s) so the mesh is grafted
+        drain = 3.0
+        go = {
+            "t0": time.time() + 1.0,
+            "rounds": rounds,
+            "period": period,
+            "jitter": jitter,
+            "drain": drain,
+            "expected_ledger": n * rounds,
+        }
+        (work / "go.json").write_text(json.dumps(go))
+        for i in range(n):
+            _wait_file(work / f"result{i}.json", procs, rounds * period + 120)
+        (work / "stop").write_text("")
+        for p in procs:
+            p.wait(60)
+    except Exception:
+        for i, _ in enumerate(procs):
+            print(f"--- worker {i} log:\n{_tail(work / f'w{i}.log')}", file=sys.stderr)
+        raise
+    finally:
+        _stop(procs)
+    load_end = _loadavg()
+    results = [json.loads((work / f"result{i}.json").read_text()) for i in range(n)]
+    return analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end)
+
+
+def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end) -> dict:
+    pub_time = {}
+    publish_call = []
+    for r in results:
+        for k, t_pub, t_done in r["publishes"]:
+            pub_time[(r["peer"], k)] = t_pub
+            publish_call.append(t_done - t_pub)
+    expected = delivered = duplicates = 0
+    arrival_lat, accept_lat = [], []
+    per_receiver = []
+    complete_rounds = total_rounds = 0
+    for r in results:
+        others = {(p, k) for (p, k) in pub_time if p != r["peer"]}
+        expected += len(others)
+        seen_arr = {}
+        for p, k, t in r["arrivals"]:
+            if (p, k) in seen_arr:
+                duplicates += 1
+                continue
+            seen_arr[(p, k)] = t
+            if (p, k) in pub_time:
+                arrival_lat.append(t - pub_time[(p, k)])
+        got = {}
+        for p, k, t in r["accepts"]:
+            if (p, k) in others and (p, k) not in got:
+                got[(p, k)] = t
+                accept_lat.append(t - pub_time[(p, k)])
+        delivered += len(got)
+        per_receiver.append(len(got) / max(1, len(others)))
+        by_round = {}
+        for p, k in got:
+            by_round[k] = by_round.get(k, 0) + 1
+        for k in range(rounds):
+            total_rounds += 1
+            complete_rounds += by_round.get(k, 0) == n - 1
+    after_repair = sum(r["ledger_after_repair"] for r in results)
+    cpu_py = [r["cpu_python_s"] for r in results if r["cpu_python_s"] is not None]
+    cpu_d = [r["cpu_p2pd_s"] for r in results if r["cpu_p2pd_s"] is not None]
+    wall = rounds * period + 3.0
+    return {
+        "peers": n,
+        "rounds": rounds,
+        "round_rate_hz": round(1 / period, 3),
+        "publish_jitter": f"uniform in [0, {jitter} x round)",
+        "messages_per_s_total": round(n / period, 1),
+        "duration_s": round(rounds * period, 1),
+        "startup_s": round(startup_s, 2),
+        "expected_deliveries": expected,
+        "delivered_gossip": delivered,
+        "delivery_ratio": round(delivered / expected, 6) if expected else None,
+        "min_receiver_ratio": round(min(per_receiver), 6),
+        "rounds_complete_before_repair": round(complete_rounds / total_rounds, 6),
+        "app_duplicates": duplicates,
+        "ledger_complete_after_repair": after_repair == n * n * rounds,
+        "ledger_rows_after_repair": after_repair,
+        "ledger_rows_expected": n * n * rounds,
+        "repaired_messages": sum(r["repaired"] for r in results),
+        "latency_arrival": _lat_stats(arrival_lat),
+        "latency_ledger_commit": _lat_stats(accept_lat),
+        "publish_call": _lat_stats(publish_call),
+        "drops": {k: sum(r["drops"][k] for r in results) for k in results[0]["drops"]},
+        "subscription_queue_drops": sum(r["subscription_dropped"] for r in results),
+        "topic_peers_at_go": [r["topic_peers_at_go"] for r in results],
+        "connections_end": [r["connections_end"] for r in results],
+        "rss_python_mib_mean": round(statistics.fmean(r["rss_python_mib"] for r in results), 1),
+        "rss_p2pd_mib_mean": round(statistics.fmean(r["rss_p2pd_mib"] for r in results), 1),
+        "cpu_share_python_per_peer": round(statistics.fmean(cpu_py) / wall, 4) if cpu_py else None,
+        "cpu_share_p2pd_per_peer": round(statistics.fmean(cpu_d) / wall, 4) if cpu_d else None,
+        "cpu_ms_per_delivery_all_procs": round(
+            1000 * (sum(cpu_py) + sum(cpu_d)) / max(1, delivered), 3
+        ),
+        "torch_imported_in_workers": any(r["torch_imported"] for r in results),
+        "loadavg_start": load_start,
+        "loadavg_end": load_end,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. bytes per hop
+
+
+async def bytes_worker(a: dict) -> None:
+    _import_without_torch()
+    from seedflood_p2p.config import RunConfig
+    from seedflood_p2p.protocol import encode_update, topic_for
+    from seedflood_p2p.transport import PubSubClient, create_p2p
+
+    n_msgs, rate = a["messages"], a["rate"]
+    run_id = RunConfig(salt="bench-network-bytes").run_id
+    topic = topic_for(run_id)
+    port_a = _free_port()
+    receiver = await create_p2p(identity_path=None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port_a}"])
+    proxy = ByteProxy(port_a)
+    port_p = await proxy.start()
+    sender = await create_p2p(
+        identity_path=None,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        initial_peers=[f"/ip4/127.0.0.1/tcp/{port_p}/p2p/{receiver.peer_id.to_base58()}"],
+    )
+    ca, cb = PubSubClient(receiver, max_rate=None), PubSubClient(sender, max_rate=rate, burst=1)
+    out = {"proxy_port": port_p, "receiver_port": port_a}
+    try:
+        sub = await ca.subscribe(topic)
+        await cb.subscribe(topic)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if await ca.list_peers(topic) and await cb.list_peers(topic):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(4.0)  # mesh graft
+        received: list = []
+
+        async def collect():
+            async for m in sub:
+                received.append(m)
+
+        collector = asyncio.create_task(collect())
+
+        async def idle(seconds: float) -> tuple[float, float]:
+            u0, d0 = proxy.counters()
+            await asyncio.sleep(seconds)
+            u1, d1 = proxy.counters()
+            return (u1 - u0) / seconds, (d1 - d0) / seconds
+
+        def payload_of(size: int, k: int) -> bytes:
+            if size == 18:
+                return encode_update(run_id, 100000 + k, 0.123456)
+            return bytes([k % 251]) * size
+
+        windows = []
+        idle_before = await idle(a["idle_s"])
+        for size in a["sizes"]:
+            got0 = len(received)
+            u0, d0 = proxy.counters()
+            t0 = time.monotonic()
+            for k in range(n_msgs):
+                await cb.publish(topic, payload_of(size, k))
+            await asyncio.sleep(2.0)
+            window = time.monotonic() - t0
+            u1, d1 = proxy.counters()
+            msgs = received[got0:]
+            windows.append(
+                {
+                    "payload_bytes": len(payload_of(size, 0)),
+                    "published": n_msgs,
+                    "received": len(msgs),
+                    "window_s": round(window, 2),
+                    "bytes_sender_to_receiver": u1 - u0,
+                    "bytes_receiver_to_sender": d1 - d0,
+                    "wire_size_signed_message": msgs[0].wire_size if msgs else None,
+                }
+            )
+        idle_after = await idle(a["idle_s"])
+        collector.cancel()
+        idle_up = (idle_before[0] + idle_after[0]) / 2
+        idle_down = (idle_before[1] + idle_after[1]) / 2
+        for w in windows:
+            n_rx = max(1, w["received"])
+            w["per_message_per_hop_bytes"] = round(
+                (w["bytes_sender_to_receiver"] - idle_up * w["window_s"]) / n_rx, 1
+            )
+            w["reverse_per_message_bytes"] = round(
+                (w["bytes_receiver_to_sender"] - idle_down * w["window_s"]) / n_rx, 1
+            )
+        out.update(
+            {
+                "idle_bytes_per_s_sender_to_receiver": [round(idle_before[0], 1), round(idle_after[0], 1)],
+                "idle_bytes_per_s_receiver_to_sender": [round(idle_before[1], 1), round(idle_after[1], 1)],
+                "proxy_connections": proxy.connections,
+                "windows": windows,
+                "identity": "Ed25519 (create_p2p default), signed strict",
+            }
+        )
+    finally:
+        await ca.close()
+        await cb.close()
+        await sender.shutdown()
+        proxy.close()
+        await receiver.shutdown()
+    Path(a["out"]).write_text(json.dumps(out))
+
+
+def run_bytes(base: Path, quick: bool) -> dict:
+    work = base / "bytes"
+    work.mkdir(parents=True)
+    out = work / "bytes.json"
+    args = {
+        "out": str(out),
+        "messages": 100 if quick else 300,
+        "rate": 30.0,
+        "sizes": [18, 30],
+        "idle_s": 4.0 if quick else 8.0,
+    }
+    load_start = _loadavg()
+    p = _spawn("_bytes-worker", args, work / "bytes.log")
+    try:
+        p.wait(300)
+    finally:
+        _stop([p])
+    if p.returncode != 0 or not out.exists():
+        raise RuntimeError(f"bytes worker failed:\n{_tail(work / 'bytes.log')}")
+    result = json.loads(out.read_text())
+    result["loadavg_start"], result["loadavg_end"] = load_start, _loadavg()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. late join
+
+
+LATE_ROUNDS, LATE_PEERS = 10_000, 8
+
+
+def build_ledger_worker(a: dict) -> None:
+    """Torch process: hash SmolLM2's base weights and write the synthetic source ledger."""
+    import numpy as np
+
+    from seedflood_p2p.config import RunConfig
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.message import UpdateMessage
+    from seedflood_p2p.models import load_model, weights_sha256
+
+    t = time.perf_counter()
+    model, _ = load_model("smollm2-135m")
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    base = weights_sha256(model)
+    hash_s = time.perf_counter() - t
+    config = RunConfig(model="smollm2-135m", base_sha256=base)
+    rng = np.random.default_rng(7)
+    # Ed25519 libp2p peer ids: identity multihash (0x00, 0x24) of PublicKey{Ed25519, 32 bytes}
+    peers = [bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20]) + rng.bytes(32) for _ in range(a["peers"])]
+    assert all(len(p) == 38 for p in peers)
+    scalars = rng.standard_normal(a["rounds"] * a["peers"]).astype(np.float32)
+    messages = [
+        UpdateMessage(t_, p, float(scalars[t_ * len(peers) + j]))
+        for t_ in range(a["rounds"])
+        for j, p in enumerate(peers)
+    ]
+    t = time.perf_counter()
+    ledger = Ledger(Path(a["path"]), config.run_id)
+    ledger.set_meta("manifest", config.to_json())
+    ledger.add(messages)
+    write_s = time.perf_counter() - t
+    t = time.perf_counter()
+    digest = ledger.digest()
+    digest_s = time.perf_counter() - t
+    n = len(ledger)
+    ledger.close()
+    params = sum(p.numel() for p in model.parameters())
+    Path(a["out"]).write_text(
+        json.dumps(
+            {
+                "run_id": config.run_id,
+                "base_sha256": base,
+                "rank": config.rank,
+                "refresh_period": config.refresh_period,
+                "messages": n,
+                "ledger_digest": digest,
+                "model_load_s": round(load_s, 2),
+                "weights_sha256_s": round(hash_s, 2),
+                "ledger_write_s": round(write_s, 2),
+                "ledger_digest_s": round(digest_s, 2),
+                "ledger_file_mib": round(Path(a["path"]).stat().st_size / 2**20, 2),
+                "model_params": params,
+                "fp32_bytes": params * 4,
+            }
+        )
+    )
+
+
+async def donor_worker(a: dict) -> None:
+    _import_without_torch()
+    from seedflood_p2p.config import RunConfig
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.metrics import NodeMetrics
+    from seedflood_p2p.node import FloodNode, NodeSettings
+    from seedflood_p2p.transport import create_p2p
+
+    work = Path(a["work"])
+    ledger = Ledger.open_existing(a["ledger"])
+    manifest = ledger.get_meta("manifest")
+    assert RunConfig.from_json(manifest).run_id == ledger.run_id
+    timings = {"bucket_digests_s": []}
+    original = ledger.bucket_digests
+
+    def timed_digests(bucket_rounds):
+        t = time.perf_counter()
+        out = original(bucket_rounds)
+        timings["bucket_digests_s"].append(round(time.perf_counter() - t, 4))
+        return out
+
+    ledger.bucket_digests = timed_digests
+    port = _free_port()
+    p2p = await create_p2p(identity_path=None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])
+    node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
+    await node.start()
+    info = {
+        "addr": f"/ip4/127.0.0.1/tcp/{port}/p2p/{p2p.peer_id.to_base58()}",
+        "port": port,
+        "peer": p2p.peer_id.to_base58(),
+        "p2pd_pid": p2p._child.pid,
+    }
+    (work / "donor.json").write_text(json.dumps(info))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    (work / "donor_timings.json").write_text(json.dumps(timings))
+    await node.stop()
+    await p2p.shutdown()
+
+
+async def joiner_worker(a: dict) -> None:
+    """Fresh FloodNode: time sync_with(donor), directly and through the counting proxy."""
+    _import_without_torch()
+    import seedflood_p2p.node as nodemod
+    from hivemind.p2p import PeerID
+
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.metrics import NodeMetrics
+    from seedflood_p2p.node import FloodNode, NodeSettings
+    from seedflood_p2p.transport import create_p2p
+
+    work = Path(a["work"])
+    donor = json.loads((work / "donor.json").read_text())
+    with Ledger.open_existing(a["source"]) as src:
+        manifest, run_id = src.get_meta("manifest"), src.run_id
+    donor_id = PeerID.from_base58(donor["peer"])
+    timing = {"fetch_calls": 0, "fetch_s": 0.0, "fetch_bytes": 0, "digest_call_s": 0.0}
+    original_call = nodemod.call_bytes
+
+    async def timed_call(p2p, peer_id, name, request, timeout, **kw):
+        t = time.perf_counter()
+        out = await original_call(p2p, peer_id, name, request, timeout, **kw)
+        dt = time.perf_counter() - t
+        if name == "seedflood.fetch":
+            timing["fetch_calls"] += 1
+            timing["fetch_s"] += dt
+            timing["fetch_bytes"] += len(out)
+        else:
+            timing["digest_call_s"] += dt
+        return out
+
+    nodemod.call_bytes = timed_call
+    results = {}
+    proxy = None
+    for label in a["passes"]:
+        for k in timing:
+            timing[k] = 0 if isinstance(timing[k], int) else 0.0
+        path = work / f"joiner_{label}.sqlite"
+        if label == "proxy":
+            proxy = ByteProxy(donor["port"])
+            port = await proxy.start()
+            initial = f"/ip4/127.0.0.1/tcp/{port}/p2p/{donor['peer']}"
+        else:
+            initial = donor["addr"]
+        t_start = time.perf_counter()
+        p2p = await create_p2p(
+            identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[initial]
+        )
+        daemon_s = time.perf_counter() - t_start
+        ledger = Ledger(path, run_id)
+        ledger.set_meta("manifest", manifest)
+        node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
+        accept_s = [0.0]
+        original_accept = node.accept
+
+        def timed_accept(messages, source, _orig=original_accept):
+            t = time.perf_counter()
+            out = _orig(messages, source)
+            accept_s[0] += time.perf_counter() - t
+            return out
+
+        node.accept = timed_accept
+        await node.start()
+        # What the peer daemon does with the default min_peers=0: sync_round() right away.
+        topic_peers_immediately = len(await node.connected_peers())
+        bytes0 = proxy.counters() if proxy else (0, 0)
+        t = time.perf_counter()
+        new = await node.sync_with(donor_id)
+        sync_s = time.perf_counter() - t
+        bytes1 = proxy.counters() if proxy else (0, 0)
+        t = time.perf_counter()
+        again = await node.sync_with(donor_id)
+        noop_s = time.perf_counter() - t
+        t = time.perf_counter()
+        digest = ledger.digest()
+        digest_s = time.perf_counter() - t
+        results[label] = {
+            "daemon_start_s": round(daemon_s, 3),
+            "topic_peers_right_after_start": topic_peers_immediately,
+            "synced_messages": new,
+            "sync_s": round(sync_s, 3),
+            "messages_per_s": round(new / sync_s, 1) if sync_s else None,
+            "fetch_calls": timing["fetch_calls"],
+            "fetch_rpc_s": round(timing["fetch_s"], 3),
+            "digest_rpc_s": round(timing["digest_call_s"], 3),
+            "accept_s": round(accept_s[0], 3),
+            "fetch_payload_bytes": timing["fetch_bytes"],
+            "second_sync_new": again,
+            "second_sync_noop_s": round(noop_s, 3),
+            "ledger_messages": len(ledger),
+            "ledger_digest": digest,
+            "ledger_digest_s": round(digest_s, 3),
+        }
+        if proxy:
+            results[label]["wire_bytes_donor_to_joiner"] = bytes1[1] - bytes0[1]
+            results[label]["wire_bytes_joiner_to_donor"] = bytes1[0] - bytes0[0]
+            results[label]["wire_bytes_per_message"] = round((bytes1[1] - bytes0[1]) / max(1, new), 2)
+        await node.stop()
+        ledger.close()
+        await p2p.shutdown()
+        if proxy:
+            proxy.close()
+    Path(a["out"]).write_text(json.dumps(results))
+
+
+def replay_worker(a: dict) -> None:
+    """Torch process: time replay() of the synced ledger on SmolLM2, split into parts."""
+    import numpy as np
+    import torch
+
+    import seedflood_p2p.subcge as subcge
+    from seedflood_p2p.config import RunConfig
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.models import load_model, weights_sha256
+    from seedflood_p2p.replay import replay
+
+    out: dict = {"torch_threads": torch.get_num_threads(), "loadavg_start": _loadavg()}
+    ledger = Ledger.open_existing(a["ledger"])
+    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    t = time.perf_counter()
+    model, _ = load_model(config.model)
+    out["model_load_s"] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
+    assert weights_sha256(model) == config.base_sha256
+    out["base_hash_check_s"] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
+    n_read = sum(1 for _ in ledger.messages())
+    out["ledger_read_s"] = round(time.perf_counter() - t, 3)
+
+    timers = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0, "commits": 0, "basis_calls": 0}
+    cpu = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0}
+    orig_acc, orig_commit, orig_basis = subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis
+
+    def acc(self, messages):
+        t, c = time.perf_counter(), time.process_time()
+        n = orig_acc(self, messages)
+        timers["accumulate"] += time.perf_counter() - t
+        cpu["accumulate"] += time.process_time() - c
+        return n
+
+    def commit(self, epochs=None):
+        t, c = time.perf_counter(), time.process_time()
+        orig_commit(self, epochs)
+        timers["commit"] += time.perf_counter() - t
+        cpu["commit"] += time.process_time() - c
+        timers["commits"] += 1
+
+    def basis(self, epoch):
+        t, c = time.perf_counter(), time.process_time()
+        cached = epoch in self._bases
+        b = orig_basis(self, epoch)
+        timers["basis"] += time.perf_counter() - t
+        cpu["basis"] += time.process_time() - c
+        timers["basis_calls"] += not cached
+        return b
+
+    subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = acc, commit, basis
+    engine_probe = subcge.make_estimator(model, config)
+    matrices = len(engine_probe.matrices)
+    trainable = engine_probe.num_parameters
+    engine_probe.close()
+    base_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    t, c = time.perf_counter(), time.process_time()
+    count = replay(model, config, ledger.messages())
+    replay_s, replay_cpu = time.perf_counter() - t, time.process_time() - c
+    subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = orig_acc, orig_commit, orig_basis
+    epochs = LATE_ROUNDS // config.refresh_period
+    replayed_hash = weights_sha256(model)
+    out.update(
+        {
+            "messages": count,
+            "messages_read_check": n_read,
+            "epochs": epochs,
+            "rank": config.rank,
+            "refresh_period": config.refresh_period,
+            "trainable_matrices": matrices,
+            "trainable_params": trainable,
+            "replay_s": round(replay_s, 2),
+            "replay_cpu_s": round(replay_cpu, 2),
+            "accumulate_s": round(timers["accumulate"], 2),
+            "merge_total_s": round(timers["commit"], 2),
+            "merge_basis_generation_s": round(timers["basis"], 2),
+            "merge_matmul_s": round(timers["commit"] - timers["basis"], 2),
+            "other_s (ledger read, ordering checks)": round(
+                replay_s - timers["accumulate"] - timers["commit"], 2
+            ),
+            "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+            "commit_calls": timers["commits"],
+            "bases_generated": timers["basis_calls"],
+            "merge_ms_per_epoch": round(1000 * timers["commit"] / max(1, epochs), 1),
+            "replayed_weights_sha256": replayed_hash,
+        }
+    )
+
+    # Prototype (bench only): batched merge, all epochs of one matrix in a single GEMM.
+    if a.get("batched"):
+        from seedflood_p2p.trainable import find_trainable_matrices
+
+        def matrices_of(model):
+            return find_trainable_matrices(model, include_embeddings=config.include_embeddings)
+
+        replayed = {m.name: m.weight.detach().clone() for m in matrices_of(model)}
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(base_weights[name])
+        del base_weights
+        t, c = time.perf_counter(), time.process_time()
+        engine = subcge.make_estimator(model, config)
+        t_acc = time.perf_counter()
+        engine.accumulate(ledger.messages())
+        acc_s = time.perf_counter() - t_acc
+        cores = engine._pending  # epoch -> [L, r*r]
+        engine._pending = {}
+        r = config.rank
+        ep = sorted(cores)
+        basis_s = gemm_s = 0.0
+        with torch.no_grad():
+            for i, matrix in enumerate(engine.matrices):
+                m_, k_ = matrix.shape
+                tb = time.perf_counter()
+                uc = torch.empty(m_, r * len(ep))
+                vv = torch.empty(k_, r * len(ep))
+                for j, e in enumerate(ep):
+                    uv = torch.from_numpy(subcge.layer_basis(config.run_key, e, i, m_, k_, r))
+                    core = torch.from_numpy(cores[e][i].reshape(r, r)).float()
+                    uc[:, j * r : (j + 1) * r] = uv[:m_] @ core
+                    vv[:, j * r : (j + 1) * r] = uv[m_:]
+                basis_s += time.perf_counter() - tb
+                tg = time.perf_counter()
+                matrix.weight.addmm_(uc, vv.T, alpha=-1.0)
+                gemm_s += time.perf_counter() - tg
+        engine.close()
+        batched_s, batched_cpu = time.perf_counter() - t, time.process_time() - c
+        diff = max(
+            (m.weight - replayed[m.name]).abs().max().item()
+            for m in matrices_of(model)
+        )
+        scale = max(replayed[m].abs().max().item() for m in replayed)
+        out["batched_merge_prototype"] = {
+            "total_s": round(batched_s, 2),
+            "cpu_s": round(batched_cpu, 2),
+            "accumulate_s": round(acc_s, 2),
+            "basis_generation_s": round(basis_s, 2),
+            "gemm_s": round(gemm_s, 2),
+            "max_abs_diff_vs_replay": diff,
+            "max_abs_weight": scale,
+            "note": "same math, one (m x E*r) @ (E*r x k) GEMM per matrix instead of E rank-r "
+            "addmm_ passes over W; not bitwise equal to replay() (other summation order)",
+        }
+    # Raw throughput probes for the explanation.
+    x = np.random.default_rng(0)
+    t = time.perf_counter()
+    for _ in range(20):
+        subcge.layer_basis(config.run_key, 0, 0, 1536, 576, config.rank)
+    sign_rate = 20 * (1536 + 576) * config.rank / (time.perf_counter() - t)
+    w = torch.randn(1536, 576)
+    u, v = torch.randn(1536, config.rank), torch.randn(576, config.rank)
+    t = time.perf_counter()
+    for _ in range(50):
+        w.addmm_(u, v.T, alpha=-1.0)
+    rank_r_gbs = 50 * 2 * w.numel() * 4 / (time.perf_counter() - t) / 1e9
+    a_ = torch.randn(1536, 512)
+    b_ = torch.randn(512, 576)
+    t = time.perf_counter()
+    for _ in range(20):
+        w.addmm_(a_, b_)
+    gflops = 20 * 2 * 1536 * 576 * 512 / (time.perf_counter() - t) / 1e9
+    del x
+    out["probes"] = {
+        "philox_signs_per_s": round(sign_rate / 1e6, 1),
+        "rank_r_addmm_effective_GB_per_s": round(rank_r_gbs, 2),
+        "gemm_gflops": round(gflops, 1),
+        "unit": "philox in M signs/s",
+    }
+    out["loadavg_end"] = _loadavg()
+    ledger.close()
+    Path(a["out"]).write_text(json.dumps(out))
+
+
+def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float) -> dict:
+    """A real `seedflood peer` joining the donor; time from launch to its "ready" event."""
+    data = work / f"e2e_peer_minpeers{min_peers}"
+    log = work / f"e2e_peer_minpeers{min_peers}.log"
+    cmd = [
+        sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", "peer",
+        "--bootstrap", donor_addr, "--listen", "/ip4/127.0.0.1/tcp/0",
+        "--data-dir", str(data), "--until-round", str(LATE_ROUNDS), "--linger", "1",
+        "--min-peers", str(min_peers), "--repair-interval", "1000",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=str(ROOT))
+    ready = None
+    events = []
+    try:
+        deadline = t0 + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            events = []
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("{"):
+                    with contextlib.suppress(json.JSONDecodeError):
+                        events.append((json.loads(line)))
+            ready = next((e for e in events if e.get("event") == "ready"), None)
+            if ready is not None:
+                break
+            time.sleep(0.2)
+        ready_s = time.monotonic() - t0 if ready else None
+    finally:
+        _stop([proc], grace=60)
+    msgs = [e.get("message", "") for e in events]
+    return {
+        "min_peers": min_peers,
+        "launch_to_ready_s": None if ready_s is None else round(ready_s, 2),
+        "ready_round": None if ready is None else ready.get("round"),
+        "ready_message": next((m for m in msgs if m.startswith("ready at round")), None),
+        "exit_code": proc.returncode,
+        "log_tail": None if ready else _tail(log, 15),
+    }
+
+
+def run_latejoin(base: Path, quick: bool) -> dict:
+    work = base / "latejoin"
+    work.mkdir(parents=True)
+    out: dict = {"loadavg_start": _loadavg(), "rounds": LATE_ROUNDS, "peers": LATE_PEERS}
+    source = work / "source.sqlite"
+    procs: list[subprocess.Popen] = []
+    try:
+        p = _spawn(
+            "_build-ledger",
+            {"path": str(source), "out": str(work / "build.json"), "rounds": LATE_ROUNDS, "peers": LATE_PEERS},
+            work / "build.log",
+        )
+        if p.wait(900) != 0:
+            raise RuntimeError(f"ledger build failed:\n{_tail(work / 'build.log')}")
+        out["build"] = json.loads((work / "build.json").read_text())
+        print(f"  source ledger: {out['build']}", flush=True)
+
+        donor = _spawn("_donor", {"work": str(work), "ledger": str(source)}, work / "donor.log")
+        procs.append(donor)
+        _wait_file(work / "donor.json", procs, 60)
+        passes = ["direct"] if quick else ["direct", "proxy"]
+        p = _spawn(
+            "_joiner",
+            {"work": str(work), "source": str(source), "out": str(work / "joiner.json"), "passes": passes},
+            work / "joiner.log",
+        )
+        procs.append(p)
+        if p.wait(900) != 0:
+            raise RuntimeError(f"joiner failed:\n{_tail(work / 'joiner.log')}")
+        out["sync"] = json.loads((work / "joiner.json").read_text())
+        for label, s in out["sync"].items():
+            s["digest_equals_source"] = s["ledger_digest"] == out["build"]["ledger_digest"]
+        print(f"  sync: {out['sync']}", flush=True)
+
+        p = _spawn(
+            "_replay",
+            {"ledger": str(work / "joiner_direct.sqlite"), "out": str(work / "replay.json"), "batched": True},
+            work / "replay.log",
+        )
+        procs.append(p)
+        if p.wait(1800) != 0:
+            raise RuntimeError(f"replay failed:\n{_tail(work / 'replay.log')}")
+        out["replay"] = json.loads((work / "replay.json").read_text())
+        print(f"  replay: {out['replay']}", flush=True)
+
+        donor_addr = json.loads((work / "donor.json").read_text())["addr"]
+        out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 600)]
+        if not quick:
+            out["end_to_end_peer"].append(_e2e_peer(work, donor_addr, 1, 600))
+        print(f"  e2e: {out['end_to_end_peer']}", flush=True)
+    finally:
+        _stop(procs)
+    with contextlib.suppress(OSError, ValueError):
+        out["donor_bucket_digests_s"] = json.loads((work / "donor_timings.json").read_text())
+    sync_s = out["sync"]["direct"]["sync_s"]
+    replay_s = out["replay"]["replay_s"]
+    fp32 = out["build"]["fp32_bytes"]
+    target = fp32 * 8 / (DOWNLOAD_MBIT * 1e6)
+    out["target"] = {
+        "fp32_weights_bytes": fp32,
+        "download_s_at_100_mbit": round(target, 1),
+        "sync_plus_replay_s": round(sync_s + replay_s, 2),
+        "met": sync_s + replay_s < target,
+        "margin_s": round(target - (sync_s + replay_s), 2),
+        "ratio_to_target": round((sync_s + replay_s) / target, 3),
+    }
+    if "batched_merge_prototype" in out["replay"]:
+        b = out["replay"]["batched_merge_prototype"]["total_s"]
+        out["target"]["sync_plus_batched_replay_s"] = round(sync_s + b, 2)
+    out["loadavg_end"] = _loadavg()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def write_markdown(res: dict, path: Path) -> None:
+    L = []
+    L.append("# Network benchmark (SeedFlood-P2P on go-libp2p daemons, 127.0.0.1)\n")
+    L.append(f"Run {res['started']} on {res['cpus']} cores; `{res['command']}`. "
+             f"Load average at start {res['loadavg_start']}, end {res['loadavg_end']} "
+             "(other benchmarks were running on the machine; latencies and CPU-bound timings "
+             "are inflated accordingly).\n")
+    if "flood" in res:
+        L.append("## 1. Flood delivery and latency (one update per peer per round, no repair)\n")
+        L.append("| peers | rounds/s | msgs/s total | duration s | delivery (gossip only) | min per peer "
+                 "| rounds complete | arrival p50 / p99 / max ms | ledger-commit p50 / p99 ms "
+                 "| publish() p50 / p99 ms | after repair | RSS py / p2pd MiB | CPU/peer py+p2pd | load avg |")
+        L.append("|" + "---|" * 14)
+        for f in res["flood"]:
+            la, lc, pc = f["latency_arrival"], f["latency_ledger_commit"], f["publish_call"]
+            L.append(
+                f"| {f['peers']} | {f['round_rate_hz']} | {f['messages_per_s_total']} | {f['duration_s']} "
+                f"| {f['delivery_ratio']:.4%} ({f['delivered_gossip']}/{f['expected_deliveries']}) "
+                f"| {f['min_receiver_ratio']:.4%} | {f['rounds_complete_before_repair']:.2%} "
+                f"| {la.get('p50_ms')} / {la.get('p99_ms')} / {la.get('max_ms')} "
+                f"| {lc.get('p50_ms')} / {lc.get('p99_ms')} | {pc.get('p50_ms')} / {pc.get('p99_ms')} "
+                f"| {'complete' if f['ledger_complete_after_repair'] else 'INCOMPLETE'} "
+                f"({f['repaired_messages']} repaired) "
+                f"| {f['rss_python_mib_mean']} / {f['rss_p2pd_mib_mean']} "
+                f"| {f['cpu_share_python_per_peer']:.1%} + {f['cpu_share_p2pd_per_peer']:.1%} "
+                f"| {f['loadavg_start']} -> {f['loadavg_end']} |"
+            )
+        L.append("")
+        L.append("Arrival = update decoded by the receiving FloodNode; ledger commit = after "
+                 "validation and the SQLite commit (synchronous=FULL), i.e. ready to apply. "
+                 "Latency is measured from just before the sender's `FloodNode.publish` "
+                 "(which first commits its own ledger row). Connections per peer at the end: "
+                 + "; ".join(f"{f['peers']} peers: {f['connections_end']}" for f in res["flood"]) + ".\n")
+    if "bytes" in res:
+        b = res["bytes"]
+        L.append("## 2. Bytes on the wire per update per hop (byte-counting TCP proxy)\n")
+        L.append("| payload bytes | signed GossipSub message (wire_size) | bytes per hop (sender -> receiver) "
+                 "| reverse bytes per msg | received / published |")
+        L.append("|---|---|---|---|---|")
+        for w in b["windows"]:
+            L.append(f"| {w['payload_bytes']} | {w['wire_size_signed_message']} | {w['per_message_per_hop_bytes']} "
+                     f"| {w['reverse_per_message_bytes']} | {w['received']} / {w['published']} |")
+        L.append("")
+        L.append(f"Idle traffic (subtracted): {b['idle_bytes_per_s_sender_to_receiver']} B/s one way, "
+                 f"{b['idle_bytes_per_s_receiver_to_sender']} B/s the other; proxy connections: "
+                 f"{b['proxy_connections']}. Identity: {b['identity']}.\n")
+    if "latejoin" in res:
+        j = res["latejoin"]
+        bld, rp, tg = j["build"], j["replay"], j["target"]
+        sd = j["sync"]["direct"]
+        L.append(f"## 3. Late join: {j['rounds']:,} rounds x {j['peers']} peers = {bld['messages']:,} messages, SmolLM2-135M\n")
+        L.append(f"Run config: rank {bld['rank']}, refresh period {bld['refresh_period']} "
+                 f"({rp['epochs']} epochs), {rp['trainable_matrices']} trainable matrices, "
+                 f"{rp['trainable_params']/1e6:.1f}M trainable params; source ledger "
+                 f"{bld['ledger_file_mib']} MiB on disk.\n")
+        L.append("| step | seconds | notes |")
+        L.append("|---|---|---|")
+        L.append(f"| sync (repair protocol, loopback) | {sd['sync_s']} | {sd['synced_messages']:,} msgs, "
+                 f"{sd['messages_per_s']:,} msg/s, {sd['fetch_calls']} fetch RPCs ({sd['fetch_rpc_s']} s incl. "
+                 f"donor), local accept {sd['accept_s']} s, digest RPC {sd['digest_rpc_s']} s; digest equals "
+                 f"source: {sd['digest_equals_source']} |")
+        if "proxy" in j["sync"]:
+            sp = j["sync"]["proxy"]
+            L.append(f"| sync via counting proxy | {sp['sync_s']} | {sp['wire_bytes_donor_to_joiner']:,} B "
+                     f"on the wire = {sp['wire_bytes_per_message']} B/message (fetch payload "
+                     f"{sp['fetch_payload_bytes']:,} B) |")
+        L.append(f"| no-op anti-entropy pass after sync | {sd['second_sync_noop_s']} | digests equal, "
+                 f"{sd['second_sync_new']} new |")
+        L.append(f"| replay() total | {rp['replay_s']} | CPU {rp['replay_cpu_s']} s, torch threads "
+                 f"{rp['torch_threads']} |")
+        L.append(f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | {bld['messages']:,} msgs |")
+        L.append(f"| - per-epoch merges total | {rp['merge_total_s']} | {rp['commit_calls']} commits, "
+                 f"{rp['merge_ms_per_epoch']} ms/epoch |")
+        L.append(f"| -- of which basis generation (Philox) | {rp['merge_basis_generation_s']} | "
+                 f"{rp['bases_generated']} epoch bases |")
+        L.append(f"| -- of which rank-r addmm_ on W | {rp['merge_matmul_s']} | |")
+        L.append(f"| - other (ledger read, ordering) | {rp['other_s (ledger read, ordering checks)']} | "
+                 f"ledger read alone {rp['ledger_read_s']} s |")
+        if "batched_merge_prototype" in rp:
+            bp = rp["batched_merge_prototype"]
+            L.append(f"| prototype: batched merge replay | {bp['total_s']} | basis {bp['basis_generation_s']} s, "
+                     f"GEMM {bp['gemm_s']} s, accumulate {bp['accumulate_s']} s; max abs diff vs replay "
+                     f"{bp['max_abs_diff_vs_replay']:.2e} |")
+        L.append(f"| **sync + replay** | **{tg['sync_plus_replay_s']}** | target: fp32 download "
+                 f"{tg['fp32_weights_bytes']/1e6:.0f} MB at 100 Mbit/s = {tg['download_s_at_100_mbit']} s -> "
+                 f"{'MET' if tg['met'] else 'MISSED'} ({tg['ratio_to_target']}x target) |")
+        if "sync_plus_batched_replay_s" in tg:
+            L.append(f"| sync + batched-merge replay | {tg['sync_plus_batched_replay_s']} | prototype |")
+        L.append(f"| (not counted) model load / base hash check | {rp['model_load_s']} / "
+                 f"{rp['base_hash_check_s']} | needed with either approach |")
+        for e in j.get("end_to_end_peer", []):
+            L.append(f"| real `seedflood peer` launch -> ready (min_peers={e['min_peers']}) | "
+                     f"{e['launch_to_ready_s']} | {e['ready_message']} |")
+        pr = rp["probes"]
+        L.append("")
+        L.append(f"Probes: Philox basis signs {pr['philox_signs_per_s']} M/s; rank-{bld['rank']} addmm_ "
+                 f"streams W at {pr['rank_r_addmm_effective_GB_per_s']} GB/s; dense GEMM "
+                 f"{pr['gemm_gflops']} GFLOP/s. Load average during late join: "
+                 f"{j['loadavg_start']} -> {j['loadavg_end']}.\n")
+    path.write_text("\n".join(L) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    parser.add_argument("--parts", default="flood,bytes,latejoin")
+    parser.add_argument("--peers", default="8,16")
+    parser.add_argument("--round-rate", type=float, default=3.0, help="rounds per second")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per flood run")
+    parser.add_argument("--jitter", type=float, default=1.0, help="publish offset, fraction of a round")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--out", default=str(RESULTS / "network"), help="output path without suffix")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    duration = args.duration or (12.0 if args.quick else 45.0)
+    period = 1.0 / args.round_rate
+    rounds = int(round(duration / period))
+    base = Path(tempfile.mkdtemp(prefix="bench_network_"))
+    res: dict = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(["python", "bench/bench_network.py", *sys.argv[1:]]),
+        "cpus": os.cpu_count(),
+        "loadavg_start": _loadavg(),
+        "quick": args.quick,
+        "workdir": str(base),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        res["loadavg_end"] = _loadavg()
+        out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+        write_markdown(res, out.with_suffix(".md"))
+
+    try:
+        if "flood" in parts:
+            res["flood"] = []
+            for n in [int(x) for x in args.peers.split(",")]:
+                print(f"flood: {n} peers, {rounds} rounds at {args.round_rate}/s", flush=True)
+                f = run_flood(n, rounds, period, args.jitter, base)
+                res["flood"].append(f)
+                print(json.dumps({k: f[k] for k in ("peers", "delivery_ratio", "latency_arrival",
+                                                    "latency_ledger_commit", "ledger_complete_after_repair")}),
+                      flush=True)
+                save()
+        if "bytes" in parts:
+            print("bytes per hop", flush=True)
+            res["bytes"] = run_bytes(base, args.quick)
+            print(json.dumps(res["bytes"]["windows"]), flush=True)
+            save()
+        if "latejoin" in parts:
+            print("late join", flush=True)
+            res["latejoin"] = run_latejoin(base, args.quick)
+            print(json.dumps(res["latejoin"]["target"]), flush=True)
+            save()
+    finally:
+        save()
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    return 0
+
+
+WORKERS = {
+    "_flood-worker": lambda a: _run_loop(flood_worker(a)),
+    "_bytes-worker": lambda a: _run_loop(bytes_worker(a)),
+    "_build-ledger": build_ledger_worker,
+    "_donor": lambda a: _run_loop(donor_worker(a)),
+    "_joiner": lambda a: _run_loop(joiner_worker(a)),
+    "_replay": replay_worker,
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in WORKERS:
+        WORKERS[sys.argv[1]](json.loads(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main())

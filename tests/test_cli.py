@@ -1,0 +1,117 @@
+"""Bad input stops the program with one readable line; TOML files and flags agree."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from seedflood_p2p.cli import build_parser, main, run_config_from_args
+
+
+def _error_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("error: ")
+    return err[-1]
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub lookup must fail fast, not hang
+
+
+def test_unknown_model_names_the_problem_and_the_fix(capsys):
+    line = _error_line(
+        capsys, ["eval", "--model", "no-such-org/no-such-model", "--dataset", "synthetic-sentiment"]
+    )
+    assert "cannot load model 'no-such-org/no-such-model'" in line
+    assert "built-in name" in line
+
+
+def test_corrupt_ledger(capsys, tmp_path):
+    bad = tmp_path / "ledger.sqlite"
+    bad.write_bytes(b"garbage" * 500)
+    line = _error_line(capsys, ["replay", "--ledger", str(bad), "--out", str(tmp_path / "o")])
+    assert "corrupt or not a seedflood ledger" in line
+
+
+def test_dataset_without_the_needed_columns(capsys, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"sentence": f"s{i}", "y": i % 2}) for i in range(20)))
+    line = _error_line(capsys, ["eval", "--model", "tiny-llama", "--dataset", str(data)])
+    assert "text" in line and "sentence" in line and "--text-column" in line
+
+
+def test_rank_larger_than_a_layer_allows(capsys, tmp_path):
+    line = _error_line(
+        capsys,
+        [
+            "train",
+            "--model",
+            "tiny-llama",
+            "--dataset",
+            "synthetic-sentiment",
+            "--rank",
+            "1000",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert "rank 1000 is larger than weight" in line and "choose a rank <=" in line
+
+
+def test_invalid_settings_and_config_files(capsys, tmp_path):
+    assert "eps must be a positive number" in _error_line(capsys, ["eval", "--eps", "-1"])
+    bad_key = tmp_path / "a.toml"
+    bad_key.write_text("rnak = 4\n")
+    assert "unknown setting(s) rnak" in _error_line(capsys, ["eval", "--config", str(bad_key)])
+    bad_type = tmp_path / "b.toml"
+    bad_type.write_text('rank = "four"\n')
+    assert "'rank' must be int" in _error_line(capsys, ["eval", "--config", str(bad_type)])
+    assert "does not exist" in _error_line(capsys, ["eval", "--config", str(tmp_path / "x")])
+    assert "no bootstrap address" in _error_line(capsys, ["peer"])
+
+
+def test_config_file_and_flags_agree(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        'model = "tiny-llama"\nrank = 6\nrefresh-period = 7\nlr = 0.002\n'
+        "include_embeddings = true\n"
+    )
+    parser = build_parser()
+    from_file = run_config_from_args(parser.parse_args(["train", "--config", str(toml)]))
+    from_flags = run_config_from_args(
+        parser.parse_args(
+            [
+                "train",
+                "--model",
+                "tiny-llama",
+                "--rank",
+                "6",
+                "--refresh-period",
+                "7",
+                "--lr",
+                "0.002",
+                "--include-embeddings",
+            ]
+        )
+    )
+    assert from_file == from_flags and from_file.run_id == from_flags.run_id
+    overridden = run_config_from_args(
+        parser.parse_args(["train", "--config", str(toml), "--rank", "3"])
+    )
+    assert overridden.rank == 3 and overridden.refresh_period == 7  # flags win over the file
+
+
+def test_bad_flag_exits_with_one_line_from_a_real_process():
+    out = subprocess.run(
+        [sys.executable, "-m", "seedflood_p2p.cli", "train", "--rank", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "argument --rank: invalid int value: 'x'" in out.stderr.strip().splitlines()[-1]
