@@ -28,7 +28,7 @@ from seedflood_p2p.config import RunConfig
 from seedflood_p2p.errors import UserError
 from seedflood_p2p.ledger import Ledger
 from seedflood_p2p.message import UpdateMessage
-from seedflood_p2p.metrics import NodeMetrics, serve_http
+from seedflood_p2p.metrics import NodeMetrics, serve_http, value
 from seedflood_p2p.node import FloodNode, NodeSettings
 from seedflood_p2p.transport import RemoteCallError, call_bytes, create_p2p
 
@@ -95,7 +95,9 @@ class PeerDaemon:
             "ledger_messages": len(node.ledger) if node else 0,
             "accepted": self.metrics.accepted_counts(),
             "dropped": self.metrics.drop_counts(),
-            "loss": self.metrics.loss._value.get(),
+            "bytes_out": int(value(self.metrics.bytes_out)),
+            "bytes_in": int(value(self.metrics.bytes_in)),
+            "loss": value(self.metrics.loss),
             "eval": self.last_eval,
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
@@ -206,7 +208,7 @@ class PeerDaemon:
             await asyncio.sleep(0.02)
 
     async def train(self, until: int) -> None:
-        from seedflood_p2p.trainer import evaluate, zo_step
+        from seedflood_p2p.trainer import zo_step
 
         while not self.stopping and (until == 0 or self.round <= until):
             await self.wait_ready(self.round)
@@ -228,36 +230,44 @@ class PeerDaemon:
                 "applied": len(incoming),
                 "ledger": len(self.ledger),
             }
-            if self.s.eval_every and (self.round + 1) % self.s.eval_every == 0:
-                self.last_eval = await self.in_model_thread(
-                    evaluate,
-                    self.model,
-                    self.tokenizer,
-                    self.task,
-                    self.config,
-                    self.s.eval_examples,
-                )
-                line["eval_loss"] = round(self.last_eval[0], 5)
-                if self.last_eval[1] is not None:
-                    line["eval_accuracy"] = round(self.last_eval[1], 4)
-                    self.metrics.eval_accuracy.set(self.last_eval[1])
             seconds = time.perf_counter() - t0
             if seconds < self.s.round_interval:
                 await asyncio.sleep(self.s.round_interval - seconds)
             self.metrics.round_seconds.set(seconds)
             line["seconds"] = round(seconds, 3)
             log.info(
-                "round %d  loss %.4f  peers %d  applied %d  ledger %d%s  %.2f s",
+                "round %d  loss %.4f  peers %d  applied %d  ledger %d  %.2f s",
                 self.round,
                 loss,
                 line["peers"],
                 len(incoming),
                 line["ledger"],
-                "".join(f"  {k} {v}" for k, v in line.items() if k.startswith("eval")),
                 seconds,
                 extra={"fields": line},
             )
             self.round += 1
+            if self.s.eval_every and self.round % self.s.eval_every == 0:
+                await self.evaluate()
+
+    async def evaluate(self) -> None:
+        """Held-out loss/accuracy of the live model after `self.round` rounds, logged."""
+        from seedflood_p2p.trainer import evaluate
+
+        loss, accuracy = await self.in_model_thread(
+            evaluate, self.model, self.tokenizer, self.task, self.config, self.s.eval_examples
+        )
+        self.last_eval = (loss, accuracy)
+        fields = {"event": "eval", "rounds_done": self.round, "eval_loss": round(loss, 5)}
+        if accuracy is not None:
+            fields["eval_accuracy"] = round(accuracy, 4)
+            self.metrics.eval_accuracy.set(accuracy)
+        log.info(
+            "eval after %d rounds: loss %.4f%s",
+            self.round,
+            loss,
+            "" if accuracy is None else f"  accuracy {accuracy:.3f}",
+            extra={"fields": fields},
+        )
 
     async def linger(self) -> None:
         """Keep repairing until no new message arrived for `linger` seconds."""
@@ -365,6 +375,8 @@ class PeerDaemon:
                 synced,
                 extra={"fields": {"event": "ready", "round": self.round}},
             )
+            if s.eval_every:
+                await self.evaluate()
             until = s.until_round or self.config.total_rounds
             await self.train(until - 1 if until else 0)
             if not self.stopping:

@@ -323,6 +323,85 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     return run_bootstrap(settings, config)
 
 
+# -- demo / status -----------------------------------------------------------------
+# The demo's built-in default: see README ("Why this default") for the measurements.
+DEMO_DEFAULTS: dict[str, Any] = {}
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from seedflood_p2p.demo import run_demo
+
+    config = run_config_from_args(args, defaults={**DEMO_DEFAULTS, "n_ref": args.peers})
+    if args.peers < 1 or args.rounds < 1 or args.minutes <= 0:
+        raise UserError("--peers and --rounds must be >= 1 and --minutes > 0")
+    work = args.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    result = run_demo(
+        config,
+        peers=args.peers,
+        rounds=args.rounds,
+        minutes=args.minutes,
+        work=work,
+        eval_every=args.eval_every,
+        eval_examples=args.eval_examples,
+        round_interval=args.round_interval,
+    )
+    return 0 if result["ledgers_identical"] else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = args.address if "://" in args.address else f"http://{args.address}"
+    url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/status") else "/status")
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            status = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise UserError(
+            f"cannot read a peer's status at {url} ({exc}): start the peer with "
+            "--metrics-port PORT and pass HOST:PORT"
+        ) from None
+    if args.json:
+        print(json.dumps(status, indent=1))
+        return 0
+    print(format_status(status))
+    return 0
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"peer        {status.get('peer_id')}  ({status.get('role', 'peer')}, "
+        f"seedflood {status.get('version', '?')}, up {status.get('uptime_s', '?')} s)",
+        f"run         {status.get('run_id')}",
+        f"round       {status.get('round')}",
+        f"peers alive {status.get('peers_alive')}",
+        f"ledger      {status.get('ledger_messages')} messages",
+    ]
+    accepted = status.get("accepted", {})
+    lines.append("accepted    " + "  ".join(f"{k} {v}" for k, v in accepted.items()))
+    dropped = {k: v for k, v in status.get("dropped", {}).items() if v}
+    lines.append("dropped     " + ("  ".join(f"{k} {v}" for k, v in dropped.items()) or "none"))
+    if "bytes_out" in status:
+        lines.append(f"bytes       out {status['bytes_out']}  in {status['bytes_in']}")
+    if status.get("loss") is not None:
+        lines.append(f"train loss  {status['loss']:.4f}")
+    if status.get("eval"):
+        loss, accuracy = status["eval"]
+        lines.append(
+            f"held-out    loss {loss:.4f}"
+            + ("" if accuracy is None else f"  accuracy {accuracy:.3f}")
+        )
+    if status.get("peer_rounds"):
+        lines.append(
+            "peer rounds " + "  ".join(f"..{k}: {v}" for k, v in status["peer_rounds"].items())
+        )
+    if status.get("model_sha256"):
+        lines.append(f"model       sha256 {status['model_sha256']}")
+    return "\n".join(lines)
+
+
 # -- wiring ------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -363,6 +442,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(p, own, "peer settings")
     _add_flags(p, node, "network settings")
     p.set_defaults(func=cmd_peer)
+
+    p = sub.add_parser("demo", help="a real multi-peer run on this machine, with a plot")
+    _add_run_flags(p)
+    p.add_argument("--peers", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--minutes", type=float, default=10.0, help="training time budget")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-examples", type=int, default=200)
+    p.add_argument("--round-interval", type=float, default=0.0)
+    p.add_argument("--work-dir", type=Path, help="default runs/demo-TIMESTAMP")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("status", help="one screen of a running peer's state")
+    p.add_argument("address", help="HOST:PORT of a peer's --metrics-port")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("bootstrap", help="start a run: serve its manifest and an entry point")
     _add_run_flags(p)

@@ -50,10 +50,15 @@ class NodeMetrics:
             self.accepted.labels(source)
 
     def drop_counts(self) -> dict[str, int]:
-        return {r: int(self.dropped.labels(r)._value.get()) for r in DROP_REASONS}
+        return {r: int(value(self.dropped.labels(r))) for r in DROP_REASONS}
 
     def accepted_counts(self) -> dict[str, int]:
-        return {s: int(self.accepted.labels(s)._value.get()) for s in ("gossip", "repair", "own")}
+        return {s: int(value(self.accepted.labels(s))) for s in ("gossip", "repair", "own")}
+
+
+def value(metric: Counter | Gauge) -> float:
+    """Current value of an unlabelled (or already labelled) metric."""
+    return metric._value.get()  # prometheus_client has no public getter
 
 
 async def serve_http(

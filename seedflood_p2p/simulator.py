@@ -11,9 +11,11 @@ before round t + 1). With a per-link loss rate each transmission of a message
 over a link is lost independently; the message then reaches a peer through
 any path of surviving links (never, if there is none: the simulator does not
 model the daemon's anti-entropy repair). Gossip baselines exchange whole
-models with their neighbours once per round; a model sent in round t is mixed
-in at round t + max(delay, 1) - 1, and a lost link drops that exchange (its
-weight moves to the diagonal, so the mixing stays doubly stochastic).
+models with their neighbours once per round, under the same rule: a model
+sent at the end of round t is mixed in at the end of round t + delay (delay
+0 is plain DSGD; delay 1 mixes one-round-old neighbour models), and a lost
+link drops that exchange (its weight moves to the diagonal, so the mixing
+stays doubly stochastic).
 
 Methods (`METHODS`):
 
@@ -839,7 +841,7 @@ class GossipSimulation(Simulation):
             )
             self.matrices = self.engine.matrices
         self.dim = sum(m.weight.numel() for m in self.matrices)
-        lag = max(config.delay, 1)
+        lag = config.delay  # rounds a model takes to reach a neighbour
         self.holds_models = self.n * (lag + 1)
         need = self.holds_models * self.dim * FLOAT32_BYTES
         if need > GOSSIP_MEMORY_LIMIT:
@@ -849,7 +851,7 @@ class GossipSimulation(Simulation):
                 f"(limit {GOSSIP_MEMORY_LIMIT / 2**30:.0f} GiB). Use fewer peers or a smaller model"
             )
         self.models = _flatten(self.matrices).unsqueeze(0).repeat(self.n, 1)  # (n, d)
-        self.history = [self.models.clone() for _ in range(lag - 1)]  # sent, not yet arrived
+        self.history = [self.models.clone() for _ in range(lag)]  # sent, not yet arrived
         self.state_bytes = need
         self.rng = np.random.default_rng([config.seed, 0x6055])
         self.link_bytes = self.dim * FLOAT32_BYTES
@@ -886,7 +888,7 @@ class GossipSimulation(Simulation):
             alive = self.rng.random(len(topo.edges)) >= self.config.loss
         weights = metropolis_hastings(topo, alive)
         self.history.append(stepped)
-        arrived = self.history.pop(0)  # neighbours' models sent max(delay, 1) - 1 rounds ago
+        arrived = self.history.pop(0)  # neighbours' models sent `delay` rounds ago
         index, values = weights.indices(), weights.values()
         own = index[0] == index[1]
         diagonal = torch.zeros(self.n).index_add_(0, index[0][own], values[own])
@@ -978,8 +980,8 @@ def consensus_distance(rows: list[torch.Tensor] | None, n: int) -> dict[str, flo
         return zero
     gram = torch.zeros(n, n, dtype=torch.float64)
     for block in rows:
-        relative = (block - block[:1]).double()  # exact zeros where models are identical
-        gram += relative @ relative.T
+        relative = (block - block[:1]).float()  # exact zeros where models are identical
+        gram += (relative @ relative.T).double()
     mean = gram.mean(dim=0, keepdim=True)
     gram = gram - mean - mean.T + gram.mean()  # Gram of the rows minus their average
     sq = gram.diagonal()
@@ -1115,10 +1117,10 @@ def _fmt_bytes(value: float) -> str:
 def markdown_table(results: list[dict]) -> str:
     """One row per run: final accuracy and loss, consensus, bytes, time."""
     head = (
-        "| topology | peers | method | rounds | accuracy | loss (start -> end) | reference acc | "
-        "consensus mean / max | total bytes | bytes / peer | fwd passes | s / round | "
-        "apply ms / round |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| topology | peers | delay | loss | method | rounds | accuracy | loss (start -> end) | "
+        "reference acc | consensus mean / max | total bytes | bytes / peer | fwd passes | "
+        "s / round | apply ms / round |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in results:
@@ -1127,7 +1129,8 @@ def markdown_table(results: list[dict]) -> str:
         ref = "-" if last["reference_accuracy"] is None else f"{last['reference_accuracy']:.3f}"
         cons = last["consensus"]
         lines.append(
-            f"| {r['topology']['name']} | {r['topology']['peers']} | {r['method']} | "
+            f"| {r['topology']['name']} | {r['topology']['peers']} | {r['config']['delay']} | "
+            f"{r['config']['loss']:g} | {r['method']} | "
             f"{last['round']} | {acc} | {first['loss']:.4f} -> {last['loss']:.4f} | {ref} | "
             f"{cons['mean_to_average']:.2e} / {cons['max_to_average']:.2e} | "
             f"{_fmt_bytes(r['bytes']['total'])} | {_fmt_bytes(r['bytes']['per_peer_mean'])} | "

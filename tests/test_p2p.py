@@ -20,7 +20,6 @@ import signal
 import msgpack
 import pytest
 import torch
-from cluster import start_bootstrap, start_peer
 from safetensors.torch import load_file
 
 from seedflood_p2p.config import RunConfig
@@ -30,6 +29,8 @@ from seedflood_p2p.protocol import PROTOCOL_VERSION, encode_update, run_tag, top
 from seedflood_p2p.replay import replay
 from seedflood_p2p.subcge import make_estimator
 from seedflood_p2p.transport import PubSubClient, create_p2p
+
+from cluster import start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 36

@@ -99,11 +99,11 @@ def test_lossy_flood_reaches_peers_through_surviving_paths_only():
     assert unreachable == net.lost_pairs
 
 
-def test_flood_bytes_match_the_encoded_update_sizes():
+def test_flood_bytes_match_the_encoded_update_sizes(task):
     """Every peer sends to all neighbours once it has a message, except back to its sender."""
     n, rounds = 9, 3
     config = _sim_config(peers=n, rounds=rounds, topology="torus", delay=1)
-    sim = _seedflood(config, load_task("synthetic-sentiment"))
+    sim = _seedflood(config, task)
     sent = []
     accumulate = sim.engine.accumulate
     sim.engine.accumulate = lambda ms: (sent.extend(ms), accumulate(ms))[1]

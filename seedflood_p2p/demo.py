@@ -1,0 +1,289 @@
+"""`seedflood demo`: a real multi-peer run on this machine, watched live, summarised in a plot.
+
+A bootstrap node and N peer daemons start as separate processes, each with its
+own go-libp2p daemon on 127.0.0.1. The demo follows their JSON logs and status
+pages, prints a progress line every few seconds, stops the peers when the
+round or time budget is spent (SIGTERM: each finishes its round and writes a
+checkpoint), then checks consensus: identical ledgers on every peer, one
+canonical replay, and how far each live model is from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+from seedflood_p2p.config import RunConfig
+from seedflood_p2p.localnet import NodeProcess, start_bootstrap, start_peer
+
+log = logging.getLogger("seedflood.demo")
+
+
+def run_flags(config: RunConfig) -> list[str]:
+    flags = []
+    for f in dataclasses.fields(config):
+        if f.name in ("extra", "base_sha256"):
+            continue
+        value = getattr(config, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+_last_status: dict[Path, dict] = {}
+
+
+def _status(data_dir: Path) -> dict | None:
+    """A peer's /status page; its last good answer once the peer has closed it."""
+    try:
+        port = int((data_dir / "status_port").read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=1) as response:
+            _last_status[data_dir] = json.loads(response.read())
+    except (OSError, ValueError):
+        pass
+    return _last_status.get(data_dir)
+
+
+def _progress(peers: dict[str, NodeProcess], work: Path, rounds: int, started: float) -> dict:
+    round_events = [e for p in peers.values() for e in p.events() if e.get("event") == "round"]
+    evals = [e for e in peers["peer0"].events() if e.get("event") == "eval"]
+    statuses = [s for s in (_status(work / name) for name in peers) if s]
+    current = max((e["round"] for e in round_events), default=-1)
+    recent = [e["loss"] for e in round_events if e["round"] >= current - 2]
+    messages = max((s["ledger_messages"] for s in statuses), default=0)
+    elapsed = time.monotonic() - started
+    return {
+        "round": current + 1,
+        "rounds": rounds,
+        "loss": sum(recent) / len(recent) if recent else float("nan"),
+        "accuracy": evals[-1].get("eval_accuracy") if evals else None,
+        "eval_round": evals[-1]["rounds_done"] if evals else None,
+        "alive": sum(p.alive for p in peers.values()),
+        "messages": messages,
+        "rate": messages / elapsed if elapsed > 0 else 0.0,
+        "bytes_out": sum(s.get("bytes_out", 0) for s in statuses),
+        "elapsed": elapsed,
+    }
+
+
+def _print_progress(p: dict, n_peers: int) -> None:
+    acc = (
+        "" if p["accuracy"] is None else f"  accuracy {p['accuracy']:.3f} (after {p['eval_round']})"
+    )
+    print(
+        f"[{int(p['elapsed']) // 60:02d}:{int(p['elapsed']) % 60:02d}] round "
+        f"{p['round']}/{p['rounds']}  loss {p['loss']:.4f}{acc}  peers {p['alive']}/{n_peers}"
+        f"  messages {p['messages']} ({p['rate']:.1f}/s)  sent {p['bytes_out'] / 1e3:.1f} kB",
+        flush=True,
+    )
+
+
+def consensus(work: Path, names: list[str]) -> dict:
+    """Ledger digests of all peers, the canonical replay's hash, live-vs-replay deviation."""
+    import torch
+    from safetensors.torch import load_file
+
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.models import load_model, weights_sha256
+    from seedflood_p2p.replay import replay
+    from seedflood_p2p.trainable import find_trainable_matrices
+
+    finals = {
+        n: json.loads((work / n / "final_status.json").read_text())
+        for n in names
+        if (work / n / "final_status.json").exists()
+    }
+    digests = {n: f["ledger_digest"] for n, f in finals.items()}
+    with Ledger.open_existing(work / names[0] / "ledger.sqlite") as ledger:
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        model, _ = load_model(config.model)
+        replay(model, config, ledger.messages())
+        per_round: dict[int, int] = {}
+        for m in ledger.messages():
+            per_round[m.round] = per_round.get(m.round, 0) + 1
+    replayed = {
+        m.name: m.weight.detach() for m in find_trainable_matrices(model, config.include_embeddings)
+    }
+    deviation = {}
+    for n in finals:
+        live = load_file(work / n / "checkpoint.safetensors")
+        deviation[n] = max(float((live[k] - t).abs().max()) for k, t in replayed.items())
+    return {
+        "ledgers_identical": len(set(digests.values())) == 1 and len(digests) == len(names),
+        "ledger_digests": digests,
+        "replay_sha256": weights_sha256(model),
+        "max_live_deviation": deviation,
+        "messages_per_round": per_round,
+        "finals": finals,
+        "dtype": str(torch.get_default_dtype()),
+    }
+
+
+def plot(work: Path, peers: dict[str, NodeProcess], result: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    losses: dict[int, list[float]] = {}
+    for p in peers.values():
+        for e in p.events():
+            if e.get("event") == "round":
+                losses.setdefault(e["round"], []).append(e["loss"])
+    evals = [e for e in peers["peer0"].events() if e.get("event") == "eval"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    rounds = sorted(losses)
+    ax = axes[0][0]
+    ax.plot(
+        rounds,
+        [sum(losses[r]) / len(losses[r]) for r in rounds],
+        lw=0.8,
+        alpha=0.5,
+        label="mean over peers",
+    )
+    window = 10
+    if len(rounds) > window:
+        means = [sum(losses[r]) / len(losses[r]) for r in rounds]
+        smooth = [sum(means[i - window : i]) / window for i in range(window, len(means) + 1)]
+        ax.plot(rounds[window - 1 :], smooth, lw=2, label=f"{window}-round average")
+    ax.set(title="training loss (perturbed minibatch)", xlabel="round", ylabel="loss")
+    ax.legend()
+    ax = axes[0][1]
+    if evals:
+        x = [e["rounds_done"] for e in evals]
+        ax.plot(x, [e.get("eval_accuracy", float("nan")) for e in evals], "o-", label="accuracy")
+        ax.set(title="held-out accuracy (peer0's live model)", xlabel="rounds done")
+        ax2 = ax.twinx()
+        ax2.plot(x, [e["eval_loss"] for e in evals], "s--", color="tab:red", label="loss")
+        ax2.set_ylabel("held-out loss", color="tab:red")
+    ax = axes[1][0]
+    per_round = result["messages_per_round"]
+    ax.bar(list(per_round), list(per_round.values()), width=1.0)
+    ax.set(title="update messages per round (ledger)", xlabel="round", ylabel="messages")
+    ax = axes[1][1]
+    names = list(result["max_live_deviation"])
+    ax.bar(names, [max(v, 1e-12) for v in result["max_live_deviation"].values()])
+    ax.set_yscale("log")
+    verdict = "identical" if result["ledgers_identical"] else "DIFFERENT"
+    ax.set(
+        title=f"consensus: ledgers {verdict}; replay sha256 {result['replay_sha256'][:12]}",
+        ylabel="max |live - replay| weight",
+    )
+    fig.suptitle(f"SeedFlood demo: {len(peers)} peers")
+    fig.tight_layout()
+    path = work / "demo.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_demo(
+    config: RunConfig,
+    *,
+    peers: int,
+    rounds: int,
+    minutes: float,
+    work: Path,
+    eval_every: int,
+    eval_examples: int,
+    round_interval: float = 0.0,
+) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 2) // peers)
+    print(
+        f"SeedFlood demo: {peers} peers, model {config.model}, dataset {config.dataset}, "
+        f"up to {rounds} rounds or {minutes:g} minutes; logs and results in {work}",
+        flush=True,
+    )
+    procs: dict[str, NodeProcess] = {}
+    boot = None
+    try:
+        boot, address = start_bootstrap(work, run_flags(config))
+        print(f"bootstrap node listening at {address}", flush=True)
+        for i in range(peers):
+            extra = [
+                "--until-round",
+                str(rounds),
+                "--min-peers",
+                str(peers),
+                "--metrics-port",
+                "0",
+                "--round-interval",
+                str(round_interval),
+                "--linger",
+                "3",
+                "--eval-examples",
+                str(eval_examples),
+            ]
+            if i == 0 and eval_every:
+                extra += ["--eval-every", str(eval_every)]
+            procs[f"peer{i}"] = start_peer(work, f"peer{i}", address, extra, threads=threads)
+        print("peers starting (loading the model)...", flush=True)
+        while not any(e.get("event") == "ready" for p in procs.values() for e in p.events()):
+            if not all(p.alive for p in procs.values()):
+                failed = next(p for p in procs.values() if not p.alive)
+                raise RuntimeError(f"{failed.name} exited during startup:\n{failed.tail()}")
+            time.sleep(0.5)
+        started = time.monotonic()
+        last_print = 0.0
+        while any(p.alive for p in procs.values()):
+            if time.monotonic() - last_print > 3:
+                _print_progress(_progress(procs, work, rounds, started), peers)
+                last_print = time.monotonic()
+            if time.monotonic() - started > minutes * 60:
+                print(f"time budget of {minutes:g} minutes reached: stopping the peers", flush=True)
+                for p in procs.values():
+                    p.proc.send_signal(15)
+                break
+            time.sleep(0.5)
+        for p in procs.values():
+            p.wait_exit(300)
+        final_progress = _progress(procs, work, rounds, started)
+    finally:
+        for p in procs.values():
+            p.stop()
+        if boot is not None:
+            boot.stop()
+    print("checking consensus (canonical replay of the ledger)...", flush=True)
+    result = consensus(work, list(procs))
+    evals = [e for e in procs["peer0"].events() if e.get("event") == "eval"]
+    result["evals"] = evals
+    result["progress"] = final_progress
+    result["plot"] = str(plot(work, procs, result))
+    (work / "summary.json").write_text(json.dumps(result, indent=1, default=str))
+    print_summary(result, evals)
+    return result
+
+
+def print_summary(result: dict, evals: list[dict]) -> None:
+    print("\npeer     round  gossip  repair  dropped  ledger digest     max |live - replay|")
+    for name, final in result["finals"].items():
+        dropped = sum(v for k, v in final["dropped"].items() if k not in ("duplicate", "own"))
+        print(
+            f"{name:8s} {final['round']:5d}  {final['accepted']['gossip']:6d}  "
+            f"{final['accepted']['repair']:6d}  {dropped:7d}  "
+            f"{result['ledger_digests'][name][:16]}  {result['max_live_deviation'][name]:.2e}"
+        )
+    if evals:
+        first, last = evals[0], evals[-1]
+        acc = ""
+        if "eval_accuracy" in first:
+            acc = f", accuracy {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f}"
+        print(
+            f"\nheld-out loss {first['eval_loss']:.4f} -> {last['eval_loss']:.4f}{acc} "
+            f"(rounds {first['rounds_done']} -> {last['rounds_done']})"
+        )
+    verdict = "yes" if result["ledgers_identical"] else "NO"
+    print(
+        f"consensus: all ledgers identical: {verdict}; canonical model sha256 "
+        f"{result['replay_sha256']}"
+    )
+    print(f"plot: {result['plot']}")

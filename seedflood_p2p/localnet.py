@@ -1,0 +1,130 @@
+"""A bootstrap node and peer daemons as real processes on this machine (demo and tests).
+
+Each process logs JSON lines to WORKDIR/NAME.log, which `NodeProcess.events()`
+reads back, so callers follow progress without any side channel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class NodeProcess:
+    def __init__(self, name: str, args: list[str], workdir: Path, threads: int = 1) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._offset = 0
+        self._events: list[dict] = []
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def events(self) -> list[dict]:
+        """All JSON log records so far (read incrementally)."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    self._events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return self._events
+
+    def last_round(self) -> int:
+        rounds = [e["round"] for e in self.events() if e.get("event") == "round"]
+        return max(rounds, default=-1)
+
+    def wait_round(self, round_: int, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while self.last_round() < round_:
+            if not self.alive:
+                raise RuntimeError(f"{self.name} exited early:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} did not reach round {round_}:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def wait_exit(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name} did not exit:\n{self.tail()}") from None
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM (the daemon finishes its round and checkpoints), SIGKILL if it hangs."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def start_bootstrap(
+    workdir: Path, run_flags: list[str], extra: list[str] = (), timeout: float = 600
+) -> tuple[NodeProcess, str]:
+    """Start a bootstrap node; returns it and its full multiaddr once it listens."""
+    data = workdir / "bootstrap"
+    proc = NodeProcess(
+        "bootstrap",
+        [
+            "bootstrap",
+            *run_flags,
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--data-dir",
+            str(data),
+            *extra,
+        ],
+        workdir,
+    )
+    deadline = time.monotonic() + timeout
+    while not (data / "address.txt").exists():
+        if not proc.alive or time.monotonic() > deadline:
+            raise RuntimeError(f"the bootstrap node did not start:\n{proc.tail()}")
+        time.sleep(0.2)
+    return proc, (data / "address.txt").read_text().split()[0]
+
+
+def start_peer(
+    workdir: Path,
+    name: str,
+    bootstrap: str,
+    extra: list[str] = (),
+    log_name: str = "",
+    threads: int = 1,
+) -> NodeProcess:
+    """A peer with data dir WORKDIR/NAME, logging to WORKDIR/(LOG_NAME or NAME).log."""
+    args = [
+        "peer",
+        "--bootstrap",
+        bootstrap,
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--data-dir",
+        str(workdir / name),
+        "--threads",
+        str(threads),
+        *extra,
+    ]
+    return NodeProcess(log_name or name, args, workdir, threads)

@@ -1,0 +1,276 @@
+"""Peer-to-peer training across separate network namespaces ("hosts" on a private bridge).
+
+deploy/netns-testnet.sh builds 4 namespaced hosts on 10.77.0.0/24 (with a netem delay of
+20 ms per host egress when the kernel has netem). A bootstrap node runs in h1, three peers
+in h2..h4, each listening only on its host's address, so every byte between them crosses
+a veth pair and the bridge instead of loopback. They train a tiny model for ROUNDS rounds
+and every ledger (the three peers' and the bootstrap's) must end bit-identical.
+
+Needs root and `ip netns` (skips, naming what is missing, otherwise). Everything is torn
+down in a finally: processes are stopped by PID, then the namespaces are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from seedflood_p2p.ledger import Ledger
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "netns-testnet.sh"
+PREFIX = f"sft{os.getpid() % 100000}"  # unique per test process: never touches other testnets
+SUBNET = "10.77.0"
+HOSTS = 4  # h1: bootstrap, h2..h4: peers
+DELAY = "20ms"
+ROUNDS = 12
+BOOT_PORT = 31337
+# A tiny model and a short run (the same settings as the loopback cluster tests).
+RUN_FLAGS = [
+    "--model",
+    "tiny-llama",
+    "--dataset",
+    "synthetic-sentiment",
+    "--rank",
+    "4",
+    "--refresh-period",
+    "5",
+    "--lr",
+    "2e-3",
+    "--n-ref",
+    "3",
+    "--batch-size",
+    "8",
+]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+METRICS_PORT = 9100  # the same port on every host: each namespace has its own loopback
+PEER_FLAGS = [
+    "--until-round",
+    str(ROUNDS),
+    "--round-interval",
+    "0.4",
+    "--max-staleness",
+    "2",
+    "--round-deadline",
+    "5",
+    "--liveness-timeout",
+    "4",
+    "--linger",
+    "6",
+    "--repair-interval",
+    "1",
+    "--min-peers",
+    "3",  # the bootstrap node and the two other peers
+    "--startup-wait",
+    "30",
+    "--threads",
+    "1",
+]
+
+
+def _net(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SCRIPT), "--prefix", PREFIX, "--subnet", SUBNET, *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def _requirements() -> tuple[str | None, bool, str]:
+    """(reason to skip or None, netem available, check output)."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux", False, ""
+    if os.geteuid() != 0:
+        return "needs root (creating network namespaces needs CAP_SYS_ADMIN)", False, ""
+    if shutil.which("ip") is None:
+        return "needs iproute2's `ip` (apt-get install -y iproute2)", False, ""
+    check = _net("check", check=False)
+    report = (check.stdout + check.stderr).strip()
+    if check.returncode != 0:
+        missing = [line for line in report.splitlines() if line.endswith(": no")]
+        return f"`ip netns` testnet unavailable ({'; '.join(missing) or report})", False, report
+    return None, "netem: yes" in report, report
+
+
+class NsProc:
+    """A `seedflood` process inside a namespaced host, logging JSON lines to a file."""
+
+    def __init__(self, host: str, name: str, args: list[str], workdir: Path) -> None:
+        self.name = name
+        self.log_path = workdir / f"{name}.log"
+        self.log = open(self.log_path, "ab")
+        cmd = [str(SCRIPT), "--prefix", PREFIX, "exec", host]
+        cmd += [sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", *args]
+        # `exec` replaces the script with `ip netns exec`, which execs python: same PID.
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return out
+
+    def last_round(self) -> int:
+        return max((e["round"] for e in self.events() if e.get("event") == "round"), default=-1)
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def wait_round(self, round_: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.last_round() < round_:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited early:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not reach round {round_}:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit:\n{self.tail()}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def _in_host(host: str, code: str, timeout: float = 30) -> str:
+    """Run a Python snippet inside a host; return its stdout."""
+    return _net("exec", host, sys.executable, "-c", code, timeout=timeout).stdout
+
+
+_RTT_CODE = """
+import socket, time
+best = 1e9
+for _ in range(5):
+    s = socket.socket(); s.settimeout(5); t = time.perf_counter()
+    try:
+        s.connect(("{ip}", 9))  # closed port: the RST ends the round trip
+    except OSError:
+        pass
+    best = min(best, time.perf_counter() - t); s.close()
+print(best * 1000)
+"""
+
+_STATUS_CODE = """
+import urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:{port}/status", timeout=5).read().decode())
+"""
+
+
+def test_training_across_namespaced_hosts(tmp_path):
+    skip, netem, report = _requirements()
+    if skip:
+        pytest.skip(skip)
+    started = time.monotonic()
+    procs: list[NsProc] = []
+    try:
+        up = _net("--hosts", str(HOSTS), *(["--delay", DELAY] if netem else []), "up")
+        print(up.stderr.strip())
+        rtt_ms = float(_in_host("h2", _RTT_CODE.format(ip=f"{SUBNET}.3")))
+        if netem:  # one delay per direction
+            assert rtt_ms >= 2 * 20 * 0.9, f"netem delay not in effect: RTT {rtt_ms:.1f} ms"
+        # The hosts have no route out of the testnet (checked without sending anything).
+        route = _net("exec", "h2", "ip", "route", "get", "192.0.2.1", check=False)
+        assert route.returncode != 0 and "unreachable" in route.stderr, route
+
+        boot = NsProc(
+            "h1",
+            "bootstrap",
+            [
+                "bootstrap",
+                *RUN_FLAGS,
+                "--listen",
+                f"/ip4/{SUBNET}.1/tcp/{BOOT_PORT}",
+                "--data-dir",
+                str(tmp_path / "bootstrap"),
+                "--metrics-port",
+                str(METRICS_PORT),
+            ],
+            tmp_path,
+        )
+        procs.append(boot)
+        address_file = tmp_path / "bootstrap" / "address.txt"
+        deadline = time.monotonic() + 120
+        while not address_file.exists():
+            if boot.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"bootstrap did not start:\n{boot.tail()}")
+            time.sleep(0.2)
+        address = address_file.read_text().split()[0]
+        assert address.startswith(f"/ip4/{SUBNET}.1/tcp/{BOOT_PORT}/p2p/"), address
+
+        peers = {}
+        for i in range(2, HOSTS + 1):
+            name = f"peer{i}"
+            peers[name] = NsProc(
+                f"h{i}",
+                name,
+                [
+                    "peer",
+                    "--bootstrap",
+                    address,
+                    "--listen",
+                    f"/ip4/{SUBNET}.{i}/tcp/0",
+                    "--data-dir",
+                    str(tmp_path / name),
+                    "--metrics-port",
+                    str(METRICS_PORT),
+                    *PEER_FLAGS,
+                ],
+                tmp_path,
+            )
+            procs.append(peers[name])
+
+        peers["peer2"].wait_round(3, timeout=150)
+        status = json.loads(_in_host("h2", _STATUS_CODE.format(port=METRICS_PORT)))
+        assert status["peers_alive"] >= 2, status  # heard both other peers across the bridge
+
+        codes = {n: p.wait_exit(timeout=120) for n, p in peers.items()}
+        assert all(code == 0 for code in codes.values()), {
+            n: (c, peers[n].tail()) for n, c in codes.items()
+        }
+        finals = {n: json.loads((tmp_path / n / "final_status.json").read_text()) for n in peers}
+        boot.stop()
+        with Ledger.open_existing(tmp_path / "bootstrap" / "ledger.sqlite") as ledger:
+            boot_digest, boot_count = ledger.digest(), len(ledger)
+        digests = {n: f["ledger_digest"] for n, f in finals.items()}
+        digests["bootstrap"] = boot_digest
+        assert len(set(digests.values())) == 1, digests
+        assert boot_count == (HOSTS - 1) * ROUNDS, boot_count  # every peer's every round
+        assert all(f["round"] == ROUNDS for f in finals.values()), finals
+        shaping = f"netem delay {DELAY}" if netem else "no netem"
+        print(
+            f"netns testnet: {HOSTS} hosts, {shaping}"
+            f", RTT h2->h3 {rtt_ms:.2f} ms, {boot_count} messages, identical ledger digest "
+            f"{boot_digest[:16]}, {time.monotonic() - started:.1f} s"
+        )
+        if not netem:
+            print("netem unavailable here: " + report.replace("\n", "; "))
+    finally:
+        for p in procs:
+            p.stop()
+        down = _net("--kill", "down", check=False)
+        assert down.returncode == 0, down.stderr
