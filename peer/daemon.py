@@ -30,7 +30,12 @@ from seedflood_p2p.ledger import Ledger
 from seedflood_p2p.message import UpdateMessage
 from seedflood_p2p.metrics import NodeMetrics, serve_http, value
 from seedflood_p2p.node import FloodNode, NodeSettings
-from seedflood_p2p.transport import RemoteCallError, call_bytes, create_p2p
+from seedflood_p2p.transport import (
+    RemoteCallError,
+    call_bytes,
+    create_p2p,
+    remove_stale_sockets,
+)
 
 log = logging.getLogger("seedflood.peer")
 
@@ -58,6 +63,22 @@ class PeerSettings:
     device: str = "cpu"
     threads: int = 0  # torch threads for this peer (0: torch's default, all cores)
     node: NodeSettings = field(default_factory=NodeSettings)
+
+
+def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
+    """The run's settings from a `seedflood.manifest` reply, if this peer can join it."""
+    skew = reply["time"] - now
+    if abs(skew) > MAX_CLOCK_SKEW:
+        raise UserError(
+            f"this machine's clock differs from the bootstrap node's by {skew:+.0f} s: "
+            "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
+        )
+    if reply["version"].split(".")[:2] != version.split(".")[:2]:
+        raise UserError(
+            f"the run uses seedflood-p2p {reply['version']}, this is {version}: "
+            f"install the run's version (pip install seedflood-p2p=={reply['version']})"
+        )
+    return RunConfig.from_json(reply["manifest"])
 
 
 class PeerDaemon:
@@ -125,18 +146,7 @@ class PeerDaemon:
             except RemoteCallError as exc:
                 errors.append(f"{addr}: {exc}")
                 continue
-            skew = reply["time"] - time.time()
-            if abs(skew) > MAX_CLOCK_SKEW:
-                raise UserError(
-                    f"this machine's clock differs from the bootstrap node's by {skew:+.0f} s: "
-                    "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
-                )
-            if reply["version"].split(".")[:2] != __version__.split(".")[:2]:
-                raise UserError(
-                    f"the run uses seedflood-p2p {reply['version']}, this is {__version__}: "
-                    f"install the run's version (pip install seedflood-p2p=={reply['version']})"
-                )
-            return RunConfig.from_json(reply["manifest"])
+            return check_manifest_reply(reply, time.time(), __version__)
         raise UserError(
             "connected, but no bootstrap node served the run manifest ("
             + "; ".join(errors)
@@ -211,6 +221,8 @@ class PeerDaemon:
         from seedflood_p2p.trainer import zo_step
 
         while not self.stopping and (until == 0 or self.round <= until):
+            if self.node.fatal is not None:
+                raise self.node.fatal
             await self.wait_ready(self.round)
             t0 = time.perf_counter()
             incoming, self.pending = self.pending, []
@@ -307,6 +319,9 @@ class PeerDaemon:
     async def run(self) -> dict:
         s = self.s
         s.data_dir.mkdir(parents=True, exist_ok=True)
+        stale = remove_stale_sockets()
+        if stale:
+            log.info("removed %d stale p2pd control socket(s) of killed daemons", len(stale))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import msgpack
 
 from seedflood_p2p import __version__
+from seedflood_p2p.errors import UserError
 from seedflood_p2p.ledger import Ledger
 from seedflood_p2p.message import UpdateMessage
 from seedflood_p2p.metrics import NodeMetrics
@@ -94,6 +95,7 @@ class FloodNode:
         self._tasks: list[asyncio.Task] = []
         self._drop_rng = random.Random()
         self.last_accept = time.monotonic()
+        self.fatal: Exception | None = None  # e.g. disk full: the owner must stop
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -176,6 +178,13 @@ class FloodNode:
         self.metrics.bytes_out.inc(len(data))
 
     async def _receive(self, subscription) -> None:
+        try:
+            await self._receive_loop(subscription)
+        except UserError as exc:  # the ledger cannot be written: nothing may be applied
+            self.fatal = exc
+            log.error("%s", exc)
+
+    async def _receive_loop(self, subscription) -> None:
         async for item in subscription:
             self.metrics.bytes_in.inc(len(item.data))
             if (
@@ -274,6 +283,13 @@ class FloodNode:
         return new
 
     async def _anti_entropy(self) -> None:
+        try:
+            await self._anti_entropy_loop()
+        except UserError as exc:
+            self.fatal = exc
+            log.error("%s", exc)
+
+    async def _anti_entropy_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.repair_interval * (0.5 + random.random()))
             peers = await self.connected_peers()
