@@ -55,7 +55,8 @@ class PeerSettings:
     min_peers: int = 0  # wait (up to startup_wait) for this many topic peers before round 1
     startup_wait: float = 30.0
     round_interval: float = 0.0  # minimum seconds per round (pacing for demos and tests)
-    linger: float = 5.0  # after the last round: keep repairing until quiet this long
+    linger: float = 5.0  # after the last round: quiet this long, stragglers done ...
+    linger_max: float = 120.0  # ... or give up waiting for them after this long
     eval_every: int = 0
     eval_examples: int = 200
     metrics_host: str = "127.0.0.1"
@@ -281,16 +282,22 @@ class PeerDaemon:
             extra={"fields": fields},
         )
 
-    async def linger(self) -> None:
-        """Keep repairing until no new message arrived for `linger` seconds."""
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < self.s.linger:
-            new = await self.node.sync_round()
-            if new:
+    async def linger(self, final_round: int) -> None:
+        """Keep flooding and repairing until live peers reached `final_round` and no new
+        message arrived for `linger` seconds (at most `linger_max` seconds): a peer that
+        leaves early would miss the stragglers' last updates."""
+        started = quiet_since = time.monotonic()
+        while time.monotonic() - started < self.s.linger_max:
+            if await self.node.sync_round():
                 quiet_since = time.monotonic()
             await asyncio.sleep(0.5)
-            if time.monotonic() - self.node.last_accept < 0.5:
-                quiet_since = time.monotonic()
+            now = time.monotonic()
+            if now - self.node.last_accept < 0.5:
+                quiet_since = now
+            waiting = [p for p, st in self._live_peers(now).items() if st.round < final_round]
+            if not waiting and now - quiet_since >= self.s.linger:
+                return
+        log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
 
     def checkpoint(self) -> dict:
         from seedflood_p2p.models import weights_sha256
@@ -394,8 +401,8 @@ class PeerDaemon:
                 await self.evaluate()
             until = s.until_round or self.config.total_rounds
             await self.train(until - 1 if until else 0)
-            if not self.stopping:
-                await self.linger()
+            if not self.stopping and until:
+                await self.linger(until - 1)
             meta = await self.in_model_thread(self.checkpoint)
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))

@@ -158,6 +158,7 @@ def _mr_rows() -> list[dict[str, Any]]:
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     for r in rows:
                         out.write(json.dumps(r, ensure_ascii=False) + "\n")
+                os.chmod(tmp, 0o644)
                 os.replace(tmp, cached)
                 _log(f"cached {len(rows)} movie-review sentences in {cached}")
     with open(cached, encoding="utf-8") as fh:
@@ -199,9 +200,10 @@ _SUBJECTS = (
 )
 _ADVERBS = ("", "very ", "so ", "really ", "quite ", "truly ")
 _VERBS = ("was", "is", "felt")
-# Two words per class: measured with plain two-point zeroth-order SGD on
-# tiny-llama (batch 32, lr 1e-3, eps 1e-3), eight words per class stayed near
-# 60% test accuracy after 600 steps, three reached about 85%, two 97-100%.
+# Two words per class keep the signal strong. Measured with plain two-point
+# zeroth-order SGD on tiny-llama (batch 32, lr 1e-3, eps 1e-3, 600 steps):
+# eight words per class stayed near 60% test accuracy, two reached 68-82%
+# (four seeds; 100% in some runs of a 10-subject variant).
 _POSITIVE = ("great", "good")
 _NEGATIVE = ("awful", "bad")
 _SYNTH_SEED = 20240601

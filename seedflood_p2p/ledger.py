@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.message import Envelope, UpdateMessage
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -25,10 +25,17 @@ CREATE TABLE IF NOT EXISTS messages (
     round INTEGER NOT NULL,
     peer BLOB NOT NULL,
     scalar REAL NOT NULL,
+    data BLOB,          -- the signed GossipSub envelope (NULL for local-only runs)
+    seqno BLOB,
+    signature BLOB,
     PRIMARY KEY (run_id, round, peer)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+def _envelope_columns(env: Envelope | None) -> tuple:
+    return (None, None, None) if env is None else (env.data, env.seqno, env.signature)
 
 
 def _message_hash(m: UpdateMessage) -> bytes:
@@ -85,15 +92,24 @@ class Ledger:
         self.close()
 
     # -- writing ---------------------------------------------------------
-    def add(self, messages: Iterable[UpdateMessage]) -> list[UpdateMessage]:
-        """Insert messages in one committed transaction; returns those that were new."""
+    def add(
+        self,
+        messages: Iterable[UpdateMessage],
+        envelopes: Sequence[Envelope | None] | None = None,
+    ) -> list[UpdateMessage]:
+        """Insert messages in one committed transaction; returns those that were new.
+
+        `envelopes`, if given, holds each message's signed envelope (or None).
+        """
+        messages = list(messages)
+        envelopes = list(envelopes) if envelopes is not None else [None] * len(messages)
         new = []
         try:
             self._db.execute("BEGIN IMMEDIATE")
-            for m in messages:
+            for m, env in zip(messages, envelopes, strict=True):
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?)",
-                    (self.run_id, m.round, m.peer, m.scalar),
+                    "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (self.run_id, m.round, m.peer, m.scalar, *(_envelope_columns(env))),
                 )
                 if cur.rowcount:
                     new.append(m)
@@ -108,6 +124,14 @@ class Ledger:
                 ) from None
             raise
         return new
+
+    def set_envelope(self, message: UpdateMessage, envelope: Envelope) -> None:
+        """Attach the signed envelope to a message logged before it was signed (our own)."""
+        self._db.execute(
+            "UPDATE messages SET data = ?, seqno = ?, signature = ? WHERE run_id = ? AND "
+            "round = ? AND peer = ? AND signature IS NULL",
+            (*_envelope_columns(envelope), self.run_id, message.round, message.peer),
+        )
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
@@ -167,16 +191,20 @@ class Ledger:
             out[bucket] = cached
         return out
 
-    def messages_after(
+    def signed_after(
         self, round_: int, peer: bytes, max_round: int, limit: int
-    ) -> list[UpdateMessage]:
-        """Up to `limit` messages after (round_, peer) in canonical order, rounds <= max_round."""
+    ) -> list[tuple[UpdateMessage, Envelope]]:
+        """Up to `limit` signed messages after (round_, peer) in canonical order."""
         rows = self._db.execute(
-            "SELECT round, peer, scalar FROM messages WHERE run_id = ? AND (round, peer) > (?, ?)"
-            " AND round <= ? ORDER BY round, peer LIMIT ?",
+            "SELECT round, peer, scalar, data, seqno, signature FROM messages WHERE run_id = ?"
+            " AND (round, peer) > (?, ?) AND round <= ? AND signature IS NOT NULL"
+            " ORDER BY round, peer LIMIT ?",
             (self.run_id, round_, peer, max_round, limit),
         ).fetchall()
-        return [UpdateMessage(r, bytes(p), s) for r, p, s in rows]
+        return [
+            (UpdateMessage(r, bytes(p), s), Envelope(bytes(d), bytes(q), bytes(g)))
+            for r, p, s, d, q, g in rows
+        ]
 
     def scalar_of(self, peer: bytes, round_: int) -> float | None:
         query = "SELECT scalar FROM messages WHERE run_id = ? AND round = ? AND peer = ?"

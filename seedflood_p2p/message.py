@@ -29,3 +29,16 @@ class UpdateMessage:
             raise ValueError(f"round must be >= 0, got {self.round}")
         if not math.isfinite(self.scalar):
             raise ValueError("scalar must be finite")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The signed GossipSub message an update arrived in, kept so others can verify it.
+
+    The signature (by the sender's Ed25519 key, over payload, seqno and topic) lets
+    any peer check a repaired update really came from its sender.
+    """
+
+    data: bytes
+    seqno: bytes
+    signature: bytes

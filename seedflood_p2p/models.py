@@ -229,19 +229,51 @@ def _short(e: BaseException) -> str:
 
 
 def _from_pretrained(
-    where: str, dtype: torch.dtype, what: str
+    where: str, dtype: torch.dtype, what: str, *, local_files_only: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    kwargs = {"local_files_only": True} if local_files_only else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
+        reason = _short(e)
+        if local_files_only:
+            reason = (
+                "the Hugging Face hub is not reachable from this machine (or HF_HUB_OFFLINE is "
+                "set) and the model is not in the local Hugging Face cache"
+            )
         raise UserError(
-            f"cannot load model '{what}': {_short(e)}. Use a local path, a Hugging Face id "
+            f"cannot load model '{what}': {reason}. Use a local path, a Hugging Face id "
             f"reachable from this machine, or a built-in name ({', '.join(BUILTIN_MODELS)})"
         ) from None
     return model, tokenizer
+
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    """One quick request to the hub endpoint (with the hub client's proxy settings).
+
+    Without it, an unreachable hub costs the user about 45 s of retries per
+    model before the error; with it we go straight to the local HF cache.
+    """
+    if any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    ):
+        return False
+    try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import get_session
+    except ImportError:
+        return True
+    if getattr(constants, "HF_HUB_OFFLINE", False):
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:  # offline mode, DNS, connection, TLS, timeout: all mean "not reachable"
+        return False
+    return True
 
 
 def _looks_like_path(name: str) -> bool:
@@ -291,7 +323,9 @@ def load_model(
                 f"use a Hugging Face id or a built-in name ({', '.join(BUILTIN_MODELS)})"
             )
     else:
-        model, tokenizer = _from_pretrained(name, dtype, name)
+        model, tokenizer = _from_pretrained(
+            name, dtype, name, local_files_only=not _hub_reachable()
+        )
 
     model = model.to(dtype=dtype)
     model.eval()

@@ -11,7 +11,7 @@ Request/response protocols (msgpack over the same libp2p daemon):
 
     seedflood.manifest  b""                        -> run manifest JSON + version + clock
     seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, hash8], ...]
-    seedflood.fetch     [run_id, round, peer, max_round, limit] -> rows after (round, peer)
+    seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import msgpack
 from seedflood_p2p import __version__
 from seedflood_p2p.errors import UserError
 from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.message import Envelope, UpdateMessage
 from seedflood_p2p.metrics import NodeMetrics
 from seedflood_p2p.protocol import (
     Rejected,
     WindowRule,
     check_against_ledger,
+    check_envelope,
     decode_rows,
     decode_update,
     encode_rows,
@@ -46,6 +47,7 @@ from seedflood_p2p.transport import (
     RemoteCallError,
     call_bytes,
     serve_bytes,
+    verify_pubsub_signature,
 )
 
 log = logging.getLogger("seedflood.node")
@@ -102,7 +104,8 @@ class FloodNode:
         await serve_bytes(self.p2p, "seedflood.manifest", self._serve_manifest)
         await serve_bytes(self.p2p, "seedflood.digest", self._serve_digest)
         await serve_bytes(self.p2p, "seedflood.fetch", self._serve_fetch)
-        subscription = await self._pubsub.subscribe(self.topic)
+        # Our own messages come back too: their signed envelopes make them repairable.
+        subscription = await self._pubsub.subscribe(self.topic, include_own=True)
         self._tasks.append(asyncio.create_task(self._receive(subscription), name="receive"))
         self._tasks.append(asyncio.create_task(self._anti_entropy(), name="anti-entropy"))
         self.metrics.ledger_size.set(len(self.ledger))
@@ -116,25 +119,29 @@ class FloodNode:
         await self._pubsub.close()
 
     # -- the one path into the ledger -------------------------------------
-    def accept(self, messages: list[UpdateMessage], source: str) -> list[UpdateMessage]:
+    def accept(
+        self, items: list[tuple[UpdateMessage, Envelope | None]], source: str
+    ) -> list[UpdateMessage]:
         """Check against the window and the ledger, log in one transaction, hand on.
 
         Returns the messages that were new.
         """
-        valid: dict[tuple[int, bytes], UpdateMessage] = {}
-        for message in messages:
+        valid: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
+        for message, envelope in items:
+            key = (message.round, message.peer)
             try:
                 if source == "gossip":
                     self.window.check(message, self.newest_round)
-                key = (message.round, message.peer)
-                earlier = valid[key].scalar if key in valid else None
-                check_against_ledger(message, earlier)
+                check_against_ledger(message, valid[key][0].scalar if key in valid else None)
                 check_against_ledger(message, self.ledger.scalar_of(message.peer, message.round))
             except Rejected as exc:
-                self._drop(exc, message.peer)
+                if not (source == "repair" and exc.reason == "duplicate"):  # expected overlap
+                    self._drop(exc, message.peer)
                 continue
-            valid[key] = message
-        new = self.ledger.add(valid.values()) if valid else []
+            valid[key] = (message, envelope)
+        if not valid:
+            return []
+        new = self.ledger.add([m for m, _ in valid.values()], [e for _, e in valid.values()])
         for message in new:
             self._note(message)
         if new:
@@ -187,11 +194,9 @@ class FloodNode:
     async def _receive_loop(self, subscription) -> None:
         async for item in subscription:
             self.metrics.bytes_in.inc(len(item.data))
-            if (
-                self.settings.drop_incoming
-                and self._drop_rng.random() < self.settings.drop_incoming
-            ):
-                continue  # test hook: simulate a lossy mesh
+            lossy = self.settings.drop_incoming
+            if lossy and item.sender != self.peer_id and self._drop_rng.random() < lossy:
+                continue  # test hook: simulate a lossy mesh (our own echo is local, not lossy)
             try:
                 message = decode_update(item.data, self.run_id, item.sender)
             except Rejected as exc:
@@ -200,9 +205,11 @@ class FloodNode:
             except Exception as exc:  # never let a hostile message kill the loop
                 self._drop(Rejected("malformed", repr(exc)), item.sender)
                 continue
+            envelope = Envelope(item.data, item.seqno_bytes, item.signature)
             if message.peer == self.peer_id:
+                self.ledger.set_envelope(message, envelope)
                 continue
-            self.accept([message], "gossip")
+            self.accept([(message, envelope)], "gossip")
 
     # -- repair -------------------------------------------------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
@@ -221,7 +228,7 @@ class FloodNode:
         run_id, round_, after_peer, max_round, limit = msgpack.unpackb(request)
         if run_id != self.run_id:
             return encode_rows([])
-        rows = self.ledger.messages_after(
+        rows = self.ledger.signed_after(
             int(round_), bytes(after_peer), int(max_round), min(int(limit), FETCH_LIMIT)
         )
         return encode_rows(rows)
@@ -253,7 +260,17 @@ class FloodNode:
                     self._drop(exc, peer_id.to_bytes())
                     break
                 # Our own rows are authoritative locally: never take them from others.
-                fetched = self.accept([m for m in rows if m.peer != self.peer_id], "repair")
+                checked = []
+                for message, envelope in rows:
+                    if message.peer == self.peer_id:
+                        continue
+                    try:
+                        check_envelope(message, envelope, self.run_id, verify_pubsub_signature)
+                    except Rejected as exc:
+                        self._drop(exc, message.peer)
+                        continue
+                    checked.append((message, envelope))
+                fetched = self.accept(checked, "repair")
                 new += len(fetched)
                 self.metrics.repaired.inc(len(fetched))
                 if len(rows) < FETCH_LIMIT:

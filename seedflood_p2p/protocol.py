@@ -21,20 +21,26 @@ dropped and counted under the named reason (never raised out of the daemon):
     equivocation   same (sender, round) already in the ledger with another scalar
     own            our own message echoed back (not an error)
 
-Repair messages (request/response between peers) carry ledger entries as
-msgpack `[round, peer, scalar]` rows and pass the same checks except the window:
-a late message is still a valid message, since additions commute.
+Repair (request/response between peers) carries ledger entries as msgpack rows
+`[round, peer, scalar, data, seqno, signature]`: the update together with the
+signed GossipSub envelope it first arrived in. A repaired row passes the same
+checks except the window (a late message is still valid: additions commute),
+and two more, so that no peer can forge another's update:
+
+    bad_signature  the envelope's Ed25519 signature does not verify for `peer`
+    mismatch       the envelope's payload does not decode to (round, scalar)
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
 
-from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.message import Envelope, UpdateMessage
 
 PROTOCOL_VERSION = 1
 MAX_UPDATE_BYTES = 64
@@ -50,6 +56,8 @@ DROP_REASONS = (
     "duplicate",
     "equivocation",
     "own",
+    "bad_signature",
+    "mismatch",
 )
 
 
@@ -139,15 +147,15 @@ def check_against_ledger(message: UpdateMessage, existing_scalar: float | None) 
     raise Rejected("equivocation", f"round {message.round} already has {existing_scalar}")
 
 
-def encode_rows(messages: list[UpdateMessage]) -> bytes:
+def encode_rows(rows: list[tuple[UpdateMessage, Envelope]]) -> bytes:
     packer = msgpack.Packer(use_single_float=True, use_bin_type=True)
-    return packer.pack([[m.round, m.peer, m.scalar] for m in messages])
+    return packer.pack([[m.round, m.peer, m.scalar, e.data, e.seqno, e.signature] for m, e in rows])
 
 
-def decode_rows(data: bytes, max_rows: int) -> list[UpdateMessage]:
-    """Ledger rows from a repair response; malformed or non-finite rows raise Rejected."""
+def decode_rows(data: bytes, max_rows: int) -> list[tuple[UpdateMessage, Envelope]]:
+    """Ledger rows from a repair response (shape only; see `check_envelope`)."""
     try:
-        rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 3))
+        rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 6))
     except Exception as exc:
         raise Rejected("malformed", f"repair rows not msgpack ({type(exc).__name__})") from None
     if not isinstance(rows, list):
@@ -156,15 +164,32 @@ def decode_rows(data: bytes, max_rows: int) -> list[UpdateMessage]:
     for row in rows:
         if not (
             isinstance(row, list)
-            and len(row) == 3
+            and len(row) == 6
             and isinstance(row[0], int)
-            and isinstance(row[1], bytes)
-            and isinstance(row[2], float)
             and row[0] >= 0
+            and isinstance(row[2], float)
+            and all(isinstance(x, bytes) for x in (row[1], *row[3:]))
             and 0 < len(row[1]) <= 64
+            and len(row[3]) <= MAX_UPDATE_BYTES
         ):
             raise Rejected("malformed", "bad repair row")
         if not math.isfinite(row[2]):
             raise Rejected("non_finite", "repair row")
-        out.append(UpdateMessage(row[0], row[1], row[2]))
+        out.append((UpdateMessage(row[0], row[1], row[2]), Envelope(row[3], row[4], row[5])))
     return out
+
+
+def check_envelope(
+    message: UpdateMessage,
+    envelope: Envelope,
+    run_id: str,
+    verify: Callable[[bytes, bytes, bytes, str, bytes], bool],
+) -> None:
+    """A repaired row must carry its sender's valid signature over exactly this update."""
+    if not verify(
+        message.peer, envelope.data, envelope.seqno, topic_for(run_id), envelope.signature
+    ):
+        raise Rejected("bad_signature", f"round {message.round}")
+    decoded = decode_update(envelope.data, run_id, message.peer)
+    if (decoded.round, decoded.scalar) != (message.round, message.scalar):
+        raise Rejected("mismatch", f"round {message.round}")

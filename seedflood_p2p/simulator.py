@@ -1117,10 +1117,10 @@ def _fmt_bytes(value: float) -> str:
 def markdown_table(results: list[dict]) -> str:
     """One row per run: final accuracy and loss, consensus, bytes, time."""
     head = (
-        "| topology | peers | delay | loss | method | rounds | accuracy | loss (start -> end) | "
-        "reference acc | consensus mean / max | total bytes | bytes / peer | fwd passes | "
-        "s / round | apply ms / round |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| topology | peers | delay | loss | method | lr | rounds | accuracy | "
+        "loss (start -> end) | reference acc | consensus mean / max | total bytes | "
+        "bytes / peer | fwd passes | s / round | apply ms / round |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in results:
@@ -1128,9 +1128,10 @@ def markdown_table(results: list[dict]) -> str:
         acc = "-" if last["accuracy"] is None else f"{last['accuracy']:.3f}"
         ref = "-" if last["reference_accuracy"] is None else f"{last['reference_accuracy']:.3f}"
         cons = last["consensus"]
+        lr = r["config"]["fo_lr"] if r["method"] == "dsgd" else r["config"]["run"]["lr"]
         lines.append(
             f"| {r['topology']['name']} | {r['topology']['peers']} | {r['config']['delay']} | "
-            f"{r['config']['loss']:g} | {r['method']} | "
+            f"{r['config']['loss']:g} | {r['method']} | {lr:g} | "
             f"{last['round']} | {acc} | {first['loss']:.4f} -> {last['loss']:.4f} | {ref} | "
             f"{cons['mean_to_average']:.2e} / {cons['max_to_average']:.2e} | "
             f"{_fmt_bytes(r['bytes']['total'])} | {_fmt_bytes(r['bytes']['per_peer_mean'])} | "
@@ -1140,8 +1141,24 @@ def markdown_table(results: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def plot_runs(results: list[dict], path: Path, title: str) -> None:
-    """Accuracy and loss vs rounds, accuracy vs total bytes (log), consensus vs rounds."""
+METHOD_COLOURS = {
+    "seedflood": "tab:red",
+    "seedflood-naive": "tab:purple",
+    "dzsgd": "tab:green",
+    "dsgd": "tab:orange",
+    "centralized": "tab:blue",
+}
+
+
+def default_label(result: dict) -> str:
+    return f"{result['method']} (n={result['topology']['peers']})"
+
+
+def plot_runs(results: list[dict], path: Path, title: str, label: Any = default_label) -> None:
+    """Accuracy and loss vs rounds, accuracy vs total bytes (log), consensus vs rounds.
+
+    Colour: method; line style: the other settings (as told by `label`).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1149,26 +1166,23 @@ def plot_runs(results: list[dict], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     (ax_acc, ax_loss), (ax_bytes, ax_cons) = axes
+    variants: dict[str, str] = {}
     for r in results:
-        label = f"{r['method']} (n={r['topology']['peers']})"
+        name = label(r)
+        variant = name.split("(", 1)[-1]
+        style = variants.setdefault(variant, ["-", "--", ":", "-."][len(variants) % 4])
+        look = dict(color=METHOD_COLOURS.get(r["method"]), linestyle=style, marker="o", ms=3)
         ev = r["evals"]
         x = [e["round"] for e in ev]
         acc = [e["accuracy"] if e["accuracy"] is not None else np.nan for e in ev]
-        (line,) = ax_acc.plot(x, acc, marker="o", ms=3, label=label)
-        ax_loss.plot(x, [e["loss"] for e in ev], marker="o", ms=3, color=line.get_color())
+        ax_acc.plot(x, acc, label=name, **look)
+        ax_loss.plot(x, [e["loss"] for e in ev], label=name, **look)
         sent = [e["bytes_total"] for e in ev]
         if any(sent):
-            ax_bytes.plot(sent[1:], acc[1:], marker="o", ms=3, color=line.get_color(), label=label)
+            ax_bytes.plot(sent[1:], acc[1:], label=name, **look)
         cons = [e["consensus"]["mean_to_average"] for e in ev]
         if any(c > 0 for c in cons):
-            ax_cons.plot(
-                x,
-                [c if c > 0 else np.nan for c in cons],
-                marker="o",
-                ms=3,
-                color=line.get_color(),
-                label=label,
-            )
+            ax_cons.plot(x, [c if c > 0 else np.nan for c in cons], label=name, **look)
     ax_acc.set(xlabel="round", ylabel="held-out accuracy (mean of sampled peers)")
     ax_loss.set(xlabel="round", ylabel="held-out loss (mean of sampled peers)")
     ax_bytes.set(xlabel="total bytes sent (all peers)", ylabel="held-out accuracy", xscale="log")
@@ -1180,8 +1194,7 @@ def plot_runs(results: list[dict], path: Path, title: str) -> None:
         transform=ax_cons.transAxes,
         fontsize=8,
     )
-    ax_acc.legend(fontsize=7)
-    for ax in (ax_bytes, ax_cons):
+    for ax in (ax_acc, ax_bytes, ax_cons):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     for ax in axes.ravel():

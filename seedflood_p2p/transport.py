@@ -352,8 +352,37 @@ class PubSubMessage:
     sender_b58: str
     data: bytes
     seqno: int  # publisher's counter; starts at the daemon's start time in ns, so it grows
+    seqno_bytes: bytes  # as signed
+    signature: bytes
     topic: str
     wire_size: int  # size of the signed GossipSub message (payload + from/seqno/sig/key/topic)
+
+
+_ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
+
+
+def verify_pubsub_signature(
+    sender: bytes, data: bytes, seqno: bytes, topic: str, signature: bytes
+) -> bool:
+    """Check a GossipSub message's signature as go-libp2p-pubsub makes it.
+
+    Signed bytes: "libp2p-pubsub:" + protobuf Message{from, data, seqno, topic}. Only
+    Ed25519 senders can be checked offline (their public key is inside the peer id).
+    """
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if len(sender) != 38 or not sender.startswith(_ED25519_PEER_ID_PREFIX):
+        return False
+    body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
+    setattr(body, "from", sender)
+    try:
+        Ed25519PublicKey.from_public_bytes(sender[6:]).verify(
+            signature, b"libp2p-pubsub:" + body.SerializeToString()
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 class TokenBucket:
@@ -456,6 +485,8 @@ class Subscription:
             sender_b58=base58.b58encode(sender).decode(),
             data=m.data,
             seqno=int.from_bytes(m.seqno, "big"),
+            seqno_bytes=m.seqno,
+            signature=m.signature,
             topic=m.topicIDs[0] if m.topicIDs else self.topic,
             wire_size=wire.ByteSize(),
         )

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -77,11 +78,18 @@ def test_fetch_downloads_verifies_and_caches(tmp_path, monkeypatch):
     assert not [p for p in got.parent.iterdir() if p.name.startswith(".download-")]
     monkeypatch.setattr(subprocess, "Popen", _no_pip)
     assert assets.fetch(art) == got
-    # A wrong pin is caught after the download.
-    monkeypatch.undo()
+
+    # A file whose hash differs from the pin is refused (simulated pip, no network).
+    def fake_pip(args):
+        dest = Path(args[args.index("-d") + 1])
+        shutil.copy(got, dest / got.name)
+        return 0, ["Saved", "Successfully downloaded vaderSentiment"]
+
     monkeypatch.setenv("SEEDFLOOD_CACHE", str(tmp_path / "other"))
+    monkeypatch.setattr(assets, "_run_pip", fake_pip)
     with pytest.raises(UserError, match="expected 0000"):
         assets.fetch_pypi_artifact(art.package, art.version, "0" * 64, sdist=True)
+    assert not list((tmp_path / "other" / "pypi").glob("*.tar.gz"))
 
 
 # --------------------------------------------------------------------------- models
@@ -147,10 +155,13 @@ def test_save_and_reload_round_trip(tmp_path, name):
 def test_bad_model_name_is_a_helpful_user_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # huggingface_hub reads the variable at import time: set its constant too.
+    hub_constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     t0 = time.monotonic()
     with pytest.raises(UserError) as err:
         load_model("no-such-org/no-such-model-xyz")
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 20
     msg = str(err.value)
     assert msg.startswith("cannot load model 'no-such-org/no-such-model-xyz': ")
     assert "tiny-llama" in msg and "smollm2-135m" in msg and "local path" in msg
@@ -192,9 +203,7 @@ def test_smollm2_converts_once_and_loads():
     )
     assert batch["label_word_ids"].tolist() == [13321, 1109]
     with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-        ).logits
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     at = logits[torch.arange(2), batch["target_positions"]][:, batch["label_word_ids"]]
     margin = at[:, 1] - at[:, 0]  # great minus terrible
     assert margin[0] > margin[1]

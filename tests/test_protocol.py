@@ -1,0 +1,108 @@
+"""The wire format and every validation rule of protocol.py, one by one."""
+
+import math
+
+import msgpack
+import pytest
+from cryptography.hazmat.primitives import serialization as ser
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hivemind.proto import p2pd_pb2 as pb
+
+from seedflood_p2p.message import Envelope, UpdateMessage
+from seedflood_p2p.protocol import (
+    MAX_UPDATE_BYTES,
+    PROTOCOL_VERSION,
+    Rejected,
+    WindowRule,
+    check_against_ledger,
+    check_envelope,
+    decode_rows,
+    decode_update,
+    encode_rows,
+    encode_update,
+    run_tag,
+    topic_for,
+)
+from seedflood_p2p.transport import verify_pubsub_signature
+
+RUN = "ab" * 32
+PACK = msgpack.Packer(use_single_float=True, use_bin_type=True).pack
+
+
+def test_update_round_trip_is_small_and_float32():
+    data = encode_update(RUN, 123_456, 0.1)
+    assert len(data) <= 32
+    m = decode_update(data, RUN, b"sender")
+    assert (m.round, m.peer) == (123_456, b"sender")
+    assert m.scalar == pytest.approx(0.1, rel=1e-7) and m.scalar != 0.1  # float32 on the wire
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, 0.5]) + b"\0" * MAX_UPDATE_BYTES, "oversized"),
+        (b"\xc1", "malformed"),
+        (PACK({"a": 1}), "malformed"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1]), "malformed"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), "1", 0.5]), "malformed"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, 1]), "malformed"),
+        (PACK([PROTOCOL_VERSION + 1, run_tag(RUN), 1, 0.5]), "bad_version"),
+        (PACK([PROTOCOL_VERSION, b"\1\2\3\4", 1, 0.5]), "wrong_run"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, math.inf]), "non_finite"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), -1, 0.5]), "out_of_window"),
+    ],
+)
+def test_each_invalid_payload_is_rejected_with_its_reason(payload, reason):
+    with pytest.raises(Rejected) as info:
+        decode_update(payload, RUN, b"sender")
+    assert info.value.reason == reason
+
+
+def test_window_duplicate_and_equivocation():
+    WindowRule(10).check(UpdateMessage(15, b"p", 0.5), newest_round=5)
+    with pytest.raises(Rejected, match="out_of_window"):
+        WindowRule(10).check(UpdateMessage(16, b"p", 0.5), newest_round=5)
+    check_against_ledger(UpdateMessage(1, b"p", 0.5), None)
+    with pytest.raises(Rejected, match="duplicate"):
+        check_against_ledger(UpdateMessage(1, b"p", 0.5), 0.5)
+    with pytest.raises(Rejected, match="equivocation"):
+        check_against_ledger(UpdateMessage(1, b"p", 0.5), 0.25)
+
+
+def _signed(key: Ed25519PrivateKey, round_: int, scalar: float) -> tuple[UpdateMessage, Envelope]:
+    """An update signed exactly as go-libp2p-pubsub signs it."""
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    peer = bytes.fromhex("002408011220") + public
+    data, seqno = encode_update(RUN, round_, scalar), round_.to_bytes(8, "big")
+    body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic_for(RUN)])
+    setattr(body, "from", peer)
+    signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+    return decode_update(data, RUN, peer), Envelope(data, seqno, signature)
+
+
+def test_repair_rows_carry_verifiable_signatures():
+    alice, mallory = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    message, envelope = _signed(alice, 7, 0.5)
+    rows = decode_rows(encode_rows([(message, envelope)]), 10)
+    assert rows == [(message, envelope)]
+    check_envelope(message, envelope, RUN, verify_pubsub_signature)  # genuine: accepted
+
+    forged_scalar = UpdateMessage(7, message.peer, 0.25)  # Mallory edits Alice's scalar
+    with pytest.raises(Rejected, match="mismatch"):
+        check_envelope(forged_scalar, envelope, RUN, verify_pubsub_signature)
+    _, mallory_env = _signed(mallory, 7, 0.25)  # ... or signs a new one under Alice's name
+    with pytest.raises(Rejected, match="bad_signature"):
+        check_envelope(
+            UpdateMessage(7, message.peer, 0.25), mallory_env, RUN, verify_pubsub_signature
+        )
+    with pytest.raises(Rejected, match="bad_signature"):  # envelope of another run
+        check_envelope(message, envelope, "cd" * 32, verify_pubsub_signature)
+
+
+def test_malformed_repair_rows():
+    with pytest.raises(Rejected, match="malformed"):
+        decode_rows(b"\xc1", 10)
+    with pytest.raises(Rejected, match="malformed"):
+        decode_rows(PACK([[1, b"p", 0.5]]), 10)  # no envelope
+    with pytest.raises(Rejected, match="non_finite"):
+        decode_rows(PACK([[1, b"p", math.nan, b"d", b"s", b"g"]]), 10)
