@@ -237,7 +237,7 @@ def _from_pretrained(
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
+    except Exception as e:  # hub, config, tokenizer and safetensors errors have many types
         reason = _short(e)
         if local_files_only:
             reason = (
@@ -298,7 +298,15 @@ def load_model(
     if name in ("tiny-llama", "tiny-llama-tied"):
         model, tokenizer = tiny_llama(tied=name.endswith("-tied"))
     elif name == "smollm2-135m":
-        model, tokenizer = _from_pretrained(str(_smollm2_dir()), dtype, name)
+        converted = _smollm2_dir()
+        try:
+            model, tokenizer = _from_pretrained(str(converted), dtype, name)
+        except UserError as e:
+            raise UserError(
+                f"cannot load model '{name}' from its converted copy in {converted}: "
+                f"{str(e).split(': ', 1)[-1].split('. Use a local path')[0]}. Delete that "
+                "directory to convert it again"
+            ) from None
     elif _looks_like_path(name):
         path = Path(name).expanduser()
         if path.is_file() and path.suffix == ".gguf":
