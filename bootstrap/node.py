@@ -66,6 +66,8 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         identity_path=settings.data_dir / "identity.key",
         host_maddrs=settings.listen,
         announce_maddrs=settings.announce or None,
+        use_auto_relay=settings.node.auto_relay,
+        nat_port_map=settings.node.nat_port_map,
     )
     metrics = NodeMetrics()
     node = http = None

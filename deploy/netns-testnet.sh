@@ -43,7 +43,7 @@ REQUIRE_NETEM=0
 KILL=0
 
 usage() {
-    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
     cat <<EOF
 
 Options:
@@ -206,7 +206,7 @@ cmd_up() {
         RATE=""
     fi
 
-    trap 'say "up failed: removing what was built"; cmd_down_quiet' ERR
+    trap 'say "up failed: removing what was built"; REMOVED=(); cmd_down_quiet || true' ERR
     ip netns add "$SW"
     ip -n "$SW" link set lo up
     ip -n "$SW" link add br0 type bridge
@@ -239,33 +239,61 @@ cmd_up() {
     for ((i = 1; i <= HOSTS; i++)); do echo "h$i $PREFIX-h$i $SUBNET.$i"; done
 }
 
-cmd_down_quiet() {
-    local ns pids
-    for ns in $(our_namespaces); do
-        pids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ' || true)
-        if [[ -n "${pids// /}" ]]; then
-            if [[ $KILL == 1 ]]; then
+ns_pids() { ip netns pids "$1" 2>/dev/null | tr '\n' ' ' || true; }
+
+cmd_down_quiet() {  # returns 1 if a namespace had to be kept
+    local ns pids all="" kept=0
+    if [[ $KILL == 1 ]]; then
+        # SIGTERM everything first (peers finish a round and checkpoint, which takes a few
+        # seconds), wait up to 30 s for all of it, then SIGKILL what is left.
+        for ns in $(our_namespaces); do
+            pids=$(ns_pids "$ns")
+            [[ -n "${pids// /}" ]] || continue
+            say "stopping processes in $ns: ${pids% }"
+            all+=" $pids"
+        done
+        if [[ -n "${all// /}" ]]; then
+            # shellcheck disable=SC2086
+            kill -TERM $all 2>/dev/null || true
+            for _ in $(seq 60); do
+                all=$(for p in $all; do kill -0 "$p" 2>/dev/null && echo "$p"; done | tr '\n' ' ')
+                [[ -n "${all// /}" ]] || break
+                sleep 0.5
+            done
+            if [[ -n "${all// /}" ]]; then
+                say "killing processes that ignored SIGTERM: $all"
                 # shellcheck disable=SC2086
-                kill -TERM $pids 2>/dev/null || true
-                sleep 1
-                pids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ' || true)
-                # shellcheck disable=SC2086
-                [[ -n "${pids// /}" ]] && kill -KILL $pids 2>/dev/null || true
-            else
-                say "WARNING: processes still run in $ns (pids: $pids); the namespace lives on" \
-                    "until they exit (use 'down --kill' to stop them)"
+                kill -KILL $all 2>/dev/null || true
+                sleep 0.5
             fi
         fi
+    fi
+    for ns in $(our_namespaces); do
+        pids=$(ns_pids "$ns")
+        if [[ -n "${pids// /}" ]]; then
+            # Deleting the name would leave the namespace (and its veth) alive but unreachable.
+            say "WARNING: kept $ns: processes still run in it (pids: ${pids% }); stop them" \
+                "or use 'down --kill'"
+            kept=1
+            continue
+        fi
         ip netns del "$ns" 2>/dev/null || true
+        REMOVED+=("$ns")
     done
+    return $kept
 }
 
 cmd_down() {
     need_tools
-    local before
-    before=$(our_namespaces | tr '\n' ' ')
-    cmd_down_quiet
-    if [[ -n "${before// /}" ]]; then say "down: removed $before"; else say "down: nothing to remove"; fi
+    REMOVED=()
+    local rc=0
+    cmd_down_quiet || rc=1
+    if [[ ${#REMOVED[@]} -gt 0 ]]; then
+        say "down: removed ${REMOVED[*]}"
+    elif [[ $rc == 0 ]]; then
+        say "down: nothing to remove"
+    fi
+    return $rc
 }
 
 cmd_exec() {

@@ -337,6 +337,8 @@ class PeerDaemon:
             host_maddrs=s.listen,
             initial_peers=s.bootstrap,
             announce_maddrs=s.announce or None,
+            use_auto_relay=s.node.auto_relay,
+            nat_port_map=s.node.nat_port_map,
         )
         self.peer_id = self.p2p.peer_id.to_bytes()
         http = None

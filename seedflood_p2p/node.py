@@ -63,6 +63,8 @@ class NodeSettings:
     call_timeout: float = 10.0
     drop_incoming: float = 0.0  # test hook: discard this fraction of incoming gossip
     publish_rate: float = 50.0  # messages per second, paced
+    auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
+    nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
 
 
 @dataclass
