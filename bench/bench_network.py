@@ -186,10 +186,11 @@ class ByteProxy:
             self.server.close()
 
 
-def _spawn(mode: str, args: dict, log: Path) -> subprocess.Popen:
+def _spawn(mode: str, args: dict, log: Path, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), mode, json.dumps(args)]
     return subprocess.Popen(
-        cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=str(ROOT)
+        cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**ENV, **(env or {})},
+        cwd=str(ROOT),
     )
 
 
@@ -267,10 +268,18 @@ async def flood_worker(a: dict) -> None:
         t = time.time()
         accepts.extend((m.peer.hex(), m.round, t) for m in messages)
 
-    ledger = Ledger(work / f"ledger{index}.sqlite", config.run_id)
+    ledger = Ledger(Path(a.get("ledger_dir") or work) / f"ledger{index}.sqlite", config.run_id)
     ledger.set_meta("manifest", config.to_json())
     settings = NodeSettings(repair_interval=1e9, publish_rate=50.0)  # no repair while measuring
     node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings, on_accept)
+    wire_times: list[float] = []
+    original_publish = node._pubsub.publish
+
+    async def publish_timed(topic, data):
+        wire_times.append(time.time())  # the sender's ledger row is committed by now
+        await original_publish(topic, data)
+
+    node._pubsub.publish = publish_timed
     await node.start()
     if index == 0:
         (work / "addr0.txt").write_text(addr)
@@ -295,7 +304,7 @@ async def flood_worker(a: dict) -> None:
         scalar = quantize_scalar(rng.gauss(0.0, 1.0))
         t_pub = time.time()
         await node.publish(UpdateMessage(k, node.peer_id, scalar))
-        publishes.append((k, t_pub, time.time()))
+        publishes.append((k, t_pub, time.time(), wire_times[-1]))
     await asyncio.sleep(go["drain"])
     cpu1 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
     ledger_before_repair = len(ledger)
@@ -346,18 +355,22 @@ async def flood_worker(a: dict) -> None:
     await p2p.shutdown()
 
 
-def run_flood(n: int, rounds: int, period: float, jitter: float, base: Path) -> dict:
-    work = base / f"flood{n}"
+def run_flood(
+    n: int, rounds: int, period: float, jitter: float, base: Path, ledger_dir: str | None = None
+) -> dict:
+    """`ledger_dir`: where the workers' SQLite ledgers live (default: the work dir, on disk)."""
+    work = base / f"flood{n}{'_tmpfs' if ledger_dir else ''}"
     work.mkdir(parents=True)
     load_start = _loadavg()
     procs: list[subprocess.Popen] = []
     started = time.monotonic()
     try:
-        procs.append(_spawn("_flood-worker", {"work": str(work), "index": 0}, work / "w0.log"))
+        common = {"work": str(work), "ledger_dir": ledger_dir}
+        procs.append(_spawn("_flood-worker", {**common, "index": 0}, work / "w0.log"))
         _wait_file(work / "addr0.txt", procs, 60)
         boot = (work / "addr0.txt").read_text()
         for i in range(1, n):
-            args = {"work": str(work), "index": i, "bootstrap": boot}
+            args = {**common, "index": i, "bootstrap": boot}
             procs.append(_spawn("_flood-worker", args, work / f"w{i}.log"))
         for i in range(n):
             _wait_file(work / f"ready{i}.json", procs, 120)
@@ -386,18 +399,22 @@ def run_flood(n: int, rounds: int, period: float, jitter: float, base: Path) -> 
         _stop(procs)
     load_end = _loadavg()
     results = [json.loads((work / f"result{i}.json").read_text()) for i in range(n)]
-    return analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end)
+    out = analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end)
+    out["ledger_storage"] = "tmpfs (/dev/shm, fsync is free)" if ledger_dir else "disk (/tmp)"
+    return out
 
 
 def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end) -> dict:
-    pub_time = {}
-    publish_call = []
+    pub_time, wire_time = {}, {}
+    publish_call, own_commit = [], []
     for r in results:
-        for k, t_pub, t_done in r["publishes"]:
+        for k, t_pub, t_done, t_wire in r["publishes"]:
             pub_time[(r["peer"], k)] = t_pub
+            wire_time[(r["peer"], k)] = t_wire
             publish_call.append(t_done - t_pub)
+            own_commit.append(t_wire - t_pub)
     expected = delivered = duplicates = 0
-    arrival_lat, accept_lat = [], []
+    arrival_lat, accept_lat, network_lat, own_echo = [], [], [], []
     per_receiver = []
     complete_rounds = total_rounds = 0
     for r in results:
@@ -405,12 +422,16 @@ def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, loa
         expected += len(others)
         seen_arr = {}
         for p, k, t in r["arrivals"]:
+            if p == r["peer"]:  # our own publish echoed by the local daemon (include_own)
+                own_echo.append(t - wire_time[(p, k)])
+                continue
             if (p, k) in seen_arr:
                 duplicates += 1
                 continue
             seen_arr[(p, k)] = t
             if (p, k) in pub_time:
                 arrival_lat.append(t - pub_time[(p, k)])
+                network_lat.append(t - wire_time[(p, k)])
         got = {}
         for p, k, t in r["accepts"]:
             if (p, k) in others and (p, k) not in got:
@@ -448,7 +469,10 @@ def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, loa
         "repaired_messages": sum(r["repaired"] for r in results),
         "latency_arrival": _lat_stats(arrival_lat),
         "latency_ledger_commit": _lat_stats(accept_lat),
+        "latency_network": _lat_stats(network_lat),
+        "own_echo_latency": _lat_stats(own_echo),
         "publish_call": _lat_stats(publish_call),
+        "sender_own_ledger_commit": _lat_stats(own_commit),
         "drops": {k: sum(r["drops"][k] for r in results) for k in results[0]["drops"]},
         "subscription_queue_drops": sum(r["subscription_dropped"] for r in results),
         "topic_peers_at_go": [r["topic_peers_at_go"] for r in results],
@@ -479,6 +503,7 @@ async def bytes_worker(a: dict) -> None:
     n_msgs, rate = a["messages"], a["rate"]
     run_id = RunConfig(salt="bench-network-bytes").run_id
     topic = topic_for(run_id)
+    short_topic = f"sf/{run_id[:16]}"  # candidate shorter topic (see the report)
     port_a = _free_port()
     receiver = await create_p2p(identity_path=None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port_a}"])
     proxy = ByteProxy(port_a)
@@ -492,20 +517,22 @@ async def bytes_worker(a: dict) -> None:
     out = {"proxy_port": port_p, "receiver_port": port_a}
     try:
         sub = await ca.subscribe(topic)
+        sub_short = await ca.subscribe(short_topic)
         await cb.subscribe(topic)
+        await cb.subscribe(short_topic)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if await ca.list_peers(topic) and await cb.list_peers(topic):
+            if all([await ca.list_peers(t) and await cb.list_peers(t) for t in (topic, short_topic)]):
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(4.0)  # mesh graft
         received: list = []
 
-        async def collect():
-            async for m in sub:
+        async def collect(subscription):
+            async for m in subscription:
                 received.append(m)
 
-        collector = asyncio.create_task(collect())
+        collectors = [asyncio.create_task(collect(s)) for s in (sub, sub_short)]
 
         async def idle(seconds: float) -> tuple[float, float]:
             u0, d0 = proxy.counters()
@@ -520,12 +547,13 @@ async def bytes_worker(a: dict) -> None:
 
         windows = []
         idle_before = await idle(a["idle_s"])
-        for size in a["sizes"]:
+        cases = [(size, topic) for size in a["sizes"]] + [(18, short_topic)]
+        for size, case_topic in cases:
             got0 = len(received)
             u0, d0 = proxy.counters()
             t0 = time.monotonic()
             for k in range(n_msgs):
-                await cb.publish(topic, payload_of(size, k))
+                await cb.publish(case_topic, payload_of(size, k))
             await asyncio.sleep(2.0)
             window = time.monotonic() - t0
             u1, d1 = proxy.counters()
@@ -533,6 +561,8 @@ async def bytes_worker(a: dict) -> None:
             windows.append(
                 {
                     "payload_bytes": len(payload_of(size, 0)),
+                    "topic": case_topic,
+                    "topic_bytes": len(case_topic),
                     "published": n_msgs,
                     "received": len(msgs),
                     "window_s": round(window, 2),
@@ -542,7 +572,8 @@ async def bytes_worker(a: dict) -> None:
                 }
             )
         idle_after = await idle(a["idle_s"])
-        collector.cancel()
+        for c in collectors:
+            c.cancel()
         idle_up = (idle_before[0] + idle_after[0]) / 2
         idle_down = (idle_before[1] + idle_after[1]) / 2
         for w in windows:
@@ -705,9 +736,9 @@ async def donor_worker(a: dict) -> None:
 async def joiner_worker(a: dict) -> None:
     """Fresh FloodNode: time sync_with(donor), directly and through the counting proxy."""
     _import_without_torch()
-    import seedflood_p2p.node as nodemod
     from hivemind.p2p import PeerID
 
+    import seedflood_p2p.node as nodemod
     from seedflood_p2p.ledger import Ledger
     from seedflood_p2p.metrics import NodeMetrics
     from seedflood_p2p.node import FloodNode, NodeSettings
@@ -807,8 +838,94 @@ async def joiner_worker(a: dict) -> None:
     Path(a["out"]).write_text(json.dumps(results))
 
 
+def _batched_signs(run_key: bytes, epochs: list[int], shapes: list[tuple[int, int]], rank: int):
+    """Bench prototype: the bases of several epochs x all layers from ONE Philox call.
+
+    Bit-identical to `[[layer_basis(run_key, e, l, m, k, rank) for l] for e]`: same keys, same
+    counters (i, 0, 0, 0); only the per-call NumPy overhead (2 x 210 small calls per epoch)
+    goes away. Returns per layer a float32 array (len(epochs), m + k, rank).
+    """
+    import numpy as np
+
+    from seedflood_p2p.rng import derive_key, philox4x32
+
+    counts = [(m + k) * rank for m, k in shapes]
+    words_n = [-(-c // 32) for c in counts]  # as random_signs -> random_words
+    blocks = [-(-w // 4) for w in words_n]
+    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
+    per_epoch = int(sum(blocks))
+    base = np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks])
+    keys = np.array(
+        [derive_key("seedflood/basis", run_key, e, i) for e in epochs for i in range(len(shapes))],
+        dtype=np.uint64,
+    )
+    reps = np.tile(np.array(blocks), len(epochs))
+    counters = np.zeros((per_epoch * len(epochs), 4), dtype=np.uint64)
+    counters[:, 0] = np.tile(base, len(epochs))
+    words = philox4x32(counters, (np.repeat(keys[:, 0], reps), np.repeat(keys[:, 1], reps)))
+    bits = np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little")
+    bits = bits.reshape(len(epochs), per_epoch * 128)
+    out = []
+    for i, (m, k) in enumerate(shapes):
+        lo = int(starts[i]) * 128
+        layer = bits[:, lo : lo + counts[i]].astype(np.float32) * 2.0 - 1.0
+        out.append(layer.reshape(len(epochs), m + k, rank))
+    return out
+
+
+def _batched_replay(model, config, messages, group: int) -> dict:
+    """Bench prototype of a faster replay: accumulate as the library does, then per group of
+    `group` epochs generate all bases with one Philox call and merge each matrix with ONE
+    GEMM of rank group x r, instead of `group` rank-r addmm_ passes over W."""
+    import numpy as np
+    import torch
+
+    import seedflood_p2p.subcge as subcge
+
+    timings = {"accumulate_s": 0.0, "basis_generation_s": 0.0, "gemm_s": 0.0}
+    t = time.perf_counter()
+    engine = subcge.make_estimator(model, config)
+    engine.accumulate(messages)
+    cores, engine._pending = engine._pending, {}
+    timings["accumulate_s"] = time.perf_counter() - t
+    shapes = [tuple(m.shape) for m in engine.matrices]
+    r = config.rank
+    epochs = sorted(cores)
+    # check bit-identity of the batched bases against the library's layer_basis
+    probe = _batched_signs(config.run_key, epochs[:2], shapes, r)
+    identical = all(
+        np.array_equal(probe[i][j], subcge.layer_basis(config.run_key, e, i, *shapes[i], r))
+        for j, e in enumerate(epochs[:2])
+        for i in (0, len(shapes) // 2, len(shapes) - 1)
+    )
+    with torch.no_grad():
+        for g in range(0, len(epochs), group):
+            grp = epochs[g : g + group]
+            t = time.perf_counter()
+            signs = _batched_signs(config.run_key, grp, shapes, r)
+            timings["basis_generation_s"] += time.perf_counter() - t
+            t = time.perf_counter()
+            for i, matrix in enumerate(engine.matrices):
+                m, k = shapes[i]
+                uv = torch.from_numpy(signs[i])
+                c = torch.from_numpy(np.stack([cores[e][i].reshape(r, r) for e in grp])).float()
+                uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(grp) * r)
+                vv = uv[:, m:].permute(1, 0, 2).reshape(k, len(grp) * r)
+                matrix.weight.addmm_(uc, vv.T, alpha=-1.0)
+            timings["gemm_s"] += time.perf_counter() - t
+            del signs
+    engine.close()
+    out = {k: round(v, 2) for k, v in timings.items()}
+    out["bases_bit_identical_to_layer_basis"] = bool(identical)
+    out["epoch_group"] = group
+    return out
+
+
 def replay_worker(a: dict) -> None:
-    """Torch process: time replay() of the synced ledger on SmolLM2, split into parts."""
+    """Torch process: time replay() of the synced ledger on SmolLM2, split into parts.
+
+    a: ledger, out, threads (None: torch default), max_round (None: all), batched, probes.
+    """
     import numpy as np
     import torch
 
@@ -817,10 +934,18 @@ def replay_worker(a: dict) -> None:
     from seedflood_p2p.ledger import Ledger
     from seedflood_p2p.models import load_model, weights_sha256
     from seedflood_p2p.replay import replay
+    from seedflood_p2p.trainable import find_trainable_matrices
 
-    out: dict = {"torch_threads": torch.get_num_threads(), "loadavg_start": _loadavg()}
+    if a.get("threads"):
+        torch.set_num_threads(a["threads"])
+    out: dict = {
+        "torch_threads": torch.get_num_threads(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset: active spin)"),
+        "loadavg_start": _loadavg(),
+    }
     ledger = Ledger.open_existing(a["ledger"])
     config = RunConfig.from_json(ledger.get_meta("manifest"))
+    max_round = a.get("max_round")
     t = time.perf_counter()
     model, _ = load_model(config.model)
     out["model_load_s"] = round(time.perf_counter() - t, 2)
@@ -828,48 +953,50 @@ def replay_worker(a: dict) -> None:
     assert weights_sha256(model) == config.base_sha256
     out["base_hash_check_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
-    n_read = sum(1 for _ in ledger.messages())
+    n_read = sum(1 for _ in ledger.messages(0, max_round))
     out["ledger_read_s"] = round(time.perf_counter() - t, 3)
 
-    timers = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0, "commits": 0, "basis_calls": 0}
+    timers = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0, "basis_calls": 0}
     cpu = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0}
-    orig_acc, orig_commit, orig_basis = subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis
+    per_commit: list[float] = []
+    orig = (subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis)
 
     def acc(self, messages):
         t, c = time.perf_counter(), time.process_time()
-        n = orig_acc(self, messages)
+        n = orig[0](self, messages)
         timers["accumulate"] += time.perf_counter() - t
         cpu["accumulate"] += time.process_time() - c
         return n
 
     def commit(self, epochs=None):
         t, c = time.perf_counter(), time.process_time()
-        orig_commit(self, epochs)
-        timers["commit"] += time.perf_counter() - t
+        orig[1](self, epochs)
+        per_commit.append(time.perf_counter() - t)
+        timers["commit"] += per_commit[-1]
         cpu["commit"] += time.process_time() - c
-        timers["commits"] += 1
 
     def basis(self, epoch):
         t, c = time.perf_counter(), time.process_time()
         cached = epoch in self._bases
-        b = orig_basis(self, epoch)
+        b = orig[2](self, epoch)
         timers["basis"] += time.perf_counter() - t
         cpu["basis"] += time.process_time() - c
         timers["basis_calls"] += not cached
         return b
 
+    def matrices_of(m):
+        return find_trainable_matrices(m, include_embeddings=config.include_embeddings)
+
+    base_weights = None
+    if a.get("batched"):
+        base_weights = {m.name: m.weight.detach().clone() for m in matrices_of(model)}
     subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = acc, commit, basis
-    engine_probe = subcge.make_estimator(model, config)
-    matrices = len(engine_probe.matrices)
-    trainable = engine_probe.num_parameters
-    engine_probe.close()
-    base_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     t, c = time.perf_counter(), time.process_time()
-    count = replay(model, config, ledger.messages())
+    count = replay(model, config, ledger.messages(0, max_round))
     replay_s, replay_cpu = time.perf_counter() - t, time.process_time() - c
-    subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = orig_acc, orig_commit, orig_basis
-    epochs = LATE_ROUNDS // config.refresh_period
-    replayed_hash = weights_sha256(model)
+    subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = orig
+    epochs = len(per_commit)
+    full_epochs = LATE_ROUNDS // config.refresh_period
     out.update(
         {
             "messages": count,
@@ -877,105 +1004,77 @@ def replay_worker(a: dict) -> None:
             "epochs": epochs,
             "rank": config.rank,
             "refresh_period": config.refresh_period,
-            "trainable_matrices": matrices,
-            "trainable_params": trainable,
+            "trainable_matrices": len(matrices_of(model)),
+            "trainable_params": sum(m.weight.numel() for m in matrices_of(model)),
             "replay_s": round(replay_s, 2),
             "replay_cpu_s": round(replay_cpu, 2),
             "accumulate_s": round(timers["accumulate"], 2),
             "merge_total_s": round(timers["commit"], 2),
             "merge_basis_generation_s": round(timers["basis"], 2),
             "merge_matmul_s": round(timers["commit"] - timers["basis"], 2),
-            "other_s (ledger read, ordering checks)": round(
-                replay_s - timers["accumulate"] - timers["commit"], 2
-            ),
+            "other_s": round(replay_s - timers["accumulate"] - timers["commit"], 2),
             "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
-            "commit_calls": timers["commits"],
             "bases_generated": timers["basis_calls"],
-            "merge_ms_per_epoch": round(1000 * timers["commit"] / max(1, epochs), 1),
-            "replayed_weights_sha256": replayed_hash,
+            "merge_ms_first_epoch": round(1000 * per_commit[0], 1) if per_commit else None,
+            "merge_ms_per_epoch_median": round(1000 * statistics.median(per_commit), 1),
+            "merge_ms_per_epoch_p90": round(1000 * _pct(per_commit, 0.9), 1),
         }
     )
+    if epochs < full_epochs:
+        out["extrapolated_full_replay_s"] = round(replay_s * full_epochs / epochs, 1)
+    else:
+        out["replayed_weights_sha256"] = weights_sha256(model)
+    print(f"replay: {json.dumps(out)}", flush=True)
 
-    # Prototype (bench only): batched merge, all epochs of one matrix in a single GEMM.
     if a.get("batched"):
-        from seedflood_p2p.trainable import find_trainable_matrices
-
-        def matrices_of(model):
-            return find_trainable_matrices(model, include_embeddings=config.include_embeddings)
-
         replayed = {m.name: m.weight.detach().clone() for m in matrices_of(model)}
+        update_scale = max((replayed[n] - base_weights[n]).abs().max().item() for n in replayed)
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(base_weights[name])
+            for m in matrices_of(model):
+                m.weight.copy_(base_weights[m.name])
         del base_weights
         t, c = time.perf_counter(), time.process_time()
-        engine = subcge.make_estimator(model, config)
-        t_acc = time.perf_counter()
-        engine.accumulate(ledger.messages())
-        acc_s = time.perf_counter() - t_acc
-        cores = engine._pending  # epoch -> [L, r*r]
-        engine._pending = {}
-        r = config.rank
-        ep = sorted(cores)
-        basis_s = gemm_s = 0.0
-        with torch.no_grad():
-            for i, matrix in enumerate(engine.matrices):
-                m_, k_ = matrix.shape
-                tb = time.perf_counter()
-                uc = torch.empty(m_, r * len(ep))
-                vv = torch.empty(k_, r * len(ep))
-                for j, e in enumerate(ep):
-                    uv = torch.from_numpy(subcge.layer_basis(config.run_key, e, i, m_, k_, r))
-                    core = torch.from_numpy(cores[e][i].reshape(r, r)).float()
-                    uc[:, j * r : (j + 1) * r] = uv[:m_] @ core
-                    vv[:, j * r : (j + 1) * r] = uv[m_:]
-                basis_s += time.perf_counter() - tb
-                tg = time.perf_counter()
-                matrix.weight.addmm_(uc, vv.T, alpha=-1.0)
-                gemm_s += time.perf_counter() - tg
-        engine.close()
-        batched_s, batched_cpu = time.perf_counter() - t, time.process_time() - c
-        diff = max(
-            (m.weight - replayed[m.name]).abs().max().item()
-            for m in matrices_of(model)
+        proto = _batched_replay(model, config, ledger.messages(0, max_round), a.get("group", 25))
+        proto["total_s"] = round(time.perf_counter() - t, 2)
+        proto["cpu_s"] = round(time.process_time() - c, 2)
+        now = {m.name: m.weight for m in matrices_of(model)}
+        proto["max_abs_diff_vs_replay"] = max(
+            (now[n] - replayed[n]).abs().max().item() for n in replayed
         )
-        scale = max(replayed[m].abs().max().item() for m in replayed)
-        out["batched_merge_prototype"] = {
-            "total_s": round(batched_s, 2),
-            "cpu_s": round(batched_cpu, 2),
-            "accumulate_s": round(acc_s, 2),
-            "basis_generation_s": round(basis_s, 2),
-            "gemm_s": round(gemm_s, 2),
-            "max_abs_diff_vs_replay": diff,
-            "max_abs_weight": scale,
-            "note": "same math, one (m x E*r) @ (E*r x k) GEMM per matrix instead of E rank-r "
-            "addmm_ passes over W; not bitwise equal to replay() (other summation order)",
-        }
-    # Raw throughput probes for the explanation.
-    x = np.random.default_rng(0)
-    t = time.perf_counter()
-    for _ in range(20):
-        subcge.layer_basis(config.run_key, 0, 0, 1536, 576, config.rank)
-    sign_rate = 20 * (1536 + 576) * config.rank / (time.perf_counter() - t)
-    w = torch.randn(1536, 576)
-    u, v = torch.randn(1536, config.rank), torch.randn(576, config.rank)
-    t = time.perf_counter()
-    for _ in range(50):
-        w.addmm_(u, v.T, alpha=-1.0)
-    rank_r_gbs = 50 * 2 * w.numel() * 4 / (time.perf_counter() - t) / 1e9
-    a_ = torch.randn(1536, 512)
-    b_ = torch.randn(512, 576)
-    t = time.perf_counter()
-    for _ in range(20):
+        proto["max_abs_update_by_replay"] = update_scale
+        proto["note"] = (
+            "same math; not bitwise equal to replay() (other summation order inside the GEMM)"
+        )
+        out["batched_merge_prototype"] = proto
+        print(f"batched: {json.dumps(proto)}", flush=True)
+
+    if a.get("probes"):
+        t = time.perf_counter()
+        for _ in range(20):
+            subcge.layer_basis(config.run_key, 0, 0, 1536, 576, config.rank)
+        layer_basis_ms = (time.perf_counter() - t) / 20 * 1000
+        w = torch.randn(1536, 576)
+        uv = torch.randint(0, 2, (1536 + 576, config.rank)).float() * 2 - 1
+        u, v = uv[:1536], uv[1536:]
+        c8 = torch.randn(config.rank, config.rank)
+        w.addmm_(u @ c8, v.T, alpha=-1.0)
+        t = time.perf_counter()
+        for _ in range(50):
+            w.addmm_(u @ c8, v.T, alpha=-1.0)
+        rank_r_ms = (time.perf_counter() - t) / 50 * 1000
+        a_, b_ = torch.randn(1536, 400), torch.randn(400, 576)
         w.addmm_(a_, b_)
-    gflops = 20 * 2 * 1536 * 576 * 512 / (time.perf_counter() - t) / 1e9
-    del x
-    out["probes"] = {
-        "philox_signs_per_s": round(sign_rate / 1e6, 1),
-        "rank_r_addmm_effective_GB_per_s": round(rank_r_gbs, 2),
-        "gemm_gflops": round(gflops, 1),
-        "unit": "philox in M signs/s",
-    }
+        t = time.perf_counter()
+        for _ in range(20):
+            w.addmm_(a_, b_)
+        gflops = 20 * 2 * 1536 * 576 * 400 / (time.perf_counter() - t) / 1e9
+        out["probes"] = {
+            "layer_basis_1536x576_ms": round(layer_basis_ms, 3),
+            "rank_r_merge_1536x576_ms": round(rank_r_ms, 3),
+            "rank_r_merge_GB_per_s": round(2 * w.numel() * 4 / rank_r_ms / 1e6, 2),
+            "rank_400_gemm_gflops": round(gflops, 1),
+        }
+    del np
     out["loadavg_end"] = _loadavg()
     ledger.close()
     Path(a["out"]).write_text(json.dumps(out))
@@ -989,7 +1088,7 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float) -> di
         sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", "peer",
         "--bootstrap", donor_addr, "--listen", "/ip4/127.0.0.1/tcp/0",
         "--data-dir", str(data), "--until-round", str(LATE_ROUNDS), "--linger", "1",
-        "--min-peers", str(min_peers), "--repair-interval", "1000",
+        "--min-peers", str(min_peers), "--repair-interval", "1000", "--threads", "1",
     ]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=str(ROOT))
@@ -1002,7 +1101,7 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float) -> di
             for line in log.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
                     with contextlib.suppress(json.JSONDecodeError):
-                        events.append((json.loads(line)))
+                        events.append(json.loads(line))
             ready = next((e for e in events if e.get("event") == "ready"), None)
             if ready is not None:
                 break
@@ -1055,21 +1154,28 @@ def run_latejoin(base: Path, quick: bool) -> dict:
             s["digest_equals_source"] = s["ledger_digest"] == out["build"]["ledger_digest"]
         print(f"  sync: {out['sync']}", flush=True)
 
-        p = _spawn(
-            "_replay",
-            {"ledger": str(work / "joiner_direct.sqlite"), "out": str(work / "replay.json"), "batched": True},
-            work / "replay.log",
-        )
-        procs.append(p)
-        if p.wait(1800) != 0:
-            raise RuntimeError(f"replay failed:\n{_tail(work / 'replay.log')}")
-        out["replay"] = json.loads((work / "replay.json").read_text())
-        print(f"  replay: {out['replay']}", flush=True)
+        ledger = str(work / "joiner_direct.sqlite")
+        # main measurement: the library's replay() with one torch thread, plus the prototype
+        runs = [("replay", {"threads": 1, "batched": True, "probes": True}, {})]
+        # samples: torch's default threads (2) with OpenMP's default active spin-wait, and
+        # 2 threads with OMP_WAIT_POLICY=PASSIVE; first epochs only, extrapolated
+        runs.append(("replay_default_threads_sample", {"max_round": 99}, {}))
+        if not quick:
+            runs.append(
+                ("replay_2threads_passive_sample", {"threads": 2, "max_round": 999},
+                 {"OMP_WAIT_POLICY": "PASSIVE"})
+            )
+        for name, extra, env in runs:
+            args = {"ledger": ledger, "out": str(work / f"{name}.json"), **extra}
+            p = _spawn("_replay", args, work / f"{name}.log", env)
+            procs.append(p)
+            if p.wait(3600) != 0:
+                raise RuntimeError(f"{name} failed:\n{_tail(work / f'{name}.log')}")
+            out[name] = json.loads((work / f"{name}.json").read_text())
+            print(f"  {name}: {out[name]}", flush=True)
 
         donor_addr = json.loads((work / "donor.json").read_text())["addr"]
-        out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 600)]
-        if not quick:
-            out["end_to_end_peer"].append(_e2e_peer(work, donor_addr, 1, 600))
+        out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 1800)]
         print(f"  e2e: {out['end_to_end_peer']}", flush=True)
     finally:
         _stop(procs)
@@ -1083,6 +1189,7 @@ def run_latejoin(base: Path, quick: bool) -> dict:
         "fp32_weights_bytes": fp32,
         "download_s_at_100_mbit": round(target, 1),
         "sync_plus_replay_s": round(sync_s + replay_s, 2),
+        "replay_cpu_s_one_thread": out["replay"]["replay_cpu_s"],
         "met": sync_s + replay_s < target,
         "margin_s": round(target - (sync_s + replay_s), 2),
         "ratio_to_target": round((sync_s + replay_s) / target, 3),
@@ -1107,14 +1214,14 @@ def write_markdown(res: dict, path: Path) -> None:
              "are inflated accordingly).\n")
     if "flood" in res:
         L.append("## 1. Flood delivery and latency (one update per peer per round, no repair)\n")
-        L.append("| peers | rounds/s | msgs/s total | duration s | delivery (gossip only) | min per peer "
+        L.append("| peers | ledger | rounds/s | msgs/s total | duration s | delivery (gossip only) | min per peer "
                  "| rounds complete | arrival p50 / p99 / max ms | ledger-commit p50 / p99 ms "
                  "| publish() p50 / p99 ms | after repair | RSS py / p2pd MiB | CPU/peer py+p2pd | load avg |")
-        L.append("|" + "---|" * 14)
+        L.append("|" + "---|" * 15)
         for f in res["flood"]:
             la, lc, pc = f["latency_arrival"], f["latency_ledger_commit"], f["publish_call"]
             L.append(
-                f"| {f['peers']} | {f['round_rate_hz']} | {f['messages_per_s_total']} | {f['duration_s']} "
+                f"| {f['peers']} | {f['ledger_storage'].split()[0]} | {f['round_rate_hz']} | {f['messages_per_s_total']} | {f['duration_s']} "
                 f"| {f['delivery_ratio']:.4%} ({f['delivered_gossip']}/{f['expected_deliveries']}) "
                 f"| {f['min_receiver_ratio']:.4%} | {f['rounds_complete_before_repair']:.2%} "
                 f"| {la.get('p50_ms')} / {la.get('p99_ms')} / {la.get('max_ms')} "
@@ -1134,11 +1241,12 @@ def write_markdown(res: dict, path: Path) -> None:
     if "bytes" in res:
         b = res["bytes"]
         L.append("## 2. Bytes on the wire per update per hop (byte-counting TCP proxy)\n")
-        L.append("| payload bytes | signed GossipSub message (wire_size) | bytes per hop (sender -> receiver) "
-                 "| reverse bytes per msg | received / published |")
-        L.append("|---|---|---|---|---|")
+        L.append("| payload bytes | topic (bytes) | signed GossipSub message (wire_size) "
+                 "| bytes per hop (sender -> receiver) | reverse bytes per msg | received / published |")
+        L.append("|---|---|---|---|---|---|")
         for w in b["windows"]:
-            L.append(f"| {w['payload_bytes']} | {w['wire_size_signed_message']} | {w['per_message_per_hop_bytes']} "
+            L.append(f"| {w['payload_bytes']} | `{w['topic']}` ({w['topic_bytes']}) "
+                     f"| {w['wire_size_signed_message']} | {w['per_message_per_hop_bytes']} "
                      f"| {w['reverse_per_message_bytes']} | {w['received']} / {w['published']} |")
         L.append("")
         L.append(f"Idle traffic (subtracted): {b['idle_bytes_per_s_sender_to_receiver']} B/s one way, "
@@ -1148,17 +1256,18 @@ def write_markdown(res: dict, path: Path) -> None:
         j = res["latejoin"]
         bld, rp, tg = j["build"], j["replay"], j["target"]
         sd = j["sync"]["direct"]
-        L.append(f"## 3. Late join: {j['rounds']:,} rounds x {j['peers']} peers = {bld['messages']:,} messages, SmolLM2-135M\n")
+        L.append(f"## 3. Late join: {j['rounds']:,} rounds x {j['peers']} peers = {bld['messages']:,} "
+                 "messages, SmolLM2-135M\n")
         L.append(f"Run config: rank {bld['rank']}, refresh period {bld['refresh_period']} "
                  f"({rp['epochs']} epochs), {rp['trainable_matrices']} trainable matrices, "
                  f"{rp['trainable_params']/1e6:.1f}M trainable params; source ledger "
                  f"{bld['ledger_file_mib']} MiB on disk.\n")
-        L.append("| step | seconds | notes |")
+        L.append("| step | wall s | notes |")
         L.append("|---|---|---|")
         L.append(f"| sync (repair protocol, loopback) | {sd['sync_s']} | {sd['synced_messages']:,} msgs, "
                  f"{sd['messages_per_s']:,} msg/s, {sd['fetch_calls']} fetch RPCs ({sd['fetch_rpc_s']} s incl. "
-                 f"donor), local accept {sd['accept_s']} s, digest RPC {sd['digest_rpc_s']} s; digest equals "
-                 f"source: {sd['digest_equals_source']} |")
+                 f"donor), local validate + ledger write {sd['accept_s']} s, digest RPC {sd['digest_rpc_s']} s; "
+                 f"ledger digest equals source: {sd['digest_equals_source']} |")
         if "proxy" in j["sync"]:
             sp = j["sync"]["proxy"]
             L.append(f"| sync via counting proxy | {sp['sync_s']} | {sp['wire_bytes_donor_to_joiner']:,} B "
@@ -1166,37 +1275,48 @@ def write_markdown(res: dict, path: Path) -> None:
                      f"{sp['fetch_payload_bytes']:,} B) |")
         L.append(f"| no-op anti-entropy pass after sync | {sd['second_sync_noop_s']} | digests equal, "
                  f"{sd['second_sync_new']} new |")
-        L.append(f"| replay() total | {rp['replay_s']} | CPU {rp['replay_cpu_s']} s, torch threads "
-                 f"{rp['torch_threads']} |")
-        L.append(f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | {bld['messages']:,} msgs |")
-        L.append(f"| - per-epoch merges total | {rp['merge_total_s']} | {rp['commit_calls']} commits, "
-                 f"{rp['merge_ms_per_epoch']} ms/epoch |")
+        L.append(f"| **replay() total, 1 torch thread** | **{rp['replay_s']}** | CPU {rp['replay_cpu_s']} s |")
+        L.append(f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | CPU {rp['cpu_s']['accumulate']} s |")
+        L.append(f"| - per-epoch merges ({rp['epochs']}) | {rp['merge_total_s']} | CPU {rp['cpu_s']['commit']} s; "
+                 f"first epoch {rp['merge_ms_first_epoch']} ms (copy-on-write faults on the mmapped "
+                 f"weights), median {rp['merge_ms_per_epoch_median']} ms, p90 {rp['merge_ms_per_epoch_p90']} ms |")
         L.append(f"| -- of which basis generation (Philox) | {rp['merge_basis_generation_s']} | "
-                 f"{rp['bases_generated']} epoch bases |")
-        L.append(f"| -- of which rank-r addmm_ on W | {rp['merge_matmul_s']} | |")
-        L.append(f"| - other (ledger read, ordering) | {rp['other_s (ledger read, ordering checks)']} | "
-                 f"ledger read alone {rp['ledger_read_s']} s |")
+                 f"CPU {rp['cpu_s']['basis']} s, {rp['bases_generated']} epoch bases |")
+        L.append(f"| -- of which rank-{bld['rank']} addmm_ on W | {rp['merge_matmul_s']} | |")
+        L.append(f"| - other (ledger read, ordering checks) | {rp['other_s']} | ledger read alone "
+                 f"{rp['ledger_read_s']} s |")
+        for key, label in (("replay_default_threads_sample", "torch default threads, OpenMP active wait"),
+                           ("replay_2threads_passive_sample", "2 threads, OMP_WAIT_POLICY=PASSIVE")):
+            if key in j:
+                x = j[key]
+                L.append(f"| replay() {label}: first {x['epochs']} epochs | {x['replay_s']} | "
+                         f"-> {x.get('extrapolated_full_replay_s')} s for {rp['epochs']} epochs; median merge "
+                         f"{x['merge_ms_per_epoch_median']} ms/epoch, threads {x['torch_threads']} |")
         if "batched_merge_prototype" in rp:
             bp = rp["batched_merge_prototype"]
-            L.append(f"| prototype: batched merge replay | {bp['total_s']} | basis {bp['basis_generation_s']} s, "
-                     f"GEMM {bp['gemm_s']} s, accumulate {bp['accumulate_s']} s; max abs diff vs replay "
-                     f"{bp['max_abs_diff_vs_replay']:.2e} |")
+            L.append(f"| prototype: batched replay (1 thread) | {bp['total_s']} | CPU {bp['cpu_s']} s: accumulate "
+                     f"{bp['accumulate_s']} s, bases (1 Philox call per {bp['epoch_group']} epochs, bit-identical: "
+                     f"{bp['bases_bit_identical_to_layer_basis']}) {bp['basis_generation_s']} s, one rank-"
+                     f"{bp['epoch_group'] * bld['rank']} GEMM per matrix {bp['gemm_s']} s; max abs diff vs "
+                     f"replay {bp['max_abs_diff_vs_replay']:.2e} (largest update {bp['max_abs_update_by_replay']:.2e}) |")
         L.append(f"| **sync + replay** | **{tg['sync_plus_replay_s']}** | target: fp32 download "
                  f"{tg['fp32_weights_bytes']/1e6:.0f} MB at 100 Mbit/s = {tg['download_s_at_100_mbit']} s -> "
-                 f"{'MET' if tg['met'] else 'MISSED'} ({tg['ratio_to_target']}x target) |")
+                 f"**{'MET' if tg['met'] else 'MISSED'}** ({tg['ratio_to_target']}x target) |")
         if "sync_plus_batched_replay_s" in tg:
-            L.append(f"| sync + batched-merge replay | {tg['sync_plus_batched_replay_s']} | prototype |")
+            L.append(f"| sync + prototype batched replay | {tg['sync_plus_batched_replay_s']} | |")
         L.append(f"| (not counted) model load / base hash check | {rp['model_load_s']} / "
                  f"{rp['base_hash_check_s']} | needed with either approach |")
         for e in j.get("end_to_end_peer", []):
-            L.append(f"| real `seedflood peer` launch -> ready (min_peers={e['min_peers']}) | "
+            L.append(f"| real `seedflood peer --threads 1` launch -> ready (min_peers={e['min_peers']}) | "
                      f"{e['launch_to_ready_s']} | {e['ready_message']} |")
-        pr = rp["probes"]
-        L.append("")
-        L.append(f"Probes: Philox basis signs {pr['philox_signs_per_s']} M/s; rank-{bld['rank']} addmm_ "
-                 f"streams W at {pr['rank_r_addmm_effective_GB_per_s']} GB/s; dense GEMM "
-                 f"{pr['gemm_gflops']} GFLOP/s. Load average during late join: "
-                 f"{j['loadavg_start']} -> {j['loadavg_end']}.\n")
+        if "probes" in rp:
+            pr = rp["probes"]
+            L.append("")
+            L.append(f"Probes (1 thread, cache-warm 1536 x 576 matrix): layer_basis {pr['layer_basis_1536x576_ms']} ms; "
+                     f"rank-{bld['rank']} merge {pr['rank_r_merge_1536x576_ms']} ms "
+                     f"({pr['rank_r_merge_GB_per_s']} GB/s of W read+written); rank-400 GEMM "
+                     f"{pr['rank_400_gemm_gflops']} GFLOP/s.")
+        L.append(f"\nLoad average during late join: {j['loadavg_start']} -> {j['loadavg_end']}.\n")
     path.write_text("\n".join(L) + "\n")
 
 
@@ -1209,6 +1329,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=None, help="seconds per flood run")
     parser.add_argument("--jitter", type=float, default=1.0, help="publish offset, fraction of a round")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--no-tmpfs", action="store_true",
+                        help="skip the flood variant with ledgers on tmpfs (/dev/shm)")
     parser.add_argument("--out", default=str(RESULTS / "network"), help="output path without suffix")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -1235,14 +1357,24 @@ def main() -> int:
     try:
         if "flood" in parts:
             res["flood"] = []
+            variants = [None] if args.no_tmpfs else [None, "tmpfs"]
             for n in [int(x) for x in args.peers.split(",")]:
-                print(f"flood: {n} peers, {rounds} rounds at {args.round_rate}/s", flush=True)
-                f = run_flood(n, rounds, period, args.jitter, base)
-                res["flood"].append(f)
-                print(json.dumps({k: f[k] for k in ("peers", "delivery_ratio", "latency_arrival",
-                                                    "latency_ledger_commit", "ledger_complete_after_repair")}),
-                      flush=True)
-                save()
+                for variant in variants:
+                    print(f"flood: {n} peers, {rounds} rounds at {args.round_rate}/s, ledger "
+                          f"{variant or 'disk'}", flush=True)
+                    shm = None
+                    if variant == "tmpfs":
+                        shm = tempfile.mkdtemp(prefix="bench_network_", dir="/dev/shm")
+                    try:
+                        f = run_flood(n, rounds, period, args.jitter, base, shm)
+                    finally:
+                        if shm:
+                            shutil.rmtree(shm, ignore_errors=True)
+                    res["flood"].append(f)
+                    keys = ("peers", "ledger_storage", "delivery_ratio", "latency_arrival",
+                            "latency_ledger_commit", "ledger_complete_after_repair")
+                    print(json.dumps({k: f[k] for k in keys}), flush=True)
+                    save()
         if "bytes" in parts:
             print("bytes per hop", flush=True)
             res["bytes"] = run_bytes(base, args.quick)
