@@ -62,7 +62,10 @@ DROP_REASONS = (
 
 
 def topic_for(run_id: str) -> str:
-    return f"seedflood/{run_id[:32]}/updates"
+    # Every signed message carries the topic: a short one saves ~31 bytes per hop
+    # (measured: 192 vs 223 bytes for an 18-byte update). 64 bits of run id suffice to
+    # keep runs apart; the payload's run tag and the manifest check the rest.
+    return f"sf/{run_id[:16]}"
 
 
 def run_tag(run_id: str) -> bytes:
