@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# ruff: noqa: E501  (long f-strings build the markdown tables)
 """Network benchmark of SeedFlood-P2P on real go-libp2p daemons (127.0.0.1 only).
 
     python bench/bench_network.py [--quick] [--parts flood,bytes,latejoin] [--keep]
@@ -55,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if os.environ.get("BENCH_LIBRARY_PATH"):  # test a patched copy of the library
+    sys.path.insert(0, os.environ["BENCH_LIBRARY_PATH"])
 
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 DOWNLOAD_MBIT = 100.0
@@ -189,7 +192,10 @@ class ByteProxy:
 def _spawn(mode: str, args: dict, log: Path, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), mode, json.dumps(args)]
     return subprocess.Popen(
-        cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**ENV, **(env or {})},
+        cmd,
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        env={**ENV, **(env or {})},
         cwd=str(ROOT),
     )
 
@@ -230,6 +236,69 @@ def _tail(path: Path, n: int = 25) -> str:
 # 1. flood workers
 
 
+def _patch_ledger_len(ledger_cls) -> None:
+    """Replace Ledger.__len__ (SELECT COUNT(*), O(ledger) per call) with a running count."""
+    count_rows, add = ledger_cls.__len__, ledger_cls.add
+
+    def length(self) -> int:
+        if getattr(self, "_bench_count", None) is None:
+            self._bench_count = count_rows(self)
+        return self._bench_count
+
+    def add_counted(self, messages, envelopes=None):
+        new = add(self, messages, envelopes)
+        if getattr(self, "_bench_count", None) is not None:
+            self._bench_count += len(new)
+        return new
+
+    ledger_cls.__len__, ledger_cls.add = length, add_counted
+
+
+def _patch_group_commit() -> None:
+    """Bench-only copy of the proposed FloodNode change: commit gossip in groups (whatever
+    has arrived when the subscription queue runs empty) instead of one transaction per message."""
+    import seedflood_p2p.node as nodemod
+    from seedflood_p2p.ledger import Ledger
+    from seedflood_p2p.message import Envelope
+    from seedflood_p2p.protocol import Rejected
+
+    def set_envelopes(self, items) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for message, envelope in items:
+                self.set_envelope(message, envelope)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    async def receive_loop(self, subscription) -> None:
+        batch, own = [], []
+        async for item in subscription:
+            self.metrics.bytes_in.inc(len(item.data))
+            try:
+                message = nodemod.decode_update(item.data, self.run_id, item.sender)
+            except Rejected as exc:
+                self._drop(exc, item.sender)
+                message = None
+            except Exception as exc:
+                self._drop(Rejected("malformed", repr(exc)), item.sender)
+                message = None
+            if message is not None:
+                envelope = Envelope(item.data, item.seqno_bytes, item.signature)
+                (own if message.peer == self.peer_id else batch).append((message, envelope))
+            if subscription._queue.qsize() == 0 or len(batch) + len(own) >= 256:
+                if own:
+                    self.ledger.set_envelopes(own)
+                    own = []
+                if batch:
+                    self.accept(batch, "gossip")
+                    batch = []
+
+    Ledger.set_envelopes = set_envelopes
+    nodemod.FloodNode._receive_loop = receive_loop
+
+
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
     import seedflood_p2p.node as nodemod
@@ -268,8 +337,19 @@ async def flood_worker(a: dict) -> None:
         t = time.time()
         accepts.extend((m.peer.hex(), m.round, t) for m in messages)
 
+    if a.get("cached_len"):  # bench-only: the proposed Ledger.__len__ fix (counter, no COUNT(*))
+        _patch_ledger_len(Ledger)
+    if a.get("group_commit"):
+        _patch_group_commit()
     ledger = Ledger(Path(a.get("ledger_dir") or work) / f"ledger{index}.sqlite", config.run_id)
     ledger.set_meta("manifest", config.to_json())
+    prefill = int(a.get("prefill") or 0)
+    if prefill:  # the same old rows on every peer (as after a long run): digests agree
+        old_rng = random.Random(42)
+        old_peers = [bytes.fromhex("002408011220") + old_rng.randbytes(32) for _ in range(8)]
+        ledger.add(
+            UpdateMessage(1_000_000 + r, p, 0.5) for r in range(prefill // 8) for p in old_peers
+        )
     settings = NodeSettings(repair_interval=1e9, publish_rate=50.0)  # no repair while measuring
     node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings, on_accept)
     wire_times: list[float] = []
@@ -307,7 +387,7 @@ async def flood_worker(a: dict) -> None:
         publishes.append((k, t_pub, time.time(), wire_times[-1]))
     await asyncio.sleep(go["drain"])
     cpu1 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
-    ledger_before_repair = len(ledger)
+    ledger_before_repair = len(ledger) - prefill
     gossip_accepts = list(accepts)
     topic_peers = len(await node.connected_peers())
     connections = len(await p2p.list_peers())
@@ -317,7 +397,7 @@ async def flood_worker(a: dict) -> None:
     for _ in range(3):
         new = await node.sync_round()
         repaired += new
-        if len(ledger) >= go["expected_ledger"]:
+        if len(ledger) - prefill >= go["expected_ledger"]:
             break
         await asyncio.sleep(0.5)
     repair_s = time.perf_counter() - t
@@ -327,8 +407,10 @@ async def flood_worker(a: dict) -> None:
         "publishes": publishes,
         "arrivals": arrivals,
         "accepts": gossip_accepts,
+        "accepts_all": accepts,
+        "gossip_accepted_total": node.metrics.accepted_counts()["gossip"],
         "ledger_before_repair": ledger_before_repair,
-        "ledger_after_repair": len(ledger),
+        "ledger_after_repair": len(ledger) - prefill,
         "repaired": repaired,
         "repair_s": round(repair_s, 3),
         "drops": node.metrics.drop_counts(),
@@ -356,16 +438,34 @@ async def flood_worker(a: dict) -> None:
 
 
 def run_flood(
-    n: int, rounds: int, period: float, jitter: float, base: Path, ledger_dir: str | None = None
+    n: int,
+    rounds: int,
+    period: float,
+    jitter: float,
+    base: Path,
+    ledger_dir: str | None = None,
+    prefill: int = 0,
+    cached_len: bool = False,
+    group_commit: bool = False,
 ) -> dict:
-    """`ledger_dir`: where the workers' SQLite ledgers live (default: the work dir, on disk)."""
-    work = base / f"flood{n}{'_tmpfs' if ledger_dir else ''}"
+    """`ledger_dir`: where the workers' SQLite ledgers live (default: the work dir, on disk).
+    `prefill`: rows already in every ledger (old rounds), as on a node late in a long run."""
+    work = (
+        base
+        / f"flood{n}{'_tmpfs' if ledger_dir else ''}{f'_prefill{prefill}' if prefill else ''}{'_cachedlen' if cached_len else ''}{'_groupcommit' if group_commit else ''}"
+    )
     work.mkdir(parents=True)
     load_start = _loadavg()
     procs: list[subprocess.Popen] = []
     started = time.monotonic()
     try:
-        common = {"work": str(work), "ledger_dir": ledger_dir}
+        common = {
+            "work": str(work),
+            "ledger_dir": ledger_dir,
+            "prefill": prefill,
+            "cached_len": cached_len,
+            "group_commit": group_commit,
+        }
         procs.append(_spawn("_flood-worker", {**common, "index": 0}, work / "w0.log"))
         _wait_file(work / "addr0.txt", procs, 60)
         boot = (work / "addr0.txt").read_text()
@@ -376,7 +476,7 @@ def run_flood(
             _wait_file(work / f"ready{i}.json", procs, 120)
         startup_s = time.monotonic() - started
         time.sleep(3.0)  # a few GossipSub heartbeats (1 s) so the mesh is grafted
-        drain = 3.0
+        drain = 5.0
         go = {
             "t0": time.time() + 1.0,
             "rounds": rounds,
@@ -399,12 +499,17 @@ def run_flood(
         _stop(procs)
     load_end = _loadavg()
     results = [json.loads((work / f"result{i}.json").read_text()) for i in range(n)]
-    out = analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end)
+    out = analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end, drain)
     out["ledger_storage"] = "tmpfs (/dev/shm, fsync is free)" if ledger_dir else "disk (/tmp)"
+    out["ledger_prefilled_rows"] = prefill
+    out["bench_patch_cached_len"] = cached_len
+    out["bench_patch_group_commit"] = group_commit
     return out
 
 
-def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end) -> dict:
+def analyze_flood(
+    n, rounds, period, jitter, results, startup_s, load_start, load_end, drain
+) -> dict:
     pub_time, wire_time = {}, {}
     publish_call, own_commit = [], []
     for r in results:
@@ -413,7 +518,7 @@ def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, loa
             wire_time[(r["peer"], k)] = t_wire
             publish_call.append(t_done - t_pub)
             own_commit.append(t_wire - t_pub)
-    expected = delivered = duplicates = 0
+    expected = delivered = duplicates = delivered_eventually = 0
     arrival_lat, accept_lat, network_lat, own_echo = [], [], [], []
     per_receiver = []
     complete_rounds = total_rounds = 0
@@ -436,11 +541,15 @@ def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, loa
         for p, k, t in r["accepts"]:
             if (p, k) in others and (p, k) not in got:
                 got[(p, k)] = t
+        for p, k, t in r["accepts_all"]:  # incl. gossip that arrived after the drain window
+            if (p, k) in others and (p, k) in seen_arr:
                 accept_lat.append(t - pub_time[(p, k)])
         delivered += len(got)
-        per_receiver.append(len(got) / max(1, len(others)))
+        eventually = [key for key in seen_arr if key in others]
+        delivered_eventually += len(eventually)
+        per_receiver.append(len(eventually) / max(1, len(others)))
         by_round = {}
-        for p, k in got:
+        for _, k in eventually:
             by_round[k] = by_round.get(k, 0) + 1
         for k in range(rounds):
             total_rounds += 1
@@ -458,8 +567,12 @@ def analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, loa
         "duration_s": round(rounds * period, 1),
         "startup_s": round(startup_s, 2),
         "expected_deliveries": expected,
-        "delivered_gossip": delivered,
-        "delivery_ratio": round(delivered / expected, 6) if expected else None,
+        "delivered_gossip": delivered_eventually,
+        "delivery_ratio": round(delivered_eventually / expected, 6) if expected else None,
+        "delivered_gossip_eventually": delivered_eventually,
+        "delivered_by_drain_deadline": delivered,
+        "delivery_ratio_by_drain_deadline": round(delivered / expected, 6) if expected else None,
+        "drain_s": drain,
         "min_receiver_ratio": round(min(per_receiver), 6),
         "rounds_complete_before_repair": round(complete_rounds / total_rounds, 6),
         "app_duplicates": duplicates,
@@ -503,7 +616,8 @@ async def bytes_worker(a: dict) -> None:
     n_msgs, rate = a["messages"], a["rate"]
     run_id = RunConfig(salt="bench-network-bytes").run_id
     topic = topic_for(run_id)
-    short_topic = f"sf/{run_id[:16]}"  # candidate shorter topic (see the report)
+    # the topic before commit 0ee5513 ("Shorter GossipSub topic"), for comparison
+    old_topic = f"seedflood/{run_id[:32]}/updates"
     port_a = _free_port()
     receiver = await create_p2p(identity_path=None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port_a}"])
     proxy = ByteProxy(port_a)
@@ -517,12 +631,12 @@ async def bytes_worker(a: dict) -> None:
     out = {"proxy_port": port_p, "receiver_port": port_a}
     try:
         sub = await ca.subscribe(topic)
-        sub_short = await ca.subscribe(short_topic)
+        sub_short = await ca.subscribe(old_topic)
         await cb.subscribe(topic)
-        await cb.subscribe(short_topic)
+        await cb.subscribe(old_topic)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if all([await ca.list_peers(t) and await cb.list_peers(t) for t in (topic, short_topic)]):
+            if all([await ca.list_peers(t) and await cb.list_peers(t) for t in (topic, old_topic)]):
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(4.0)  # mesh graft
@@ -547,7 +661,7 @@ async def bytes_worker(a: dict) -> None:
 
         windows = []
         idle_before = await idle(a["idle_s"])
-        cases = [(size, topic) for size in a["sizes"]] + [(18, short_topic)]
+        cases = [(size, topic) for size in a["sizes"]] + [(18, old_topic)]
         for size, case_topic in cases:
             got0 = len(received)
             u0, d0 = proxy.counters()
@@ -586,8 +700,14 @@ async def bytes_worker(a: dict) -> None:
             )
         out.update(
             {
-                "idle_bytes_per_s_sender_to_receiver": [round(idle_before[0], 1), round(idle_after[0], 1)],
-                "idle_bytes_per_s_receiver_to_sender": [round(idle_before[1], 1), round(idle_after[1], 1)],
+                "idle_bytes_per_s_sender_to_receiver": [
+                    round(idle_before[0], 1),
+                    round(idle_after[0], 1),
+                ],
+                "idle_bytes_per_s_receiver_to_sender": [
+                    round(idle_before[1], 1),
+                    round(idle_after[1], 1),
+                ],
                 "proxy_connections": proxy.connections,
                 "windows": windows,
                 "identity": "Ed25519 (create_p2p default), signed strict",
@@ -634,13 +754,24 @@ LATE_ROUNDS, LATE_PEERS = 10_000, 8
 
 
 def build_ledger_worker(a: dict) -> None:
-    """Torch process: hash SmolLM2's base weights and write the synthetic source ledger."""
+    """Torch process: hash SmolLM2's base weights and write the synthetic source ledger.
+
+    Each row carries a real signed envelope, as FloodNode stores gossip: the 18-byte update
+    payload, an 8-byte seqno and the Ed25519 signature go-libp2p-pubsub makes ("libp2p-pubsub:"
+    + PSMessage{from, data, seqno, topic}) by one of 8 generated peer keys.
+    """
+    _import_without_torch()  # hivemind's protobufs without running hivemind/__init__
     import numpy as np
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from hivemind.proto import p2pd_pb2 as pb
 
     from seedflood_p2p.config import RunConfig
     from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.message import UpdateMessage
+    from seedflood_p2p.message import Envelope, UpdateMessage
     from seedflood_p2p.models import load_model, weights_sha256
+    from seedflood_p2p.protocol import check_envelope, encode_update, topic_for
+    from seedflood_p2p.transport import verify_pubsub_signature
 
     t = time.perf_counter()
     model, _ = load_model("smollm2-135m")
@@ -651,18 +782,39 @@ def build_ledger_worker(a: dict) -> None:
     config = RunConfig(model="smollm2-135m", base_sha256=base)
     rng = np.random.default_rng(7)
     # Ed25519 libp2p peer ids: identity multihash (0x00, 0x24) of PublicKey{Ed25519, 32 bytes}
-    peers = [bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20]) + rng.bytes(32) for _ in range(a["peers"])]
+    keys = [Ed25519PrivateKey.generate() for _ in range(a["peers"])]
+    raw = ser.Encoding.Raw, ser.PublicFormat.Raw
+    peers = [bytes.fromhex("002408011220") + k.public_key().public_bytes(*raw) for k in keys]
     assert all(len(p) == 38 for p in peers)
     scalars = rng.standard_normal(a["rounds"] * a["peers"]).astype(np.float32)
-    messages = [
-        UpdateMessage(t_, p, float(scalars[t_ * len(peers) + j]))
-        for t_ in range(a["rounds"])
-        for j, p in enumerate(peers)
-    ]
+    topic = topic_for(config.run_id)
+    seqno0 = time.time_ns()
+    messages, envelopes = [], []
+    t = time.perf_counter()
+    for t_ in range(a["rounds"]):
+        for j, (peer, key) in enumerate(zip(peers, keys)):
+            message = UpdateMessage(t_, peer, float(scalars[t_ * len(peers) + j]))
+            data = encode_update(config.run_id, t_, message.scalar)
+            seqno = (seqno0 + t_).to_bytes(8, "big")
+            body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
+            setattr(body, "from", peer)
+            signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+            messages.append(message)
+            envelopes.append(Envelope(data, seqno, signature))
+    sign_s = time.perf_counter() - t
+    for i in (0, len(messages) // 2, len(messages) - 1):  # the library accepts them
+        check_envelope(messages[i], envelopes[i], config.run_id, verify_pubsub_signature)
+    t = time.perf_counter()
+    n_verify = min(2000, len(messages))
+    for i in range(n_verify):
+        verify_pubsub_signature(
+            messages[i].peer, envelopes[i].data, envelopes[i].seqno, topic, envelopes[i].signature
+        )
+    verify_us = (time.perf_counter() - t) / n_verify * 1e6
     t = time.perf_counter()
     ledger = Ledger(Path(a["path"]), config.run_id)
     ledger.set_meta("manifest", config.to_json())
-    ledger.add(messages)
+    ledger.add(messages, envelopes)
     write_s = time.perf_counter() - t
     t = time.perf_counter()
     digest = ledger.digest()
@@ -682,6 +834,8 @@ def build_ledger_worker(a: dict) -> None:
                 "model_load_s": round(load_s, 2),
                 "weights_sha256_s": round(hash_s, 2),
                 "ledger_write_s": round(write_s, 2),
+                "sign_s": round(sign_s, 2),
+                "verify_pubsub_signature_us": round(verify_us, 1),
                 "ledger_digest_s": round(digest_s, 2),
                 "ledger_file_mib": round(Path(a["path"]).stat().st_size / 2**20, 2),
                 "model_params": params,
@@ -765,6 +919,17 @@ async def joiner_worker(a: dict) -> None:
         return out
 
     nodemod.call_bytes = timed_call
+    original_check = nodemod.check_envelope
+    check_s = [0.0]
+
+    def timed_check(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return original_check(*args, **kw)
+        finally:
+            check_s[0] += time.perf_counter() - t
+
+    nodemod.check_envelope = timed_check
     results = {}
     proxy = None
     for label in a["passes"]:
@@ -786,12 +951,13 @@ async def joiner_worker(a: dict) -> None:
         ledger.set_meta("manifest", manifest)
         node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
         accept_s = [0.0]
+        check_s[0] = 0.0
         original_accept = node.accept
 
-        def timed_accept(messages, source, _orig=original_accept):
+        def timed_accept(messages, source, _orig=original_accept, _acc=accept_s):
             t = time.perf_counter()
             out = _orig(messages, source)
-            accept_s[0] += time.perf_counter() - t
+            _acc[0] += time.perf_counter() - t
             return out
 
         node.accept = timed_accept
@@ -819,6 +985,8 @@ async def joiner_worker(a: dict) -> None:
             "fetch_rpc_s": round(timing["fetch_s"], 3),
             "digest_rpc_s": round(timing["digest_call_s"], 3),
             "accept_s": round(accept_s[0], 3),
+            "check_envelope_s": round(check_s[0], 3),
+            "dropped": {k: v for k, v in node.metrics.drop_counts().items() if v},
             "fetch_payload_bytes": timing["fetch_bytes"],
             "second_sync_new": again,
             "second_sync_noop_s": round(noop_s, 3),
@@ -829,13 +997,49 @@ async def joiner_worker(a: dict) -> None:
         if proxy:
             results[label]["wire_bytes_donor_to_joiner"] = bytes1[1] - bytes0[1]
             results[label]["wire_bytes_joiner_to_donor"] = bytes1[0] - bytes0[0]
-            results[label]["wire_bytes_per_message"] = round((bytes1[1] - bytes0[1]) / max(1, new), 2)
+            results[label]["wire_bytes_per_message"] = round(
+                (bytes1[1] - bytes0[1]) / max(1, new), 2
+            )
         await node.stop()
         ledger.close()
         await p2p.shutdown()
         if proxy:
             proxy.close()
+    # Probe: the same signature checks spread over a process pool (cryptography holds the
+    # GIL during Ed25519 verify, so threads do not help).
+    with Ledger.open_existing(work / "joiner_direct.sqlite") as done:
+        rows = done.signed_after(-1, b"\xff" * 64, 1 << 62, 1 << 30)
+    packed = [(m.peer, e.data, e.seqno, e.signature) for m, e in rows]
+    probe = {"rows": len(packed)}
+    t, c = time.perf_counter(), time.process_time()
+    ok = sum(_verify_chunk(run_id, packed[i : i + 4096]) for i in range(0, len(packed), 4096))
+    probe["serial_s"], probe["serial_cpu_s"] = time.perf_counter() - t, time.process_time() - c
+    probe["serial_ok"] = ok
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = os.cpu_count() or 2
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(_verify_chunk, [run_id] * workers, [packed[:8]] * workers))  # warm up
+        t = time.perf_counter()
+        chunks = [packed[i : i + 4096] for i in range(0, len(packed), 4096)]
+        ok = sum(pool.map(_verify_chunk, [run_id] * len(chunks), chunks))
+        probe["pool_s"], probe["pool_workers"], probe["pool_ok"] = (
+            time.perf_counter() - t,
+            workers,
+            ok,
+        )
+    probe = {k: round(v, 3) if isinstance(v, float) else v for k, v in probe.items()}
+    probe["us_per_row_serial"] = round(1e6 * probe["serial_s"] / max(1, len(packed)), 1)
+    results["verify_probe"] = probe
     Path(a["out"]).write_text(json.dumps(results))
+
+
+def _verify_chunk(run_id: str, rows: list) -> int:
+    from seedflood_p2p.protocol import topic_for
+    from seedflood_p2p.transport import verify_pubsub_signature
+
+    topic = topic_for(run_id)
+    return sum(verify_pubsub_signature(p, d, q, topic, g) for p, d, q, g in rows)
 
 
 def _batched_signs(run_key: bytes, epochs: list[int], shapes: list[tuple[int, int]], rank: int):
@@ -885,7 +1089,13 @@ def _batched_replay(model, config, messages, group: int) -> dict:
     timings = {"accumulate_s": 0.0, "basis_generation_s": 0.0, "gemm_s": 0.0}
     t = time.perf_counter()
     engine = subcge.make_estimator(model, config)
-    engine.accumulate(messages)
+    chunk: list = []
+    for message in messages:  # per epoch, as replay() does (one call per epoch is fastest)
+        if chunk and config.epoch_of(message.round) != config.epoch_of(chunk[-1].round):
+            engine.accumulate(chunk)
+            chunk = []
+        chunk.append(message)
+    engine.accumulate(chunk)
     cores, engine._pending = engine._pending, {}
     timings["accumulate_s"] = time.perf_counter() - t
     shapes = [tuple(m.shape) for m in engine.matrices]
@@ -991,12 +1201,34 @@ def replay_worker(a: dict) -> None:
     if a.get("batched"):
         base_weights = {m.name: m.weight.detach().clone() for m in matrices_of(model)}
     subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = acc, commit, basis
+    grouped = getattr(subcge.SubCGE, "commit_grouped", None)  # a patched library (see report)
+    if grouped is not None:
+        orig_bases = subcge.epoch_bases
+
+        def commit_grouped(self, group=25):
+            t, c = time.perf_counter(), time.process_time()
+            grouped(self, group)
+            per_commit.append(time.perf_counter() - t)
+            timers["commit"] += per_commit[-1]
+            cpu["commit"] += time.process_time() - c
+
+        def bases(run_key, epochs, shapes, rank):
+            t, c = time.perf_counter(), time.process_time()
+            out = orig_bases(run_key, epochs, shapes, rank)
+            timers["basis"] += time.perf_counter() - t
+            cpu["basis"] += time.process_time() - c
+            timers["basis_calls"] += len(epochs)
+            return out
+
+        subcge.SubCGE.commit_grouped, subcge.epoch_bases = commit_grouped, bases
     t, c = time.perf_counter(), time.process_time()
     count = replay(model, config, ledger.messages(0, max_round))
     replay_s, replay_cpu = time.perf_counter() - t, time.process_time() - c
     subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = orig
-    epochs = len(per_commit)
-    full_epochs = LATE_ROUNDS // config.refresh_period
+    if grouped is not None:
+        subcge.SubCGE.commit_grouped, subcge.epoch_bases = grouped, orig_bases
+    epochs = len({config.epoch_of(m.round) for m in ledger.messages(0, max_round)})
+    full_epochs = a.get("rounds", LATE_ROUNDS) // config.refresh_period
     out.update(
         {
             "messages": count,
@@ -1016,8 +1248,10 @@ def replay_worker(a: dict) -> None:
             "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
             "bases_generated": timers["basis_calls"],
             "merge_ms_first_epoch": round(1000 * per_commit[0], 1) if per_commit else None,
-            "merge_ms_per_epoch_median": round(1000 * statistics.median(per_commit), 1),
-            "merge_ms_per_epoch_p90": round(1000 * _pct(per_commit, 0.9), 1),
+            "merge_calls": len(per_commit),
+            "library_commit_grouped": grouped is not None,
+            "merge_ms_per_call_median": round(1000 * statistics.median(per_commit), 1),
+            "merge_ms_per_call_p90": round(1000 * _pct(per_commit, 0.9), 1),
         }
     )
     if epochs < full_epochs:
@@ -1080,18 +1314,19 @@ def replay_worker(a: dict) -> None:
     Path(a["out"]).write_text(json.dumps(out))
 
 
-def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float) -> dict:
+def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float, rounds: int) -> dict:
     """A real `seedflood peer` joining the donor; time from launch to its "ready" event."""
     data = work / f"e2e_peer_minpeers{min_peers}"
     log = work / f"e2e_peer_minpeers{min_peers}.log"
     cmd = [
         sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", "peer",
         "--bootstrap", donor_addr, "--listen", "/ip4/127.0.0.1/tcp/0",
-        "--data-dir", str(data), "--until-round", str(LATE_ROUNDS), "--linger", "1",
+        "--data-dir", str(data), "--until-round", str(rounds), "--linger", "1",
         "--min-peers", str(min_peers), "--repair-interval", "1000", "--threads", "1",
     ]  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=str(ROOT))
+    cwd = os.environ.get("BENCH_LIBRARY_PATH") or str(ROOT)  # python -m puts cwd first
+    proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=cwd)
     ready = None
     events = []
     try:
@@ -1116,20 +1351,25 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float) -> di
         "ready_round": None if ready is None else ready.get("round"),
         "ready_message": next((m for m in msgs if m.startswith("ready at round")), None),
         "exit_code": proc.returncode,
-        "log_tail": None if ready else _tail(log, 15),
+        "log_tail": _tail(log, 12) if not ready or "(0 fetched" in str(ready) else None,
     }
 
 
-def run_latejoin(base: Path, quick: bool) -> dict:
+def run_latejoin(base: Path, quick: bool, rounds: int = LATE_ROUNDS) -> dict:
     work = base / "latejoin"
     work.mkdir(parents=True)
-    out: dict = {"loadavg_start": _loadavg(), "rounds": LATE_ROUNDS, "peers": LATE_PEERS}
+    out: dict = {"loadavg_start": _loadavg(), "rounds": rounds, "peers": LATE_PEERS}
     source = work / "source.sqlite"
     procs: list[subprocess.Popen] = []
     try:
         p = _spawn(
             "_build-ledger",
-            {"path": str(source), "out": str(work / "build.json"), "rounds": LATE_ROUNDS, "peers": LATE_PEERS},
+            {
+                "path": str(source),
+                "out": str(work / "build.json"),
+                "rounds": rounds,
+                "peers": LATE_PEERS,
+            },
             work / "build.log",
         )
         if p.wait(900) != 0:
@@ -1143,7 +1383,12 @@ def run_latejoin(base: Path, quick: bool) -> dict:
         passes = ["direct"] if quick else ["direct", "proxy"]
         p = _spawn(
             "_joiner",
-            {"work": str(work), "source": str(source), "out": str(work / "joiner.json"), "passes": passes},
+            {
+                "work": str(work),
+                "source": str(source),
+                "out": str(work / "joiner.json"),
+                "passes": passes,
+            },
             work / "joiner.log",
         )
         procs.append(p)
@@ -1151,6 +1396,8 @@ def run_latejoin(base: Path, quick: bool) -> dict:
             raise RuntimeError(f"joiner failed:\n{_tail(work / 'joiner.log')}")
         out["sync"] = json.loads((work / "joiner.json").read_text())
         for label, s in out["sync"].items():
+            if label == "verify_probe":
+                continue
             s["digest_equals_source"] = s["ledger_digest"] == out["build"]["ledger_digest"]
         print(f"  sync: {out['sync']}", flush=True)
 
@@ -1162,11 +1409,14 @@ def run_latejoin(base: Path, quick: bool) -> dict:
         runs.append(("replay_default_threads_sample", {"max_round": 99}, {}))
         if not quick:
             runs.append(
-                ("replay_2threads_passive_sample", {"threads": 2, "max_round": 999},
-                 {"OMP_WAIT_POLICY": "PASSIVE"})
+                (
+                    "replay_2threads_passive_sample",
+                    {"threads": 2, "max_round": 999},
+                    {"OMP_WAIT_POLICY": "PASSIVE"},
+                )
             )
         for name, extra, env in runs:
-            args = {"ledger": ledger, "out": str(work / f"{name}.json"), **extra}
+            args = {"ledger": ledger, "out": str(work / f"{name}.json"), "rounds": rounds, **extra}
             p = _spawn("_replay", args, work / f"{name}.log", env)
             procs.append(p)
             if p.wait(3600) != 0:
@@ -1175,7 +1425,10 @@ def run_latejoin(base: Path, quick: bool) -> dict:
             print(f"  {name}: {out[name]}", flush=True)
 
         donor_addr = json.loads((work / "donor.json").read_text())["addr"]
-        out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 1800)]
+        out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 1800, rounds)]
+        if "(0 fetched" in (out["end_to_end_peer"][0]["ready_message"] or ""):
+            # the default (min_peers=0) started without syncing: measure with min_peers=1 too
+            out["end_to_end_peer"].append(_e2e_peer(work, donor_addr, 1, 1800, rounds))
         print(f"  e2e: {out['end_to_end_peer']}", flush=True)
     finally:
         _stop(procs)
@@ -1208,21 +1461,35 @@ def run_latejoin(base: Path, quick: bool) -> dict:
 def write_markdown(res: dict, path: Path) -> None:
     L = []
     L.append("# Network benchmark (SeedFlood-P2P on go-libp2p daemons, 127.0.0.1)\n")
-    L.append(f"Run {res['started']} on {res['cpus']} cores; `{res['command']}`. "
-             f"Load average at start {res['loadavg_start']}, end {res['loadavg_end']} "
-             "(other benchmarks were running on the machine; latencies and CPU-bound timings "
-             "are inflated accordingly).\n")
+    L.append(f"{res['cpus']} cores. Each part below comes from one run of this script:\n")
+    for part, run in res.get("part_runs", {}).items():
+        lib = f"; library from {run['library']}" if run.get("library") else ""
+        L.append(f"- {part}: {run['started']}, `{run['command']}`{lib}")
+    L.append(
+        "\nLoad averages include this benchmark's own processes (16 peers = 16 Python "
+        "processes + 16 p2pd); other benchmarks shared the 2 cores during most of the runs, "
+        "so latencies and wall-clock timings are inflated; CPU seconds are given where they "
+        "matter.\n"
+    )
     if "flood" in res:
         L.append("## 1. Flood delivery and latency (one update per peer per round, no repair)\n")
-        L.append("| peers | ledger | rounds/s | msgs/s total | duration s | delivery (gossip only) | min per peer "
-                 "| rounds complete | arrival p50 / p99 / max ms | ledger-commit p50 / p99 ms "
-                 "| publish() p50 / p99 ms | after repair | RSS py / p2pd MiB | CPU/peer py+p2pd | load avg |")
+        L.append(
+            "| peers | ledger | rounds/s | msgs/s total | duration s | delivery (gossip only) | min per peer "
+            "| rounds complete | arrival p50 / p99 / max ms | ledger-commit p50 / p99 ms "
+            "| publish() p50 / p99 ms | after repair | RSS py / p2pd MiB | CPU/peer py+p2pd | load avg |"
+        )
         L.append("|" + "---|" * 15)
         for f in res["flood"]:
             la, lc, pc = f["latency_arrival"], f["latency_ledger_commit"], f["publish_call"]
+            old = f["ledger_prefilled_rows"] // 1000
             L.append(
-                f"| {f['peers']} | {f['ledger_storage'].split()[0]} | {f['round_rate_hz']} | {f['messages_per_s_total']} | {f['duration_s']} "
-                f"| {f['delivery_ratio']:.4%} ({f['delivered_gossip']}/{f['expected_deliveries']}) "
+                f"| {f['peers']} | {f['ledger_storage'].split()[0]}"
+                f"{f' + {old}k old rows' if old else ''}"
+                f"{' + len() fix' if f.get('bench_patch_cached_len') else ''}"
+                f"{' + group commit' if f.get('bench_patch_group_commit') else ''} "
+                f"| {f['round_rate_hz']} | {f['messages_per_s_total']} | {f['duration_s']} "
+                f"| {f['delivery_ratio']:.4%} ({f['delivered_gossip']}/{f['expected_deliveries']}; "
+                f"{f['delivery_ratio_by_drain_deadline']:.2%} within round + {f['drain_s']:.0f} s) "
                 f"| {f['min_receiver_ratio']:.4%} | {f['rounds_complete_before_repair']:.2%} "
                 f"| {la.get('p50_ms')} / {la.get('p99_ms')} / {la.get('max_ms')} "
                 f"| {lc.get('p50_ms')} / {lc.get('p99_ms')} | {pc.get('p50_ms')} / {pc.get('p99_ms')} "
@@ -1233,89 +1500,164 @@ def write_markdown(res: dict, path: Path) -> None:
                 f"| {f['loadavg_start']} -> {f['loadavg_end']} |"
             )
         L.append("")
-        L.append("Arrival = update decoded by the receiving FloodNode; ledger commit = after "
-                 "validation and the SQLite commit (synchronous=FULL), i.e. ready to apply. "
-                 "Latency is measured from just before the sender's `FloodNode.publish` "
-                 "(which first commits its own ledger row). Connections per peer at the end: "
-                 + "; ".join(f"{f['peers']} peers: {f['connections_end']}" for f in res["flood"]) + ".\n")
+        L.append(
+            "Arrival = update decoded by the receiving FloodNode; ledger commit = after "
+            "validation and the SQLite commit (synchronous=FULL), i.e. ready to apply. "
+            "Latency is measured from just before the sender's `FloodNode.publish` "
+            "(which first commits its own ledger row). Delivery counts every update that "
+            "reached the receiver by gossip before the explicit repair pass (anti-entropy is "
+            "off while measuring); 'rounds complete' = share of (receiver, round) pairs with "
+            "all n-1 updates by gossip. Topic peers and connections per peer at the end: "
+            + "; ".join(
+                f"{f['peers']} peers ({f['ledger_storage'].split()[0]}"
+                f"{', prefilled' if f.get('ledger_prefilled_rows') else ''}"
+                f"{', len() fix' if f.get('bench_patch_cached_len') else ''}"
+                f"{', group commit' if f.get('bench_patch_group_commit') else ''}): "
+                f"{f['topic_peers_at_go'][0]} topic peers, connections {f['connections_end']}"
+                for f in res["flood"]
+            )
+            + ".\n"
+        )
     if "bytes" in res:
         b = res["bytes"]
         L.append("## 2. Bytes on the wire per update per hop (byte-counting TCP proxy)\n")
-        L.append("| payload bytes | topic (bytes) | signed GossipSub message (wire_size) "
-                 "| bytes per hop (sender -> receiver) | reverse bytes per msg | received / published |")
+        L.append(
+            "| payload bytes | topic (bytes) | signed GossipSub message (wire_size) "
+            "| bytes per hop (sender -> receiver) | reverse bytes per msg | received / published |"
+        )
         L.append("|---|---|---|---|---|---|")
         for w in b["windows"]:
-            L.append(f"| {w['payload_bytes']} | `{w['topic']}` ({w['topic_bytes']}) "
-                     f"| {w['wire_size_signed_message']} | {w['per_message_per_hop_bytes']} "
-                     f"| {w['reverse_per_message_bytes']} | {w['received']} / {w['published']} |")
+            L.append(
+                f"| {w['payload_bytes']} | `{w['topic']}` ({w['topic_bytes']}) "
+                f"| {w['wire_size_signed_message']} | {w['per_message_per_hop_bytes']} "
+                f"| {w['reverse_per_message_bytes']} | {w['received']} / {w['published']} |"
+            )
         L.append("")
-        L.append(f"Idle traffic (subtracted): {b['idle_bytes_per_s_sender_to_receiver']} B/s one way, "
-                 f"{b['idle_bytes_per_s_receiver_to_sender']} B/s the other; proxy connections: "
-                 f"{b['proxy_connections']}. Identity: {b['identity']}.\n")
+        L.append(
+            f"Idle traffic (subtracted): {b['idle_bytes_per_s_sender_to_receiver']} B/s one way, "
+            f"{b['idle_bytes_per_s_receiver_to_sender']} B/s the other; proxy connections: "
+            f"{b['proxy_connections']}. Identity: {b['identity']}.\n"
+        )
     if "latejoin" in res:
         j = res["latejoin"]
         bld, rp, tg = j["build"], j["replay"], j["target"]
+        for x in (
+            rp,
+            j.get("replay_default_threads_sample", {}),
+            j.get("replay_2threads_passive_sample", {}),
+        ):
+            for new, old in (
+                ("merge_ms_per_call_median", "merge_ms_per_epoch_median"),
+                ("merge_ms_per_call_p90", "merge_ms_per_epoch_p90"),
+                ("merge_calls", "epochs"),
+            ):  # results written by older versions
+                if new not in x and old in x:
+                    x[new] = x[old]
         sd = j["sync"]["direct"]
-        L.append(f"## 3. Late join: {j['rounds']:,} rounds x {j['peers']} peers = {bld['messages']:,} "
-                 "messages, SmolLM2-135M\n")
-        L.append(f"Run config: rank {bld['rank']}, refresh period {bld['refresh_period']} "
-                 f"({rp['epochs']} epochs), {rp['trainable_matrices']} trainable matrices, "
-                 f"{rp['trainable_params']/1e6:.1f}M trainable params; source ledger "
-                 f"{bld['ledger_file_mib']} MiB on disk.\n")
+        L.append(
+            f"## 3. Late join: {j['rounds']:,} rounds x {j['peers']} peers = {bld['messages']:,} "
+            "messages, SmolLM2-135M\n"
+        )
+        L.append(
+            f"Run config: rank {bld['rank']}, refresh period {bld['refresh_period']} "
+            f"({rp['epochs']} epochs), {rp['trainable_matrices']} trainable matrices, "
+            f"{rp['trainable_params'] / 1e6:.1f}M trainable params; source ledger "
+            f"{bld['ledger_file_mib']} MiB on disk.\n"
+        )
         L.append("| step | wall s | notes |")
         L.append("|---|---|---|")
-        L.append(f"| sync (repair protocol, loopback) | {sd['sync_s']} | {sd['synced_messages']:,} msgs, "
-                 f"{sd['messages_per_s']:,} msg/s, {sd['fetch_calls']} fetch RPCs ({sd['fetch_rpc_s']} s incl. "
-                 f"donor), local validate + ledger write {sd['accept_s']} s, digest RPC {sd['digest_rpc_s']} s; "
-                 f"ledger digest equals source: {sd['digest_equals_source']} |")
+        L.append(
+            f"| sync (repair protocol, loopback) | {sd['sync_s']} | {sd['synced_messages']:,} msgs, "
+            f"{sd['messages_per_s']:,} msg/s, {sd['fetch_calls']} fetch RPCs ({sd['fetch_rpc_s']} s incl. "
+            f"donor), signature + payload checks {sd['check_envelope_s']} s, local validate + ledger "
+            f"write {sd['accept_s']} s, digest RPC {sd['digest_rpc_s']} s; "
+            f"ledger digest equals source: {sd['digest_equals_source']} |"
+        )
         if "proxy" in j["sync"]:
             sp = j["sync"]["proxy"]
-            L.append(f"| sync via counting proxy | {sp['sync_s']} | {sp['wire_bytes_donor_to_joiner']:,} B "
-                     f"on the wire = {sp['wire_bytes_per_message']} B/message (fetch payload "
-                     f"{sp['fetch_payload_bytes']:,} B) |")
-        L.append(f"| no-op anti-entropy pass after sync | {sd['second_sync_noop_s']} | digests equal, "
-                 f"{sd['second_sync_new']} new |")
-        L.append(f"| **replay() total, 1 torch thread** | **{rp['replay_s']}** | CPU {rp['replay_cpu_s']} s |")
-        L.append(f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | CPU {rp['cpu_s']['accumulate']} s |")
-        L.append(f"| - per-epoch merges ({rp['epochs']}) | {rp['merge_total_s']} | CPU {rp['cpu_s']['commit']} s; "
-                 f"first epoch {rp['merge_ms_first_epoch']} ms (copy-on-write faults on the mmapped "
-                 f"weights), median {rp['merge_ms_per_epoch_median']} ms, p90 {rp['merge_ms_per_epoch_p90']} ms |")
-        L.append(f"| -- of which basis generation (Philox) | {rp['merge_basis_generation_s']} | "
-                 f"CPU {rp['cpu_s']['basis']} s, {rp['bases_generated']} epoch bases |")
+            L.append(
+                f"| sync via counting proxy | {sp['sync_s']} | {sp['wire_bytes_donor_to_joiner']:,} B "
+                f"on the wire = {sp['wire_bytes_per_message']} B/message (fetch payload "
+                f"{sp['fetch_payload_bytes']:,} B) |"
+            )
+        if "verify_probe" in j["sync"]:
+            vp = j["sync"]["verify_probe"]
+            L.append(
+                f"| probe: the {vp['rows']:,} signature checks alone | {vp['serial_s']} serial / "
+                f"{vp['pool_s']} on a {vp['pool_workers']}-process pool | {vp['us_per_row_serial']} us per "
+                f"row serially (CPU {vp['serial_cpu_s']} s); threads do not help (GIL held) |"
+            )
+        L.append(
+            f"| no-op anti-entropy pass after sync | {sd['second_sync_noop_s']} | digests equal, "
+            f"{sd['second_sync_new']} new |"
+        )
+        L.append(
+            f"| **replay() total, 1 torch thread** | **{rp['replay_s']}** | CPU {rp['replay_cpu_s']} s |"
+        )
+        L.append(
+            f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | CPU {rp['cpu_s']['accumulate']} s |"
+        )
+        L.append(
+            f"| - per-epoch merges ({rp['epochs']}) | {rp['merge_total_s']} | CPU {rp['cpu_s']['commit']} s; "
+            f"{rp['merge_calls']} merge calls: first {rp['merge_ms_first_epoch']} ms (copy-on-write faults on "
+            f"the mmapped weights), median {rp['merge_ms_per_call_median']} ms, p90 "
+            f"{rp['merge_ms_per_call_p90']} ms |"
+        )
+        L.append(
+            f"| -- of which basis generation (Philox) | {rp['merge_basis_generation_s']} | "
+            f"CPU {rp['cpu_s']['basis']} s, {rp['bases_generated']} epoch bases |"
+        )
         L.append(f"| -- of which rank-{bld['rank']} addmm_ on W | {rp['merge_matmul_s']} | |")
-        L.append(f"| - other (ledger read, ordering checks) | {rp['other_s']} | ledger read alone "
-                 f"{rp['ledger_read_s']} s |")
-        for key, label in (("replay_default_threads_sample", "torch default threads, OpenMP active wait"),
-                           ("replay_2threads_passive_sample", "2 threads, OMP_WAIT_POLICY=PASSIVE")):
+        L.append(
+            f"| - other (ledger read, ordering checks) | {rp['other_s']} | ledger read alone "
+            f"{rp['ledger_read_s']} s |"
+        )
+        for key, label in (
+            ("replay_default_threads_sample", "torch default threads, OpenMP active wait"),
+            ("replay_2threads_passive_sample", "2 threads, OMP_WAIT_POLICY=PASSIVE"),
+        ):
             if key in j:
                 x = j[key]
-                L.append(f"| replay() {label}: first {x['epochs']} epochs | {x['replay_s']} | "
-                         f"-> {x.get('extrapolated_full_replay_s')} s for {rp['epochs']} epochs; median merge "
-                         f"{x['merge_ms_per_epoch_median']} ms/epoch, threads {x['torch_threads']} |")
+                L.append(
+                    f"| replay() {label}: first {x['epochs']} epochs | {x['replay_s']} | "
+                    f"-> {x.get('extrapolated_full_replay_s')} s for {rp['epochs']} epochs; median merge "
+                    f"{x['merge_ms_per_call_median']} ms/call, threads {x['torch_threads']} |"
+                )
         if "batched_merge_prototype" in rp:
             bp = rp["batched_merge_prototype"]
-            L.append(f"| prototype: batched replay (1 thread) | {bp['total_s']} | CPU {bp['cpu_s']} s: accumulate "
-                     f"{bp['accumulate_s']} s, bases (1 Philox call per {bp['epoch_group']} epochs, bit-identical: "
-                     f"{bp['bases_bit_identical_to_layer_basis']}) {bp['basis_generation_s']} s, one rank-"
-                     f"{bp['epoch_group'] * bld['rank']} GEMM per matrix {bp['gemm_s']} s; max abs diff vs "
-                     f"replay {bp['max_abs_diff_vs_replay']:.2e} (largest update {bp['max_abs_update_by_replay']:.2e}) |")
-        L.append(f"| **sync + replay** | **{tg['sync_plus_replay_s']}** | target: fp32 download "
-                 f"{tg['fp32_weights_bytes']/1e6:.0f} MB at 100 Mbit/s = {tg['download_s_at_100_mbit']} s -> "
-                 f"**{'MET' if tg['met'] else 'MISSED'}** ({tg['ratio_to_target']}x target) |")
+            L.append(
+                f"| prototype: batched replay (1 thread) | {bp['total_s']} | CPU {bp['cpu_s']} s: accumulate "
+                f"{bp['accumulate_s']} s, bases (1 Philox call per {bp['epoch_group']} epochs, bit-identical: "
+                f"{bp['bases_bit_identical_to_layer_basis']}) {bp['basis_generation_s']} s, one rank-"
+                f"{bp['epoch_group'] * bld['rank']} GEMM per matrix per {bp['epoch_group']} epochs "
+                f"{bp['gemm_s']} s; max abs diff vs "
+                f"replay {bp['max_abs_diff_vs_replay']:.2e} (largest update {bp['max_abs_update_by_replay']:.2e}) |"
+            )
+        L.append(
+            f"| **sync + replay** | **{tg['sync_plus_replay_s']}** | target: fp32 download "
+            f"{tg['fp32_weights_bytes'] / 1e6:.0f} MB at 100 Mbit/s = {tg['download_s_at_100_mbit']} s -> "
+            f"**{'MET' if tg['met'] else 'MISSED'}** ({tg['ratio_to_target']}x target) |"
+        )
         if "sync_plus_batched_replay_s" in tg:
             L.append(f"| sync + prototype batched replay | {tg['sync_plus_batched_replay_s']} | |")
-        L.append(f"| (not counted) model load / base hash check | {rp['model_load_s']} / "
-                 f"{rp['base_hash_check_s']} | needed with either approach |")
+        L.append(
+            f"| (not counted) model load / base hash check | {rp['model_load_s']} / "
+            f"{rp['base_hash_check_s']} | needed with either approach |"
+        )
         for e in j.get("end_to_end_peer", []):
-            L.append(f"| real `seedflood peer --threads 1` launch -> ready (min_peers={e['min_peers']}) | "
-                     f"{e['launch_to_ready_s']} | {e['ready_message']} |")
+            L.append(
+                f"| real `seedflood peer --threads 1` launch -> ready (min_peers={e['min_peers']}) | "
+                f"{e['launch_to_ready_s']} | {e['ready_message']} |"
+            )
         if "probes" in rp:
             pr = rp["probes"]
             L.append("")
-            L.append(f"Probes (1 thread, cache-warm 1536 x 576 matrix): layer_basis {pr['layer_basis_1536x576_ms']} ms; "
-                     f"rank-{bld['rank']} merge {pr['rank_r_merge_1536x576_ms']} ms "
-                     f"({pr['rank_r_merge_GB_per_s']} GB/s of W read+written); rank-400 GEMM "
-                     f"{pr['rank_400_gemm_gflops']} GFLOP/s.")
+            L.append(
+                f"Probes (1 thread, cache-warm 1536 x 576 matrix): layer_basis {pr['layer_basis_1536x576_ms']} ms; "
+                f"rank-{bld['rank']} merge {pr['rank_r_merge_1536x576_ms']} ms "
+                f"({pr['rank_r_merge_GB_per_s']} GB/s of W read+written); rank-400 GEMM "
+                f"{pr['rank_400_gemm_gflops']} GFLOP/s."
+            )
         L.append(f"\nLoad average during late join: {j['loadavg_start']} -> {j['loadavg_end']}.\n")
     path.write_text("\n".join(L) + "\n")
 
@@ -1327,18 +1669,46 @@ def main() -> int:
     parser.add_argument("--peers", default="8,16")
     parser.add_argument("--round-rate", type=float, default=3.0, help="rounds per second")
     parser.add_argument("--duration", type=float, default=None, help="seconds per flood run")
-    parser.add_argument("--jitter", type=float, default=1.0, help="publish offset, fraction of a round")
+    parser.add_argument(
+        "--jitter", type=float, default=1.0, help="publish offset, fraction of a round"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--no-tmpfs", action="store_true",
-                        help="skip the flood variant with ledgers on tmpfs (/dev/shm)")
-    parser.add_argument("--out", default=str(RESULTS / "network"), help="output path without suffix")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other parts' results of an earlier run in the output",
+    )
+    parser.add_argument(
+        "--late-rounds",
+        type=int,
+        default=LATE_ROUNDS,
+        help="rounds in the late-join ledger (x 8 peers)",
+    )
+    parser.add_argument(
+        "--no-prefill",
+        action="store_true",
+        help="skip the 8-peer flood variant with 80,000 old rows in every ledger",
+    )
+    parser.add_argument(
+        "--no-tmpfs",
+        action="store_true",
+        help="skip the flood variant with ledgers on tmpfs (/dev/shm)",
+    )
+    parser.add_argument(
+        "--out", default=str(RESULTS / "network"), help="output path without suffix"
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     duration = args.duration or (12.0 if args.quick else 45.0)
     period = 1.0 / args.round_rate
     rounds = int(round(duration / period))
     base = Path(tempfile.mkdtemp(prefix="bench_network_"))
+    out = Path(args.out)
+    previous = {}
+    if args.merge and out.with_suffix(".json").exists():
+        previous = json.loads(out.with_suffix(".json").read_text())
     res: dict = {
+        **previous,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": " ".join(["python", "bench/bench_network.py", *sys.argv[1:]]),
         "cpus": os.cpu_count(),
@@ -1346,7 +1716,16 @@ def main() -> int:
         "quick": args.quick,
         "workdir": str(base),
     }
-    out = Path(args.out)
+    res.pop("runs", None)
+    res["part_runs"] = {k: v for k, v in res.get("part_runs", {}).items() if k not in parts}
+    for part in ("flood", "bytes", "latejoin"):
+        if part in parts:
+            res["part_runs"][part] = {
+                "started": res["started"],
+                "command": res["command"],
+                "library": os.environ.get("BENCH_LIBRARY_PATH"),
+            }
+    res["part_runs"] = dict(sorted(res["part_runs"].items()))
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
@@ -1357,24 +1736,48 @@ def main() -> int:
     try:
         if "flood" in parts:
             res["flood"] = []
-            variants = [None] if args.no_tmpfs else [None, "tmpfs"]
+            configs = []
             for n in [int(x) for x in args.peers.split(",")]:
-                for variant in variants:
-                    print(f"flood: {n} peers, {rounds} rounds at {args.round_rate}/s, ledger "
-                          f"{variant or 'disk'}", flush=True)
-                    shm = None
-                    if variant == "tmpfs":
-                        shm = tempfile.mkdtemp(prefix="bench_network_", dir="/dev/shm")
-                    try:
-                        f = run_flood(n, rounds, period, args.jitter, base, shm)
-                    finally:
-                        if shm:
-                            shutil.rmtree(shm, ignore_errors=True)
-                    res["flood"].append(f)
-                    keys = ("peers", "ledger_storage", "delivery_ratio", "latency_arrival",
-                            "latency_ledger_commit", "ledger_complete_after_repair")
-                    print(json.dumps({k: f[k] for k in keys}), flush=True)
-                    save()
+                configs += [(n, None, 0)] if args.no_tmpfs else [(n, None, 0), (n, "tmpfs", 0)]
+                if n >= 16 and not args.no_tmpfs:
+                    configs.append((n, "group_commit", 0))
+                if n == 8 and not args.no_prefill:
+                    configs += [(n, None, 80_000), (n, "cached_len", 80_000)]
+            for n, variant, prefill in configs:
+                print(
+                    f"flood: {n} peers, {rounds} rounds at {args.round_rate}/s, ledger "
+                    f"{variant or 'disk'}, prefilled {prefill}",
+                    flush=True,
+                )
+                shm = None
+                if variant == "tmpfs":
+                    shm = tempfile.mkdtemp(prefix="bench_network_", dir="/dev/shm")
+                try:
+                    f = run_flood(
+                        n,
+                        rounds,
+                        period,
+                        args.jitter,
+                        base,
+                        shm,
+                        prefill,
+                        cached_len=variant == "cached_len",
+                        group_commit=variant == "group_commit",
+                    )
+                finally:
+                    if shm:
+                        shutil.rmtree(shm, ignore_errors=True)
+                res["flood"].append(f)
+                keys = (
+                    "peers",
+                    "ledger_storage",
+                    "delivery_ratio",
+                    "latency_arrival",
+                    "latency_ledger_commit",
+                    "ledger_complete_after_repair",
+                )
+                print(json.dumps({k: f[k] for k in keys}), flush=True)
+                save()
         if "bytes" in parts:
             print("bytes per hop", flush=True)
             res["bytes"] = run_bytes(base, args.quick)
@@ -1382,7 +1785,7 @@ def main() -> int:
             save()
         if "latejoin" in parts:
             print("late join", flush=True)
-            res["latejoin"] = run_latejoin(base, args.quick)
+            res["latejoin"] = run_latejoin(base, args.quick, args.late_rounds)
             print(json.dumps(res["latejoin"]["target"]), flush=True)
             save()
     finally:

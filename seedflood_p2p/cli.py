@@ -454,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", type=Path, help="default runs/demo-TIMESTAMP")
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("simulate", help="many virtual peers on a topology, against baselines")
+    from seedflood_p2p.simulator import add_simulate_arguments, run_simulate
+
+    add_simulate_arguments(p)
+    p.set_defaults(func=run_simulate)
+
     p = sub.add_parser("status", help="one screen of a running peer's state")
     p.add_argument("address", help="HOST:PORT of a peer's --metrics-port")
     p.add_argument("--json", action="store_true")

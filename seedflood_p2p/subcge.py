@@ -172,7 +172,8 @@ class SubCGE(ZerothOrderEstimator):
                 bases.append((uv[:m], uv[m:]))
             self._bases[epoch] = bases
             while len(self._bases) > self._basis_cache_size:
-                del self._bases[min(self._bases)]
+                # Evict the oldest other epoch: a late message may ask for an old one.
+                del self._bases[min(e for e in self._bases if e != epoch)]
         return self._bases[epoch]
 
     def direction(self, peer: bytes, round_: int) -> Direction:
