@@ -375,6 +375,12 @@ class PeerDaemon:
             )
             # on_accept must see the current list object: route through a method instead.
             self.node.on_accept = lambda msgs: self.pending.extend(msgs)
+            base_scored = False
+            if s.eval_every and len(self.ledger) == 0:
+                # A fresh peer scores the base model before it joins the topic: the run's
+                # zero-shot point. Peers waiting for --min-peers wait for this too.
+                await self.evaluate()
+                base_scored = True
             await self.node.start()
             if s.metrics_port is not None:
                 http = await serve_http(s.metrics_host, s.metrics_port, self.metrics, self.status)
@@ -387,7 +393,19 @@ class PeerDaemon:
                 )
                 (s.data_dir / "status_port").write_text(str(port))
             await self.wait_for_peers()
-            synced = await self.node.sync_round()
+            # The topic's peer list can still be empty right after subscribing (seen on
+            # loopback: "ready at round 0 ... (0 fetched from peers)" against a full ledger).
+            # The bootstrap nodes just served the manifest, so they are reachable: sync with
+            # them too, whatever the topic list says.
+            from hivemind.p2p import PeerID
+            from hivemind.utils.multiaddr import Multiaddr
+
+            peers = await self.node.connected_peers()
+            for addr in s.bootstrap:
+                boot = PeerID.from_base58(Multiaddr(addr).value_for_protocol("p2p"))
+                if boot not in peers:
+                    peers.append(boot)
+            synced = await self.node.sync_round(peers)
             self.pending = []  # everything in the ledger is applied by restore()
             how = await self.in_model_thread(self.restore)
             own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
@@ -399,7 +417,7 @@ class PeerDaemon:
                 synced,
                 extra={"fields": {"event": "ready", "round": self.round}},
             )
-            if s.eval_every:
+            if s.eval_every and not (base_scored and self.round == 0):
                 await self.evaluate()
             until = s.until_round or self.config.total_rounds
             await self.train(until - 1 if until else 0)

@@ -214,6 +214,8 @@ def run_demo(
                 str(rounds),
                 "--min-peers",
                 str(peers),
+                "--startup-wait",
+                "600",  # peer0 scores the base model first; the others wait for it
                 "--metrics-port",
                 "0",
                 "--round-interval",

@@ -50,6 +50,7 @@ class Ledger:
         self.path = Path(path)
         self.run_id = run_id
         self._bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -114,6 +115,8 @@ class Ledger:
                 if cur.rowcount:
                     new.append(m)
             self._db.execute("COMMIT")
+            if self._count is not None and self._count[0] == self.run_id:
+                self._count = (self.run_id, self._count[1] + len(new))
         except sqlite3.OperationalError as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
@@ -133,6 +136,17 @@ class Ledger:
             (*_envelope_columns(envelope), self.run_id, message.round, message.peer),
         )
 
+    def set_envelopes(self, items: Iterable[tuple[UpdateMessage, Envelope]]) -> None:
+        """`set_envelope` for several messages in one transaction."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for message, envelope in items:
+                self.set_envelope(message, envelope)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
     def set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
@@ -142,8 +156,12 @@ class Ledger:
 
     # -- reading ---------------------------------------------------------
     def __len__(self) -> int:
-        query = "SELECT COUNT(*) FROM messages WHERE run_id = ?"
-        return self._db.execute(query, (self.run_id,)).fetchone()[0]
+        """Messages of this run. COUNT(*) scans the run's rows (15 ms at 80,000 rows), and
+        FloodNode asks after every accepted message: count once, then keep count in add()."""
+        if self._count is None or self._count[0] != self.run_id:
+            query = "SELECT COUNT(*) FROM messages WHERE run_id = ?"
+            self._count = (self.run_id, self._db.execute(query, (self.run_id,)).fetchone()[0])
+        return self._count[1]
 
     def messages(self, min_round: int = 0, max_round: int | None = None) -> Iterator[UpdateMessage]:
         """Messages in canonical order: (round, peer)."""

@@ -53,7 +53,12 @@ from seedflood_p2p.transport import (
 log = logging.getLogger("seedflood.node")
 
 BUCKET_ROUNDS = 64
-FETCH_LIMIT = 8192  # rows per fetch response: ~0.5 MB with 38-byte peer ids
+GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
+# Rows per fetch response. A row carries its signed envelope: ~139 bytes with 38-byte peer
+# ids and an 18-byte update, at most ~215 for any valid row, so 4096 rows stay below the
+# 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB: every fetch of a bucket with
+# more than ~7,500 rows, i.e. ~118+ peers per round, failed with "response ... exceeds").
+FETCH_LIMIT = 4096
 
 
 @dataclass
@@ -194,24 +199,34 @@ class FloodNode:
             log.error("%s", exc)
 
     async def _receive_loop(self, subscription) -> None:
+        """Validate gossip and commit it in groups: whatever has arrived by the time the
+        queue is empty goes into one transaction (one fsync), not one commit per message.
+        At 16 peers x 3 rounds/s on one disk, per-message commits kept the event loop
+        blocked in fsync: p50 arrival latency 86 ms, grouped 35 ms (37 ms on tmpfs)."""
+        batch: list[tuple[UpdateMessage, Envelope]] = []
+        own: list[tuple[UpdateMessage, Envelope]] = []
         async for item in subscription:
             self.metrics.bytes_in.inc(len(item.data))
             lossy = self.settings.drop_incoming
-            if lossy and item.sender != self.peer_id and self._drop_rng.random() < lossy:
-                continue  # test hook: simulate a lossy mesh (our own echo is local, not lossy)
-            try:
-                message = decode_update(item.data, self.run_id, item.sender)
-            except Rejected as exc:
-                self._drop(exc, item.sender)
-                continue
-            except Exception as exc:  # never let a hostile message kill the loop
-                self._drop(Rejected("malformed", repr(exc)), item.sender)
-                continue
-            envelope = Envelope(item.data, item.seqno_bytes, item.signature)
-            if message.peer == self.peer_id:
-                self.ledger.set_envelope(message, envelope)
-                continue
-            self.accept([(message, envelope)], "gossip")
+            if not (lossy and item.sender != self.peer_id and self._drop_rng.random() < lossy):
+                try:
+                    message = decode_update(item.data, self.run_id, item.sender)
+                except Rejected as exc:
+                    self._drop(exc, item.sender)
+                    message = None
+                except Exception as exc:  # never let a hostile message kill the loop
+                    self._drop(Rejected("malformed", repr(exc)), item.sender)
+                    message = None
+                if message is not None:
+                    envelope = Envelope(item.data, item.seqno_bytes, item.signature)
+                    (own if message.peer == self.peer_id else batch).append((message, envelope))
+            if subscription.pending == 0 or len(batch) + len(own) >= GOSSIP_BATCH:
+                if own:
+                    self.ledger.set_envelopes(own)
+                    own = []
+                if batch:
+                    self.accept(batch, "gossip")
+                    batch = []
 
     # -- repair -------------------------------------------------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
@@ -261,23 +276,25 @@ class FloodNode:
                 except Rejected as exc:
                     self._drop(exc, peer_id.to_bytes())
                     break
-                # Our own rows are authoritative locally: never take them from others.
-                checked = []
-                for message, envelope in rows:
-                    if message.peer == self.peer_id:
-                        continue
-                    try:
-                        check_envelope(message, envelope, self.run_id, verify_pubsub_signature)
-                    except Rejected as exc:
-                        self._drop(exc, message.peer)
-                        continue
-                    checked.append((message, envelope))
+                # Our own rows are authoritative locally: never take them from others. Rows we
+                # already hold (same scalar) are duplicates: skip their ~150 us signature check.
+                unseen = [
+                    (m, e)
+                    for m, e in rows
+                    if m.peer != self.peer_id and self.ledger.scalar_of(m.peer, m.round) != m.scalar
+                ]
+                # Ed25519 checks hold the GIL; a thread at least keeps the event loop (gossip)
+                # running during a long late-join sync (80,000 rows: 13 s of checks).
+                checked, rejected = await asyncio.to_thread(_check_rows, unseen, self.run_id)
+                for exc, sender in rejected:
+                    self._drop(exc, sender)
                 fetched = self.accept(checked, "repair")
                 new += len(fetched)
                 self.metrics.repaired.inc(len(fetched))
                 if len(rows) < FETCH_LIMIT:
                     break
-                cursor = (rows[-1].round, rows[-1].peer)
+                last = rows[-1][0]  # rows are (message, envelope) pairs
+                cursor = (last.round, last.peer)
         return new
 
     async def connected_peers(self) -> list:
@@ -325,6 +342,19 @@ class FloodNode:
                     new,
                     extra={"fields": {"event": "repair", "count": new}},
                 )
+
+
+def _check_rows(rows: list, run_id: str) -> tuple[list, list]:
+    """Signature and payload checks of repaired rows: (valid rows, [(Rejected, sender)])."""
+    checked, rejected = [], []
+    for message, envelope in rows:
+        try:
+            check_envelope(message, envelope, run_id, verify_pubsub_signature)
+        except Rejected as exc:
+            rejected.append((exc, message.peer))
+            continue
+        checked.append((message, envelope))
+    return checked, rejected
 
 
 def _short(peer: bytes) -> str:

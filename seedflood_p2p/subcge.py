@@ -78,6 +78,40 @@ def layer_basis(run_key: bytes, epoch: int, layer: int, m: int, k: int, rank: in
     return random_signs(key, 0, (m + k) * rank).reshape(m + k, rank)
 
 
+def epoch_bases(
+    run_key: bytes, epochs: list[int], shapes: list[tuple[int, int]], rank: int
+) -> list[np.ndarray]:
+    """`layer_basis` for several epochs and every layer from ONE Philox call.
+
+    Bit-identical to ``layer_basis(run_key, e, l, m, k, rank)`` (same keys, same counters
+    (i, 0, 0, 0)); per layer a float32 array of shape (len(epochs), m + k, rank). Calling
+    layer_basis per layer costs ~0.1-0.3 ms of NumPy call overhead each, 210 times an epoch
+    on SmolLM2 (12-27 s of a 62-163 s replay of 500 epochs).
+    """
+    counts = [(m + k) * rank for m, k in shapes]
+    words = [-(-c // 32) for c in counts]  # one bit per sign, as random_signs
+    blocks = [-(-w // 4) for w in words]  # Philox gives 4 words per counter
+    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
+    per_epoch = int(sum(blocks))
+    keys = np.array(
+        [derive_key("seedflood/basis", run_key, e, i) for e in epochs for i in range(len(shapes))],
+        dtype=np.uint64,
+    ).reshape(-1, 2)
+    reps = np.tile(np.array(blocks), len(epochs))
+    counters = np.zeros((per_epoch * len(epochs), 4), dtype=np.uint64)
+    per_layer = np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks])
+    counters[:, 0] = np.tile(per_layer, len(epochs))
+    words = philox4x32(counters, (np.repeat(keys[:, 0], reps), np.repeat(keys[:, 1], reps)))
+    bits = np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little")
+    bits = bits.reshape(len(epochs), per_epoch * 128)
+    out = []
+    for i, (m, k) in enumerate(shapes):
+        lo = int(starts[i]) * 128
+        signs = bits[:, lo : lo + counts[i]].astype(np.float32) * 2.0 - 1.0
+        out.append(signs.reshape(len(epochs), m + k, rank))
+    return out
+
+
 class ZerothOrderEstimator:
     """What SubCGE and the naive baseline share: the two-point estimate.
 
@@ -242,6 +276,35 @@ class SubCGE(ZerothOrderEstimator):
                 u, v = bases[i]
                 c = torch.from_numpy(core[i].reshape(r, r)).to(u.device, u.dtype)
                 matrix.weight.addmm_(u @ c, v.T, alpha=-1.0)
+
+    @torch.no_grad()
+    def commit_grouped(self, group: int = 25) -> None:
+        """Merge every pending epoch, `group` epochs at a time: per matrix ONE GEMM of rank
+        group * r instead of `group` rank-r addmm_ passes over W.
+
+        The same update as commit() up to float32 rounding (another summation order), and
+        deterministic for a fixed `group`. The per-epoch merge is memory-bound (it streams
+        W once per epoch: 500 x 425 MB for 10,000 rounds of SmolLM2); one GEMM per group is
+        compute-bound. Bases come from `epoch_bases` (one Philox call per group).
+        Memory: group x (m + k) x r float32 per layer, ~250 MB for SmolLM2 at group 25.
+        """
+        r = self.config.rank
+        shapes = [tuple(m.shape) for m in self.matrices]
+        epochs = sorted(self._pending)
+        for g in range(0, len(epochs), group):
+            chunk = epochs[g : g + group]
+            cores = [self._pending.pop(e) for e in chunk]
+            signs = epoch_bases(self.run_key, chunk, shapes, r)
+            for i, matrix in enumerate(self.matrices):
+                m, k = shapes[i]
+                w = matrix.weight
+                uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
+                c = np.stack([core[i].reshape(r, r) for core in cores])
+                c = torch.from_numpy(c).to(w.device, w.dtype)
+                uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(chunk) * r)
+                vv = uv[:, m:].permute(1, 0, 2).reshape(k, len(chunk) * r)
+                w.addmm_(uc, vv.T, alpha=-1.0)
+            del signs
 
 
 class NaiveSeedReplay(ZerothOrderEstimator):
