@@ -48,7 +48,7 @@ class PeerSettings:
     data_dir: Path = Path("seedflood-peer")
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce: list[str] = field(default_factory=list)
-    until_round: int = 0  # stop after this round (0: the run's total_rounds, or never)
+    until_round: int = 0  # rounds to train, then leave (0: the run's total_rounds, or never)
     max_staleness: int = 2  # may start round t once live peers published t - 1 - this
     round_deadline: float = 30.0  # seconds to wait for slow peers before going on
     liveness_timeout: float = 60.0  # a peer unheard this long is not waited for
@@ -91,6 +91,8 @@ class PeerDaemon:
         self.round = 0
         self.model_hash = ""
         self.last_eval: tuple[float, float | None] | None = None
+        self.last_eval_round = -1
+        self.final_round: int | None = None  # last round to train (None: open-ended)
         self.started = time.time()
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
 
@@ -218,10 +220,20 @@ class PeerDaemon:
                 return
             await asyncio.sleep(0.02)
 
-    async def train(self, until: int) -> None:
+    def finish_after(self, round_: int) -> dict:
+        """Graceful stop at a common round (POST /finish?after_round=N on the status port):
+        train through round N, wait for live peers to get there too, then checkpoint. Unlike
+        SIGTERM, peers told the same N end with the same ledger."""
+        last = max(round_, self.round - 1)
+        if self.final_round is None or last < self.final_round:
+            self.final_round = last
+            log.info("asked to finish after round %d", last)
+        return {"final_round": self.final_round}
+
+    async def train(self) -> None:
         from seedflood_p2p.trainer import zo_step
 
-        while not self.stopping and (until == 0 or self.round <= until):
+        while not self.stopping and (self.final_round is None or self.round <= self.final_round):
             if self.node.fatal is not None:
                 raise self.node.fatal
             await self.wait_ready(self.round)
@@ -270,6 +282,7 @@ class PeerDaemon:
             evaluate, self.model, self.tokenizer, self.task, self.config, self.s.eval_examples
         )
         self.last_eval = (loss, accuracy)
+        self.last_eval_round = self.round
         fields = {"event": "eval", "rounds_done": self.round, "eval_loss": round(loss, 5)}
         if accuracy is not None:
             fields["eval_accuracy"] = round(accuracy, 4)
@@ -383,7 +396,9 @@ class PeerDaemon:
                 base_scored = True
             await self.node.start()
             if s.metrics_port is not None:
-                http = await serve_http(s.metrics_host, s.metrics_port, self.metrics, self.status)
+                http = await serve_http(
+                    s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
+                )
                 port = http.sockets[0].getsockname()[1]
                 log.info(
                     "metrics and status on http://%s:%d/status",
@@ -420,9 +435,15 @@ class PeerDaemon:
             if s.eval_every and not (base_scored and self.round == 0):
                 await self.evaluate()
             until = s.until_round or self.config.total_rounds
-            await self.train(until - 1 if until else 0)
-            if not self.stopping and until:
-                await self.linger(until - 1)
+            if until and self.final_round is None:
+                self.final_round = until - 1
+            await self.train()
+            if not self.stopping and self.final_round is not None:
+                await self.linger(self.final_round)
+                if s.eval_every and self.last_eval_round != self.round:
+                    incoming, self.pending = self.pending, []  # score the final model
+                    await self.in_model_thread(self.apply, incoming)
+                    await self.evaluate()
             meta = await self.in_model_thread(self.checkpoint)
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))

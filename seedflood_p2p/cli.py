@@ -333,7 +333,13 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 # -- demo / status -----------------------------------------------------------------
 # The demo's built-in default: see README ("Why this default") for the measurements.
-DEMO_DEFAULTS: dict[str, Any] = {}
+DEMO_DEFAULTS: dict[str, Any] = {
+    "model": "smollm2-135m",
+    "dataset": "mr",
+    "rank": 32,
+    "refresh_period": 20,
+    "lr": 3e-4,
+}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -456,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--minutes", type=float, default=10.0, help="training time budget")
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=15, help="peer0 scores the model")
     p.add_argument("--eval-examples", type=int, default=200)
     p.add_argument("--round-interval", type=float, default=0.0)
     p.add_argument("--work-dir", type=Path, help="default runs/demo-TIMESTAMP")

@@ -52,6 +52,21 @@ def _status(data_dir: Path) -> dict | None:
     return _last_status.get(data_dir)
 
 
+def _finish_all(procs: dict[str, NodeProcess], work: Path) -> int:
+    """Ask every peer to stop after the same round (the next one to start), so all end
+    with the same ledger; a peer that cannot be asked gets SIGTERM instead."""
+    rounds = [e["round"] for p in procs.values() for e in p.events() if e.get("event") == "round"]
+    last = max(rounds, default=0) + 1
+    for name, proc in procs.items():
+        try:
+            port = int((work / name / "status_port").read_text())
+            url = f"http://127.0.0.1:{port}/finish?after_round={last}"
+            urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5).read()
+        except (OSError, ValueError):
+            proc.proc.send_signal(15)
+    return last
+
+
 def _progress(peers: dict[str, NodeProcess], work: Path, rounds: int, started: float) -> dict:
     round_events = [e for p in peers.values() for e in p.events() if e.get("event") == "round"]
     evals = [e for e in peers["peer0"].events() if e.get("event") == "eval"]
@@ -236,15 +251,24 @@ def run_demo(
             time.sleep(0.5)
         started = time.monotonic()
         last_print = 0.0
+        finishing = 0.0  # when the peers were asked to finish
         while any(p.alive for p in procs.values()):
             if time.monotonic() - last_print > 3:
                 _print_progress(_progress(procs, work, rounds, started), peers)
                 last_print = time.monotonic()
-            if time.monotonic() - started > minutes * 60:
-                print(f"time budget of {minutes:g} minutes reached: stopping the peers", flush=True)
+            if finishing and time.monotonic() - finishing > 300:
+                print("peers did not finish within 5 minutes: stopping them", flush=True)
                 for p in procs.values():
                     p.proc.send_signal(15)
-                break
+                finishing = float("inf")
+            if time.monotonic() - started > minutes * 60 and not finishing:
+                finishing = time.monotonic()
+                last = _finish_all(procs, work)
+                print(
+                    f"time budget of {minutes:g} minutes reached: every peer finishes "
+                    f"round {last}, then stops",
+                    flush=True,
+                )
             time.sleep(0.5)
         for p in procs.values():
             p.wait_exit(300)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -62,17 +63,38 @@ def value(metric: Counter | Gauge) -> float:
 
 
 async def serve_http(
-    host: str, port: int, metrics: NodeMetrics, status: Callable[[], dict[str, Any]]
+    host: str,
+    port: int,
+    metrics: NodeMetrics,
+    status: Callable[[], dict[str, Any]],
+    finish_after: Callable[[int], dict[str, Any]] | None = None,
 ) -> asyncio.Server:
-    """Serve /metrics and /status on (host, port); port 0 picks a free port."""
+    """Serve GET /metrics and /status on (host, port); port 0 picks a free port.
+
+    `POST /finish?after_round=N` (from this machine only) asks the peer to stop gracefully
+    after round N: the demo uses it to end every peer at the same round."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
             while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
                 pass
-            path = request.split()[1].decode() if len(request.split()) > 1 else "/"
-            if path.startswith("/metrics"):
+            parts = request.split()
+            method = parts[0].decode() if parts else "GET"
+            path = parts[1].decode() if len(parts) > 1 else "/"
+            client = (writer.get_extra_info("peername") or ("",))[0]
+            if method == "POST" and path.startswith("/finish") and finish_after is not None:
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+                if client not in ("127.0.0.1", "::1"):
+                    body, code = b"only from this machine\n", "403 Forbidden"
+                    kind = "text/plain"
+                elif "after_round" not in query or not query["after_round"][0].isdigit():
+                    body, code = b"usage: POST /finish?after_round=N\n", "400 Bad Request"
+                    kind = "text/plain"
+                else:
+                    reply = finish_after(int(query["after_round"][0]))
+                    body, kind, code = json.dumps(reply).encode(), "application/json", "200 OK"
+            elif path.startswith("/metrics"):
                 body, kind, code = generate_latest(metrics.registry), "text/plain", "200 OK"
             elif path.startswith("/status"):
                 body = json.dumps(status(), default=str).encode()

@@ -42,6 +42,19 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     assert "peer0" in out and "max |live - replay|" in out
 
 
+def test_demo_time_budget_ends_every_peer_at_the_same_round(tmp_path, capsys):
+    work = tmp_path / "demo"
+    args = [*RUN_FLAGS, "--peers", "2", "--rounds", "100000", "--minutes", "0.3"]
+    code = main(["demo", *args, "--eval-every", "0", "--work-dir", str(work)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "time budget of 0.3 minutes reached: every peer finishes round" in out
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["ledgers_identical"]
+    assert len({final["round"] for final in summary["finals"].values()}) == 1
+    assert all(v < 1e-5 for v in summary["max_live_deviation"].values())
+
+
 def test_status_reads_a_live_peer(tmp_path, capsys):
     boot, address = start_bootstrap(tmp_path)
     peer = start_peer(
@@ -72,3 +85,33 @@ def test_status_reads_a_live_peer(tmp_path, capsys):
         boot.stop()
     assert main(["status", f"127.0.0.1:{port}"]) == 2  # peer gone: one readable line
     assert "cannot read a peer's status" in capsys.readouterr().err
+
+
+def test_finish_after_round_ends_the_peer_at_that_round(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    boot, address = start_bootstrap(tmp_path)
+    peer = start_peer(
+        tmp_path,
+        "p",
+        address,
+        ["--metrics-port", "0", "--round-interval", "0.3", "--until-round", "400"],
+    )
+    try:
+        peer.wait_round(2)
+        base = f"http://127.0.0.1:{(tmp_path / 'p' / 'status_port').read_text()}"
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/finish", method="POST"))
+        assert bad.value.code == 400
+        target = json.loads(urllib.request.urlopen(f"{base}/status").read())["round"] + 3
+        request = urllib.request.Request(f"{base}/finish?after_round={target}", method="POST")
+        assert json.loads(urllib.request.urlopen(request).read()) == {"final_round": target}
+        assert peer.wait_exit(120) == 0
+    finally:
+        peer.stop()
+        boot.stop()
+    final = json.loads((tmp_path / "p" / "final_status.json").read_text())
+    assert final["round"] == target + 1  # rounds 0..target trained, then a clean exit
+    rounds = [e["round"] for e in peer.events() if e.get("event") == "round"]
+    assert max(rounds) == target
