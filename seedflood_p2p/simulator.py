@@ -83,9 +83,10 @@ log = logging.getLogger("seedflood.simulate")
 
 METHODS = ("seedflood", "seedflood-naive", "dzsgd", "dsgd", "centralized")
 TOPOLOGIES = ("ring", "torus", "random-regular", "complete", "file")
-# Measured on this project's p2pd GossipSub (DESIGN.md section 3): a signed
-# (Ed25519) 30-byte payload costs 186 bytes per hop on the wire.
-GOSSIPSUB_OVERHEAD_BYTES = 186 - 30
+# Measured on this project's p2pd GossipSub (bench/results/network.md, byte-counting
+# proxy): a signed (Ed25519) 18-byte update on the run's topic costs 192 bytes per hop.
+# (bench/results/sim_* were computed with the earlier figure, 186 - 30 = 156.)
+GOSSIPSUB_OVERHEAD_BYTES = 192 - 18
 FLOAT32_BYTES = 4
 # Gossip baselines hold several (n x d) float32 stacks; refuse runs that would not fit.
 GOSSIP_MEMORY_LIMIT = 8 << 30
