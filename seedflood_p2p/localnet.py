@@ -16,7 +16,15 @@ from pathlib import Path
 
 
 class NodeProcess:
-    def __init__(self, name: str, args: list[str], workdir: Path, threads: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        workdir: Path,
+        threads: int = 1,
+        prefix: tuple[str, ...] = (),
+    ) -> None:
+        """Run `seedflood ARGS`; `prefix` wraps the command (e.g. `ip netns exec HOST`)."""
         self.name = name
         self.args = args
         self.log_path = workdir / f"{name}.log"
@@ -24,7 +32,7 @@ class NodeProcess:
         self._offset = 0
         self._events: list[dict] = []
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-        cmd = [sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", *args]
+        cmd = [*prefix, sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property

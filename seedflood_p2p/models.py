@@ -294,6 +294,10 @@ def load_model(
     and pads on the right. Raises :class:`UserError` when the model cannot be
     found or loaded.
     """
+    from transformers.utils import logging as hf_logging
+
+    # A "Loading weights" bar per load would break daemons' JSON log lines on stderr.
+    hf_logging.disable_progress_bar()
     name = str(name_or_path)
     if name in ("tiny-llama", "tiny-llama-tied"):
         model, tokenizer = tiny_llama(tied=name.endswith("-tied"))

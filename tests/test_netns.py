@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,9 @@ from pathlib import Path
 import pytest
 
 from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.localnet import NodeProcess
+
+from cluster import RUN_FLAGS
 
 pytestmark = pytest.mark.slow
 
@@ -34,24 +36,6 @@ HOSTS = 4  # h1: bootstrap, h2..h4: peers
 DELAY = "20ms"
 ROUNDS = 12
 BOOT_PORT = 31337
-# A tiny model and a short run (the same settings as the loopback cluster tests).
-RUN_FLAGS = [
-    "--model",
-    "tiny-llama",
-    "--dataset",
-    "synthetic-sentiment",
-    "--rank",
-    "4",
-    "--refresh-period",
-    "5",
-    "--lr",
-    "2e-3",
-    "--n-ref",
-    "3",
-    "--batch-size",
-    "8",
-]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 METRICS_PORT = 9100  # the same port on every host: each namespace has its own loopback
 PEER_FLAGS = [
     "--until-round",
@@ -103,58 +87,10 @@ def _requirements() -> tuple[str | None, bool, str]:
     return None, "netem: yes" in report, report
 
 
-class NsProc:
-    """A `seedflood` process inside a namespaced host, logging JSON lines to a file."""
-
-    def __init__(self, host: str, name: str, args: list[str], workdir: Path) -> None:
-        self.name = name
-        self.log_path = workdir / f"{name}.log"
-        self.log = open(self.log_path, "ab")
-        cmd = [str(SCRIPT), "--prefix", PREFIX, "exec", host]
-        cmd += [sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", *args]
-        # `exec` replaces the script with `ip netns exec`, which execs python: same PID.
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
-
-    def events(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-        return out
-
-    def last_round(self) -> int:
-        return max((e["round"] for e in self.events() if e.get("event") == "round"), default=-1)
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def wait_round(self, round_: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.last_round() < round_:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited early:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not reach round {round_}:\n{self.tail()}")
-            time.sleep(0.2)
-
-    def wait_exit(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} did not exit:\n{self.tail()}") from None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def _ns_proc(host: str, name: str, args: list[str], workdir: Path) -> NodeProcess:
+    """A `seedflood` process inside a namespaced host. `exec` replaces the script with
+    `ip netns exec`, which execs python: the PID is the daemon's."""
+    return NodeProcess(name, args, workdir, prefix=(str(SCRIPT), "--prefix", PREFIX, "exec", host))
 
 
 def _in_host(host: str, code: str, timeout: float = 30) -> str:
@@ -186,7 +122,7 @@ def test_training_across_namespaced_hosts(tmp_path):
     if skip:
         pytest.skip(skip)
     started = time.monotonic()
-    procs: list[NsProc] = []
+    procs: list[NodeProcess] = []
     try:
         up = _net("--hosts", str(HOSTS), *(["--delay", DELAY] if netem else []), "up")
         print(up.stderr.strip())
@@ -197,7 +133,7 @@ def test_training_across_namespaced_hosts(tmp_path):
         route = _net("exec", "h2", "ip", "route", "get", "192.0.2.1", check=False)
         assert route.returncode != 0 and "unreachable" in route.stderr, route
 
-        boot = NsProc(
+        boot = _ns_proc(
             "h1",
             "bootstrap",
             [
@@ -225,7 +161,7 @@ def test_training_across_namespaced_hosts(tmp_path):
         peers = {}
         for i in range(2, HOSTS + 1):
             name = f"peer{i}"
-            peers[name] = NsProc(
+            peers[name] = _ns_proc(
                 f"h{i}",
                 name,
                 [
