@@ -281,6 +281,7 @@ class PeerDaemon:
         loss, accuracy = await self.in_model_thread(
             evaluate, self.model, self.tokenizer, self.task, self.config, self.s.eval_examples
         )
+        await self.in_model_thread(self.set_model_hash)
         self.last_eval = (loss, accuracy)
         self.last_eval_round = self.round
         fields = {"event": "eval", "rounds_done": self.round, "eval_loss": round(loss, 5)}
@@ -312,8 +313,13 @@ class PeerDaemon:
                 return
         log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
 
-    def checkpoint(self) -> dict:
+    def set_model_hash(self) -> None:
         from seedflood_p2p.models import weights_sha256
+
+        self.model_hash = weights_sha256(self.model)
+        self.metrics.model.info({"sha256": self.model_hash, "round": str(self.round)})
+
+    def checkpoint(self) -> dict:
 
         incoming, self.pending = self.pending, []
         self.apply(incoming)
@@ -321,7 +327,7 @@ class PeerDaemon:
         tmp = self.s.data_dir / "checkpoint.safetensors.tmp"
         save_file(weights, tmp)
         tmp.replace(self.s.data_dir / "checkpoint.safetensors")
-        self.model_hash = weights_sha256(self.model)
+        self.set_model_hash()
         meta = {
             "round": self.round,
             "ledger_messages": len(self.ledger),
@@ -423,6 +429,7 @@ class PeerDaemon:
             synced = await self.node.sync_round(peers)
             self.pending = []  # everything in the ledger is applied by restore()
             how = await self.in_model_thread(self.restore)
+            await self.in_model_thread(self.set_model_hash)
             own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
             self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)
             log.info(

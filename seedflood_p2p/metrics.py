@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 
 from seedflood_p2p.protocol import DROP_REASONS
 
@@ -42,6 +42,9 @@ class NodeMetrics:
             "seedflood_staleness_rounds", "own round minus slowest live peer's", registry=r
         )
         self.ledger_size = Gauge("seedflood_ledger_messages", "messages in the ledger", registry=r)
+        # SHA-256 of the live weights, updated when the peer is ready, at each eval and at
+        # the checkpoint (hashing every round would cost ~0.5 s on SmolLM2).
+        self.model = Info("seedflood_model", "live model weights hash", registry=r)
         self.repaired = Counter(
             "seedflood_messages_repaired", "messages fetched by anti-entropy", registry=r
         )

@@ -80,6 +80,7 @@ def test_status_reads_a_live_peer(tmp_path, capsys):
         )
         assert "seedflood_messages_accepted_total" in metrics
         assert 'seedflood_messages_dropped_total{reason="malformed"}' in metrics
+        assert 'seedflood_model_info{round="0",sha256="' in metrics  # hashed when ready
     finally:
         peer.stop()
         boot.stop()
