@@ -320,7 +320,6 @@ class PeerDaemon:
         self.metrics.model.info({"sha256": self.model_hash, "round": str(self.round)})
 
     def checkpoint(self) -> dict:
-
         incoming, self.pending = self.pending, []
         self.apply(incoming)
         weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.engine.matrices}
