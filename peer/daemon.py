@@ -93,6 +93,8 @@ class PeerDaemon:
         self.last_eval: tuple[float, float | None] | None = None
         self.last_eval_round = -1
         self.final_round: int | None = None  # last round to train (None: open-ended)
+        self.until_round: int | None = None  # --until-round or the run's total: a hard cap
+        self.done_training = False  # past linger: the final round can no longer move
         self.started = time.time()
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
 
@@ -223,9 +225,16 @@ class PeerDaemon:
     def finish_after(self, round_: int) -> dict:
         """Graceful stop at a common round (POST /finish?after_round=N on the status port):
         train through round N, wait for live peers to get there too, then checkpoint. Unlike
-        SIGTERM, peers told the same N end with the same ledger."""
+        SIGTERM, peers told the same N end with the same ledger. A round already finished
+        cannot be undone, so the reply says the round this peer will really stop after; the
+        caller agrees on the largest reply by asking again (a peer already lingering goes
+        back to training). `--until-round` stays an upper bound."""
+        if self.done_training:
+            return {"final_round": self.round - 1}
         last = max(round_, self.round - 1)
-        if self.final_round is None or last < self.final_round:
+        if self.until_round:
+            last = max(min(last, self.until_round - 1), self.round - 1)
+        if last != self.final_round:
             self.final_round = last
             log.info("asked to finish after round %d", last)
         return {"final_round": self.final_round}
@@ -308,6 +317,8 @@ class PeerDaemon:
             now = time.monotonic()
             if now - self.node.last_accept < 0.5:
                 quiet_since = now
+            if self.final_round is not None and self.final_round > final_round:
+                return  # asked to train further (see finish_after)
             waiting = [p for p, st in self._live_peers(now).items() if st.round < final_round]
             if not waiting and now - quiet_since >= self.s.linger:
                 return
@@ -440,16 +451,21 @@ class PeerDaemon:
             )
             if s.eval_every and not (base_scored and self.round == 0):
                 await self.evaluate()
-            until = s.until_round or self.config.total_rounds
-            if until and self.final_round is None:
-                self.final_round = until - 1
+            self.until_round = s.until_round or self.config.total_rounds
+            if self.until_round and self.final_round is None:
+                self.final_round = self.until_round - 1
             await self.train()
-            if not self.stopping and self.final_round is not None:
+            while not self.stopping and self.final_round is not None:
                 await self.linger(self.final_round)
+                if self.round <= self.final_round:  # raised by /finish while lingering
+                    await self.train()
+                    continue
                 if s.eval_every and self.last_eval_round != self.round:
                     incoming, self.pending = self.pending, []  # score the final model
                     await self.in_model_thread(self.apply, incoming)
                     await self.evaluate()
+                break
+            self.done_training = True
             meta = await self.in_model_thread(self.checkpoint)
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))

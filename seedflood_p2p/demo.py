@@ -53,17 +53,30 @@ def _status(data_dir: Path) -> dict | None:
 
 
 def _finish_all(procs: dict[str, NodeProcess], work: Path) -> int:
-    """Ask every peer to stop after the same round (the next one to start), so all end
-    with the same ledger; a peer that cannot be asked gets SIGTERM instead."""
-    rounds = [e["round"] for p in procs.values() for e in p.events() if e.get("event") == "round"]
-    last = max(rounds, default=0) + 1
-    for name, proc in procs.items():
+    """Ask every peer to stop after the same round, so all end with the same ledger.
+
+    A peer may already be past the round we propose (rounds of a tiny model take
+    milliseconds), and each reply says where that peer will really stop: we agree on the
+    largest reply by asking once more. A peer that cannot be asked gets SIGTERM instead."""
+
+    def ask(name: str, after: int) -> int | None:
         try:
             port = int((work / name / "status_port").read_text())
-            url = f"http://127.0.0.1:{port}/finish?after_round={last}"
-            urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5).read()
-        except (OSError, ValueError):
-            proc.proc.send_signal(15)
+            url = f"http://127.0.0.1:{port}/finish?after_round={after}"
+            request = urllib.request.Request(url, method="POST")
+            return int(json.loads(urllib.request.urlopen(request, timeout=5).read())["final_round"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    rounds = [e["round"] for p in procs.values() for e in p.events() if e.get("event") == "round"]
+    proposed = max(rounds, default=0) + 1
+    replies = {name: ask(name, proposed) for name, proc in procs.items() if proc.alive}
+    last = max((r for r in replies.values() if r is not None), default=proposed)
+    for name, reply in replies.items():
+        if reply is not None and reply != last:
+            reply = ask(name, last)
+        if reply is None:
+            procs[name].proc.send_signal(15)
     return last
 
 

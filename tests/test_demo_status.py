@@ -105,9 +105,17 @@ def test_finish_after_round_ends_the_peer_at_that_round(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(urllib.request.Request(f"{base}/finish", method="POST"))
         assert bad.value.code == 400
-        target = json.loads(urllib.request.urlopen(f"{base}/status").read())["round"] + 3
-        request = urllib.request.Request(f"{base}/finish?after_round={target}", method="POST")
-        assert json.loads(urllib.request.urlopen(request).read()) == {"final_round": target}
+        first = json.loads(urllib.request.urlopen(f"{base}/status").read())["round"] + 3
+
+        def finish(after: int) -> dict:
+            request = urllib.request.Request(f"{base}/finish?after_round={after}", method="POST")
+            return json.loads(urllib.request.urlopen(request).read())
+
+        assert finish(first) == {"final_round": first}
+        peer.wait_round(first)  # trained through `first`: now lingering (5 s) before exit
+        assert finish(first - 2) == {"final_round": first}  # a finished round stays finished
+        target = first + 2  # another peer was already further: agree on its round instead
+        assert finish(target) == {"final_round": target}
         assert peer.wait_exit(120) == 0
     finally:
         peer.stop()
@@ -115,4 +123,4 @@ def test_finish_after_round_ends_the_peer_at_that_round(tmp_path):
     final = json.loads((tmp_path / "p" / "final_status.json").read_text())
     assert final["round"] == target + 1  # rounds 0..target trained, then a clean exit
     rounds = [e["round"] for e in peer.events() if e.get("event") == "round"]
-    assert max(rounds) == target
+    assert sorted(rounds) == list(range(target + 1))
