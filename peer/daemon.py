@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from seedflood_p2p import __version__
 from seedflood_p2p.config import RunConfig
 from seedflood_p2p.errors import UserError
-from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.ledger import Ledger, digest_of
 from seedflood_p2p.message import UpdateMessage
 from seedflood_p2p.metrics import NodeMetrics, serve_http, value
 from seedflood_p2p.node import FloodNode, NodeSettings
@@ -177,14 +177,14 @@ class PeerDaemon:
         )
         return model.to(self.s.device), tokenizer, task
 
-    def restore(self) -> str:
-        """Bring the model to base + ledger: from the checkpoint if it covers the ledger."""
+    def restore(self, messages: list[UpdateMessage], digest: str) -> str:
+        """Bring the model to base + `messages`: from the checkpoint if it covers them."""
         from seedflood_p2p.replay import replay
 
         meta_path = self.s.data_dir / "checkpoint.json"
         if meta_path.exists():
             meta = json.loads(meta_path.read_text())
-            if meta.get("ledger_digest") == self.ledger.digest():
+            if meta.get("ledger_digest") == digest:
                 weights = load_file(
                     self.s.data_dir / "checkpoint.safetensors", device=self.s.device
                 )
@@ -192,8 +192,18 @@ class PeerDaemon:
                     for matrix in self.engine.matrices:
                         matrix.weight.copy_(weights[matrix.name])
                 return f"checkpoint of round {meta['round']}"
-        count = replay(self.model, self.config, self.ledger.messages())
+        count = replay(self.model, self.config, messages)
         return f"replay of {count} ledger messages"
+
+    def ledger_cut(self) -> tuple[list[UpdateMessage], str]:
+        """What the model must hold from now on is this cut plus `self.pending`.
+
+        Every accept (ledger insert + on_accept) runs on the event loop, so taking the cut
+        there, with no await between emptying `pending` and reading the ledger, puts each
+        message in exactly one of the two: none applied twice, none missed."""
+        self.pending = []
+        messages = list(self.ledger.messages())
+        return messages, digest_of(messages)
 
     # -- per round -------------------------------------------------------------
     def apply(self, messages: list[UpdateMessage]) -> None:
@@ -330,22 +340,28 @@ class PeerDaemon:
         self.model_hash = weights_sha256(self.model)
         self.metrics.model.info({"sha256": self.model_hash, "round": str(self.round)})
 
-    def checkpoint(self) -> dict:
-        incoming, self.pending = self.pending, []
+    async def checkpoint(self) -> dict:
+        """Weights and the ledger digest they equal, cut on the event loop (see ledger_cut):
+        an update arriving while the weights are written is in neither."""
+        incoming = self.pending
+        messages, digest = self.ledger_cut()
+        meta = {
+            "round": self.round,
+            "ledger_messages": len(messages),
+            "ledger_digest": digest,
+            "run_id": self.config.run_id,
+            "peer_id": self.p2p.peer_id.to_base58(),
+        }
+        return await self.in_model_thread(self._write_checkpoint, incoming, meta)
+
+    def _write_checkpoint(self, incoming: list[UpdateMessage], meta: dict) -> dict:
         self.apply(incoming)
         weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.engine.matrices}
         tmp = self.s.data_dir / "checkpoint.safetensors.tmp"
         save_file(weights, tmp)
         tmp.replace(self.s.data_dir / "checkpoint.safetensors")
         self.set_model_hash()
-        meta = {
-            "round": self.round,
-            "ledger_messages": len(self.ledger),
-            "ledger_digest": self.ledger.digest(),
-            "model_sha256": self.model_hash,
-            "run_id": self.config.run_id,
-            "peer_id": self.p2p.peer_id.to_base58(),
-        }
+        meta = {**meta, "model_sha256": self.model_hash}
         tmp = self.s.data_dir / "checkpoint.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1))
         tmp.replace(self.s.data_dir / "checkpoint.json")
@@ -437,8 +453,7 @@ class PeerDaemon:
                 if boot not in peers:
                     peers.append(boot)
             synced = await self.node.sync_round(peers)
-            self.pending = []  # everything in the ledger is applied by restore()
-            how = await self.in_model_thread(self.restore)
+            how = await self.in_model_thread(self.restore, *self.ledger_cut())
             await self.in_model_thread(self.set_model_hash)
             own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
             self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)
@@ -466,7 +481,7 @@ class PeerDaemon:
                     await self.evaluate()
                 break
             self.done_training = True
-            meta = await self.in_model_thread(self.checkpoint)
+            meta = await self.checkpoint()
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))
             log.info(

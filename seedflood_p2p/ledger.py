@@ -38,6 +38,14 @@ def _envelope_columns(env: Envelope | None) -> tuple:
     return (None, None, None) if env is None else (env.data, env.seqno, env.signature)
 
 
+def digest_of(messages: Iterable[UpdateMessage]) -> str:
+    """The ledger digest of `messages` (canonical order): what `Ledger.digest` returns."""
+    h = hashlib.sha256()
+    for m in messages:
+        h.update(_message_hash(m))
+    return h.hexdigest()
+
+
 def _message_hash(m: UpdateMessage) -> bytes:
     body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
     return hashlib.sha256(body + repr(m.scalar).encode()).digest()[:8]
@@ -231,7 +239,4 @@ class Ledger:
 
     def digest(self) -> str:
         """SHA-256 over all messages in canonical order: equal digests, equal ledgers."""
-        h = hashlib.sha256()
-        for m in self.messages():
-            h.update(_message_hash(m))
-        return h.hexdigest()
+        return digest_of(self.messages())
