@@ -1598,7 +1598,7 @@ def write_markdown(res: dict, path: Path) -> None:
             f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | CPU {rp['cpu_s']['accumulate']} s |"
         )
         L.append(
-            f"| - per-epoch merges ({rp['epochs']}) | {rp['merge_total_s']} | CPU {rp['cpu_s']['commit']} s; "
+            f"| - epoch merges ({rp['epochs']} epochs) | {rp['merge_total_s']} | CPU {rp['cpu_s']['commit']} s; "
             f"{rp['merge_calls']} merge calls: first {rp['merge_ms_first_epoch']} ms (copy-on-write faults on "
             f"the mmapped weights), median {rp['merge_ms_per_call_median']} ms, p90 "
             f"{rp['merge_ms_per_call_p90']} ms |"
@@ -1607,7 +1607,9 @@ def write_markdown(res: dict, path: Path) -> None:
             f"| -- of which basis generation (Philox) | {rp['merge_basis_generation_s']} | "
             f"CPU {rp['cpu_s']['basis']} s, {rp['bases_generated']} epoch bases |"
         )
-        L.append(f"| -- of which rank-{bld['rank']} addmm_ on W | {rp['merge_matmul_s']} | |")
+        L.append(
+            f"| -- of which low-rank updates of W (rank {bld['rank']} per epoch) | {rp['merge_matmul_s']} | |"
+        )
         L.append(
             f"| - other (ledger read, ordering checks) | {rp['other_s']} | ledger read alone "
             f"{rp['ledger_read_s']} s |"
@@ -1620,7 +1622,9 @@ def write_markdown(res: dict, path: Path) -> None:
                 x = j[key]
                 L.append(
                     f"| replay() {label}: first {x['epochs']} epochs | {x['replay_s']} | "
-                    f"-> {x.get('extrapolated_full_replay_s')} s for {rp['epochs']} epochs; median merge "
+                    f"-> {x.get('extrapolated_full_replay_s')} s for {rp['epochs']} epochs (linear "
+                    "extrapolation: pessimistic, the sample's first merge carries the copy-on-write "
+                    f"faults); median merge "
                     f"{x['merge_ms_per_call_median']} ms/call, threads {x['torch_threads']} |"
                 )
         if "batched_merge_prototype" in rp:
