@@ -2,32 +2,41 @@
 # ruff: noqa: E501  (long f-strings build the markdown tables)
 """Network benchmark of SeedFlood-P2P on real go-libp2p daemons (127.0.0.1 only).
 
-    python bench/bench_network.py [--quick] [--parts flood,bytes,latejoin] [--keep]
+    python bench/bench_network.py [--quick] [--parts flood,bytes,latejoin] [--out PATH] [--merge]
 
-Writes bench/results/network.json and bench/results/network.md.
+Writes PATH.json and PATH.md (default bench/results/network.json and .md); with --merge the
+parts not re-run are kept from the earlier PATH.json. Measures the library as it is: no
+part patches it, only timing wrappers are added around library calls.
 
-1. flood     N = 8 and 16 peer processes, one update per peer per round. Each process runs
-             its own p2pd (via `create_p2p`) and a real `FloodNode` (decode, validate, SQLite
-             ledger with synchronous=FULL) with anti-entropy switched off while measuring, so
-             the delivery ratio is GossipSub alone. Every process publishes one real 18-byte
-             update per round (`FloodNode.publish` -> `encode_update`) at a random moment of the
-             round, and timestamps (CLOCK_REALTIME, shared on one machine) its publishes, the
-             arrival of each update at the application (`decode_update`) and its ledger commit
-             (`on_accept`). The parent computes delivery (received / expected) and latency
-             percentiles. Afterwards one explicit `sync_round()` shows repair completes the
-             ledgers. Peers bootstrap off peer 0 (the hub), like real peers off a bootstrap node.
+1. flood     N = 8 and 16 (--peers) peer processes, one update per peer per round. Each process
+             runs its own p2pd (via `create_p2p`) and a real `FloodNode` (decode, validate,
+             SQLite ledger with synchronous=FULL, gossip committed in groups) with anti-entropy
+             switched off while measuring, so the delivery ratio is GossipSub alone. Every
+             process publishes one real 18-byte update per round (`FloodNode.publish` ->
+             `encode_update`) at a random moment of the round, and timestamps (CLOCK_REALTIME,
+             shared on one machine) its publishes, the arrival of each update at the application
+             (`decode_update`) and its ledger commit (`on_accept`). The parent computes delivery
+             (received / expected) and latency percentiles. Afterwards one explicit
+             `sync_round()` shows repair completes the ledgers. Peers bootstrap off peer 0 (the
+             hub), like real peers off a bootstrap node. Variants per N: ledgers on disk, on
+             tmpfs (/dev/shm, --no-tmpfs skips it), and for N = 8 on disk with 80,000 old rows
+             in every ledger, as late in a long run (--no-prefill).
 2. bytes     Two daemons connected through a byte-counting TCP proxy; one publishes N updates
              (18-byte real payload, and 30 bytes for comparison with the transport docstring).
-             Bytes per message per hop = (bytes during the publish window - idle rate x
-             window) / messages received.
-3. latejoin  A synthetic SQLite ledger of 10,000 rounds x 8 peers (80,000 messages, 38-byte
-             Ed25519 peer ids, random float32 scalars) for a SmolLM2-135M run (default rank and
-             refresh period, base_sha256 from `weights_sha256`) is served by a donor FloodNode
-             process. A fresh FloodNode process times `sync_with(donor)` on loopback (direct,
-             then once more through the byte-counting proxy for repair bytes). A torch process
-             times `replay()` on SmolLM2 with accumulate / basis generation / merge split, plus
-             a prototype of a batched merge (all epochs of a matrix in one GEMM). Finally a real
-             `seedflood peer` process joins the donor and is timed to its "ready" event.
+             Bytes per message per hop = (bytes during the publish window - idle rate x window)
+             / messages received.
+3. latejoin  A synthetic SQLite ledger of 10,000 (--late-rounds) rounds x 8 peers (80,000
+             messages, 38-byte Ed25519 peer ids, random float32 scalars, real signed envelopes)
+             for a SmolLM2-135M run (default rank and refresh period, base_sha256 from
+             `weights_sha256`) is served by a donor FloodNode process. A fresh FloodNode process
+             times `sync_with(donor)` on loopback (direct, then, unless --quick, once more
+             through the byte-counting proxy for repair bytes). A torch process times the
+             library's `replay()` on SmolLM2 with 1 torch thread, split into accumulate / basis
+             generation (`epoch_bases`) / grouped epoch merges (`SubCGE.commit_grouped`), plus
+             micro-probes; shorter samples of the first epochs, with torch's default threads
+             (OpenMP active wait) and, unless --quick, 2 threads with OMP_WAIT_POLICY=PASSIVE,
+             are extrapolated. Finally a real `seedflood peer` process joins the donor and is
+             timed to its "ready" event.
 
 Flood-only processes do not import torch: hivemind's package __init__ (which pulls torch,
 ~5 s and ~250 MiB per process) is bypassed by stub package modules (`_import_without_torch`).
@@ -56,8 +65,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-if os.environ.get("BENCH_LIBRARY_PATH"):  # test a patched copy of the library
-    sys.path.insert(0, os.environ["BENCH_LIBRARY_PATH"])
 
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 DOWNLOAD_MBIT = 100.0
@@ -236,69 +243,6 @@ def _tail(path: Path, n: int = 25) -> str:
 # 1. flood workers
 
 
-def _patch_ledger_len(ledger_cls) -> None:
-    """Replace Ledger.__len__ (SELECT COUNT(*), O(ledger) per call) with a running count."""
-    count_rows, add = ledger_cls.__len__, ledger_cls.add
-
-    def length(self) -> int:
-        if getattr(self, "_bench_count", None) is None:
-            self._bench_count = count_rows(self)
-        return self._bench_count
-
-    def add_counted(self, messages, envelopes=None):
-        new = add(self, messages, envelopes)
-        if getattr(self, "_bench_count", None) is not None:
-            self._bench_count += len(new)
-        return new
-
-    ledger_cls.__len__, ledger_cls.add = length, add_counted
-
-
-def _patch_group_commit() -> None:
-    """Bench-only copy of the proposed FloodNode change: commit gossip in groups (whatever
-    has arrived when the subscription queue runs empty) instead of one transaction per message."""
-    import seedflood_p2p.node as nodemod
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.message import Envelope
-    from seedflood_p2p.protocol import Rejected
-
-    def set_envelopes(self, items) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            for message, envelope in items:
-                self.set_envelope(message, envelope)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-
-    async def receive_loop(self, subscription) -> None:
-        batch, own = [], []
-        async for item in subscription:
-            self.metrics.bytes_in.inc(len(item.data))
-            try:
-                message = nodemod.decode_update(item.data, self.run_id, item.sender)
-            except Rejected as exc:
-                self._drop(exc, item.sender)
-                message = None
-            except Exception as exc:
-                self._drop(Rejected("malformed", repr(exc)), item.sender)
-                message = None
-            if message is not None:
-                envelope = Envelope(item.data, item.seqno_bytes, item.signature)
-                (own if message.peer == self.peer_id else batch).append((message, envelope))
-            if subscription._queue.qsize() == 0 or len(batch) + len(own) >= 256:
-                if own:
-                    self.ledger.set_envelopes(own)
-                    own = []
-                if batch:
-                    self.accept(batch, "gossip")
-                    batch = []
-
-    Ledger.set_envelopes = set_envelopes
-    nodemod.FloodNode._receive_loop = receive_loop
-
-
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
     import seedflood_p2p.node as nodemod
@@ -337,10 +281,6 @@ async def flood_worker(a: dict) -> None:
         t = time.time()
         accepts.extend((m.peer.hex(), m.round, t) for m in messages)
 
-    if a.get("cached_len"):  # bench-only: the proposed Ledger.__len__ fix (counter, no COUNT(*))
-        _patch_ledger_len(Ledger)
-    if a.get("group_commit"):
-        _patch_group_commit()
     ledger = Ledger(Path(a.get("ledger_dir") or work) / f"ledger{index}.sqlite", config.run_id)
     ledger.set_meta("manifest", config.to_json())
     prefill = int(a.get("prefill") or 0)
@@ -445,27 +385,17 @@ def run_flood(
     base: Path,
     ledger_dir: str | None = None,
     prefill: int = 0,
-    cached_len: bool = False,
-    group_commit: bool = False,
 ) -> dict:
     """`ledger_dir`: where the workers' SQLite ledgers live (default: the work dir, on disk).
     `prefill`: rows already in every ledger (old rounds), as on a node late in a long run."""
-    work = (
-        base
-        / f"flood{n}{'_tmpfs' if ledger_dir else ''}{f'_prefill{prefill}' if prefill else ''}{'_cachedlen' if cached_len else ''}{'_groupcommit' if group_commit else ''}"
-    )
+    tmpfs, old = "_tmpfs" if ledger_dir else "", f"_prefill{prefill}" if prefill else ""
+    work = base / f"flood{n}{tmpfs}{old}"
     work.mkdir(parents=True)
     load_start = _loadavg()
     procs: list[subprocess.Popen] = []
     started = time.monotonic()
     try:
-        common = {
-            "work": str(work),
-            "ledger_dir": ledger_dir,
-            "prefill": prefill,
-            "cached_len": cached_len,
-            "group_commit": group_commit,
-        }
+        common = {"work": str(work), "ledger_dir": ledger_dir, "prefill": prefill}
         procs.append(_spawn("_flood-worker", {**common, "index": 0}, work / "w0.log"))
         _wait_file(work / "addr0.txt", procs, 60)
         boot = (work / "addr0.txt").read_text()
@@ -502,8 +432,6 @@ def run_flood(
     out = analyze_flood(n, rounds, period, jitter, results, startup_s, load_start, load_end, drain)
     out["ledger_storage"] = "tmpfs (/dev/shm, fsync is free)" if ledger_dir else "disk (/tmp)"
     out["ledger_prefilled_rows"] = prefill
-    out["bench_patch_cached_len"] = cached_len
-    out["bench_patch_group_commit"] = group_commit
     return out
 
 
@@ -1042,101 +970,13 @@ def _verify_chunk(run_id: str, rows: list) -> int:
     return sum(verify_pubsub_signature(p, d, q, topic, g) for p, d, q, g in rows)
 
 
-def _batched_signs(run_key: bytes, epochs: list[int], shapes: list[tuple[int, int]], rank: int):
-    """Bench prototype: the bases of several epochs x all layers from ONE Philox call.
-
-    Bit-identical to `[[layer_basis(run_key, e, l, m, k, rank) for l] for e]`: same keys, same
-    counters (i, 0, 0, 0); only the per-call NumPy overhead (2 x 210 small calls per epoch)
-    goes away. Returns per layer a float32 array (len(epochs), m + k, rank).
-    """
-    import numpy as np
-
-    from seedflood_p2p.rng import derive_key, philox4x32
-
-    counts = [(m + k) * rank for m, k in shapes]
-    words_n = [-(-c // 32) for c in counts]  # as random_signs -> random_words
-    blocks = [-(-w // 4) for w in words_n]
-    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
-    per_epoch = int(sum(blocks))
-    base = np.concatenate([np.arange(b, dtype=np.uint64) for b in blocks])
-    keys = np.array(
-        [derive_key("seedflood/basis", run_key, e, i) for e in epochs for i in range(len(shapes))],
-        dtype=np.uint64,
-    )
-    reps = np.tile(np.array(blocks), len(epochs))
-    counters = np.zeros((per_epoch * len(epochs), 4), dtype=np.uint64)
-    counters[:, 0] = np.tile(base, len(epochs))
-    words = philox4x32(counters, (np.repeat(keys[:, 0], reps), np.repeat(keys[:, 1], reps)))
-    bits = np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little")
-    bits = bits.reshape(len(epochs), per_epoch * 128)
-    out = []
-    for i, (m, k) in enumerate(shapes):
-        lo = int(starts[i]) * 128
-        layer = bits[:, lo : lo + counts[i]].astype(np.float32) * 2.0 - 1.0
-        out.append(layer.reshape(len(epochs), m + k, rank))
-    return out
-
-
-def _batched_replay(model, config, messages, group: int) -> dict:
-    """Bench prototype of a faster replay: accumulate as the library does, then per group of
-    `group` epochs generate all bases with one Philox call and merge each matrix with ONE
-    GEMM of rank group x r, instead of `group` rank-r addmm_ passes over W."""
-    import numpy as np
-    import torch
-
-    import seedflood_p2p.subcge as subcge
-
-    timings = {"accumulate_s": 0.0, "basis_generation_s": 0.0, "gemm_s": 0.0}
-    t = time.perf_counter()
-    engine = subcge.make_estimator(model, config)
-    chunk: list = []
-    for message in messages:  # per epoch, as replay() does (one call per epoch is fastest)
-        if chunk and config.epoch_of(message.round) != config.epoch_of(chunk[-1].round):
-            engine.accumulate(chunk)
-            chunk = []
-        chunk.append(message)
-    engine.accumulate(chunk)
-    cores, engine._pending = engine._pending, {}
-    timings["accumulate_s"] = time.perf_counter() - t
-    shapes = [tuple(m.shape) for m in engine.matrices]
-    r = config.rank
-    epochs = sorted(cores)
-    # check bit-identity of the batched bases against the library's layer_basis
-    probe = _batched_signs(config.run_key, epochs[:2], shapes, r)
-    identical = all(
-        np.array_equal(probe[i][j], subcge.layer_basis(config.run_key, e, i, *shapes[i], r))
-        for j, e in enumerate(epochs[:2])
-        for i in (0, len(shapes) // 2, len(shapes) - 1)
-    )
-    with torch.no_grad():
-        for g in range(0, len(epochs), group):
-            grp = epochs[g : g + group]
-            t = time.perf_counter()
-            signs = _batched_signs(config.run_key, grp, shapes, r)
-            timings["basis_generation_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-            for i, matrix in enumerate(engine.matrices):
-                m, k = shapes[i]
-                uv = torch.from_numpy(signs[i])
-                c = torch.from_numpy(np.stack([cores[e][i].reshape(r, r) for e in grp])).float()
-                uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(grp) * r)
-                vv = uv[:, m:].permute(1, 0, 2).reshape(k, len(grp) * r)
-                matrix.weight.addmm_(uc, vv.T, alpha=-1.0)
-            timings["gemm_s"] += time.perf_counter() - t
-            del signs
-    engine.close()
-    out = {k: round(v, 2) for k, v in timings.items()}
-    out["bases_bit_identical_to_layer_basis"] = bool(identical)
-    out["epoch_group"] = group
-    return out
-
-
 def replay_worker(a: dict) -> None:
     """Torch process: time replay() of the synced ledger on SmolLM2, split into parts.
 
-    a: ledger, out, threads (None: torch default), max_round (None: all), batched, probes.
+    a: ledger, out, threads (None: torch default), max_round (None: all), rounds, probes.
+    replay() folds messages with SubCGE.accumulate and merges the epochs with
+    SubCGE.commit_grouped (bases from subcge.epoch_bases); those three are timed.
     """
-    import numpy as np
     import torch
 
     import seedflood_p2p.subcge as subcge
@@ -1169,7 +1009,7 @@ def replay_worker(a: dict) -> None:
     timers = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0, "basis_calls": 0}
     cpu = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0}
     per_commit: list[float] = []
-    orig = (subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis)
+    orig = (subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases)
 
     def acc(self, messages):
         t, c = time.perf_counter(), time.process_time()
@@ -1178,55 +1018,33 @@ def replay_worker(a: dict) -> None:
         cpu["accumulate"] += time.process_time() - c
         return n
 
-    def commit(self, epochs=None):
+    def commit_grouped(self, group=25):
         t, c = time.perf_counter(), time.process_time()
-        orig[1](self, epochs)
+        orig[1](self, group)
         per_commit.append(time.perf_counter() - t)
         timers["commit"] += per_commit[-1]
         cpu["commit"] += time.process_time() - c
 
-    def basis(self, epoch):
+    def bases(run_key, epochs, shapes, rank):
         t, c = time.perf_counter(), time.process_time()
-        cached = epoch in self._bases
-        b = orig[2](self, epoch)
+        out = orig[2](run_key, epochs, shapes, rank)
         timers["basis"] += time.perf_counter() - t
         cpu["basis"] += time.process_time() - c
-        timers["basis_calls"] += not cached
-        return b
+        timers["basis_calls"] += len(epochs)
+        return out
 
     def matrices_of(m):
         return find_trainable_matrices(m, include_embeddings=config.include_embeddings)
 
-    base_weights = None
-    if a.get("batched"):
-        base_weights = {m.name: m.weight.detach().clone() for m in matrices_of(model)}
-    subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = acc, commit, basis
-    grouped = getattr(subcge.SubCGE, "commit_grouped", None)  # a patched library (see report)
-    if grouped is not None:
-        orig_bases = subcge.epoch_bases
-
-        def commit_grouped(self, group=25):
-            t, c = time.perf_counter(), time.process_time()
-            grouped(self, group)
-            per_commit.append(time.perf_counter() - t)
-            timers["commit"] += per_commit[-1]
-            cpu["commit"] += time.process_time() - c
-
-        def bases(run_key, epochs, shapes, rank):
-            t, c = time.perf_counter(), time.process_time()
-            out = orig_bases(run_key, epochs, shapes, rank)
-            timers["basis"] += time.perf_counter() - t
-            cpu["basis"] += time.process_time() - c
-            timers["basis_calls"] += len(epochs)
-            return out
-
-        subcge.SubCGE.commit_grouped, subcge.epoch_bases = commit_grouped, bases
+    subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases = (
+        acc,
+        commit_grouped,
+        bases,
+    )
     t, c = time.perf_counter(), time.process_time()
     count = replay(model, config, ledger.messages(0, max_round))
     replay_s, replay_cpu = time.perf_counter() - t, time.process_time() - c
-    subcge.SubCGE.accumulate, subcge.SubCGE.commit, subcge.SubCGE.basis = orig
-    if grouped is not None:
-        subcge.SubCGE.commit_grouped, subcge.epoch_bases = grouped, orig_bases
+    subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases = orig
     epochs = len({config.epoch_of(m.round) for m in ledger.messages(0, max_round)})
     full_epochs = a.get("rounds", LATE_ROUNDS) // config.refresh_period
     out.update(
@@ -1249,7 +1067,6 @@ def replay_worker(a: dict) -> None:
             "bases_generated": timers["basis_calls"],
             "merge_ms_first_epoch": round(1000 * per_commit[0], 1) if per_commit else None,
             "merge_calls": len(per_commit),
-            "library_commit_grouped": grouped is not None,
             "merge_ms_per_call_median": round(1000 * statistics.median(per_commit), 1),
             "merge_ms_per_call_p90": round(1000 * _pct(per_commit, 0.9), 1),
         }
@@ -1259,28 +1076,6 @@ def replay_worker(a: dict) -> None:
     else:
         out["replayed_weights_sha256"] = weights_sha256(model)
     print(f"replay: {json.dumps(out)}", flush=True)
-
-    if a.get("batched"):
-        replayed = {m.name: m.weight.detach().clone() for m in matrices_of(model)}
-        update_scale = max((replayed[n] - base_weights[n]).abs().max().item() for n in replayed)
-        with torch.no_grad():
-            for m in matrices_of(model):
-                m.weight.copy_(base_weights[m.name])
-        del base_weights
-        t, c = time.perf_counter(), time.process_time()
-        proto = _batched_replay(model, config, ledger.messages(0, max_round), a.get("group", 25))
-        proto["total_s"] = round(time.perf_counter() - t, 2)
-        proto["cpu_s"] = round(time.process_time() - c, 2)
-        now = {m.name: m.weight for m in matrices_of(model)}
-        proto["max_abs_diff_vs_replay"] = max(
-            (now[n] - replayed[n]).abs().max().item() for n in replayed
-        )
-        proto["max_abs_update_by_replay"] = update_scale
-        proto["note"] = (
-            "same math; not bitwise equal to replay() (other summation order inside the GEMM)"
-        )
-        out["batched_merge_prototype"] = proto
-        print(f"batched: {json.dumps(proto)}", flush=True)
 
     if a.get("probes"):
         t = time.perf_counter()
@@ -1308,7 +1103,6 @@ def replay_worker(a: dict) -> None:
             "rank_r_merge_GB_per_s": round(2 * w.numel() * 4 / rank_r_ms / 1e6, 2),
             "rank_400_gemm_gflops": round(gflops, 1),
         }
-    del np
     out["loadavg_end"] = _loadavg()
     ledger.close()
     Path(a["out"]).write_text(json.dumps(out))
@@ -1325,8 +1119,9 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float, round
         "--min-peers", str(min_peers), "--repair-interval", "1000", "--threads", "1",
     ]  # fmt: skip
     t0 = time.monotonic()
-    cwd = os.environ.get("BENCH_LIBRARY_PATH") or str(ROOT)  # python -m puts cwd first
-    proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=cwd)
+    proc = subprocess.Popen(
+        cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=ENV, cwd=str(ROOT)
+    )
     ready = None
     events = []
     try:
@@ -1402,8 +1197,8 @@ def run_latejoin(base: Path, quick: bool, rounds: int = LATE_ROUNDS) -> dict:
         print(f"  sync: {out['sync']}", flush=True)
 
         ledger = str(work / "joiner_direct.sqlite")
-        # main measurement: the library's replay() with one torch thread, plus the prototype
-        runs = [("replay", {"threads": 1, "batched": True, "probes": True}, {})]
+        # main measurement: the library's replay() with one torch thread
+        runs = [("replay", {"threads": 1, "probes": True}, {})]
         # samples: torch's default threads (2) with OpenMP's default active spin-wait, and
         # 2 threads with OMP_WAIT_POLICY=PASSIVE; first epochs only, extrapolated
         runs.append(("replay_default_threads_sample", {"max_round": 99}, {}))
@@ -1447,9 +1242,6 @@ def run_latejoin(base: Path, quick: bool, rounds: int = LATE_ROUNDS) -> dict:
         "margin_s": round(target - (sync_s + replay_s), 2),
         "ratio_to_target": round((sync_s + replay_s) / target, 3),
     }
-    if "batched_merge_prototype" in out["replay"]:
-        b = out["replay"]["batched_merge_prototype"]["total_s"]
-        out["target"]["sync_plus_batched_replay_s"] = round(sync_s + b, 2)
     out["loadavg_end"] = _loadavg()
     return out
 
@@ -1459,6 +1251,9 @@ def run_latejoin(base: Path, quick: bool, rounds: int = LATE_ROUNDS) -> dict:
 
 
 def write_markdown(res: dict, path: Path) -> None:
+    """Render `res` as markdown. Also renders results of older versions of this script: the
+    keys "library" (part_runs), "bench_patch_*" (flood), "batched_merge_prototype" (replay)
+    and "sync_plus_batched_replay_s" (target) come only from such runs."""
     L = []
     L.append("# Network benchmark (SeedFlood-P2P on go-libp2p daemons, 127.0.0.1)\n")
     L.append(f"{res['cpus']} cores. Each part below comes from one run of this script:\n")
@@ -1667,10 +1462,14 @@ def write_markdown(res: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
-    parser.add_argument("--parts", default="flood,bytes,latejoin")
-    parser.add_argument("--peers", default="8,16")
+    parser.add_argument(
+        "--parts", default="flood,bytes,latejoin", help="comma-separated parts to run"
+    )
+    parser.add_argument("--peers", default="8,16", help="flood: comma-separated peer counts")
     parser.add_argument("--round-rate", type=float, default=3.0, help="rounds per second")
     parser.add_argument("--duration", type=float, default=None, help="seconds per flood run")
     parser.add_argument(
@@ -1724,11 +1523,7 @@ def main() -> int:
     res["part_runs"] = {k: v for k, v in res.get("part_runs", {}).items() if k not in parts}
     for part in ("flood", "bytes", "latejoin"):
         if part in parts:
-            res["part_runs"][part] = {
-                "started": res["started"],
-                "command": res["command"],
-                "library": os.environ.get("BENCH_LIBRARY_PATH"),
-            }
+            res["part_runs"][part] = {"started": res["started"], "command": res["command"]}
     res["part_runs"] = dict(sorted(res["part_runs"].items()))
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -1742,32 +1537,20 @@ def main() -> int:
             res["flood"] = []
             configs = []
             for n in [int(x) for x in args.peers.split(",")]:
-                configs += [(n, None, 0)] if args.no_tmpfs else [(n, None, 0), (n, "tmpfs", 0)]
-                if n >= 16 and not args.no_tmpfs:
-                    configs.append((n, "group_commit", 0))
+                configs += [(n, False, 0)] if args.no_tmpfs else [(n, False, 0), (n, True, 0)]
                 if n == 8 and not args.no_prefill:
-                    configs += [(n, None, 80_000), (n, "cached_len", 80_000)]
-            for n, variant, prefill in configs:
+                    configs.append((n, False, 80_000))
+            for n, tmpfs, prefill in configs:
                 print(
                     f"flood: {n} peers, {rounds} rounds at {args.round_rate}/s, ledger "
-                    f"{variant or 'disk'}, prefilled {prefill}",
+                    f"{'tmpfs' if tmpfs else 'disk'}, prefilled {prefill}",
                     flush=True,
                 )
                 shm = None
-                if variant == "tmpfs":
+                if tmpfs:
                     shm = tempfile.mkdtemp(prefix="bench_network_", dir="/dev/shm")
                 try:
-                    f = run_flood(
-                        n,
-                        rounds,
-                        period,
-                        args.jitter,
-                        base,
-                        shm,
-                        prefill,
-                        cached_len=variant == "cached_len",
-                        group_commit=variant == "group_commit",
-                    )
+                    f = run_flood(n, rounds, period, args.jitter, base, shm, prefill)
                 finally:
                     if shm:
                         shutil.rmtree(shm, ignore_errors=True)
