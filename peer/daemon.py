@@ -205,6 +205,28 @@ class PeerDaemon:
         messages = list(self.ledger.messages())
         return messages, digest_of(messages)
 
+    async def catch_up(self, sync: asyncio.Task) -> tuple[int, int]:
+        """Replay fetched updates while `sync` is still fetching (late join).
+
+        Signature checks on the event loop and merges in the model thread overlap, so a
+        late join costs about max(sync, replay), not their sum. Each batch is what was
+        accepted since the last one (`pending`: every accepted message lands there exactly
+        once), applied in canonical order within the batch; across batches the order is
+        arrival order, as on any live peer. Returns (messages synced, messages replayed)."""
+        from seedflood_p2p.replay import replay
+
+        replayed = 0
+        while True:
+            finished = sync.done()
+            batch, self.pending = self.pending, []
+            if batch:
+                batch.sort(key=lambda m: (m.round, m.peer))
+                replayed += await self.in_model_thread(replay, self.model, self.config, batch)
+            if finished:
+                return sync.result(), replayed
+            if not batch:
+                await asyncio.wait({sync}, timeout=0.2)
+
     # -- per round -------------------------------------------------------------
     def apply(self, messages: list[UpdateMessage]) -> None:
         self.engine.accumulate(messages)
@@ -452,8 +474,17 @@ class PeerDaemon:
                 boot = PeerID.from_base58(Multiaddr(addr).value_for_protocol("p2p"))
                 if boot not in peers:
                     peers.append(boot)
-            synced = await self.node.sync_round(peers)
-            how = await self.in_model_thread(self.restore, *self.ledger_cut())
+            # Restore what the local ledger holds while the first sync pass fetches the rest,
+            # then replay each fetched batch while the next one is verified and stored.
+            local = self.ledger_cut()
+            sync = asyncio.create_task(self.node.sync_round(peers))
+            try:
+                how = await self.in_model_thread(self.restore, *local)
+                synced, caught_up = await self.catch_up(sync)
+            finally:
+                sync.cancel()  # no-op once done; stops it if restore or a replay failed
+            if caught_up:
+                how += f", then {caught_up} more replayed as they arrived"
             await self.in_model_thread(self.set_model_hash)
             own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
             self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)
