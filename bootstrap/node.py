@@ -73,7 +73,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     node = http = None
     try:
         ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
-        ledger.set_meta("manifest", config.to_json())
+        ledger.claim(config.to_json(), "use a new --data-dir for a new run")
         node = FloodNode(p2p, ledger, config.to_json(), metrics, settings.node)
         await node.start()
         suffix = f"/p2p/{p2p.peer_id.to_base58()}"

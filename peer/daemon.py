@@ -95,6 +95,7 @@ class PeerDaemon:
         self.final_round: int | None = None  # last round to train (None: open-ended)
         self.until_round: int | None = None  # --until-round or the run's total: a hard cap
         self.done_training = False  # past linger: the final round can no longer move
+        self.in_round = False  # between the start of round `self.round` and its end
         self.started = time.time()
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
 
@@ -148,8 +149,15 @@ class PeerDaemon:
                 reply = msgpack.unpackb(
                     await call_bytes(self.p2p, peer_id, "seedflood.manifest", b"", 15.0)
                 )
+                fields = (reply["time"], reply["version"], reply["manifest"])
             except RemoteCallError as exc:
                 errors.append(f"{addr}: {exc}")
+                continue
+            except Exception as exc:  # not a manifest: try the next bootstrap node
+                errors.append(f"{addr}: malformed manifest reply ({type(exc).__name__})")
+                continue
+            if not all(isinstance(f, t) for f, t in zip(fields, (float, str, str), strict=True)):
+                errors.append(f"{addr}: malformed manifest reply")
                 continue
             return check_manifest_reply(reply, time.time(), __version__)
         raise UserError(
@@ -181,17 +189,23 @@ class PeerDaemon:
         """Bring the model to base + `messages`: from the checkpoint if it covers them."""
         from seedflood_p2p.replay import replay
 
-        meta_path = self.s.data_dir / "checkpoint.json"
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
+        try:
+            meta = json.loads((self.s.data_dir / "checkpoint.json").read_text())
             if meta.get("ledger_digest") == digest:
                 weights = load_file(
                     self.s.data_dir / "checkpoint.safetensors", device=self.s.device
                 )
+                for matrix in self.engine.matrices:
+                    if weights[matrix.name].shape != matrix.weight.shape:
+                        raise ValueError(f"{matrix.name} has shape {weights[matrix.name].shape}")
                 with torch.no_grad():
                     for matrix in self.engine.matrices:
                         matrix.weight.copy_(weights[matrix.name])
                 return f"checkpoint of round {meta['round']}"
+        except FileNotFoundError:
+            pass  # a fresh peer
+        except Exception as exc:  # unreadable: the ledger alone rebuilds the model
+            log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
         count = replay(self.model, self.config, messages)
         return f"replay of {count} ledger messages"
 
@@ -204,28 +218,6 @@ class PeerDaemon:
         self.pending = []
         messages = list(self.ledger.messages())
         return messages, digest_of(messages)
-
-    async def catch_up(self, sync: asyncio.Task) -> tuple[int, int]:
-        """Replay fetched updates while `sync` is still fetching (late join).
-
-        Signature checks on the event loop and merges in the model thread overlap, so a
-        late join costs about max(sync, replay), not their sum. Each batch is what was
-        accepted since the last one (`pending`: every accepted message lands there exactly
-        once), applied in canonical order within the batch; across batches the order is
-        arrival order, as on any live peer. Returns (messages synced, messages replayed)."""
-        from seedflood_p2p.replay import replay
-
-        replayed = 0
-        while True:
-            finished = sync.done()
-            batch, self.pending = self.pending, []
-            if batch:
-                batch.sort(key=lambda m: (m.round, m.peer))
-                replayed += await self.in_model_thread(replay, self.model, self.config, batch)
-            if finished:
-                return sync.result(), replayed
-            if not batch:
-                await asyncio.wait({sync}, timeout=0.2)
 
     # -- per round -------------------------------------------------------------
     def apply(self, messages: list[UpdateMessage]) -> None:
@@ -263,9 +255,10 @@ class PeerDaemon:
         back to training). `--until-round` stays an upper bound."""
         if self.done_training:
             return {"final_round": self.round - 1}
-        last = max(round_, self.round - 1)
+        started = self.round if self.in_round else self.round - 1  # will be finished anyway
+        last = max(round_, started)
         if self.until_round:
-            last = max(min(last, self.until_round - 1), self.round - 1)
+            last = max(min(last, self.until_round - 1), started)
         if last != self.final_round:
             self.final_round = last
             log.info("asked to finish after round %d", last)
@@ -275,6 +268,7 @@ class PeerDaemon:
         from seedflood_p2p.trainer import zo_step
 
         while not self.stopping and (self.final_round is None or self.round <= self.final_round):
+            self.in_round = True
             if self.node.fatal is not None:
                 raise self.node.fatal
             await self.wait_ready(self.round)
@@ -312,6 +306,7 @@ class PeerDaemon:
                 extra={"fields": line},
             )
             self.round += 1
+            self.in_round = False
             if self.s.eval_every and self.round % self.s.eval_every == 0:
                 await self.evaluate()
 
@@ -342,7 +337,7 @@ class PeerDaemon:
         message arrived for `linger` seconds (at most `linger_max` seconds): a peer that
         leaves early would miss the stragglers' last updates."""
         started = quiet_since = time.monotonic()
-        while time.monotonic() - started < self.s.linger_max:
+        while time.monotonic() - started < self.s.linger_max and not self.stopping:
             if await self.node.sync_round():
                 quiet_since = time.monotonic()
             await asyncio.sleep(0.5)
@@ -354,7 +349,8 @@ class PeerDaemon:
             waiting = [p for p, st in self._live_peers(now).items() if st.round < final_round]
             if not waiting and now - quiet_since >= self.s.linger:
                 return
-        log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
+        if not self.stopping:
+            log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
 
     def set_model_hash(self) -> None:
         from seedflood_p2p.models import weights_sha256
@@ -419,13 +415,7 @@ class PeerDaemon:
                 self.config.dataset,
             )
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
-            stored = self.ledger.get_meta("manifest")
-            if stored is not None and stored != self.config.to_json():
-                raise UserError(
-                    f"{s.data_dir} holds a ledger of another run "
-                    f"({RunConfig.from_json(stored).run_id[:12]}): use a new --data-dir per run"
-                )
-            self.ledger.set_meta("manifest", self.config.to_json())
+            self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
             self.model, self.tokenizer, self.task = await self.in_model_thread(
                 self.load_model, self.config
             )
@@ -474,17 +464,10 @@ class PeerDaemon:
                 boot = PeerID.from_base58(Multiaddr(addr).value_for_protocol("p2p"))
                 if boot not in peers:
                     peers.append(boot)
-            # Restore what the local ledger holds while the first sync pass fetches the rest,
-            # then replay each fetched batch while the next one is verified and stored.
-            local = self.ledger_cut()
-            sync = asyncio.create_task(self.node.sync_round(peers))
-            try:
-                how = await self.in_model_thread(self.restore, *local)
-                synced, caught_up = await self.catch_up(sync)
-            finally:
-                sync.cancel()  # no-op once done; stops it if restore or a replay failed
-            if caught_up:
-                how += f", then {caught_up} more replayed as they arrived"
+            # Sync first, then replay: overlapping the two was measured to gain nothing on
+            # 2 cores (bench/results/latejoin_overlap.md).
+            synced = await self.node.sync_round(peers)
+            how = await self.in_model_thread(self.restore, *self.ledger_cut())
             await self.in_model_thread(self.set_model_hash)
             own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
             self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)
@@ -512,6 +495,9 @@ class PeerDaemon:
                     await self.evaluate()
                 break
             self.done_training = True
+            # No accepts after this: the checkpoint then covers the whole ledger on disk, so
+            # a restart loads it instead of replaying everything.
+            await self.node.stop()
             meta = await self.checkpoint()
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))

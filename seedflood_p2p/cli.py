@@ -42,12 +42,19 @@ def _field_kind(f: dataclasses.Field) -> tuple[str, bool]:
     return text, False
 
 
-def _add_flags(parser: argparse.ArgumentParser, fields: list, title: str) -> None:
+def _add_flags(
+    parser: argparse.ArgumentParser,
+    fields: list,
+    title: str,
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    """One flag per settings field; `defaults` are this command's own, shown in --help."""
     group = parser.add_argument_group(title)
     for f in fields:
         kind, is_list = _field_kind(f)
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else "[]"
+        default = (defaults or {}).get(f.name, default)
         if kind == "bool":
             group.add_argument(
                 flag,
@@ -75,9 +82,9 @@ def _add_flags(parser: argparse.ArgumentParser, fields: list, title: str) -> Non
             )
 
 
-def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+def _add_run_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
     parser.add_argument("--config", type=Path, help="TOML file; keys are the flag names")
-    _add_flags(parser, _RUN_FIELDS, "run settings")
+    _add_flags(parser, _RUN_FIELDS, "run settings", defaults)
 
 
 def _read_toml(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,6 +96,10 @@ def _read_toml(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"config file {args.config} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"config file {args.config} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"cannot read config file {args.config} ({exc}): pass a TOML file"
+        ) from None
     return {key.replace("-", "_"): value for key, value in table.items()}
 
 
@@ -169,7 +180,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{config.run_id[:12]}")
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(args.ledger or out / "ledger.sqlite", config.run_id)
-    ledger.set_meta("manifest", config.to_json())
+    ledger.claim(config.to_json(), "use another --out or --ledger")
     engine = make_estimator(model, config)
     log.info(
         "run %s: model %s (%.1fM trainable params in %d matrices), dataset %s "
@@ -429,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train on this machine with simulated peers")
-    _add_run_flags(p)
+    _add_run_flags(p, {"n_ref": "--peers"})
     p.add_argument("--peers", type=int, default=1, help="simulated peers (default 1)")
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=25)
@@ -458,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_peer)
 
     p = sub.add_parser("demo", help="a real multi-peer run on this machine, with a plot")
-    _add_run_flags(p)
+    _add_run_flags(p, {**DEMO_DEFAULTS, "n_ref": "--peers"})
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--minutes", type=float, default=10.0, help="training time budget")

@@ -97,6 +97,8 @@ class RunConfig:
             body = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UserError(f"run manifest is not valid JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise UserError("run manifest is not a JSON object: it was not written by seedflood")
         version = body.pop("manifest_version", None)
         if version != MANIFEST_VERSION:
             raise UserError(
@@ -107,6 +109,16 @@ class RunConfig:
         unknown = sorted(set(body) - names)
         if unknown:
             raise UserError(f"run manifest has unknown settings {unknown}: upgrade seedflood-p2p")
+        kinds = {"int": int, "float": (int, float), "str": str, "bool": bool}
+        for f in dataclasses.fields(cls):
+            if f.name not in body:
+                continue
+            value, kind = body[f.name], kinds.get(f.type, dict)
+            if isinstance(value, bool) is not (f.type == "bool") or not isinstance(value, kind):
+                raise UserError(
+                    f"run manifest setting '{f.name}' must be {f.type}, got {value!r}: "
+                    "the manifest is corrupt or from another program"
+                )
         return cls(**body)
 
     def replace(self, **changes: Any) -> RunConfig:

@@ -23,6 +23,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import random
@@ -56,6 +57,7 @@ __all__ = [
 BUILTIN_TASKS = ("mr", "synthetic-sentiment", "synthetic-lm")
 
 _COLUMN_FLAGS = "--text-column/--label-column"
+log = logging.getLogger("seedflood.data")
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,14 @@ def _rows_to_examples(
                     f"columns with {_COLUMN_FLAGS}"
                 )
             labelled = label_column in row and row[label_column] not in (None, "")
+            if not labelled:  # say so: a mistyped --label-column would train the wrong thing
+                log.warning(
+                    "%s: no '%s' column in its first row: training as language modelling "
+                    "(set %s for classification)",
+                    source,
+                    label_column,
+                    _COLUMN_FLAGS,
+                )
         text = row.get(text_column)
         if not isinstance(text, str):
             what = "missing" if text is None else f"a {type(text).__name__}, not text"

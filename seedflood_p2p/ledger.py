@@ -67,14 +67,14 @@ class Ledger:
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
             self._db.executescript(_SCHEMA)
+        except sqlite3.OperationalError as exc:  # before its base class DatabaseError
+            raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
         except sqlite3.DatabaseError as exc:
             raise UserError(
                 f"ledger {self.path} is corrupt or not a seedflood ledger ({exc}): move it "
                 "aside and let the peer re-sync from the network, or rebuild it from a "
                 "peer's copy"
             ) from None
-        except sqlite3.OperationalError as exc:
-            raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
 
     @classmethod
     def open_existing(cls, path: str | Path) -> Ledger:
@@ -125,10 +125,10 @@ class Ledger:
             self._db.execute("COMMIT")
             if self._count is not None and self._count[0] == self.run_id:
                 self._count = (self.run_id, self._count[1] + len(new))
-        except sqlite3.OperationalError as exc:
+        except BaseException as exc:  # nothing half-written stays open
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
-            if "full" in str(exc).lower():
+            if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower():
                 raise UserError(
                     f"disk full while writing ledger {self.path}: free space on "
                     f"{self.path.parent} and restart the peer (nothing committed was lost)"
@@ -157,6 +157,15 @@ class Ledger:
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def claim(self, manifest_json: str, fix: str) -> None:
+        """Record the run's manifest here. A ledger of another run is refused: replacing
+        its manifest would leave its messages without the settings that give them meaning."""
+        stored = self.get_meta("manifest")
+        if stored is not None and stored != manifest_json:
+            other = hashlib.sha256(stored.encode()).hexdigest()[:12]  # = that run's id
+            raise UserError(f"{self.path.parent} holds a ledger of another run ({other}): {fix}")
+        self.set_meta("manifest", manifest_json)
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

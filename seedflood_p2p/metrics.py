@@ -80,8 +80,11 @@ async def serve_http(
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
+            for _ in range(100):  # headers are skipped; a client sending more is cut off
+                if await asyncio.wait_for(reader.readline(), 5) in (b"\r\n", b"\n", b""):
+                    break
+            else:
+                return
             parts = request.split()
             method = parts[0].decode() if parts else "GET"
             path = parts[1].decode() if len(parts) > 1 else "/"
@@ -91,7 +94,9 @@ async def serve_http(
                 if client not in ("127.0.0.1", "::1"):
                     body, code = b"only from this machine\n", "403 Forbidden"
                     kind = "text/plain"
-                elif "after_round" not in query or not query["after_round"][0].isdigit():
+                elif "after_round" not in query or not (
+                    query["after_round"][0].isascii() and query["after_round"][0].isdigit()
+                ):
                     body, code = b"usage: POST /finish?after_round=N\n", "400 Bad Request"
                     kind = "text/plain"
                 else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -32,10 +33,16 @@ from seedflood_p2p.ledger import Ledger
 from seedflood_p2p.message import Envelope, UpdateMessage
 from seedflood_p2p.metrics import NodeMetrics
 from seedflood_p2p.protocol import (
+    BUCKET_ROUNDS,
+    FETCH_LIMIT,
     Rejected,
     WindowRule,
     check_against_ledger,
     check_envelope,
+    check_rows_follow,
+    decode_digest_request,
+    decode_digests,
+    decode_fetch_request,
     decode_rows,
     decode_update,
     encode_rows,
@@ -52,13 +59,11 @@ from seedflood_p2p.transport import (
 
 log = logging.getLogger("seedflood.node")
 
-BUCKET_ROUNDS = 64
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
-# Rows per fetch response. A row carries its signed envelope: ~139 bytes with 38-byte peer
-# ids and an 18-byte update, at most ~215 for any valid row, so 4096 rows stay below the
-# 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB: every fetch of a bucket with
-# more than ~7,500 rows, i.e. ~118+ peers per round, failed with "response ... exceeds").
-FETCH_LIMIT = 4096
+# FETCH_LIMIT (protocol.py), rows per fetch response: a row carries its signed envelope,
+# ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
+# so 4096 rows stay below the 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB:
+# every fetch of a bucket with more than ~7,500 rows, i.e. ~118+ peers per round, failed).
 
 
 @dataclass
@@ -150,23 +155,24 @@ class FloodNode:
             return []
         new = self.ledger.add([m for m, _ in valid.values()], [e for _, e in valid.values()])
         for message in new:
-            self._note(message)
+            self._note(message, heard=source == "gossip")
         if new:
             self.metrics.accepted.labels(source).inc(len(new))
             self.metrics.ledger_size.set(len(self.ledger))
             self.on_accept(new)
         return new
 
-    def _note(self, message: UpdateMessage) -> None:
+    def _note(self, message: UpdateMessage, heard: bool = True) -> None:
+        """Track the newest round and each peer's progress. Only gossip (`heard`) shows a
+        peer is alive: repaired history of a peer that left must not make us wait for it."""
+        now = time.monotonic()
         self.newest_round = max(self.newest_round, message.round)
-        self.last_accept = time.monotonic()
+        self.last_accept = now
         if message.peer != self.peer_id:
-            state = self.peers.get(message.peer)
-            if state is None:
-                self.peers[message.peer] = PeerState(message.round, time.monotonic())
-            else:
-                state.round = max(state.round, message.round)
-                state.last_seen = time.monotonic()
+            state = self.peers.setdefault(message.peer, PeerState(message.round, -math.inf))
+            state.round = max(state.round, message.round)
+            if heard:
+                state.last_seen = now
 
     def _drop(self, exc: Rejected, sender: bytes) -> None:
         self.metrics.dropped.labels(exc.reason).inc()
@@ -197,6 +203,9 @@ class FloodNode:
         except UserError as exc:  # the ledger cannot be written: nothing may be applied
             self.fatal = exc
             log.error("%s", exc)
+        except Exception as exc:  # a deaf peer must stop, not train on alone
+            self.fatal = UserError(f"the gossip receiver failed ({exc!r}): restart the peer")
+            log.exception("gossip receiver failed")
 
     async def _receive_loop(self, subscription) -> None:
         """Validate gossip and commit it in groups: whatever has arrived by the time the
@@ -235,32 +244,30 @@ class FloodNode:
         )
 
     async def _serve_digest(self, peer, request: bytes) -> bytes:
-        run_id, bucket_rounds = msgpack.unpackb(request)
-        if run_id != self.run_id:
+        if decode_digest_request(request) != self.run_id:
             return msgpack.packb([])
-        digests = self.ledger.bucket_digests(int(bucket_rounds))
+        digests = self.ledger.bucket_digests(BUCKET_ROUNDS)
         return msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
 
     async def _serve_fetch(self, peer, request: bytes) -> bytes:
-        run_id, round_, after_peer, max_round, limit = msgpack.unpackb(request)
-        if run_id != self.run_id:
+        fields = decode_fetch_request(request)
+        if fields is None or fields[0] != self.run_id:
             return encode_rows([])
-        rows = self.ledger.signed_after(
-            int(round_), bytes(after_peer), int(max_round), min(int(limit), FETCH_LIMIT)
-        )
-        return encode_rows(rows)
+        _, round_, after_peer, max_round, limit = fields
+        return encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
 
     async def sync_with(self, peer_id) -> int:
-        """Pull every message `peer_id` has in buckets that differ from ours; returns new count."""
+        """Pull every message `peer_id` has in buckets that differ from ours; returns new count.
+
+        A bad reply (see protocol.py) ends the exchange with that peer: counted, logged."""
         call = self.settings.call_timeout
-        reply = await call_bytes(
-            self.p2p,
-            peer_id,
-            "seedflood.digest",
-            msgpack.packb([self.run_id, BUCKET_ROUNDS]),
-            call,
-        )
-        theirs = {b: (c, bytes(h)) for b, c, h in msgpack.unpackb(reply)}
+        request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
+        reply = await call_bytes(self.p2p, peer_id, "seedflood.digest", request, call)
+        try:
+            theirs = decode_digests(reply)
+        except Rejected as exc:
+            self._drop(exc, peer_id.to_bytes())
+            return 0
         mine = self.ledger.bucket_digests(BUCKET_ROUNDS)
         new = 0
         for bucket, digest in sorted(theirs.items()):
@@ -273,15 +280,15 @@ class FloodNode:
                 data = await call_bytes(self.p2p, peer_id, "seedflood.fetch", request, call)
                 try:
                     rows = decode_rows(data, FETCH_LIMIT)
+                    check_rows_follow(rows, cursor, hi)
                 except Rejected as exc:
                     self._drop(exc, peer_id.to_bytes())
-                    break
-                # Our own rows are authoritative locally: never take them from others. Rows we
-                # already hold (same scalar) are duplicates: skip their ~150 us signature check.
+                    return new
+                # Rows we already hold (same scalar) are duplicates: skip their ~150 us
+                # signature check. Our own rows are taken too when missing (a lost ledger):
+                # their signature is ours.
                 unseen = [
-                    (m, e)
-                    for m, e in rows
-                    if m.peer != self.peer_id and self.ledger.scalar_of(m.peer, m.round) != m.scalar
+                    (m, e) for m, e in rows if self.ledger.scalar_of(m.peer, m.round) != m.scalar
                 ]
                 # Ed25519 checks hold the GIL; a thread at least keeps the event loop (gossip)
                 # running during a long late-join sync (80,000 rows: 13 s of checks).
@@ -316,6 +323,10 @@ class FloodNode:
                 new += await self.sync_with(peer_id)
             except RemoteCallError as exc:
                 log.debug("sync with %s failed: %s", peer_id, exc)
+            except UserError:
+                raise  # our own ledger cannot be written
+            except Exception as exc:  # whatever a peer sends, we go on with the others
+                log.warning("sync with %s failed: %r", peer_id, exc)
         return new
 
     async def _anti_entropy(self) -> None:
@@ -335,6 +346,11 @@ class FloodNode:
                 new = await self.sync_with(random.choice(peers))
             except RemoteCallError as exc:
                 log.debug("anti-entropy failed: %s", exc)
+                continue
+            except UserError:
+                raise
+            except Exception as exc:  # repair must outlive any one bad exchange
+                log.warning("anti-entropy failed: %r", exc)
                 continue
             if new:
                 log.info(

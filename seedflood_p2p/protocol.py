@@ -16,7 +16,7 @@ dropped and counted under the named reason (never raised out of the daemon):
     bad_version    version is not PROTOCOL_VERSION
     wrong_run      run_tag differs from this run's
     non_finite     scalar is NaN or infinite
-    out_of_window  round < 0 or round > newest round seen + max_ahead
+    out_of_window  round < 0, round > MAX_ROUND, or round > newest round seen + max_ahead
     duplicate      same (sender, round, scalar) already in the ledger
     equivocation   same (sender, round) already in the ledger with another scalar
     own            our own message echoed back (not an error)
@@ -29,6 +29,16 @@ and two more, so that no peer can forge another's update:
 
     bad_signature  the envelope's Ed25519 signature does not verify for `peer`
     mismatch       the envelope's payload does not decode to (round, scalar)
+
+Repair replies themselves are checked before any row is looked at; a reply that fails
+is dropped whole, counted as `bad_reply`, and that peer is not asked further this pass:
+
+    bad_reply      digest reply not a list of [bucket, count, 8-byte hash] with buckets in
+                   range; fetch reply not a list of well-formed rows; rows not strictly
+                   after the requested cursor, not ascending, or past the requested round
+
+Requests a peer serves are checked the same way (unknown run, bucket size other than
+BUCKET_ROUNDS, limit outside 1..FETCH_LIMIT, cursor not a peer id): answered empty.
 """
 
 from __future__ import annotations
@@ -45,6 +55,10 @@ from seedflood_p2p.message import Envelope, UpdateMessage
 PROTOCOL_VERSION = 1
 MAX_UPDATE_BYTES = 64
 RUN_TAG_BYTES = 4
+MAX_ROUND = (1 << 62) - 1  # rounds are SQLite integers; no real run comes near this
+BUCKET_ROUNDS = 64  # rounds per digest bucket in anti-entropy
+FETCH_LIMIT = 4096  # rows per fetch reply: ~146 B each, under the daemon's 1 MiB cap
+MAX_PEER_ID_BYTES = 64
 
 DROP_REASONS = (
     "oversized",
@@ -58,6 +72,7 @@ DROP_REASONS = (
     "own",
     "bad_signature",
     "mismatch",
+    "bad_reply",
 )
 
 
@@ -120,8 +135,8 @@ def decode_update(data: bytes, run_id: str, sender: bytes) -> UpdateMessage:
         raise Rejected("malformed", "scalar is not a float")
     if not math.isfinite(scalar):
         raise Rejected("non_finite")
-    if round_ < 0:
-        raise Rejected("out_of_window", f"round {round_} < 0")
+    if not 0 <= round_ <= MAX_ROUND:
+        raise Rejected("out_of_window", f"round {round_} outside 0..MAX_ROUND")
     # Decoded float32 -> Python float is exact; re-pack guards against float64 senders.
     scalar = struct.unpack("<f", struct.pack("<f", scalar))[0]
     return UpdateMessage(round_, sender, scalar)
@@ -160,26 +175,98 @@ def decode_rows(data: bytes, max_rows: int) -> list[tuple[UpdateMessage, Envelop
     try:
         rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 6))
     except Exception as exc:
-        raise Rejected("malformed", f"repair rows not msgpack ({type(exc).__name__})") from None
+        raise Rejected("bad_reply", f"repair rows not msgpack ({type(exc).__name__})") from None
     if not isinstance(rows, list):
-        raise Rejected("malformed", "repair rows are not a list")
+        raise Rejected("bad_reply", "repair rows are not a list")
     out = []
     for row in rows:
         if not (
             isinstance(row, list)
             and len(row) == 6
-            and isinstance(row[0], int)
-            and row[0] >= 0
+            and _is_round(row[0])
             and isinstance(row[2], float)
             and all(isinstance(x, bytes) for x in (row[1], *row[3:]))
-            and 0 < len(row[1]) <= 64
+            and 0 < len(row[1]) <= MAX_PEER_ID_BYTES
             and len(row[3]) <= MAX_UPDATE_BYTES
         ):
-            raise Rejected("malformed", "bad repair row")
+            raise Rejected("bad_reply", "bad repair row")
         if not math.isfinite(row[2]):
             raise Rejected("non_finite", "repair row")
         out.append((UpdateMessage(row[0], row[1], row[2]), Envelope(row[3], row[4], row[5])))
     return out
+
+
+def check_rows_follow(
+    rows: list[tuple[UpdateMessage, Envelope]], cursor: tuple[int, bytes], max_round: int
+) -> None:
+    """Fetch rows must come strictly after `cursor`, ascending, up to `max_round`: else a
+    peer could keep us paging forever or hand us rows we did not ask for."""
+    last = cursor
+    for message, _ in rows:
+        key = (message.round, message.peer)
+        if key <= last or message.round > max_round:
+            raise Rejected("bad_reply", f"row {key[0]} out of order or past round {max_round}")
+        last = key
+
+
+def decode_digests(data: bytes) -> dict[int, tuple[int, bytes]]:
+    """A digest reply: {bucket: (count, 8-byte hash)} for buckets of BUCKET_ROUNDS rounds."""
+    try:
+        body = msgpack.unpackb(data, raw=False, max_bin_len=8, max_str_len=0)
+    except Exception as exc:
+        raise Rejected("bad_reply", f"digests not msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, list):
+        raise Rejected("bad_reply", "digests are not a list")
+    out = {}
+    for item in body:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and _is_round(item[0])
+            and item[0] <= MAX_ROUND // BUCKET_ROUNDS
+            and _is_round(item[1])
+            and isinstance(item[2], bytes)
+            and len(item[2]) == 8
+        ):
+            raise Rejected("bad_reply", "bad digest entry")
+        out[item[0]] = (item[1], item[2])
+    return out
+
+
+def decode_digest_request(data: bytes) -> str | None:
+    """The run id of a well-formed digest request, else None (answered empty)."""
+    try:
+        run_id, bucket_rounds = msgpack.unpackb(data, raw=False, max_str_len=128)
+    except Exception:
+        return None
+    if not isinstance(run_id, str) or bucket_rounds != BUCKET_ROUNDS:
+        return None
+    return run_id
+
+
+def decode_fetch_request(data: bytes) -> tuple[str, int, bytes, int, int] | None:
+    """(run id, after round, after peer, max round, limit) of a well-formed fetch request."""
+    try:
+        run_id, round_, after_peer, max_round, limit = msgpack.unpackb(
+            data, raw=False, max_str_len=128, max_bin_len=MAX_PEER_ID_BYTES
+        )
+    except Exception:
+        return None
+    if not (
+        isinstance(run_id, str)
+        and isinstance(round_, int)
+        and -1 <= round_ <= MAX_ROUND
+        and isinstance(after_peer, bytes)
+        and _is_round(max_round)
+        and isinstance(limit, int)
+        and 1 <= limit <= FETCH_LIMIT
+    ):
+        return None
+    return run_id, round_, after_peer, max_round, limit
+
+
+def _is_round(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_ROUND
 
 
 def check_envelope(

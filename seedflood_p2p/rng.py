@@ -12,6 +12,7 @@ SHA-256 from readable domain strings, so different uses never share a stream.
 from __future__ import annotations
 
 import hashlib
+import operator
 
 import numpy as np
 
@@ -54,12 +55,12 @@ def derive_key(*parts: bytes | str | int) -> tuple[int, int]:
     """A 64-bit Philox key from SHA-256 of length-prefixed parts (unambiguous)."""
     h = hashlib.sha256()
     for part in parts:
-        if isinstance(part, int):
-            data = part.to_bytes(8, "little", signed=False)
-        elif isinstance(part, str):
+        if isinstance(part, str):
             data = part.encode()
-        else:
+        elif isinstance(part, (bytes, bytearray)):
             data = bytes(part)
+        else:  # Python or numpy integer; anything else is a bug, not a seed
+            data = operator.index(part).to_bytes(8, "little", signed=False)
         h.update(len(data).to_bytes(4, "little"))
         h.update(data)
     digest = h.digest()

@@ -18,6 +18,7 @@ import torch
 
 from seedflood_p2p.config import RunConfig
 from seedflood_p2p.data import Task, make_batch, sample_batch
+from seedflood_p2p.errors import UserError
 from seedflood_p2p.ledger import Ledger
 from seedflood_p2p.message import UpdateMessage, quantize_scalar
 from seedflood_p2p.objective import batch_loss
@@ -53,6 +54,11 @@ def evaluate(
 ) -> tuple[float, float | None]:
     """(mean loss, accuracy or None) on the first `max_examples` held-out examples."""
     examples = task.test[:max_examples]
+    if not examples:
+        raise UserError(
+            f"nothing to evaluate: asked for {max_examples} held-out examples and the test "
+            f"split has {len(task.test)}; pass --eval-examples (or --examples) >= 1"
+        )
     total_loss, total_correct, count = 0.0, 0.0, 0
     for start in range(0, len(examples), config.batch_size):
         chunk = examples[start : start + config.batch_size]

@@ -72,7 +72,35 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
     bad_type.write_text('rank = "four"\n')
     assert "'rank' must be int" in _error_line(capsys, ["eval", "--config", str(bad_type)])
     assert "does not exist" in _error_line(capsys, ["eval", "--config", str(tmp_path / "x")])
+    assert "cannot read config file" in _error_line(capsys, ["eval", "--config", str(tmp_path)])
     assert "no bootstrap address" in _error_line(capsys, ["peer"])
+    line = _error_line(capsys, ["eval", "--examples", "0"])
+    assert "nothing to evaluate" in line and ">= 1" in line
+
+
+@pytest.mark.parametrize(
+    "manifest, problem",
+    [
+        ("[1, 2]", "not a JSON object"),
+        ('{"manifest_version": 1, "rank": "x"}', "'rank' must be int"),
+        ('{"manifest_version": 1, "lr": true}', "'lr' must be float"),
+        ('{"manifest_version": 1, "extra": 3}', "'extra' must be dict"),
+    ],
+)
+def test_malformed_manifest_is_one_readable_error(manifest, problem):
+    from seedflood_p2p.config import RunConfig
+    from seedflood_p2p.errors import UserError
+
+    with pytest.raises(UserError, match=problem):
+        RunConfig.from_json(manifest)
+
+
+def test_train_refuses_the_ledger_of_another_run(capsys, tmp_path):
+    args = ["train", "--model", "tiny-llama", "--rounds", "1", "--eval-every", "0"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    line = _error_line(capsys, [*args, "--lr", "0.5", "--out", str(tmp_path)])
+    assert "holds a ledger of another run" in line and "use another --out" in line
 
 
 def test_config_file_and_flags_agree(tmp_path):

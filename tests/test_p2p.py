@@ -6,7 +6,7 @@ asserts one behaviour of it:
 
     A, B, C train from round 0; D discards 30% of incoming gossip (repair must fix it);
     E joins late (after round 10); B is SIGKILLed mid-run and restarted on the same data dir;
-    a hostile publisher floods malformed and invalid updates.
+    a hostile peer floods malformed and invalid updates and answers repair with garbage.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import math
 import os
 import signal
+import threading
 
 import msgpack
 import pytest
@@ -28,7 +29,7 @@ from seedflood_p2p.models import load_model, weights_sha256
 from seedflood_p2p.protocol import PROTOCOL_VERSION, encode_update, run_tag, topic_for
 from seedflood_p2p.replay import replay
 from seedflood_p2p.subcge import make_estimator
-from seedflood_p2p.transport import PubSubClient, create_p2p
+from seedflood_p2p.transport import PubSubClient, create_p2p, serve_bytes
 
 from cluster import start_bootstrap, start_peer
 
@@ -70,28 +71,63 @@ def _hostile_payloads(run_id: str) -> dict[str, bytes]:
     }
 
 
-async def _attack(bootstrap: str, run_id: str) -> None:
-    """A peer that publishes every kind of invalid update, plus an equivocation."""
-    p2p = await create_p2p(
-        identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[bootstrap]
-    )
-    client = PubSubClient(p2p, max_rate=20)
-    try:
-        topic = topic_for(run_id)
-        await client.subscribe(topic)
-        for _ in range(100):
-            if len(await client.list_peers(topic)) >= 3:
-                break
-            await asyncio.sleep(0.2)
-        for payload in _hostile_payloads(run_id).values():
-            await client.publish(topic, payload)
-        await client.publish(topic, encode_update(run_id, 1, 0.5))  # valid first message
-        await asyncio.sleep(3)
-        await client.publish(topic, encode_update(run_id, 1, 0.25))  # equivocation
-        await asyncio.sleep(2)
-    finally:
-        await client.close()
-        await p2p.shutdown()
+class Attacker(threading.Thread):
+    """A peer that publishes every kind of invalid update plus an equivocation, then stays
+    to answer every repair request with a hostile reply, until told to stop."""
+
+    def __init__(self, bootstrap: str, run_id: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.run_id = bootstrap, run_id
+        self.published, self.done = threading.Event(), threading.Event()
+        self.repair_requests = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:
+            self.error = exc
+            self.published.set()
+
+    async def _digest(self, peer, request: bytes) -> bytes:
+        self.repair_requests += 1
+        if self.repair_requests % 2:
+            return msgpack.packb(None)  # not a digest list
+        return msgpack.packb([[0, 999, b"\0" * 8]])  # bucket 0 differs: ask for its rows
+
+    async def _fetch(self, peer, request: bytes) -> bytes:
+        self.repair_requests += 1
+        huge = 2**64 - 1  # a round SQLite cannot even hold
+        return msgpack.packb([[huge, b"p" * 38, 0.5, b"d", b"s", b"g"]], use_bin_type=True)
+
+    async def _main(self) -> None:
+        p2p = await create_p2p(
+            identity_path=None,
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            initial_peers=[self.bootstrap],
+        )
+        client = PubSubClient(p2p, max_rate=20)
+        try:
+            await serve_bytes(p2p, "seedflood.digest", self._digest)
+            await serve_bytes(p2p, "seedflood.fetch", self._fetch)
+            topic = topic_for(self.run_id)
+            await client.subscribe(topic)
+            for _ in range(100):
+                if len(await client.list_peers(topic)) >= 3:
+                    break
+                await asyncio.sleep(0.2)
+            for payload in _hostile_payloads(self.run_id).values():
+                await client.publish(topic, payload)
+            await client.publish(topic, encode_update(self.run_id, 1, 0.5))  # valid first
+            await asyncio.sleep(3)
+            await client.publish(topic, encode_update(self.run_id, 1, 0.25))  # equivocation
+            await asyncio.sleep(2)
+            self.published.set()
+            while not self.done.is_set():
+                await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+            await p2p.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +143,9 @@ def cluster(tmp_path_factory):
             procs.append(peers[name])
         peers["a"].wait_round(4)
         run_id = Ledger.open_existing(work / "bootstrap" / "ledger.sqlite").run_id
-        asyncio.run(_attack(address, run_id))
+        attacker = Attacker(address, run_id)
+        attacker.start()
+        assert attacker.published.wait(120) and attacker.error is None, attacker.error
         peers["a"].wait_round(10)
         peers["e"] = start_peer(work, "e", address, PEER_FLAGS)
         procs.append(peers["e"])
@@ -118,7 +156,10 @@ def cluster(tmp_path_factory):
         peers["b_restarted"] = start_peer(work, "b", address, PEER_FLAGS, "b_restarted")
         procs.append(peers["b_restarted"])
         codes = {n: p.wait_exit() for n, p in peers.items() if n != "b"}
+        attacker.done.set()
+        attacker.join(60)
         yield {
+            "attacker_repair_requests": attacker.repair_requests,
             "work": work,
             "peers": peers,
             "codes": codes,
@@ -203,6 +244,11 @@ def test_hostile_messages_are_dropped_counted_and_training_goes_on(cluster):
         for reason in [*_hostile_payloads(cluster["run_id"]), "equivocation"]:
             assert dropped[reason] >= 1, (name, reason, dropped)
         assert _final(cluster, name)["round"] == ROUNDS
+    # Its repair replies (no digest list; rows with a round SQLite cannot hold) were each
+    # dropped as bad_reply, and repair went on (the ledgers still end identical, above).
+    assert cluster["attacker_repair_requests"] >= 1
+    bad = sum(_final(cluster, n)["dropped"].get("bad_reply", 0) for n in FINISHERS)
+    assert bad >= 1
     with Ledger(cluster["work"] / "a" / "ledger.sqlite", cluster["run_id"]) as ledger:
         scalars = [m.scalar for m in ledger.messages() if m.round == 1]
         assert 0.5 in scalars and 0.25 not in scalars  # first message kept, equivocation not

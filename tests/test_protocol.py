@@ -10,12 +10,19 @@ from hivemind.proto import p2pd_pb2 as pb
 
 from seedflood_p2p.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol import (
+    BUCKET_ROUNDS,
+    FETCH_LIMIT,
+    MAX_ROUND,
     MAX_UPDATE_BYTES,
     PROTOCOL_VERSION,
     Rejected,
     WindowRule,
     check_against_ledger,
     check_envelope,
+    check_rows_follow,
+    decode_digest_request,
+    decode_digests,
+    decode_fetch_request,
     decode_rows,
     decode_update,
     encode_rows,
@@ -50,6 +57,8 @@ def test_update_round_trip_is_small_and_float32():
         (PACK([PROTOCOL_VERSION, b"\1\2\3\4", 1, 0.5]), "wrong_run"),
         (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, math.inf]), "non_finite"),
         (PACK([PROTOCOL_VERSION, run_tag(RUN), -1, 0.5]), "out_of_window"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), MAX_ROUND + 1, 0.5]), "out_of_window"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 2**64 - 1, 0.5]), "out_of_window"),
     ],
 )
 def test_each_invalid_payload_is_rejected_with_its_reason(payload, reason):
@@ -100,9 +109,68 @@ def test_repair_rows_carry_verifiable_signatures():
 
 
 def test_malformed_repair_rows():
-    with pytest.raises(Rejected, match="malformed"):
+    with pytest.raises(Rejected, match="bad_reply"):
         decode_rows(b"\xc1", 10)
-    with pytest.raises(Rejected, match="malformed"):
+    with pytest.raises(Rejected, match="bad_reply"):
         decode_rows(PACK([[1, b"p", 0.5]]), 10)  # no envelope
+    with pytest.raises(Rejected, match="bad_reply"):  # a round SQLite cannot hold
+        decode_rows(PACK([[2**64 - 1, b"p", 0.5, b"d", b"s", b"g"]]), 10)
     with pytest.raises(Rejected, match="non_finite"):
         decode_rows(PACK([[1, b"p", math.nan, b"d", b"s", b"g"]]), 10)
+
+
+def _rows(*keys):
+    return [(UpdateMessage(r, p, 0.5), Envelope(b"d", b"s", b"g")) for r, p in keys]
+
+
+def test_fetch_rows_must_advance_past_the_cursor_within_the_bucket():
+    check_rows_follow(_rows((5, b"a"), (5, b"b"), (6, b"a")), (4, b"\xff"), 63)
+    check_rows_follow([], (4, b"z"), 63)
+    for rows, cursor in [
+        (_rows((5, b"a")), (5, b"a")),  # not after the cursor: a server could loop us forever
+        (_rows((5, b"b"), (5, b"a")), (4, b"z")),  # not ascending
+        (_rows((64, b"a")), (4, b"z")),  # past the bucket asked for
+    ]:
+        with pytest.raises(Rejected) as info:
+            check_rows_follow(rows, cursor, 63)
+        assert info.value.reason == "bad_reply"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        PACK(None),
+        b"\xc1",
+        PACK([[0, 1]]),
+        PACK([[0, 0, b"\0" * 9]]),  # hash of the wrong size
+        PACK([[0, 0, 2**40]]),  # "hash" that would allocate 1 TB
+        PACK([[2**63, 1, b"\0" * 8]]),  # bucket beyond any round
+        PACK([[-1, 1, b"\0" * 8]]),
+        PACK([[True, 1, b"\0" * 8]]),
+    ],
+)
+def test_bad_digest_replies_are_rejected(reply):
+    with pytest.raises(Rejected) as info:
+        decode_digests(reply)
+    assert info.value.reason == "bad_reply"
+
+
+def test_good_digest_reply_and_served_requests():
+    assert decode_digests(PACK([[0, 3, b"\1" * 8], [2, 1, b"\2" * 8]])) == {
+        0: (3, b"\1" * 8),
+        2: (1, b"\2" * 8),
+    }
+    assert decode_digest_request(PACK([RUN, BUCKET_ROUNDS])) == RUN
+    for bad in [PACK([RUN, 7]), PACK([RUN]), PACK([1, BUCKET_ROUNDS]), b"\xc1"]:
+        assert decode_digest_request(bad) is None
+    good = [RUN, -1, b"\xff" * 64, 63, FETCH_LIMIT]
+    assert decode_fetch_request(PACK(good)) == tuple(good)
+    for i, value in [
+        (4, -1),  # LIMIT -1 is "no limit" to SQLite
+        (4, FETCH_LIMIT + 1),
+        (2, 400_000_000),  # an int where a peer id belongs
+        (2, b"\xff" * 65),
+        (1, 2**63),
+        (3, -5),
+    ]:
+        assert decode_fetch_request(PACK([*good[:i], value, *good[i + 1 :]])) is None
