@@ -468,6 +468,8 @@ class PeerDaemon:
             # 2 cores (bench/results/latejoin_overlap.md).
             synced = await self.node.sync_round(peers)
             how = await self.in_model_thread(self.restore, *self.ledger_cut())
+            if republished := await self.node.republish_unsigned():
+                log.info("published again %d own update(s) never sent signed", republished)
             await self.in_model_thread(self.set_model_hash)
             own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
             self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)

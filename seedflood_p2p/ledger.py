@@ -241,6 +241,15 @@ class Ledger:
             for r, p, s, d, q, g in rows
         ]
 
+    def unsigned(self, peer: bytes) -> list[UpdateMessage]:
+        """`peer`'s messages logged without a signed envelope (our own, not yet echoed)."""
+        rows = self._db.execute(
+            "SELECT round, peer, scalar FROM messages WHERE run_id = ? AND peer = ? AND "
+            "signature IS NULL ORDER BY round",
+            (self.run_id, peer),
+        ).fetchall()
+        return [UpdateMessage(r, bytes(p), s) for r, p, s in rows]
+
     def scalar_of(self, peer: bytes, round_: int) -> float | None:
         query = "SELECT scalar FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
         row = self._db.execute(query, (self.run_id, round_, peer)).fetchone()

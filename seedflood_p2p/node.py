@@ -197,6 +197,18 @@ class FloodNode:
         self.metrics.published.inc()
         self.metrics.bytes_out.inc(len(data))
 
+    async def republish_unsigned(self) -> int:
+        """Publish our own updates that were logged but never came back signed (killed
+        between logging and publishing, or the echo was lost): without a signed envelope no
+        other peer can fetch them, and our ledger would differ from everyone's for good.
+        Their echo attaches the envelope. Returns how many were published again."""
+        missing = self.ledger.unsigned(self.peer_id)
+        for message in missing:
+            data = encode_update(self.run_id, message.round, message.scalar)
+            await self._pubsub.publish(self.topic, data)
+            self.metrics.bytes_out.inc(len(data))
+        return len(missing)
+
     async def _receive(self, subscription) -> None:
         try:
             await self._receive_loop(subscription)

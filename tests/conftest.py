@@ -1,4 +1,32 @@
 import sys
 from pathlib import Path
 
+import pytest
+
+from seedflood_p2p.transport import create_p2p
+
 sys.path.insert(0, str(Path(__file__).parent))  # tests/cluster.py helpers
+
+LOCAL = "/ip4/127.0.0.1/tcp/0"
+
+
+@pytest.fixture
+async def spawn():
+    """Start daemons with `await spawn(...)`; all of them are shut down after the test."""
+    started = []
+
+    async def _spawn(**kwargs):
+        kwargs.setdefault("identity_path", None)
+        kwargs.setdefault("host_maddrs", [LOCAL])
+        kwargs.setdefault("heartbeat_interval", 0.2)
+        p2p = await create_p2p(**kwargs)
+        started.append(p2p)
+        return p2p
+
+    try:
+        yield _spawn
+    finally:
+        for p2p in started:
+            await p2p.shutdown()
+        for p2p in started:
+            assert p2p._child.returncode is not None  # the daemon process is gone

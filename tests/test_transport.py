@@ -19,7 +19,6 @@ from seedflood_p2p.transport import (
     TransportError,
     _daemon_user_error,
     call_bytes,
-    create_p2p,
     load_or_create_identity,
     remove_stale_sockets,
     serve_bytes,
@@ -27,28 +26,6 @@ from seedflood_p2p.transport import (
 
 LOCAL = "/ip4/127.0.0.1/tcp/0"
 TOPIC = "seedflood-test"
-
-
-@pytest.fixture
-async def spawn():
-    """Start daemons with `await spawn(...)`; all of them are shut down after the test."""
-    started = []
-
-    async def _spawn(**kwargs):
-        kwargs.setdefault("identity_path", None)
-        kwargs.setdefault("host_maddrs", [LOCAL])
-        kwargs.setdefault("heartbeat_interval", 0.2)
-        p2p = await create_p2p(**kwargs)
-        started.append(p2p)
-        return p2p
-
-    try:
-        yield _spawn
-    finally:
-        for p2p in started:
-            await p2p.shutdown()
-        for p2p in started:
-            assert p2p._child.returncode is not None  # the daemon process is gone
 
 
 async def full_maddr(p2p) -> str:
