@@ -136,6 +136,21 @@ class Ledger:
             raise
         return new
 
+    def replace(self, message: UpdateMessage, envelope: Envelope | None) -> float:
+        """Hold `message` instead of the update logged for its (peer, round): the
+        equivocation rule (protocol.keeps_new). Returns the scalar it replaced."""
+        old = self.scalar_of(message.peer, message.round)
+        if old is None:
+            raise KeyError((message.round, message.peer))
+        self._db.execute(
+            "UPDATE messages SET scalar = ?, data = ?, seqno = ?, signature = ? "
+            "WHERE run_id = ? AND round = ? AND peer = ?",
+            (message.scalar, *_envelope_columns(envelope), self.run_id, message.round,
+             message.peer),
+        )  # fmt: skip
+        self._bucket_cache.clear()  # same count, another set: cached hashes are stale
+        return old
+
     def set_envelope(self, message: UpdateMessage, envelope: Envelope) -> None:
         """Attach the signed envelope to a message logged before it was signed (our own)."""
         self._db.execute(
@@ -206,7 +221,7 @@ class Ledger:
         The hash is an order-independent XOR of per-message hashes, so two peers
         compare buckets without sorting. The ledger only grows and holds one
         message per (peer, round), so an unchanged count means an unchanged
-        set: hashes are cached per (bucket, count).
+        set (`replace` clears the cache): hashes are cached per (bucket, count).
         """
         rows = self._db.execute(
             "SELECT round / ?, COUNT(*) FROM messages WHERE run_id = ? GROUP BY round / ?",

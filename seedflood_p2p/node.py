@@ -47,6 +47,7 @@ from seedflood_p2p.protocol import (
     decode_update,
     encode_rows,
     encode_update,
+    keeps_new,
     topic_for,
 )
 from seedflood_p2p.transport import (
@@ -136,31 +137,52 @@ class FloodNode:
     ) -> list[UpdateMessage]:
         """Check against the window and the ledger, log in one transaction, hand on.
 
-        Returns the messages that were new.
+        Returns the messages that were new. An equivocation that the rule resolves for the
+        newcomer replaces the logged update; the newcomer is handed on with the old one's
+        negation (updates are linear in the scalar: applying both takes the old one back).
         """
         valid: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
+        winners: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
         for message, envelope in items:
             key = (message.round, message.peer)
+            held = valid.get(key) or winners.get(key)
+            held_scalar = (
+                held[0].scalar if held else self.ledger.scalar_of(message.peer, message.round)
+            )
             try:
                 if source == "gossip":
                     self.window.check(message, self.newest_round)
-                check_against_ledger(message, valid[key][0].scalar if key in valid else None)
-                check_against_ledger(message, self.ledger.scalar_of(message.peer, message.round))
+                check_against_ledger(message, held_scalar)
             except Rejected as exc:
                 if not (source == "repair" and exc.reason == "duplicate"):  # expected overlap
                     self._drop(exc, message.peer)
+                if exc.reason == "equivocation" and keeps_new(held_scalar, message.scalar):
+                    (valid if key in valid else winners)[key] = (message, envelope)
                 continue
             valid[key] = (message, envelope)
-        if not valid:
-            return []
-        new = self.ledger.add([m for m, _ in valid.values()], [e for _, e in valid.values()])
-        for message in new:
+        fresh = []  # new (peer, round)s
+        if valid:
+            fresh = self.ledger.add([m for m, _ in valid.values()], [e for _, e in valid.values()])
+        handed = list(fresh)
+        for message, envelope in winners.values():
+            old = self.ledger.replace(message, envelope)
+            log.warning(
+                "peer %s signed two updates for round %d: keeping %r over %r (every peer "
+                "applies this rule), taking the other back",
+                _short(message.peer),
+                message.round,
+                message.scalar,
+                old,
+                extra={"fields": {"event": "equivocation", "round": message.round}},
+            )
+            handed += [UpdateMessage(message.round, message.peer, -old), message]
+        for message in [*fresh, *(m for m, _ in winners.values())]:
             self._note(message, heard=source == "gossip")
-        if new:
-            self.metrics.accepted.labels(source).inc(len(new))
+        if handed:
+            self.metrics.accepted.labels(source).inc(len(fresh))
             self.metrics.ledger_size.set(len(self.ledger))
-            self.on_accept(new)
-        return new
+            self.on_accept(handed)
+        return fresh
 
     def _note(self, message: UpdateMessage, heard: bool = True) -> None:
         """Track the newest round and each peer's progress. Only gossip (`heard`) shows a

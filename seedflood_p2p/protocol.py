@@ -18,7 +18,12 @@ dropped and counted under the named reason (never raised out of the daemon):
     non_finite     scalar is NaN or infinite
     out_of_window  round < 0, round > MAX_ROUND, or round > newest round seen + max_ahead
     duplicate      same (sender, round, scalar) already in the ledger
-    equivocation   same (sender, round) already in the ledger with another scalar
+    equivocation   same (sender, round) already in the ledger with another scalar; both are
+                   the sender's signed words, so every peer keeps the same one by a fixed
+                   rule (`keeps_new`: the smaller float32, -0.0 below 0.0) and a peer that
+                   applied the other takes it back. Repair hands each peer the copy it
+                   lacks (bucket digests differ), so peers that saw the two in different
+                   orders still converge. The drop is counted either way.
     own            our own message echoed back (not an error)
 
 Repair (request/response between peers) carries ledger entries as msgpack rows
@@ -156,13 +161,23 @@ class WindowRule:
             )
 
 
+def _order(scalar: float) -> tuple[float, float]:
+    """A total order on finite floats that tells -0.0 from 0.0 (== does not)."""
+    return scalar, math.copysign(1.0, scalar)
+
+
 def check_against_ledger(message: UpdateMessage, existing_scalar: float | None) -> None:
     """One message per (peer, round): a repeat is a duplicate, a different one equivocation."""
     if existing_scalar is None:
         return
-    if existing_scalar == message.scalar:
+    if _order(existing_scalar) == _order(message.scalar):
         raise Rejected("duplicate")
     raise Rejected("equivocation", f"round {message.round} already has {existing_scalar}")
+
+
+def keeps_new(existing_scalar: float, new_scalar: float) -> bool:
+    """Of two signed updates for one (peer, round), all peers keep the smaller scalar."""
+    return _order(new_scalar) < _order(existing_scalar)
 
 
 def encode_rows(rows: list[tuple[UpdateMessage, Envelope]]) -> bytes:

@@ -40,6 +40,22 @@ def test_inserts_are_idempotent_and_reads_are_canonical(tmp_path):
         assert a.digest() != b.digest()
 
 
+def test_replace_swaps_an_update_and_its_digests(tmp_path):
+    """The equivocation rule's write: same (peer, round), another scalar, fresh digests."""
+    msgs = _msgs(3, 2)
+    winner = UpdateMessage(1, msgs[2].peer, -7.0)
+    with Ledger(tmp_path / "a.sqlite", "run") as a, Ledger(tmp_path / "b.sqlite", "run") as b:
+        a.add(msgs)
+        before = a.bucket_digests(64)  # cached per (bucket, count): replace must drop it
+        assert a.replace(winner, None) == msgs[2].scalar
+        b.add([winner if (m.round, m.peer) == (1, winner.peer) else m for m in msgs])
+        assert len(a) == 6 and a.scalar_of(winner.peer, 1) == -7.0
+        assert a.bucket_digests(64) == b.bucket_digests(64) != before
+        assert a.digest() == b.digest()
+        with pytest.raises(KeyError):
+            a.replace(UpdateMessage(99, b"nobody", 1.0), None)
+
+
 def test_runs_are_kept_apart(tmp_path):
     path = tmp_path / "l.sqlite"
     with Ledger(path, "run-a") as a:

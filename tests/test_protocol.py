@@ -27,6 +27,7 @@ from seedflood_p2p.protocol import (
     decode_update,
     encode_rows,
     encode_update,
+    keeps_new,
     run_tag,
     topic_for,
 )
@@ -76,6 +77,18 @@ def test_window_duplicate_and_equivocation():
         check_against_ledger(UpdateMessage(1, b"p", 0.5), 0.5)
     with pytest.raises(Rejected, match="equivocation"):
         check_against_ledger(UpdateMessage(1, b"p", 0.5), 0.25)
+    with pytest.raises(Rejected, match="equivocation"):  # other bits, other ledger digest
+        check_against_ledger(UpdateMessage(1, b"p", -0.0), 0.0)
+
+
+def test_equivocation_rule_is_the_same_whatever_the_order_seen():
+    for a, b in [(0.5, 0.25), (-1.0, 2.0), (0.0, -0.0), (1e-30, -1e-30)]:
+        # a peer holding either copy ends with the same one once it has seen both
+        kept_if_a_first = b if keeps_new(a, b) else a
+        kept_if_b_first = a if keeps_new(b, a) else b
+        assert math.copysign(1, kept_if_a_first) == math.copysign(1, kept_if_b_first)
+        assert kept_if_a_first == kept_if_b_first == min(a, b)
+    assert not keeps_new(0.25, 0.25)
 
 
 def _signed(key: Ed25519PrivateKey, round_: int, scalar: float) -> tuple[UpdateMessage, Envelope]:
