@@ -61,6 +61,7 @@ from seedflood_p2p.transport import (
 log = logging.getLogger("seedflood.node")
 
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
+FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
 # FETCH_LIMIT (protocol.py), rows per fetch response: a row carries its signed envelope,
 # ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
 # so 4096 rows stay below the 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB:
@@ -196,9 +197,21 @@ class FloodNode:
             if heard:
                 state.last_seen = now
 
+    def _forget_silent_peers(self) -> None:
+        """Peers not heard by gossip for FORGET_AFTER seconds leave the table: it would
+        otherwise grow with every identity that ever sent an update."""
+        cutoff = time.monotonic() - FORGET_AFTER
+        for peer in [p for p, state in self.peers.items() if state.last_seen < cutoff]:
+            del self.peers[peer]
+
     def _drop(self, exc: Rejected, sender: bytes) -> None:
         self.metrics.dropped.labels(exc.reason).inc()
-        level = logging.DEBUG if exc.reason in ("duplicate", "own") else logging.WARNING
+        # Expected, not suspicious: overlaps, and a fresh peer that knows no round yet
+        # seeing the run's current rounds before its first sync (repair fetches them).
+        expected = exc.reason in ("duplicate", "own") or (
+            exc.reason == "out_of_window" and self.newest_round < 0
+        )
+        level = logging.DEBUG if expected else logging.WARNING
         log.log(
             level,
             "dropped update from %s: %s",
@@ -373,6 +386,7 @@ class FloodNode:
     async def _anti_entropy_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.repair_interval * (0.5 + random.random()))
+            self._forget_silent_peers()
             peers = await self.connected_peers()
             if not peers:
                 continue
