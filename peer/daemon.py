@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,18 @@ class PeerSettings:
     device: str = "cpu"
     threads: int = 0  # torch threads for this peer (0: torch's default, all cores)
     node: NodeSettings = field(default_factory=NodeSettings)
+
+
+def _durable_replace(tmp: Path, final: Path) -> None:
+    """Rename `tmp` over `final` once its bytes are on disk, and the rename too."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    tmp.replace(final)
+    directory = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
@@ -377,12 +390,12 @@ class PeerDaemon:
         weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.engine.matrices}
         tmp = self.s.data_dir / "checkpoint.safetensors.tmp"
         save_file(weights, tmp)
-        tmp.replace(self.s.data_dir / "checkpoint.safetensors")
+        _durable_replace(tmp, self.s.data_dir / "checkpoint.safetensors")
         self.set_model_hash()
         meta = {**meta, "model_sha256": self.model_hash}
         tmp = self.s.data_dir / "checkpoint.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1))
-        tmp.replace(self.s.data_dir / "checkpoint.json")
+        _durable_replace(tmp, self.s.data_dir / "checkpoint.json")  # after the weights
         return meta
 
     # -- main ------------------------------------------------------------------

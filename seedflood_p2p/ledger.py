@@ -11,6 +11,7 @@ enough to rebuild the model from the base weights.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
@@ -82,6 +83,13 @@ class Ledger:
         path = Path(path)
         if not path.is_file():
             raise UserError(f"ledger file {path} does not exist: pass the path of a .sqlite ledger")
+        try:  # look before opening for writing: never add our tables to someone else's file
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                ours = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
+        except sqlite3.DatabaseError:
+            ours = True  # unreadable: the constructor says how (corrupt, locked, ...)
+        if not ours:
+            raise UserError(f"{path} is not a seedflood ledger (no run manifest)")
         ledger = cls(path, run_id="")
         manifest = ledger.get_meta("manifest")
         if manifest is None:

@@ -126,7 +126,10 @@ def load_or_create_identity(path: Path) -> PeerID:
         )
     if blob.key_type == crypto_pb2.RSA:
         logger.warning(
-            "identity %s is an RSA key: every signed message carries ~500 extra bytes", path
+            "identity %s is an RSA key: every signed message carries ~500 extra bytes, and "
+            "repair only verifies Ed25519 senders, so this peer's updates lost in gossip "
+            "cannot be repaired: move the file aside to get an Ed25519 identity",
+            path,
         )
         try:
             return PeerID.from_identity(path.read_bytes())
@@ -213,7 +216,7 @@ async def create_p2p(
     `identity_path`: libp2p key file; created (Ed25519, mode 0600) if missing, so a restarted
     peer keeps its peer id. None means a fresh random Ed25519 identity (the daemon's default),
     lost on restart. Existing RSA key files (hivemind's format) work but add ~500 bytes to
-    every signed message.
+    every signed message, and repair cannot verify RSA senders (see protocol.py).
     `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
     with a UserError if none of them can be reached.
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms

@@ -36,6 +36,19 @@ def test_corrupt_ledger(capsys, tmp_path):
     assert "corrupt or not a seedflood ledger" in line
 
 
+def test_foreign_sqlite_file_is_refused_and_left_untouched(capsys, tmp_path):
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (x)")
+    line = _error_line(capsys, ["replay", "--ledger", str(other), "--out", str(tmp_path / "o")])
+    assert "not a seedflood ledger" in line
+    with sqlite3.connect(other) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master")]
+        assert tables == ["notes"] and db.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+
+
 def test_dataset_without_the_needed_columns(capsys, tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps({"sentence": f"s{i}", "y": i % 2}) for i in range(20)))
