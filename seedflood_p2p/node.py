@@ -48,6 +48,7 @@ from seedflood_p2p.protocol import (
     encode_rows,
     encode_update,
     keeps_new,
+    same_scalar,
     topic_for,
 )
 from seedflood_p2p.transport import (
@@ -335,7 +336,9 @@ class FloodNode:
                 # signature check. Our own rows are taken too when missing (a lost ledger):
                 # their signature is ours.
                 unseen = [
-                    (m, e) for m, e in rows if self.ledger.scalar_of(m.peer, m.round) != m.scalar
+                    (m, e)
+                    for m, e in rows
+                    if not same_scalar(self.ledger.scalar_of(m.peer, m.round), m.scalar)
                 ]
                 # Ed25519 checks hold the GIL; a thread at least keeps the event loop (gossip)
                 # running during a long late-join sync (80,000 rows: 13 s of checks).

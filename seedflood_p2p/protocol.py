@@ -166,11 +166,16 @@ def _order(scalar: float) -> tuple[float, float]:
     return scalar, math.copysign(1.0, scalar)
 
 
+def same_scalar(a: float | None, b: float) -> bool:
+    """Bitwise-equal float32 scalars (0.0 and -0.0 differ: they hash differently)."""
+    return a is not None and _order(a) == _order(b)
+
+
 def check_against_ledger(message: UpdateMessage, existing_scalar: float | None) -> None:
     """One message per (peer, round): a repeat is a duplicate, a different one equivocation."""
     if existing_scalar is None:
         return
-    if _order(existing_scalar) == _order(message.scalar):
+    if same_scalar(existing_scalar, message.scalar):
         raise Rejected("duplicate")
     raise Rejected("equivocation", f"round {message.round} already has {existing_scalar}")
 
