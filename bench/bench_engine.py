@@ -44,7 +44,7 @@ import torch
 
 from seedflood_p2p.config import RunConfig
 from seedflood_p2p.data import Batcher, load_task, make_batch, sample_batch
-from seedflood_p2p.message import UpdateMessage, quantize_scalar
+from seedflood_p2p.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.models import load_model
 from seedflood_p2p.objective import batch_loss, label_word_logits
 from seedflood_p2p.subcge import NaiveSeedReplay, SubCGE, make_estimator
@@ -134,7 +134,7 @@ def messages(n: int, round_: int, seed: int = 0) -> list[UpdateMessage]:
     rng = np.random.default_rng(seed + round_)
     return [
         UpdateMessage(
-            round_, f"peer-{i:05d}".encode(), quantize_scalar(5.0 * rng.standard_normal())
+            round_, f"peer-{i:05d}".encode(), quantize_scalars(5.0 * rng.standard_normal())
         )
         for i in range(n)
     ]

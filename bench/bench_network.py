@@ -248,7 +248,7 @@ async def flood_worker(a: dict) -> None:
     import seedflood_p2p.node as nodemod
     from seedflood_p2p.config import RunConfig
     from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.message import UpdateMessage, quantize_scalar
+    from seedflood_p2p.message import UpdateMessage, quantize_scalars
     from seedflood_p2p.metrics import NodeMetrics
     from seedflood_p2p.node import FloodNode, NodeSettings
     from seedflood_p2p.transport import create_p2p
@@ -321,7 +321,7 @@ async def flood_worker(a: dict) -> None:
     for k in range(go["rounds"]):
         target = t0 + k * period + rng.random() * period * go["jitter"]
         await asyncio.sleep(max(0.0, target - time.time()))
-        scalar = quantize_scalar(rng.gauss(0.0, 1.0))
+        scalar = quantize_scalars(rng.gauss(0.0, 1.0))
         t_pub = time.time()
         await node.publish(UpdateMessage(k, node.peer_id, scalar))
         publishes.append((k, t_pub, time.time(), wire_times[-1]))
@@ -722,7 +722,7 @@ def build_ledger_worker(a: dict) -> None:
     for t_ in range(a["rounds"]):
         for j, (peer, key) in enumerate(zip(peers, keys)):
             message = UpdateMessage(t_, peer, float(scalars[t_ * len(peers) + j]))
-            data = encode_update(config.run_id, t_, message.scalar)
+            data = encode_update(config.run_id, t_, message.scalars)
             seqno = (seqno0 + t_).to_bytes(8, "big")
             body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
             setattr(body, "from", peer)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from seedflood_p2p.config import RunConfig
-from seedflood_p2p.message import UpdateMessage, quantize_scalar
+from seedflood_p2p.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.simulator import (
     FLOAT32_BYTES,
     SimConfig,
@@ -129,7 +129,7 @@ def label(result: dict) -> str:
 def _messages(n: int, round_: int) -> list[UpdateMessage]:
     rng = np.random.default_rng(round_)
     return [
-        UpdateMessage(round_, f"sim-{i}".encode(), quantize_scalar(float(rng.normal())))
+        UpdateMessage(round_, f"sim-{i}".encode(), quantize_scalars(float(rng.normal())))
         for i in range(n)
     ]
 

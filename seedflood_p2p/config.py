@@ -16,7 +16,9 @@ from typing import Any
 
 from seedflood_p2p.errors import UserError
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+MAX_DIRECTIONS = 16  # scalars per message: 2 bytes each keeps the payload under 64 bytes
+FLOAT16_MAX = 65504.0  # scalars travel as float16
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class RunConfig:
     rank: int = 8  # r: subspace rank per weight matrix
     refresh_period: int = 20  # T: rounds per epoch (basis refresh)
     eps: float = 1e-3  # perturbation scale of the two-point estimate
+    directions: int = 1  # k: directions (scalars) per message; the batch splits into k groups
+    train_norms: bool = False  # also train the scale vectors of normalisation layers
+    normalize: str = "none"  # none | rms: the sender divides its k scalars by their RMS
     lr: float = 1e-4
     lr_schedule: str = "constant"  # constant | cosine (needs total_rounds)
     total_rounds: int = 0  # 0: open-ended run
@@ -58,8 +63,19 @@ class RunConfig:
             )
         if self.lr_schedule == "cosine" and self.total_rounds < 1:
             problems.append("lr_schedule 'cosine' needs total_rounds >= 1")
-        if not self.clip > 0:
-            problems.append(f"clip must be > 0 (got {self.clip})")
+        if not 0 < self.clip <= FLOAT16_MAX:
+            problems.append(f"clip must be in (0, {FLOAT16_MAX:g}] (got {self.clip})")
+        if not 1 <= self.directions <= MAX_DIRECTIONS:
+            problems.append(f"directions must be 1..{MAX_DIRECTIONS} (got {self.directions})")
+        elif self.batch_size % self.directions:
+            problems.append(
+                f"batch_size {self.batch_size} must be a multiple of directions "
+                f"{self.directions} (each direction gets an equal share of the batch)"
+            )
+        if self.normalize not in ("none", "rms"):
+            problems.append(f"normalize must be 'none' or 'rms' (got {self.normalize!r})")
+        if self.estimator == "naive" and self.directions != 1:
+            problems.append("the naive estimator supports directions = 1 only")
         if self.n_ref < 1:
             problems.append(f"n_ref must be >= 1 (got {self.n_ref})")
         if self.batch_size < 1 or self.max_length < 2:

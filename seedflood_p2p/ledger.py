@@ -18,14 +18,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import Envelope, UpdateMessage
+from seedflood_p2p.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
     run_id TEXT NOT NULL,
     round INTEGER NOT NULL,
     peer BLOB NOT NULL,
-    scalar REAL NOT NULL,
+    scalars BLOB NOT NULL,  -- little-endian float16, one per direction (as on the wire)
     data BLOB,          -- the signed GossipSub envelope (NULL for local-only runs)
     seqno BLOB,
     signature BLOB,
@@ -49,7 +49,11 @@ def digest_of(messages: Iterable[UpdateMessage]) -> str:
 
 def _message_hash(m: UpdateMessage) -> bytes:
     body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
-    return hashlib.sha256(body + repr(m.scalar).encode()).digest()[:8]
+    return hashlib.sha256(body + pack_scalars(m.scalars)).digest()[:8]
+
+
+def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
+    return UpdateMessage(round_, bytes(peer), unpack_scalars(scalars))
 
 
 class Ledger:
@@ -68,6 +72,13 @@ class Ledger:
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+            if "scalars" not in columns:
+                raise UserError(
+                    f"ledger {self.path} was written by an older seedflood (one float32 "
+                    "scalar per message); this version carries k float16 scalars and cannot "
+                    "continue that run: use a new --data-dir, or the older seedflood-p2p"
+                )
         except sqlite3.OperationalError as exc:  # before its base class DatabaseError
             raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
         except sqlite3.DatabaseError as exc:
@@ -126,7 +137,8 @@ class Ledger:
             for m, env in zip(messages, envelopes, strict=True):
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (self.run_id, m.round, m.peer, m.scalar, *(_envelope_columns(env))),
+                    (self.run_id, m.round, m.peer, pack_scalars(m.scalars))
+                    + _envelope_columns(env),
                 )
                 if cur.rowcount:
                     new.append(m)
@@ -144,17 +156,17 @@ class Ledger:
             raise
         return new
 
-    def replace(self, message: UpdateMessage, envelope: Envelope | None) -> float:
+    def replace(self, message: UpdateMessage, envelope: Envelope | None) -> tuple[float, ...]:
         """Hold `message` instead of the update logged for its (peer, round): the
-        equivocation rule (protocol.keeps_new). Returns the scalar it replaced."""
-        old = self.scalar_of(message.peer, message.round)
+        equivocation rule (protocol.keeps_new). Returns the scalars it replaced."""
+        old = self.scalars_of(message.peer, message.round)
         if old is None:
             raise KeyError((message.round, message.peer))
         self._db.execute(
-            "UPDATE messages SET scalar = ?, data = ?, seqno = ?, signature = ? "
+            "UPDATE messages SET scalars = ?, data = ?, seqno = ?, signature = ? "
             "WHERE run_id = ? AND round = ? AND peer = ?",
-            (message.scalar, *_envelope_columns(envelope), self.run_id, message.round,
-             message.peer),
+            (pack_scalars(message.scalars), *_envelope_columns(envelope), self.run_id,
+             message.round, message.peer),
         )  # fmt: skip
         self._bucket_cache.clear()  # same count, another set: cached hashes are stale
         return old
@@ -207,12 +219,12 @@ class Ledger:
         """Messages in canonical order: (round, peer)."""
         upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
-            "SELECT round, peer, scalar FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
+            "SELECT round, peer, scalars FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
             " ORDER BY round, peer",
             (self.run_id, min_round, upper),
         )
-        for round_, peer, scalar in rows:
-            yield UpdateMessage(round_, bytes(peer), scalar)
+        for row in rows:
+            yield _message(*row)
 
     def max_round(self) -> int:
         """The highest round in the ledger, or -1 when empty."""
@@ -221,7 +233,7 @@ class Ledger:
         return -1 if row[0] is None else row[0]
 
     def has(self, peer: bytes, round_: int) -> bool:
-        return self.scalar_of(peer, round_) is not None
+        return self.scalars_of(peer, round_) is not None
 
     def bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
         """{bucket: (count, hash)} over rounds [b * bucket_rounds, (b + 1) * bucket_rounds).
@@ -254,29 +266,28 @@ class Ledger:
     ) -> list[tuple[UpdateMessage, Envelope]]:
         """Up to `limit` signed messages after (round_, peer) in canonical order."""
         rows = self._db.execute(
-            "SELECT round, peer, scalar, data, seqno, signature FROM messages WHERE run_id = ?"
+            "SELECT round, peer, scalars, data, seqno, signature FROM messages WHERE run_id = ?"
             " AND (round, peer) > (?, ?) AND round <= ? AND signature IS NOT NULL"
             " ORDER BY round, peer LIMIT ?",
             (self.run_id, round_, peer, max_round, limit),
         ).fetchall()
         return [
-            (UpdateMessage(r, bytes(p), s), Envelope(bytes(d), bytes(q), bytes(g)))
-            for r, p, s, d, q, g in rows
+            (_message(r, p, s), Envelope(bytes(d), bytes(q), bytes(g))) for r, p, s, d, q, g in rows
         ]
 
     def unsigned(self, peer: bytes) -> list[UpdateMessage]:
         """`peer`'s messages logged without a signed envelope (our own, not yet echoed)."""
         rows = self._db.execute(
-            "SELECT round, peer, scalar FROM messages WHERE run_id = ? AND peer = ? AND "
+            "SELECT round, peer, scalars FROM messages WHERE run_id = ? AND peer = ? AND "
             "signature IS NULL ORDER BY round",
             (self.run_id, peer),
         ).fetchall()
-        return [UpdateMessage(r, bytes(p), s) for r, p, s in rows]
+        return [_message(*row) for row in rows]
 
-    def scalar_of(self, peer: bytes, round_: int) -> float | None:
-        query = "SELECT scalar FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
+    def scalars_of(self, peer: bytes, round_: int) -> tuple[float, ...] | None:
+        query = "SELECT scalars FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
         row = self._db.execute(query, (self.run_id, round_, peer)).fetchone()
-        return None if row is None else row[0]
+        return None if row is None else unpack_scalars(row[0])
 
     def digest(self) -> str:
         """SHA-256 over all messages in canonical order: equal digests, equal ledgers."""

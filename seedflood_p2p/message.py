@@ -1,19 +1,33 @@
-"""The update message: who, which round, one scalar. The direction is derived."""
+"""The update message: who, which round, k scalars (one per direction). The directions
+are derived from (run, peer, round), so they are not sent."""
 
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
+import numpy as np
 
-def quantize_scalar(value: float) -> float:
-    """Round to float32, the precision carried on the wire.
 
-    A sender applies this value, never its unrounded estimate, so that it applies
-    exactly what every receiver decodes.
+def quantize_scalars(values) -> tuple[float, ...]:
+    """Round to float16, the precision carried on the wire (2 bytes per direction, so a
+    message of 16 directions stays under 64 bytes).
+
+    A sender applies these values, never its unrounded estimates, so that it applies
+    exactly what every receiver decodes. Values past float16's range saturate to
+    +-65504 rather than becoming infinite.
     """
-    return struct.unpack("<f", struct.pack("<f", value))[0]
+    x = np.clip(np.asarray(values, dtype=np.float64).reshape(-1), -65504.0, 65504.0)
+    return tuple(float(v) for v in x.astype("<f2"))
+
+
+def pack_scalars(scalars: tuple[float, ...]) -> bytes:
+    """The wire (and ledger) bytes of a message's scalars: little-endian float16."""
+    return np.asarray(scalars, dtype="<f2").tobytes()
+
+
+def unpack_scalars(data: bytes) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.frombuffer(data, dtype="<f2"))
 
 
 @dataclass(frozen=True, order=True)
@@ -22,13 +36,19 @@ class UpdateMessage:
 
     round: int
     peer: bytes
-    scalar: float  # projected gradient, float32-representable
+    scalars: tuple[float, ...]  # projected gradients, one per direction, float16-exact
 
     def __post_init__(self) -> None:
         if self.round < 0:
             raise ValueError(f"round must be >= 0, got {self.round}")
-        if not math.isfinite(self.scalar):
-            raise ValueError("scalar must be finite")
+        if not self.scalars:
+            raise ValueError("a message carries at least one scalar")
+        if not all(math.isfinite(s) for s in self.scalars):
+            raise ValueError("scalars must be finite")
+
+    def negated(self) -> UpdateMessage:
+        """The message that takes this one back (updates are linear in the scalars)."""
+        return UpdateMessage(self.round, self.peer, tuple(-s for s in self.scalars))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import msgpack
 
 from seedflood_p2p import __version__
+from seedflood_p2p.config import RunConfig
 from seedflood_p2p.errors import UserError
 from seedflood_p2p.ledger import Ledger
 from seedflood_p2p.message import Envelope, UpdateMessage
@@ -48,7 +49,7 @@ from seedflood_p2p.protocol import (
     encode_rows,
     encode_update,
     keeps_new,
-    same_scalar,
+    same_scalars,
     topic_for,
 )
 from seedflood_p2p.transport import (
@@ -101,6 +102,7 @@ class FloodNode:
         self.run_id = ledger.run_id
         self.topic = topic_for(self.run_id)
         self.manifest_json = manifest_json
+        self.directions = RunConfig.from_json(manifest_json).directions  # scalars per update
         self.metrics = metrics
         self.settings = settings
         self.on_accept = on_accept
@@ -141,24 +143,26 @@ class FloodNode:
 
         Returns the messages that were new. An equivocation that the rule resolves for the
         newcomer replaces the logged update; the newcomer is handed on with the old one's
-        negation (updates are linear in the scalar: applying both takes the old one back).
+        negation (updates are linear in the scalars: applying both takes the old one back).
         """
         valid: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
         winners: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
         for message, envelope in items:
             key = (message.round, message.peer)
             held = valid.get(key) or winners.get(key)
-            held_scalar = (
-                held[0].scalar if held else self.ledger.scalar_of(message.peer, message.round)
+            held_scalars = (
+                held[0].scalars if held else self.ledger.scalars_of(message.peer, message.round)
             )
             try:
+                if len(message.scalars) != self.directions:
+                    raise Rejected("malformed", f"{len(message.scalars)} scalars")
                 if source == "gossip":
                     self.window.check(message, self.newest_round)
-                check_against_ledger(message, held_scalar)
+                check_against_ledger(message, held_scalars)
             except Rejected as exc:
                 if not (source == "repair" and exc.reason == "duplicate"):  # expected overlap
                     self._drop(exc, message.peer)
-                if exc.reason == "equivocation" and keeps_new(held_scalar, message.scalar):
+                if exc.reason == "equivocation" and keeps_new(held_scalars, message.scalars):
                     (valid if key in valid else winners)[key] = (message, envelope)
                 continue
             valid[key] = (message, envelope)
@@ -173,11 +177,11 @@ class FloodNode:
                 "applies this rule), taking the other back",
                 _short(message.peer),
                 message.round,
-                message.scalar,
+                message.scalars,
                 old,
                 extra={"fields": {"event": "equivocation", "round": message.round}},
             )
-            handed += [UpdateMessage(message.round, message.peer, -old), message]
+            handed += [UpdateMessage(message.round, message.peer, old).negated(), message]
         for message in [*fresh, *(m for m, _ in winners.values())]:
             self._note(message, heard=source == "gossip")
         if handed:
@@ -228,7 +232,7 @@ class FloodNode:
         self._note(message)
         self.metrics.accepted.labels("own").inc()
         self.metrics.ledger_size.set(len(self.ledger))
-        data = encode_update(self.run_id, message.round, message.scalar)
+        data = encode_update(self.run_id, message.round, message.scalars)
         await self._pubsub.publish(self.topic, data)
         self.metrics.published.inc()
         self.metrics.bytes_out.inc(len(data))
@@ -240,7 +244,7 @@ class FloodNode:
         Their echo attaches the envelope. Returns how many were published again."""
         missing = self.ledger.unsigned(self.peer_id)
         for message in missing:
-            data = encode_update(self.run_id, message.round, message.scalar)
+            data = encode_update(self.run_id, message.round, message.scalars)
             await self._pubsub.publish(self.topic, data)
             self.metrics.bytes_out.inc(len(data))
         return len(missing)
@@ -267,7 +271,7 @@ class FloodNode:
             lossy = self.settings.drop_incoming
             if not (lossy and item.sender != self.peer_id and self._drop_rng.random() < lossy):
                 try:
-                    message = decode_update(item.data, self.run_id, item.sender)
+                    message = decode_update(item.data, self.run_id, item.sender, self.directions)
                 except Rejected as exc:
                     self._drop(exc, item.sender)
                     message = None
@@ -332,13 +336,13 @@ class FloodNode:
                 except Rejected as exc:
                     self._drop(exc, peer_id.to_bytes())
                     return new
-                # Rows we already hold (same scalar) are duplicates: skip their ~150 us
+                # Rows we already hold (same scalars) are duplicates: skip their ~150 us
                 # signature check. Our own rows are taken too when missing (a lost ledger):
                 # their signature is ours.
                 unseen = [
                     (m, e)
                     for m, e in rows
-                    if not same_scalar(self.ledger.scalar_of(m.peer, m.round), m.scalar)
+                    if not same_scalars(self.ledger.scalars_of(m.peer, m.round), m.scalars)
                 ]
                 # Ed25519 checks hold the GIL; a thread at least keeps the event loop (gossip)
                 # running during a long late-join sync (80,000 rows: 13 s of checks).

@@ -27,6 +27,19 @@ def label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 @torch.no_grad()
+def example_losses(model: nn.Module, batch: dict, kind: str) -> torch.Tensor:
+    """[batch] loss of each example (what per-example directions are estimated on)."""
+    if kind == "classification":
+        return F.cross_entropy(label_word_logits(model, batch), batch["labels"], reduction="none")
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    token = F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), labels, reduction="none", ignore_index=-100
+    )
+    return token.sum(1) / (labels != -100).sum(1).clamp(min=1)
+
+
+@torch.no_grad()
 def batch_loss(model: nn.Module, batch: dict, kind: str) -> tuple[float, float | None]:
     """(mean loss, accuracy or None) of one batch."""
     if kind == "classification":

@@ -1,39 +1,42 @@
 """The SeedFlood wire protocol and its validation rules, stated in one place.
 
-Update message (GossipSub payload), msgpack array, 18 bytes in practice:
+Update message (GossipSub payload), msgpack array, 11 + 2k to 19 + 2k bytes:
 
-    [version: int = 1, run_tag: bin(4), round: uint, scalar: float32]
+    [version: int = 2, run_tag: bin(4), round: uint, scalars: bin(2k)]
 
-The sender is not in the payload: it is the signed GossipSub envelope's
-`from` (strict signing is on, so it cannot be forged). The seed is derived
-from (run, sender, round), so it is not sent either.
+`scalars` holds the k projected gradients (one per direction, k = the run's
+`directions`, at most 16) as little-endian float16. The sender is not in the payload:
+it is the signed GossipSub envelope's `from` (strict signing is on, so it cannot be
+forged). The seeds are derived from (run, sender, round, direction), so they are not
+sent either.
 
 A received update is accepted only if all of these hold; otherwise it is
 dropped and counted under the named reason (never raised out of the daemon):
 
     oversized      payload longer than MAX_UPDATE_BYTES
-    malformed      not a msgpack array of the shape above
+    malformed      not a msgpack array of the shape above, or not the run's k scalars
     bad_version    version is not PROTOCOL_VERSION
     wrong_run      run_tag differs from this run's
-    non_finite     scalar is NaN or infinite
+    non_finite     a scalar is NaN or infinite
     out_of_window  round < 0, round > MAX_ROUND, or round > newest round seen + max_ahead
-    duplicate      same (sender, round, scalar) already in the ledger
-    equivocation   same (sender, round) already in the ledger with another scalar; both are
+    duplicate      same (sender, round, scalars) already in the ledger
+    equivocation   same (sender, round) already in the ledger with other scalars; both are
                    the sender's signed words, so every peer keeps the same one by a fixed
-                   rule (`keeps_new`: the smaller float32, -0.0 below 0.0) and a peer that
+                   rule (`keeps_new`: the smaller scalars, compared in order, -0.0 below
+                   0.0) and a peer that
                    applied the other takes it back. Repair hands each peer the copy it
                    lacks (bucket digests differ), so peers that saw the two in different
                    orders still converge. The drop is counted either way.
     own            our own message echoed back (not an error)
 
 Repair (request/response between peers) carries ledger entries as msgpack rows
-`[round, peer, scalar, data, seqno, signature]`: the update together with the
+`[round, peer, scalars, data, seqno, signature]`: the update together with the
 signed GossipSub envelope it first arrived in. A repaired row passes the same
 checks except the window (a late message is still valid: additions commute),
 and two more, so that no peer can forge another's update:
 
     bad_signature  the envelope's Ed25519 signature does not verify for `peer`
-    mismatch       the envelope's payload does not decode to (round, scalar)
+    mismatch       the envelope's payload does not decode to (round, scalars)
 
 Repair replies themselves are checked before any row is looked at; a reply that fails
 is dropped whole, counted as `bad_reply`, and that peer is not asked further this pass:
@@ -49,15 +52,15 @@ BUCKET_ROUNDS, limit outside 1..FETCH_LIMIT, cursor not a peer id): answered emp
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgpack
 
-from seedflood_p2p.message import Envelope, UpdateMessage
+from seedflood_p2p.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+MAX_SCALARS = 16  # directions per message (config.MAX_DIRECTIONS)
 MAX_UPDATE_BYTES = 64
 RUN_TAG_BYTES = 4
 MAX_ROUND = (1 << 62) - 1  # rounds are SQLite integers; no real run comes near this
@@ -92,10 +95,10 @@ def run_tag(run_id: str) -> bytes:
     return bytes.fromhex(run_id)[:RUN_TAG_BYTES]
 
 
-def encode_update(run_id: str, round_: int, scalar: float) -> bytes:
-    # use_single_float: the scalar travels as float32, the precision every peer applies.
-    packer = msgpack.Packer(use_single_float=True, use_bin_type=True)
-    return packer.pack([PROTOCOL_VERSION, run_tag(run_id), round_, scalar])
+def encode_update(run_id: str, round_: int, scalars: Sequence[float]) -> bytes:
+    # The scalars travel as float16, the precision every peer applies.
+    packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack([PROTOCOL_VERSION, run_tag(run_id), round_, pack_scalars(tuple(scalars))])
 
 
 class Rejected(Exception):
@@ -107,8 +110,11 @@ class Rejected(Exception):
         self.detail = detail
 
 
-def decode_update(data: bytes, run_id: str, sender: bytes) -> UpdateMessage:
-    """Parse and check the payload alone (no state); raises Rejected."""
+def decode_update(
+    data: bytes, run_id: str, sender: bytes, directions: int | None = None
+) -> UpdateMessage:
+    """Parse and check the payload alone (no state); raises Rejected. `directions`, when
+    given, is the run's k: a message with another number of scalars is malformed."""
     if len(data) > MAX_UPDATE_BYTES:
         raise Rejected("oversized", f"{len(data)} bytes > {MAX_UPDATE_BYTES}")
     try:
@@ -129,22 +135,23 @@ def decode_update(data: bytes, run_id: str, sender: bytes) -> UpdateMessage:
         raise Rejected("bad_version", f"version {body[0]}, expected {PROTOCOL_VERSION}")
     if len(body) != 4:
         raise Rejected("malformed", f"{len(body)} fields, expected 4")
-    _, tag, round_, scalar = body
+    _, tag, round_, packed = body
     if not isinstance(tag, bytes) or len(tag) != RUN_TAG_BYTES:
         raise Rejected("malformed", "bad run tag")
     if tag != run_tag(run_id):
         raise Rejected("wrong_run", f"run tag {tag.hex()} is not {run_tag(run_id).hex()}")
     if isinstance(round_, bool) or not isinstance(round_, int):
         raise Rejected("malformed", "round is not an integer")
-    if isinstance(scalar, bool) or not isinstance(scalar, float):
-        raise Rejected("malformed", "scalar is not a float")
-    if not math.isfinite(scalar):
+    if not isinstance(packed, bytes) or not 2 <= len(packed) <= 2 * MAX_SCALARS or len(packed) % 2:
+        raise Rejected("malformed", "scalars are not 1..16 float16 values")
+    scalars = unpack_scalars(packed)
+    if directions is not None and len(scalars) != directions:
+        raise Rejected("malformed", f"{len(scalars)} scalars, the run sends {directions}")
+    if not all(math.isfinite(x) for x in scalars):
         raise Rejected("non_finite")
     if not 0 <= round_ <= MAX_ROUND:
         raise Rejected("out_of_window", f"round {round_} outside 0..MAX_ROUND")
-    # Decoded float32 -> Python float is exact; re-pack guards against float64 senders.
-    scalar = struct.unpack("<f", struct.pack("<f", scalar))[0]
-    return UpdateMessage(round_, sender, scalar)
+    return UpdateMessage(round_, sender, scalars)
 
 
 @dataclass
@@ -161,33 +168,35 @@ class WindowRule:
             )
 
 
-def _order(scalar: float) -> tuple[float, float]:
-    """A total order on finite floats that tells -0.0 from 0.0 (== does not)."""
-    return scalar, math.copysign(1.0, scalar)
+def _order(scalars: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    """A total order on tuples of finite floats that tells -0.0 from 0.0 (== does not)."""
+    return tuple((x, math.copysign(1.0, x)) for x in scalars)
 
 
-def same_scalar(a: float | None, b: float) -> bool:
-    """Bitwise-equal float32 scalars (0.0 and -0.0 differ: they hash differently)."""
-    return a is not None and _order(a) == _order(b)
+def same_scalars(a: tuple[float, ...] | None, b: tuple[float, ...]) -> bool:
+    """Bitwise-equal float16 scalars (0.0 and -0.0 differ: they hash differently)."""
+    return a is not None and pack_scalars(a) == pack_scalars(b)
 
 
-def check_against_ledger(message: UpdateMessage, existing_scalar: float | None) -> None:
+def check_against_ledger(message: UpdateMessage, existing: tuple[float, ...] | None) -> None:
     """One message per (peer, round): a repeat is a duplicate, a different one equivocation."""
-    if existing_scalar is None:
+    if existing is None:
         return
-    if same_scalar(existing_scalar, message.scalar):
+    if same_scalars(existing, message.scalars):
         raise Rejected("duplicate")
-    raise Rejected("equivocation", f"round {message.round} already has {existing_scalar}")
+    raise Rejected("equivocation", f"round {message.round} already has {existing}")
 
 
-def keeps_new(existing_scalar: float, new_scalar: float) -> bool:
-    """Of two signed updates for one (peer, round), all peers keep the smaller scalar."""
-    return _order(new_scalar) < _order(existing_scalar)
+def keeps_new(existing: tuple[float, ...], new: tuple[float, ...]) -> bool:
+    """Of two signed updates for one (peer, round), all peers keep the smaller scalars."""
+    return _order(new) < _order(existing)
 
 
 def encode_rows(rows: list[tuple[UpdateMessage, Envelope]]) -> bytes:
-    packer = msgpack.Packer(use_single_float=True, use_bin_type=True)
-    return packer.pack([[m.round, m.peer, m.scalar, e.data, e.seqno, e.signature] for m, e in rows])
+    packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(
+        [[m.round, m.peer, pack_scalars(m.scalars), e.data, e.seqno, e.signature] for m, e in rows]
+    )
 
 
 def decode_rows(data: bytes, max_rows: int) -> list[tuple[UpdateMessage, Envelope]]:
@@ -204,15 +213,17 @@ def decode_rows(data: bytes, max_rows: int) -> list[tuple[UpdateMessage, Envelop
             isinstance(row, list)
             and len(row) == 6
             and _is_round(row[0])
-            and isinstance(row[2], float)
-            and all(isinstance(x, bytes) for x in (row[1], *row[3:]))
+            and all(isinstance(x, bytes) for x in row[1:])
+            and 2 <= len(row[2]) <= 2 * MAX_SCALARS
+            and len(row[2]) % 2 == 0
             and 0 < len(row[1]) <= MAX_PEER_ID_BYTES
             and len(row[3]) <= MAX_UPDATE_BYTES
         ):
             raise Rejected("bad_reply", "bad repair row")
-        if not math.isfinite(row[2]):
+        scalars = unpack_scalars(row[2])
+        if not all(math.isfinite(x) for x in scalars):
             raise Rejected("non_finite", "repair row")
-        out.append((UpdateMessage(row[0], row[1], row[2]), Envelope(row[3], row[4], row[5])))
+        out.append((UpdateMessage(row[0], row[1], scalars), Envelope(row[3], row[4], row[5])))
     return out
 
 
@@ -301,5 +312,5 @@ def check_envelope(
     ):
         raise Rejected("bad_signature", f"round {message.round}")
     decoded = decode_update(envelope.data, run_id, message.peer)
-    if (decoded.round, decoded.scalar) != (message.round, message.scalar):
+    if decoded.round != message.round or not same_scalars(decoded.scalars, message.scalars):
         raise Rejected("mismatch", f"round {message.round}")

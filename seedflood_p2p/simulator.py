@@ -459,12 +459,19 @@ class CoreBacklog:
         if not late:
             return
         config, r = self.engine.config, self.rank
+        n, k = len(messages), config.directions
         a, b, sign = message_coordinates(
-            config.run_key, [m.peer for m in messages], [m.round for m in messages], self.layers, r
+            config.run_key,
+            [m.peer for m in messages],
+            [m.round for m in messages],
+            self.layers,
+            r,
+            k,
         )
-        coef = np.array([self.engine.coefficient(m) for m in messages], dtype=np.float64)
-        index = np.arange(self.layers) * r * r + a * r + b  # (n, L) into a peer's core row
-        self._terms[round_] = (index, sign * coef[:, None])
+        coef = np.stack([self.engine.coefficients(m) for m in messages])  # (n, k)
+        index = np.arange(self.layers) * r * r + a * r + b  # (n, k, L) into a peer's core row
+        value = sign * coef[:, :, None]
+        self._terms[round_] = (index.reshape(n, k * self.layers), value.reshape(n, -1))
         self._fold(late, +1)
 
     def remove(self, arrived: list[Deliveries]) -> None:
@@ -571,9 +578,7 @@ class MessageBacklog:
         return 64 * sum(len(m) for m in self.missing)  # rough: one small object per entry
 
     def apply_view(self, peer: int) -> None:
-        back = [
-            UpdateMessage(m.round, m.peer, -m.scalar) for m in sorted(self.missing[peer].values())
-        ]
+        back = [m.negated() for m in sorted(self.missing[peer].values())]
         self.engine.accumulate(back)
         self.engine.commit()
 
@@ -763,7 +768,7 @@ class SeedFloodSimulation(Simulation):
         t2 = time.perf_counter()
         run_id = self.engine.config.run_id
         sizes = [
-            len(encode_update(run_id, m.round, m.scalar)) + GOSSIPSUB_OVERHEAD_BYTES
+            len(encode_update(run_id, m.round, m.scalars)) + GOSSIPSUB_OVERHEAD_BYTES
             for m in messages
         ]
         late = self.network.post(round_, np.array(sizes))
@@ -810,7 +815,11 @@ class SeedFloodSimulation(Simulation):
                 "undelivered_pairs": net.lost_pairs,
                 "bytes_per_transmission": int(GOSSIPSUB_OVERHEAD_BYTES)
                 + len(
-                    encode_update(self.engine.config.run_id, max(self.config.rounds - 1, 0), 1.0)
+                    encode_update(
+                        self.engine.config.run_id,
+                        max(self.config.rounds - 1, 0),
+                        (1.0,) * self.engine.config.directions,
+                    )
                 ),
             },
             "peers_behind_at_end": int(sum(self.backlog.has_missing(p) for p in range(self.n))),
@@ -827,7 +836,9 @@ class GossipSimulation(Simulation):
         if first_order:
             self.engine = None
             self.matrices = find_trainable_matrices(
-                model, include_embeddings=config.run.include_embeddings
+                model,
+                include_embeddings=config.run.include_embeddings,
+                include_norms=config.run.train_norms,
             )
             for matrix in self.matrices:
                 matrix.weight.requires_grad_(True)
@@ -1075,7 +1086,9 @@ def simulate(config: SimConfig, progress: Any = None) -> dict:
         "topology": setup.topology.describe(),
         "trainable_parameters": sum(
             m.weight.numel()
-            for m in find_trainable_matrices(model, include_embeddings=run.include_embeddings)
+            for m in find_trainable_matrices(
+                model, include_embeddings=run.include_embeddings, include_norms=run.train_norms
+            )
         ),
         "eval_peers": watch,
         "evals": evals,

@@ -2,12 +2,14 @@
 
 Per epoch e = round // T and trainable matrix l there is a shared basis
 U_l^e (m x r) and V_l^e (k x r) of +1/-1 entries, drawn from Philox keyed by
-(run, e, l). A message of peer p for round t derives its seed from
-(run, p, t); the seed picks per matrix a coordinate (a_l, b_l) in [r] x [r]
-and a sign, so its direction is Z = {sign_l * U[:, a_l] V[:, b_l]^T}.
+(run, e, l). A message of peer p for round t carries k scalars, one per direction
+j < k; the seed of (run, p, t, j) picks per matrix a coordinate (a_l, b_l) in
+[r] x [r] and a sign, so direction j is Z_j = {sign_l * U[:, a_l] V[:, b_l]^T}.
+Its scalar is the two-point estimate along Z_j on group j of the round's minibatch
+(k = batch size: one direction per example, all in the same two forward passes).
 
-Aggregation: a message adds sign_l * coef into the r x r core C_l of its epoch
-(O(layers) per message); merging applies W_l -= U_l C_l V_l^T (O(r*d)), once
+Aggregation: each direction adds sign_l * coef_j into the r x r core C_l of its epoch
+(O(k * layers) per message); merging applies W_l -= U_l C_l V_l^T (O(r*d)), once
 per round on a live peer and once per epoch in a replay, whatever the number
 of messages. Everything here is pure computation on tensors: no I/O.
 """
@@ -27,6 +29,7 @@ from seedflood_p2p.errors import UserError
 from seedflood_p2p.message import UpdateMessage
 from seedflood_p2p.rng import derive_key, philox4x32, random_signs
 from seedflood_p2p.trainable import (
+    Perturbation,
     TrainableMatrix,
     find_trainable_matrices,
     install_perturbation_hooks,
@@ -35,7 +38,7 @@ from seedflood_p2p.trainable import (
 
 @dataclass(frozen=True)
 class Direction:
-    """One message's direction: per matrix the coordinate (a, b) and sign.
+    """One message's k directions: per direction and matrix the coordinate (a, b) and sign.
 
     The naive baseline leaves a, b, sign empty and regenerates from (peer, round).
     """
@@ -43,33 +46,43 @@ class Direction:
     peer: bytes
     round: int
     epoch: int
-    a: np.ndarray  # int64 [L]
-    b: np.ndarray  # int64 [L]
-    sign: np.ndarray  # float64 [L], +1 or -1
+    a: np.ndarray  # int64 [k, L]
+    b: np.ndarray  # int64 [k, L]
+    sign: np.ndarray  # float64 [k, L], +1 or -1
+
+    @property
+    def count(self) -> int:
+        return max(1, self.a.shape[0])
 
 
 def message_coordinates(
-    run_key: bytes, peers: list[bytes], rounds: list[int], num_layers: int, rank: int
+    run_key: bytes,
+    peers: list[bytes],
+    rounds: list[int],
+    num_layers: int,
+    rank: int,
+    directions: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(a, b, sign), each of shape [n, L], for n messages at once.
+    """(a, b, sign), each of shape [n, k, L], for the k directions of n messages at once.
 
-    Word j of matrix l comes from Philox block (3l + j) // 4 under the message's
-    key (run, peer, round). The modulo bias of `% rank` is below rank / 2^32.
+    Word i of matrix l in direction j comes from Philox counter ((3l + i) // 4, j) under
+    the message's key (run, peer, round). The modulo bias of `% rank` is below rank / 2^32.
     """
-    n = len(peers)
+    n, k = len(peers), directions
     keys = np.array(
         [derive_key("seedflood/message", run_key, p, t) for p, t in zip(peers, rounds)],
         dtype=np.uint64,
     ).reshape(n, 2)
     blocks = -(-3 * num_layers // 4)
-    counters = np.zeros((n * blocks, 4), dtype=np.uint64)
-    counters[:, 0] = np.tile(np.arange(blocks, dtype=np.uint64), n)
-    key0 = np.repeat(keys[:, 0], blocks)
-    key1 = np.repeat(keys[:, 1], blocks)
-    words = philox4x32(counters, (key0, key1)).reshape(n, blocks * 4)[:, : 3 * num_layers]
-    words = words.reshape(n, num_layers, 3).astype(np.int64)
-    sign = np.where(words[:, :, 2] & 1, 1.0, -1.0)
-    return words[:, :, 0] % rank, words[:, :, 1] % rank, sign
+    counters = np.zeros((n * k * blocks, 4), dtype=np.uint64)
+    counters[:, 0] = np.tile(np.arange(blocks, dtype=np.uint64), n * k)
+    counters[:, 1] = np.tile(np.repeat(np.arange(k, dtype=np.uint64), blocks), n)
+    key0 = np.repeat(keys[:, 0], k * blocks)
+    key1 = np.repeat(keys[:, 1], k * blocks)
+    words = philox4x32(counters, (key0, key1)).reshape(n * k, blocks * 4)[:, : 3 * num_layers]
+    words = words.reshape(n, k, num_layers, 3).astype(np.int64)
+    sign = np.where(words[..., 2] & 1, 1.0, -1.0)
+    return words[..., 0] % rank, words[..., 1] % rank, sign
 
 
 def layer_basis(run_key: bytes, epoch: int, layer: int, m: int, k: int, rank: int) -> np.ndarray:
@@ -124,7 +137,7 @@ class ZerothOrderEstimator:
         self.config = config
         self.run_key = config.run_key
         self.matrices: list[TrainableMatrix] = find_trainable_matrices(
-            model, include_embeddings=config.include_embeddings
+            model, include_embeddings=config.include_embeddings, include_norms=config.train_norms
         )
         if not self.matrices:
             raise UserError(
@@ -140,7 +153,9 @@ class ZerothOrderEstimator:
         raise NotImplementedError
 
     @contextmanager
-    def perturbed(self, direction: Direction, scale: float) -> Iterator[None]:
+    def perturbed(
+        self, direction: Direction, scale: float, batch_size: int | None = None
+    ) -> Iterator[None]:
         raise NotImplementedError
         yield
 
@@ -153,21 +168,38 @@ class ZerothOrderEstimator:
     def close(self) -> None:
         """Detach anything attached to the model."""
 
-    def coefficient(self, message: UpdateMessage) -> float:
-        """The step size of one message: (lr_t / n_ref) * clip(g)."""
+    def coefficients(self, message: UpdateMessage) -> np.ndarray:
+        """Step size of each of a message's k directions: lr_t / (n_ref * k) * clip(g_j)."""
         clip = self.config.clip
-        g = min(max(message.scalar, -clip), clip)
-        return self.config.lr_at(message.round) / self.config.n_ref * g
+        g = np.clip(np.asarray(message.scalars, dtype=np.float64), -clip, clip)
+        return self.config.lr_at(message.round) / (self.config.n_ref * len(g)) * g
 
     @torch.no_grad()
-    def estimate(self, loss_fn: Callable[[], float], direction: Direction) -> tuple[float, float]:
-        """Two-point estimate (L(+eps) - L(-eps)) / 2eps; returns (g, mean loss)."""
-        eps = self.config.eps
-        with self.perturbed(direction, eps):
-            loss_plus = float(loss_fn())
-        with self.perturbed(direction, -eps):
-            loss_minus = float(loss_fn())
-        return (loss_plus - loss_minus) / (2 * eps), 0.5 * (loss_plus + loss_minus)
+    def estimate(
+        self,
+        loss_fn: Callable[[], float | torch.Tensor],
+        direction: Direction,
+        batch_size: int | None = None,
+    ) -> tuple[tuple[float, ...], float]:
+        """Two-point estimates (L_j(+eps) - L_j(-eps)) / 2eps, one per direction j; returns
+        (g_1..g_k, mean loss). With k > 1, `loss_fn` returns per-example losses [B] and
+        direction j is estimated on the j-th of k equal groups of the batch, all in the same
+        two forward passes; with k == 1 it may return the mean loss."""
+        eps, k = self.config.eps, direction.count
+        losses = []
+        for scale in (eps, -eps):
+            with self.perturbed(direction, scale, batch_size):
+                losses.append(torch.as_tensor(loss_fn(), dtype=torch.float64).reshape(-1))
+        plus, minus = losses
+        if k > 1 and plus.numel() % k:
+            raise ValueError(f"{plus.numel()} losses do not split into {k} directions")
+        g = ((plus - minus) / (2 * eps)).reshape(k, -1).mean(dim=1)
+        return tuple(g.tolist()), float(0.5 * (plus.mean() + minus.mean()))
+
+
+def _rank_limit(matrix: TrainableMatrix) -> int:
+    # A norm's scale vector is an m x 1 matrix whose V is one +-1 sign per basis column.
+    return matrix.shape[0] if matrix.kind == "norm" else min(matrix.shape)
 
 
 class SubCGE(ZerothOrderEstimator):
@@ -176,13 +208,13 @@ class SubCGE(ZerothOrderEstimator):
     def __init__(self, model: nn.Module, config: RunConfig, basis_cache: int = 3) -> None:
         super().__init__(model, config)
         rank = config.rank
-        too_small = [m for m in self.matrices if rank > min(m.shape)]
+        too_small = [m for m in self.matrices if rank > _rank_limit(m)]
         if too_small:
-            worst = min(too_small, key=lambda m: min(m.shape))
+            worst = min(too_small, key=_rank_limit)
             raise UserError(
                 f"rank {rank} is larger than weight '{worst.name}' allows "
                 f"(shape {worst.shape[0]} x {worst.shape[1]}): choose a rank <= "
-                f"{min(worst.shape)}"
+                f"{_rank_limit(worst)}"
             )
         self._basis_cache_size = basis_cache
         self._bases: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -212,19 +244,36 @@ class SubCGE(ZerothOrderEstimator):
 
     def direction(self, peer: bytes, round_: int) -> Direction:
         a, b, sign = message_coordinates(
-            self.run_key, [peer], [round_], len(self.matrices), self.config.rank
+            self.run_key,
+            [peer],
+            [round_],
+            len(self.matrices),
+            self.config.rank,
+            self.config.directions,
         )
         return Direction(peer, round_, self.config.epoch_of(round_), a[0], b[0], sign[0])
 
     @contextmanager
-    def perturbed(self, direction: Direction, scale: float) -> Iterator[None]:
-        """Forward passes inside see W + scale * Z; W itself is never written."""
+    def perturbed(
+        self, direction: Direction, scale: float, batch_size: int | None = None
+    ) -> Iterator[None]:
+        """Forward passes inside see W + scale * Z_j on the examples of group j (batch split
+        into k equal groups; `batch_size` needed when k > 1); W itself is never written."""
         bases = self.basis(direction.epoch)
+        k = direction.count
+        rows = None
+        if k > 1:
+            if not batch_size or batch_size % k:
+                raise ValueError(f"{k} directions need a batch size divisible by {k}")
+            rows = torch.arange(batch_size) // (batch_size // k)
         try:
             for i, matrix in enumerate(self.matrices):
                 u_all, v_all = bases[i]
-                a, b = int(direction.a[i]), int(direction.b[i])
-                matrix.perturbation = (u_all[:, a], v_all[:, b], scale * float(direction.sign[i]))
+                a = torch.from_numpy(direction.a[:, i])
+                b = torch.from_numpy(direction.b[:, i])
+                s = torch.from_numpy(scale * direction.sign[:, i]).to(u_all.dtype)
+                p = Perturbation(u_all[:, a].T, v_all[:, b].T, s.to(u_all.device))
+                matrix.perturbation = p.per_example(rows)
             yield
         finally:
             for matrix in self.matrices:
@@ -240,12 +289,15 @@ class SubCGE(ZerothOrderEstimator):
         messages = list(messages)
         if not messages:
             return 0
-        L, r = len(self.matrices), self.config.rank
+        L, r, k = len(self.matrices), self.config.rank, self.config.directions
+        if any(len(m.scalars) != k for m in messages):
+            raise ValueError(f"every message of this run carries {k} scalars")
         a, b, sign = message_coordinates(
-            self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r
+            self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r, k
         )
-        coef = np.array([self.coefficient(m) for m in messages], dtype=np.float64)
-        epochs = np.array([self.config.epoch_of(m.round) for m in messages])
+        a, b, sign = (x.reshape(len(messages) * k, L) for x in (a, b, sign))
+        coef = np.concatenate([self.coefficients(m) for m in messages])
+        epochs = np.repeat([self.config.epoch_of(m.round) for m in messages], k)
         layer = np.broadcast_to(np.arange(L), a.shape)
         for epoch in np.unique(epochs):
             rows = epochs == epoch
@@ -275,7 +327,7 @@ class SubCGE(ZerothOrderEstimator):
                     continue
                 u, v = bases[i]
                 c = torch.from_numpy(core[i].reshape(r, r)).to(u.device, u.dtype)
-                matrix.weight.addmm_(u @ c, v.T, alpha=-1.0)
+                matrix.weight.view(matrix.shape).addmm_(u @ c, v.T, alpha=-1.0)
 
     @torch.no_grad()
     def commit_grouped(self, group: int = 25) -> None:
@@ -297,7 +349,7 @@ class SubCGE(ZerothOrderEstimator):
             signs = epoch_bases(self.run_key, chunk, shapes, r)
             for i, matrix in enumerate(self.matrices):
                 m, k = shapes[i]
-                w = matrix.weight
+                w = matrix.weight.view(matrix.shape)
                 uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
                 c = np.stack([core[i].reshape(r, r) for core in cores])
                 c = torch.from_numpy(c).to(w.device, w.dtype)
@@ -329,15 +381,17 @@ class NaiveSeedReplay(ZerothOrderEstimator):
     ) -> Iterator[tuple[TrainableMatrix, torch.Tensor]]:
         gen = torch.Generator(device="cpu").manual_seed(self._seed(peer, round_))
         for matrix in self.matrices:
-            z = torch.randn(matrix.shape, generator=gen, dtype=torch.float32)
+            z = torch.randn(matrix.weight.shape, generator=gen, dtype=torch.float32)
             yield matrix, z.to(matrix.weight.device, matrix.weight.dtype)
 
     def direction(self, peer: bytes, round_: int) -> Direction:
-        empty = np.zeros(0)
+        empty = np.zeros((0, 0))
         return Direction(peer, round_, self.config.epoch_of(round_), empty, empty, empty)
 
     @contextmanager
-    def perturbed(self, direction: Direction, scale: float) -> Iterator[None]:
+    def perturbed(
+        self, direction: Direction, scale: float, batch_size: int | None = None
+    ) -> Iterator[None]:
         """In-place perturbation, restored from a copy so W is bitwise unchanged."""
         saved = [m.weight.detach().clone() for m in self.matrices]
         try:
@@ -359,7 +413,7 @@ class NaiveSeedReplay(ZerothOrderEstimator):
     def commit(self) -> None:
         """O(n * d): regenerate and add every message's full-size direction."""
         for message in self._pending:
-            coef = self.coefficient(message)
+            (coef,) = self.coefficients(message)
             for matrix, z in self._gaussians(message.peer, message.round):
                 matrix.weight.add_(z, alpha=-coef)
         self._pending = []

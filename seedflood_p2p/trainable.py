@@ -1,12 +1,19 @@
 """Which weights SubCGE trains, and the rank-one perturbation applied in the forward pass.
 
-Every 2-D weight of a Linear, Embedding or transformers Conv1D module is a
-trainable matrix W (m x k, as stored). The two-point estimate evaluates the
-model at W + s * u v^T without touching W: a forward hook adds the rank-one
-term to the module's output, so the stored weights stay bitwise unchanged
-(MeZO's in-place add/subtract drifts by rounding, which would break consensus).
-Tied weights (an embedding reused as the LM head) are one matrix hooked at
-every module that uses it.
+Trainable tensors:
+- every 2-D weight of a Linear, Embedding or transformers Conv1D module (a matrix W,
+  m x k as stored; embeddings only when asked);
+- optionally the scale vector of every normalisation layer (RMSNorm, LayerNorm), held
+  as an m x 1 matrix. Measured on SmolLM2 + MR (bench/results/learning.md): these 35k
+  weights carry ~10% of the loss gradient's energy in 0.03% of the parameters, so a
+  zeroth-order step along them moves the loss far more per forward pass.
+
+The two-point estimate evaluates the model at W + s * u v^T without touching W: a
+forward hook adds the rank-one term to the module's output, so the stored weights stay
+bitwise unchanged (MeZO's in-place add/subtract drifts by rounding, which would break
+consensus). A forward may carry several directions at once: example b of the batch is
+evaluated along direction ``rows[b]`` (one forward, many directions). Tied weights (an
+embedding reused as the LM head) are one matrix hooked at every module that uses it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 try:  # GPT-2 style models store linear maps as (in, out) in a Conv1D module.
@@ -23,56 +31,133 @@ except ImportError:  # pragma: no cover - transformers is a hard dependency
 
 
 @dataclass
+class Perturbation:
+    """Directions active in a forward pass: W_eff(example b) = W + scale[j] u[j] v[j]^T,
+    j = rows[b]. u is [G, m], v is [G, k], scale [G]; with G == 1 every example shares it."""
+
+    u: torch.Tensor
+    v: torch.Tensor
+    scale: torch.Tensor
+
+    def per_example(self, rows: torch.Tensor | None) -> Perturbation:
+        if rows is None or self.u.shape[0] == 1:
+            return self
+        return Perturbation(self.u[rows], self.v[rows], self.scale[rows])
+
+
+@dataclass
 class TrainableMatrix:
     name: str
     weight: nn.Parameter
     modules: list[nn.Module]
-    is_embedding: bool
-    # Set while a perturbed forward runs: (u, v, scale) with W_eff = W + scale * u v^T.
-    perturbation: tuple[torch.Tensor, torch.Tensor, float] | None = field(default=None)
+    kind: str  # "linear" | "conv1d" | "embedding" | "norm"
+    perturbation: Perturbation | None = field(default=None)
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.kind == "embedding"
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.kind == "norm":
+            return (self.weight.shape[0], 1)
         return tuple(self.weight.shape)  # type: ignore[return-value]
+
+    def add_(self, delta: torch.Tensor, alpha: float = 1.0) -> None:
+        """W += alpha * delta, delta in the m x k shape of `shape`."""
+        self.weight.add_(delta.reshape(self.weight.shape), alpha=alpha)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith(
+        "RMSNorm"
+    )
 
 
 def find_trainable_matrices(
-    model: nn.Module, include_embeddings: bool = False
+    model: nn.Module, include_embeddings: bool = False, include_norms: bool = False
 ) -> list[TrainableMatrix]:
-    """The model's trainable matrices in a canonical order (sorted by parameter name)."""
+    """The model's trainable tensors in a canonical order (sorted by parameter name)."""
     users: dict[int, list[nn.Module]] = {}
-    embedding_ids: set[int] = set()
+    kinds: dict[int, str] = {}
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if not isinstance(weight, nn.Parameter) or weight.dim() != 2:
+        if not isinstance(weight, nn.Parameter):
             continue
-        if isinstance(module, nn.Embedding):
-            embedding_ids.add(id(weight))
-        elif not isinstance(module, (nn.Linear, Conv1D)):
+        if weight.dim() == 1 and include_norms and _is_norm(module):
+            kind = "norm"
+        elif weight.dim() != 2:
+            continue
+        elif isinstance(module, nn.Embedding):
+            kind = "embedding"
+        elif isinstance(module, nn.Linear):
+            kind = "linear"
+        elif Conv1D and isinstance(module, Conv1D):
+            kind = "conv1d"
+        else:
             continue
         users.setdefault(id(weight), []).append(module)
+        # A tied weight used by an Embedding and a Linear counts as an embedding.
+        if kinds.get(id(weight)) != "embedding":
+            kinds[id(weight)] = kind
     matrices = []
     for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
         if id(param) not in users:
             continue
-        is_embedding = id(param) in embedding_ids
-        if is_embedding and not include_embeddings:
+        if kinds[id(param)] == "embedding" and not include_embeddings:
             continue
-        matrices.append(TrainableMatrix(name, param, users[id(param)], is_embedding))
+        matrices.append(TrainableMatrix(name, param, users[id(param)], kinds[id(param)]))
     return matrices
+
+
+def _normalized_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What a norm layer multiplies its scale vector by (d output / d weight)."""
+    if isinstance(module, nn.LayerNorm):
+        return F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _project(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """x @ v per example: x [B, ..., k], v [G, k] with G in (1, B) -> [B, ...]."""
+    if v.shape[0] == 1:
+        return x @ v[0]
+    flat = x.reshape(x.shape[0], -1, x.shape[-1])
+    return torch.bmm(flat, v.unsqueeze(-1)).reshape(x.shape[:-1])
+
+
+def _expand(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[G, n] -> [G, 1, ..., 1, n] broadcasting against `like` [B, ..., n]."""
+    return t.reshape(t.shape[0], *([1] * (like.dim() - 2)), t.shape[-1])
+
+
+def _scale(s: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return s.reshape(s.shape[0], *([1] * (like.dim() - 1)))
 
 
 def _rank_one_hook(matrix: TrainableMatrix):
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
-        if matrix.perturbation is None:
+        p = matrix.perturbation
+        if p is None:
             return None
-        u, v, scale = matrix.perturbation
         x = args[0]
+        if p.u.shape[0] > 1 and p.u.shape[0] != x.shape[0]:
+            raise ValueError(f"{p.u.shape[0]} directions for a batch of {x.shape[0]}")
+        if matrix.kind == "norm":  # y = w * xhat; W is m x 1, v is a +-1 scalar
+            s = p.scale * p.v[:, 0]
+            return output + _scale(s, output) * _expand(p.u, output) * _normalized_input(module, x)
         if isinstance(module, nn.Embedding):  # y = W[x]
-            return output + scale * u[x].unsqueeze(-1) * v
+            ux = p.u[0][x] if p.u.shape[0] == 1 else torch.gather(p.u, 1, x.reshape(x.shape[0], -1))
+            ux = ux.reshape(x.shape) * _scale(p.scale, x)
+            return output + ux.unsqueeze(-1) * _expand(p.v, output)
         if isinstance(module, nn.Linear):  # y = x W^T, W is (out, in)
-            return output + scale * (x @ v).unsqueeze(-1) * u
-        return output + scale * (x @ u).unsqueeze(-1) * v  # Conv1D: y = x W, W is (in, out)
+            proj = _project(x, p.v) * _scale(p.scale, x[..., 0])
+            return output + proj.unsqueeze(-1) * _expand(p.u, output)
+        proj = _project(x, p.u) * _scale(p.scale, x[..., 0])  # Conv1D: y = x W, W (in, out)
+        return output + proj.unsqueeze(-1) * _expand(p.v, output)
 
     return hook
 

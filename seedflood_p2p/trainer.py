@@ -1,8 +1,9 @@
 """One zeroth-order step, evaluation, and `seedflood train` (simulated peers in one process).
 
 The step is the same one the peer daemon runs: sample the peer's minibatch
-for the round, estimate the projected gradient along the message's derived
-direction, round it to wire precision. Applying is separate (accumulate +
+for the round, estimate the projected gradient along each of the message's k derived
+directions (direction j on the j-th share of the batch, all k in the same two forward
+passes), optionally normalise them, round them to wire precision. Applying is separate (accumulate +
 commit), so a sender applies its own message exactly as receivers do.
 """
 
@@ -20,8 +21,8 @@ from seedflood_p2p.config import RunConfig
 from seedflood_p2p.data import Task, make_batch, sample_batch
 from seedflood_p2p.errors import UserError
 from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.message import UpdateMessage, quantize_scalar
-from seedflood_p2p.objective import batch_loss
+from seedflood_p2p.message import UpdateMessage, quantize_scalars
+from seedflood_p2p.objective import batch_loss, example_losses
 from seedflood_p2p.rng import derive_key
 from seedflood_p2p.subcge import ZerothOrderEstimator
 
@@ -42,10 +43,24 @@ def zo_step(
     examples = sample_batch(task, batch_seed(config.run_key, peer, round_), config.batch_size)
     batch = make_batch(examples, tokenizer, task, config.max_length)
     direction = engine.direction(peer, round_)
-    g, loss = engine.estimate(lambda: batch_loss(engine.model, batch, task.kind)[0], direction)
-    if not math.isfinite(g):
+    g, loss = engine.estimate(
+        lambda: example_losses(engine.model, batch, task.kind), direction, len(examples)
+    )
+    if not all(math.isfinite(x) for x in g):
         raise FloatingPointError(f"non-finite projected gradient at round {round_}: lower lr")
-    return UpdateMessage(round_, peer, quantize_scalar(g)), loss
+    return UpdateMessage(round_, peer, quantize_scalars(normalize(g, config.normalize))), loss
+
+
+def normalize(g: tuple[float, ...], how: str) -> tuple[float, ...]:
+    """The sender's own scaling of its estimates (receivers apply the scalars as sent).
+
+    "rms" divides by the root mean square of the k estimates, so a step's size does not
+    follow the loss's scale (FZOO-style); with k == 1 that is the sign of the estimate.
+    """
+    if how == "none":
+        return g
+    rms = math.sqrt(sum(x * x for x in g) / len(g))
+    return tuple(x / rms for x in g) if rms > 0 else g
 
 
 @torch.no_grad()

@@ -133,7 +133,7 @@ def test_disk_full_while_writing_the_ledger(tmp_path):
         ledger = Ledger(mount / "ledger.sqlite", "run")
         with pytest.raises(UserError, match="disk full while writing ledger .* free space"):
             for t in range(100_000):
-                ledger.add([UpdateMessage(t, bytes([p]) * 38, 0.5) for p in range(8)])
+                ledger.add([UpdateMessage(t, bytes([p]) * 38, (0.5,)) for p in range(8)])
         kept = len(ledger)
         assert kept > 0
         ledger.close()

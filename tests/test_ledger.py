@@ -17,7 +17,7 @@ from seedflood_p2p.message import UpdateMessage
 
 def _msgs(n_rounds: int, peers: int) -> list[UpdateMessage]:
     return [
-        UpdateMessage(t, bytes([p]) * 4, 0.25 * t - p)
+        UpdateMessage(t, bytes([p]) * 4, (0.25 * t - p, float(p)))
         for t in range(n_rounds)
         for p in range(peers)
     ]
@@ -36,24 +36,24 @@ def test_inserts_are_idempotent_and_reads_are_canonical(tmp_path):
         assert list(a.messages()) == list(b.messages()) == sorted(msgs)
         assert a.digest() == b.digest()
         assert a.max_round() == 4 and a.has(bytes([2]) * 4, 3)
-        b.add([UpdateMessage(9, b"x", 1.0)])
+        b.add([UpdateMessage(9, b"x", (1.0, 2.0))])
         assert a.digest() != b.digest()
 
 
 def test_replace_swaps_an_update_and_its_digests(tmp_path):
     """The equivocation rule's write: same (peer, round), another scalar, fresh digests."""
     msgs = _msgs(3, 2)
-    winner = UpdateMessage(1, msgs[2].peer, -7.0)
+    winner = UpdateMessage(1, msgs[2].peer, (-7.0, 1.0))
     with Ledger(tmp_path / "a.sqlite", "run") as a, Ledger(tmp_path / "b.sqlite", "run") as b:
         a.add(msgs)
         before = a.bucket_digests(64)  # cached per (bucket, count): replace must drop it
-        assert a.replace(winner, None) == msgs[2].scalar
+        assert a.replace(winner, None) == msgs[2].scalars
         b.add([winner if (m.round, m.peer) == (1, winner.peer) else m for m in msgs])
-        assert len(a) == 6 and a.scalar_of(winner.peer, 1) == -7.0
+        assert len(a) == 6 and a.scalars_of(winner.peer, 1) == (-7.0, 1.0)
         assert a.bucket_digests(64) == b.bucket_digests(64) != before
         assert a.digest() == b.digest()
         with pytest.raises(KeyError):
-            a.replace(UpdateMessage(99, b"nobody", 1.0), None)
+            a.replace(UpdateMessage(99, b"nobody", (1.0,)), None)
 
 
 def test_runs_are_kept_apart(tmp_path):
@@ -72,7 +72,7 @@ def test_sigkill_mid_write_keeps_every_committed_message(tmp_path):
         from seedflood_p2p.message import UpdateMessage
         ledger = Ledger({str(path)!r}, "run")
         for t in range(1_000_000):
-            ledger.add([UpdateMessage(t, bytes([p]), float(t)) for p in range(4)])
+            ledger.add([UpdateMessage(t, bytes([p]), (float(t),)) for p in range(4)])
             print(t, flush=True)  # printed only after the transaction committed
     """)
     proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
@@ -87,7 +87,7 @@ def test_sigkill_mid_write_keeps_every_committed_message(tmp_path):
         proc.wait()
     assert last >= 200
     with Ledger(path, "run") as ledger:
-        got = {(m.round, m.peer): m.scalar for m in ledger.messages()}
+        got = {(m.round, m.peer): m.scalars[0] for m in ledger.messages()}
         for t in range(last + 1):
             for p in range(4):
                 assert got[(t, bytes([p]))] == float(t)

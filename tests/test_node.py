@@ -22,7 +22,7 @@ async def test_own_update_logged_but_never_sent_is_published_again(spawn, tmp_pa
     b = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
     config = RunConfig(salt="test-node")
     ledgers = [Ledger(tmp_path / f"{n}.sqlite", config.run_id) for n in "ab"]
-    own = UpdateMessage(3, a.peer_id.to_bytes(), 0.25)
+    own = UpdateMessage(3, a.peer_id.to_bytes(), (0.25,))
     ledgers[0].add([own])  # logged, then killed before publishing: no signed envelope
     settings = NodeSettings(repair_interval=0.3)
     nodes = [
@@ -36,9 +36,9 @@ async def test_own_update_logged_but_never_sent_is_published_again(spawn, tmp_pa
             while not await node.connected_peers():
                 await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)  # repair alone cannot help: an unsigned row is not served
-        assert ledgers[1].scalar_of(own.peer, own.round) is None
+        assert ledgers[1].scalars_of(own.peer, own.round) is None
         assert await nodes[0].republish_unsigned() == 1
-        await _until(lambda: ledgers[1].scalar_of(own.peer, own.round) == own.scalar)
+        await _until(lambda: ledgers[1].scalars_of(own.peer, own.round) == own.scalars)
         await _until(lambda: not ledgers[0].unsigned(own.peer))  # the echo signed our row
         assert await nodes[0].republish_unsigned() == 0
         assert ledgers[0].digest() == ledgers[1].digest()

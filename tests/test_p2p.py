@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 from seedflood_p2p.config import RunConfig
 from seedflood_p2p.ledger import Ledger
+from seedflood_p2p.message import pack_scalars
 from seedflood_p2p.models import load_model, weights_sha256
 from seedflood_p2p.protocol import PROTOCOL_VERSION, encode_update, run_tag, topic_for
 from seedflood_p2p.replay import replay
@@ -60,14 +61,15 @@ LIVE_VS_REPLAY_ATOL = 1e-5
 
 def _hostile_payloads(run_id: str) -> dict[str, bytes]:
     tag = run_tag(run_id)
-    pack = msgpack.Packer(use_single_float=True, use_bin_type=True).pack
+    pack = msgpack.Packer(use_bin_type=True).pack
+    half = pack_scalars((0.5,))
     return {
-        "oversized": pack([PROTOCOL_VERSION, tag, 3, 0.5]) + b"\0" * 100,
+        "oversized": pack([PROTOCOL_VERSION, tag, 3, half]) + b"\0" * 100,
         "malformed": b"\xc1\xffnot msgpack",
-        "bad_version": pack([PROTOCOL_VERSION + 1, tag, 3, 0.5]),
-        "wrong_run": pack([PROTOCOL_VERSION, b"\0\0\0\0", 3, 0.5]),
-        "non_finite": pack([PROTOCOL_VERSION, tag, 3, math.nan]),
-        "out_of_window": pack([PROTOCOL_VERSION, tag, 10**7, 0.5]),
+        "bad_version": pack([PROTOCOL_VERSION + 1, tag, 3, half]),
+        "wrong_run": pack([PROTOCOL_VERSION, b"\0\0\0\0", 3, half]),
+        "non_finite": pack([PROTOCOL_VERSION, tag, 3, pack_scalars((math.nan,))]),
+        "out_of_window": pack([PROTOCOL_VERSION, tag, 10**7, half]),
     }
 
 
@@ -118,10 +120,10 @@ class Attacker(threading.Thread):
                 await asyncio.sleep(0.2)
             for payload in _hostile_payloads(self.run_id).values():
                 await client.publish(topic, payload)
-            await client.publish(topic, encode_update(self.run_id, 1, 0.5))  # valid first
+            await client.publish(topic, encode_update(self.run_id, 1, (0.5,)))  # valid first
             await asyncio.sleep(3)
-            await client.publish(topic, encode_update(self.run_id, 1, 0.25))  # equivocation,
-            await client.publish(topic, encode_update(self.run_id, 1, 0.75))  # twice
+            await client.publish(topic, encode_update(self.run_id, 1, (0.25,)))  # equivocation,
+            await client.publish(topic, encode_update(self.run_id, 1, (0.75,)))  # twice
             await asyncio.sleep(2)
             self.published.set()
             while not self.done.is_set():
@@ -251,7 +253,7 @@ def test_hostile_messages_are_dropped_counted_and_training_goes_on(cluster):
     bad = sum(_final(cluster, n)["dropped"].get("bad_reply", 0) for n in FINISHERS)
     assert bad >= 1
     with Ledger(cluster["work"] / "a" / "ledger.sqlite", cluster["run_id"]) as ledger:
-        scalars = [m.scalar for m in ledger.messages() if m.round == 1]
+        scalars = [m.scalars[0] for m in ledger.messages() if m.round == 1]
         # 0.5 came first and was applied; then the same peer signed 0.25 for round 1: every
         # peer keeps the smaller one and takes 0.5 back (the live models still equal their
         # replays, test above, and all ledgers are identical)

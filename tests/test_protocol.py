@@ -8,7 +8,7 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.message import Envelope, UpdateMessage
+from seedflood_p2p.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol import (
     BUCKET_ROUNDS,
     FETCH_LIMIT,
@@ -34,32 +34,46 @@ from seedflood_p2p.protocol import (
 from seedflood_p2p.transport import verify_pubsub_signature
 
 RUN = "ab" * 32
-PACK = msgpack.Packer(use_single_float=True, use_bin_type=True).pack
+PACK = msgpack.Packer(use_bin_type=True).pack
+HALF = pack_scalars((0.5,))  # one float16 scalar as it travels
 
 
-def test_update_round_trip_is_small_and_float32():
-    data = encode_update(RUN, 123_456, 0.1)
-    assert len(data) <= 32
-    m = decode_update(data, RUN, b"sender")
+def test_update_round_trip_is_small_and_float16():
+    data = encode_update(RUN, 123_456, (0.1,))
+    assert len(data) <= 20
+    m = decode_update(data, RUN, b"sender", directions=1)
     assert (m.round, m.peer) == (123_456, b"sender")
-    assert m.scalar == pytest.approx(0.1, rel=1e-7) and m.scalar != 0.1  # float32 on the wire
+    assert m.scalars[0] == pytest.approx(0.1, rel=1e-3) and m.scalars[0] != 0.1  # float16
+
+
+def test_sixteen_directions_fit_in_64_bytes_at_any_round():
+    scalars = tuple(float(i) - 7.5 for i in range(16))  # exact in float16
+    data = encode_update(RUN, MAX_ROUND, scalars)
+    assert len(data) <= MAX_UPDATE_BYTES
+    assert decode_update(data, RUN, b"s", directions=16).scalars == scalars
+    with pytest.raises(Rejected, match="malformed"):  # a run of k = 4 refuses 16 scalars
+        decode_update(data, RUN, b"s", directions=4)
 
 
 @pytest.mark.parametrize(
     "payload, reason",
     [
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, 0.5]) + b"\0" * MAX_UPDATE_BYTES, "oversized"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, HALF]) + b"\0" * MAX_UPDATE_BYTES, "oversized"),
         (b"\xc1", "malformed"),
         (PACK({"a": 1}), "malformed"),
         (PACK([PROTOCOL_VERSION, run_tag(RUN), 1]), "malformed"),
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), "1", 0.5]), "malformed"),
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, 1]), "malformed"),
-        (PACK([PROTOCOL_VERSION + 1, run_tag(RUN), 1, 0.5]), "bad_version"),
-        (PACK([PROTOCOL_VERSION, b"\1\2\3\4", 1, 0.5]), "wrong_run"),
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, math.inf]), "non_finite"),
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), -1, 0.5]), "out_of_window"),
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), MAX_ROUND + 1, 0.5]), "out_of_window"),
-        (PACK([PROTOCOL_VERSION, run_tag(RUN), 2**64 - 1, 0.5]), "out_of_window"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), "1", HALF]), "malformed"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, 0.5]), "malformed"),  # a float, not float16s
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b"\0"]), "malformed"),  # odd length
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b""]), "malformed"),  # no scalar
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b"\0" * 34]), "malformed"),  # 17 scalars
+        (PACK([PROTOCOL_VERSION + 1, run_tag(RUN), 1, HALF]), "bad_version"),
+        (PACK([PROTOCOL_VERSION, b"\1\2\3\4", 1, HALF]), "wrong_run"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, pack_scalars((math.inf,))]), "non_finite"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b"\x00\x7e"]), "non_finite"),  # NaN
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), -1, HALF]), "out_of_window"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), MAX_ROUND + 1, HALF]), "out_of_window"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), 2**64 - 1, HALF]), "out_of_window"),
     ],
 )
 def test_each_invalid_payload_is_rejected_with_its_reason(payload, reason):
@@ -69,33 +83,35 @@ def test_each_invalid_payload_is_rejected_with_its_reason(payload, reason):
 
 
 def test_window_duplicate_and_equivocation():
-    WindowRule(10).check(UpdateMessage(15, b"p", 0.5), newest_round=5)
+    WindowRule(10).check(UpdateMessage(15, b"p", (0.5,)), newest_round=5)
     with pytest.raises(Rejected, match="out_of_window"):
-        WindowRule(10).check(UpdateMessage(16, b"p", 0.5), newest_round=5)
-    check_against_ledger(UpdateMessage(1, b"p", 0.5), None)
+        WindowRule(10).check(UpdateMessage(16, b"p", (0.5,)), newest_round=5)
+    check_against_ledger(UpdateMessage(1, b"p", (0.5,)), None)
     with pytest.raises(Rejected, match="duplicate"):
-        check_against_ledger(UpdateMessage(1, b"p", 0.5), 0.5)
+        check_against_ledger(UpdateMessage(1, b"p", (0.5, 1.0)), (0.5, 1.0))
     with pytest.raises(Rejected, match="equivocation"):
-        check_against_ledger(UpdateMessage(1, b"p", 0.5), 0.25)
+        check_against_ledger(UpdateMessage(1, b"p", (0.5, 1.0)), (0.5, 0.25))
     with pytest.raises(Rejected, match="equivocation"):  # other bits, other ledger digest
-        check_against_ledger(UpdateMessage(1, b"p", -0.0), 0.0)
+        check_against_ledger(UpdateMessage(1, b"p", (-0.0,)), (0.0,))
 
 
 def test_equivocation_rule_is_the_same_whatever_the_order_seen():
-    for a, b in [(0.5, 0.25), (-1.0, 2.0), (0.0, -0.0), (1e-30, -1e-30)]:
+    pairs = [((0.5,), (0.25,)), ((-1.0,), (2.0,)), ((0.0,), (-0.0,)), ((1.0, 0.0), (1.0, -0.0))]
+    pairs += [((1.0, 5.0), (2.0, -5.0))]
+    for a, b in pairs:
         # a peer holding either copy ends with the same one once it has seen both
         kept_if_a_first = b if keeps_new(a, b) else a
         kept_if_b_first = a if keeps_new(b, a) else b
-        assert math.copysign(1, kept_if_a_first) == math.copysign(1, kept_if_b_first)
-        assert kept_if_a_first == kept_if_b_first == min(a, b)
-    assert not keeps_new(0.25, 0.25)
+        assert pack_scalars(kept_if_a_first) == pack_scalars(kept_if_b_first)
+        assert kept_if_a_first == min(a, b)
+    assert not keeps_new((0.25,), (0.25,))
 
 
 def _signed(key: Ed25519PrivateKey, round_: int, scalar: float) -> tuple[UpdateMessage, Envelope]:
     """An update signed exactly as go-libp2p-pubsub signs it."""
     public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
     peer = bytes.fromhex("002408011220") + public
-    data, seqno = encode_update(RUN, round_, scalar), round_.to_bytes(8, "big")
+    data, seqno = encode_update(RUN, round_, (scalar,)), round_.to_bytes(8, "big")
     body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic_for(RUN)])
     setattr(body, "from", peer)
     signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
@@ -109,13 +125,13 @@ def test_repair_rows_carry_verifiable_signatures():
     assert rows == [(message, envelope)]
     check_envelope(message, envelope, RUN, verify_pubsub_signature)  # genuine: accepted
 
-    forged_scalar = UpdateMessage(7, message.peer, 0.25)  # Mallory edits Alice's scalar
+    forged_scalar = UpdateMessage(7, message.peer, (0.25,))  # Mallory edits Alice's scalar
     with pytest.raises(Rejected, match="mismatch"):
         check_envelope(forged_scalar, envelope, RUN, verify_pubsub_signature)
     _, mallory_env = _signed(mallory, 7, 0.25)  # ... or signs a new one under Alice's name
     with pytest.raises(Rejected, match="bad_signature"):
         check_envelope(
-            UpdateMessage(7, message.peer, 0.25), mallory_env, RUN, verify_pubsub_signature
+            UpdateMessage(7, message.peer, (0.25,)), mallory_env, RUN, verify_pubsub_signature
         )
     with pytest.raises(Rejected, match="bad_signature"):  # envelope of another run
         check_envelope(message, envelope, "cd" * 32, verify_pubsub_signature)
@@ -125,15 +141,17 @@ def test_malformed_repair_rows():
     with pytest.raises(Rejected, match="bad_reply"):
         decode_rows(b"\xc1", 10)
     with pytest.raises(Rejected, match="bad_reply"):
-        decode_rows(PACK([[1, b"p", 0.5]]), 10)  # no envelope
+        decode_rows(PACK([[1, b"p", HALF]]), 10)  # no envelope
     with pytest.raises(Rejected, match="bad_reply"):  # a round SQLite cannot hold
-        decode_rows(PACK([[2**64 - 1, b"p", 0.5, b"d", b"s", b"g"]]), 10)
+        decode_rows(PACK([[2**64 - 1, b"p", HALF, b"d", b"s", b"g"]]), 10)
+    with pytest.raises(Rejected, match="bad_reply"):  # scalars as a float, not float16 bytes
+        decode_rows(PACK([[1, b"p", 0.5, b"d", b"s", b"g"]]), 10)
     with pytest.raises(Rejected, match="non_finite"):
-        decode_rows(PACK([[1, b"p", math.nan, b"d", b"s", b"g"]]), 10)
+        decode_rows(PACK([[1, b"p", pack_scalars((math.nan,)), b"d", b"s", b"g"]]), 10)
 
 
 def _rows(*keys):
-    return [(UpdateMessage(r, p, 0.5), Envelope(b"d", b"s", b"g")) for r, p in keys]
+    return [(UpdateMessage(r, p, (0.5,)), Envelope(b"d", b"s", b"g")) for r, p in keys]
 
 
 def test_fetch_rows_must_advance_past_the_cursor_within_the_bucket():

@@ -51,9 +51,14 @@ def test_golden_vectors():
     assert signs.dtype == np.float32 and set(signs.tolist()) == {-1.0, 1.0}
     assert signs[:12].astype(int).tolist() == [-1, -1, -1, 1, 1, 1, -1, -1, 1, -1, 1, 1]
     a, b, sign = message_coordinates(bytes(32), [b"peer-1"], [42], 5, 8)
-    assert a.tolist() == [[7, 2, 1, 3, 7]]
-    assert b.tolist() == [[1, 4, 6, 2, 6]]
-    assert sign.tolist() == [[1.0, 1.0, 1.0, 1.0, -1.0]]
+    assert a.tolist() == [[[7, 2, 1, 3, 7]]]
+    assert b.tolist() == [[[1, 4, 6, 2, 6]]]
+    assert sign.tolist() == [[[1.0, 1.0, 1.0, 1.0, -1.0]]]
+    # Direction 0 of a k-direction message is the one-direction message; others differ.
+    a3, b3, sign3 = message_coordinates(bytes(32), [b"peer-1"], [42], 5, 8, directions=3)
+    assert a3[:, :1].tolist() == a.tolist() and b3[:, :1].tolist() == b.tolist()
+    assert sign3[:, :1].tolist() == sign.tolist()
+    assert a3[0, 1].tolist() != a3[0, 0].tolist() and a3[0, 2].tolist() != a3[0, 1].tolist()
     assert layer_basis(bytes(32), 3, 2, 3, 2, 4).astype(int).tolist() == [
         [-1, 1, 1, 1],
         [-1, 1, -1, -1],

@@ -113,7 +113,7 @@ def test_flood_bytes_match_the_encoded_update_sizes(task):
         sim.network.deliver(t)
     topo = sim.setup.topology
     run_id = sim.engine.config.run_id
-    size = {(m.round, m.peer): len(encode_update(run_id, m.round, m.scalar)) for m in sent}
+    size = {(m.round, m.peer): len(encode_update(run_id, m.round, m.scalars)) for m in sent}
     assert all(13 <= s <= 18 for s in size.values())
     per_message_hops = topo.degrees.sum() - (n - 1)  # 2E - (n - 1) transmissions
     expected_total = sum((s + GOSSIPSUB_OVERHEAD_BYTES) * per_message_hops for s in size.values())

@@ -8,8 +8,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from seedflood_p2p.config import RunConfig
 from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import UpdateMessage, quantize_scalar
+from seedflood_p2p.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.models import load_model
+from seedflood_p2p.objective import example_losses
 from seedflood_p2p.subcge import NaiveSeedReplay, SubCGE, layer_basis
 
 # Aggregated vs one-by-one float64 reference: both are sums of the same terms in
@@ -23,10 +24,10 @@ def _config(**kw) -> RunConfig:
     return RunConfig(**base)
 
 
-def _messages(n_rounds: int, n_peers: int, seed: int = 0) -> list[UpdateMessage]:
+def _messages(n_rounds: int, n_peers: int, seed: int = 0, k: int = 1) -> list[UpdateMessage]:
     rng = np.random.default_rng(seed)
     return [
-        UpdateMessage(t, f"peer-{p}".encode(), quantize_scalar(float(rng.normal())))
+        UpdateMessage(t, f"peer-{p}".encode(), quantize_scalars(rng.normal(size=k)))
         for t in range(n_rounds)
         for p in range(n_peers)
     ]
@@ -40,34 +41,42 @@ def _snapshot(engine) -> dict[str, torch.Tensor]:
     return {m.name: m.weight.detach().clone() for m in engine.matrices}
 
 
-def test_aggregate_equals_sum_of_rank_one_contributions():
+@pytest.mark.parametrize(
+    "settings", [{}, {"directions": 4, "train_norms": True}], ids=["k1", "k4-norms"]
+)
+def test_aggregate_equals_sum_of_rank_one_contributions(settings):
     model, _ = load_model("tiny-llama")
-    config = _config()
+    config = _config(**settings)
     engine = SubCGE(model, config)
+    if config.train_norms:
+        assert any(m.kind == "norm" for m in engine.matrices)
     before = _snapshot(engine)
-    messages = _messages(12, 3)  # three epochs
+    messages = _messages(12, 3, k=config.directions)  # three epochs
     engine.accumulate(messages)
     engine.commit()
     for i, matrix in enumerate(engine.matrices):
         m, k = matrix.shape
-        expected = before[matrix.name].double()
+        expected = before[matrix.name].double().reshape(m, k)
         for msg in messages:
             d = engine.direction(msg.peer, msg.round)
             uv = torch.from_numpy(layer_basis(config.run_key, d.epoch, i, m, k, config.rank))
-            u, v = uv[:m, d.a[i]].double(), uv[m:, d.b[i]].double()
-            expected -= engine.coefficient(msg) * d.sign[i] * torch.outer(u, v)
-        torch.testing.assert_close(matrix.weight.double(), expected, atol=AGGREGATE_ATOL, rtol=0)
+            for j, coef in enumerate(engine.coefficients(msg)):
+                u, v = uv[:m, d.a[j, i]].double(), uv[m:, d.b[j, i]].double()
+                expected -= coef * d.sign[j, i] * torch.outer(u, v)
+        got = matrix.weight.double().reshape(m, k)
+        torch.testing.assert_close(got, expected, atol=AGGREGATE_ATOL, rtol=0)
         assert not torch.equal(matrix.weight, before[matrix.name])
 
 
 def test_thousand_perturbed_evaluations_leave_weights_bitwise_unchanged():
     model, _ = load_model("tiny-llama")
-    engine = SubCGE(model, _config())
+    engine = SubCGE(model, _config(directions=2, train_norms=True))
     before = {n: p.detach().clone() for n, p in model.state_dict().items()}
     x = _inputs()
+    batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
     for i in range(500):  # 500 estimates = 1000 evaluations (+eps and -eps)
         d = engine.direction(b"peer", i)
-        engine.estimate(lambda: model(input_ids=x, labels=x).loss.item(), d)
+        engine.estimate(lambda: example_losses(model, batch, "lm"), d, batch_size=2)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), name
 
@@ -90,15 +99,47 @@ def test_hook_perturbation_equals_editing_the_weights(variant):
     with engine.perturbed(d, 0.05):
         hooked = loss()
     before = _snapshot(engine)
-    with torch.no_grad():
-        for i, (u, v) in enumerate(engine.basis(d.epoch)):
-            z = float(d.sign[i]) * torch.outer(u[:, d.a[i]], v[:, d.b[i]])
-            engine.matrices[i].weight.add_(0.05 * z)
+    _edit_along(engine, d, 0, 0.05)
     edited = loss()
     for matrix in engine.matrices:
         matrix.weight.data.copy_(before[matrix.name])
     assert hooked == pytest.approx(edited, abs=1e-5)
     assert abs(hooked - loss()) > 1e-4  # the perturbation changes the loss at all
+
+
+def _edit_along(engine: SubCGE, d, j: int, scale: float) -> None:
+    """W += scale * Z_j, written into the weights (the reference the hooks must match)."""
+    with torch.no_grad():
+        for i, (u, v) in enumerate(engine.basis(d.epoch)):
+            z = float(d.sign[j, i]) * torch.outer(u[:, d.a[j, i]], v[:, d.b[j, i]])
+            engine.matrices[i].add_(z, alpha=scale)
+
+
+@pytest.mark.parametrize("variant", ["tiny-llama", "gpt2"])
+def test_one_forward_with_a_direction_per_example_equals_editing_per_example(variant):
+    """k directions in one batched forward: example b sees exactly W + s * Z_rows[b]."""
+    if variant == "gpt2":
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=256)).eval()
+    else:
+        model, _ = load_model(variant)
+    engine = SubCGE(model, _config(directions=4, batch_size=8, train_norms=True))
+    assert any(m.kind == "norm" for m in engine.matrices)
+    x = torch.randint(0, 256, (8, 10), generator=torch.Generator().manual_seed(2))
+    batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
+    d = engine.direction(b"peer", 7)
+    with engine.perturbed(d, 0.05, batch_size=8):
+        hooked = example_losses(model, batch, "lm")
+    before = _snapshot(engine)
+    for j in range(4):  # examples 2j, 2j + 1 belong to direction j
+        _edit_along(engine, d, j, 0.05)
+        edited = example_losses(model, batch, "lm")
+        for matrix in engine.matrices:
+            matrix.weight.data.copy_(before[matrix.name])
+        torch.testing.assert_close(
+            hooked[2 * j : 2 * j + 2], edited[2 * j : 2 * j + 2], atol=1e-5, rtol=0
+        )
+    assert (hooked - example_losses(model, batch, "lm")).abs().max() > 1e-4
 
 
 def test_estimate_is_a_directional_derivative():
@@ -110,12 +151,14 @@ def test_estimate_is_a_directional_derivative():
     def loss() -> float:
         return model(input_ids=x, labels=x).loss.double().item()
 
-    g, _ = engine.estimate(loss, d)
-    with engine.perturbed(d, 1e-2):
+    (g,), _ = engine.estimate(loss, d)
+    # A central difference at another step (half of eps) agrees: g is the slope along Z.
+    with engine.perturbed(d, 5e-4):
         plus = loss()
-    with engine.perturbed(d, -1e-2):
+    with engine.perturbed(d, -5e-4):
         minus = loss()
-    assert g == pytest.approx((plus - minus) / 2e-2, rel=0.05)
+    assert g == pytest.approx((plus - minus) / 1e-3, rel=0.02)
+    assert abs(g) > 0.1
 
 
 def test_accumulation_order_changes_result_only_within_tolerance():
@@ -154,7 +197,7 @@ def test_naive_baseline_is_exact_and_applies_full_size_directions():
     engine = NaiveSeedReplay(model, _config())
     before = _snapshot(engine)
     x = _inputs()
-    g, _ = engine.estimate(
+    (g,), _ = engine.estimate(
         lambda: model(input_ids=x, labels=x).loss.item(), engine.direction(b"p", 0)
     )
     assert g != 0.0
