@@ -984,7 +984,7 @@ def replay_worker(a: dict) -> None:
     from seedflood_p2p.ledger import Ledger
     from seedflood_p2p.models import load_model, weights_sha256
     from seedflood_p2p.replay import replay
-    from seedflood_p2p.trainable import find_trainable_matrices
+    from seedflood_p2p.subcge import trainable_tensors
 
     if a.get("threads"):
         torch.set_num_threads(a["threads"])
@@ -1034,7 +1034,7 @@ def replay_worker(a: dict) -> None:
         return out
 
     def matrices_of(m):
-        return find_trainable_matrices(m, include_embeddings=config.include_embeddings)
+        return trainable_tensors(m, config)
 
     subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases = (
         acc,

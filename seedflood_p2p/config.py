@@ -35,6 +35,7 @@ class RunConfig:
     eps: float = 1e-3  # perturbation scale of the two-point estimate
     directions: int = 1  # k: directions (scalars) per message; the batch splits into k groups
     train_norms: bool = False  # also train the scale vectors of normalisation layers
+    train_only: str = ""  # comma-separated globs of parameter names; "" trains all candidates
     normalize: str = "none"  # none | rms: the sender divides its k scalars by their RMS
     lr: float = 1e-4
     lr_schedule: str = "constant"  # constant | cosine (needs total_rounds)

@@ -122,7 +122,7 @@ def consensus(work: Path, names: list[str]) -> dict:
     from seedflood_p2p.ledger import Ledger
     from seedflood_p2p.models import load_model, weights_sha256
     from seedflood_p2p.replay import replay
-    from seedflood_p2p.trainable import find_trainable_matrices
+    from seedflood_p2p.subcge import trainable_tensors
 
     finals = {
         n: json.loads((work / n / "final_status.json").read_text())
@@ -137,9 +137,7 @@ def consensus(work: Path, names: list[str]) -> dict:
         per_round: dict[int, int] = {}
         for m in ledger.messages():
             per_round[m.round] = per_round.get(m.round, 0) + 1
-    replayed = {
-        m.name: m.weight.detach() for m in find_trainable_matrices(model, config.include_embeddings)
-    }
+    replayed = {m.name: m.weight.detach() for m in trainable_tensors(model, config)}
     deviation = {}
     for n in finals:
         live = load_file(work / n / "checkpoint.safetensors")

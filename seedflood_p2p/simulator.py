@@ -75,8 +75,9 @@ from seedflood_p2p.subcge import (
     SubCGE,
     ZerothOrderEstimator,
     message_coordinates,
+    trainable_tensors,
 )
-from seedflood_p2p.trainable import TrainableMatrix, find_trainable_matrices
+from seedflood_p2p.trainable import TrainableMatrix
 from seedflood_p2p.trainer import batch_seed, evaluate, zo_step
 
 log = logging.getLogger("seedflood.simulate")
@@ -835,11 +836,7 @@ class GossipSimulation(Simulation):
         self.first_order = first_order
         if first_order:
             self.engine = None
-            self.matrices = find_trainable_matrices(
-                model,
-                include_embeddings=config.run.include_embeddings,
-                include_norms=config.run.train_norms,
-            )
+            self.matrices = trainable_tensors(model, config.run)
             for matrix in self.matrices:
                 matrix.weight.requires_grad_(True)
         else:
@@ -1084,12 +1081,7 @@ def simulate(config: SimConfig, progress: Any = None) -> dict:
         "method": config.method,
         "config": config.to_dict(),
         "topology": setup.topology.describe(),
-        "trainable_parameters": sum(
-            m.weight.numel()
-            for m in find_trainable_matrices(
-                model, include_embeddings=run.include_embeddings, include_norms=run.train_norms
-            )
-        ),
+        "trainable_parameters": sum(m.weight.numel() for m in trainable_tensors(model, run)),
         "eval_peers": watch,
         "evals": evals,
         "final": evals[-1],

@@ -125,6 +125,16 @@ def epoch_bases(
     return out
 
 
+def trainable_tensors(model: nn.Module, config: RunConfig) -> list[TrainableMatrix]:
+    """The tensors a run trains, as its settings select them."""
+    return find_trainable_matrices(
+        model,
+        include_embeddings=config.include_embeddings,
+        include_norms=config.train_norms,
+        only=config.train_only,
+    )
+
+
 class ZerothOrderEstimator:
     """What SubCGE and the naive baseline share: the two-point estimate.
 
@@ -136,13 +146,12 @@ class ZerothOrderEstimator:
         self.model = model
         self.config = config
         self.run_key = config.run_key
-        self.matrices: list[TrainableMatrix] = find_trainable_matrices(
-            model, include_embeddings=config.include_embeddings, include_norms=config.train_norms
-        )
+        self.matrices: list[TrainableMatrix] = trainable_tensors(model, config)
         if not self.matrices:
             raise UserError(
-                "the model has no trainable 2-D weights of a Linear, Embedding or Conv1D "
-                "module: SubCGE cannot train it (try include_embeddings = true)"
+                "the model has no trainable weights (2-D weights of a Linear, Embedding or "
+                "Conv1D module, or norm scales with train_norms) matching the run's settings: "
+                "check train_only, or set include_embeddings / train_norms"
             )
 
     @property

@@ -18,6 +18,7 @@ embedding reused as the LM head) are one matrix hooked at every module that uses
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 import torch
@@ -75,9 +76,17 @@ def _is_norm(module: nn.Module) -> bool:
 
 
 def find_trainable_matrices(
-    model: nn.Module, include_embeddings: bool = False, include_norms: bool = False
+    model: nn.Module,
+    include_embeddings: bool = False,
+    include_norms: bool = False,
+    only: str = "",
 ) -> list[TrainableMatrix]:
-    """The model's trainable tensors in a canonical order (sorted by parameter name)."""
+    """The model's trainable tensors in a canonical order (sorted by parameter name).
+
+    `only`: comma-separated shell globs over parameter names (e.g.
+    ``model.norm.weight,model.layers.2[89].*``); when given, candidates must match one.
+    """
+    patterns = [p.strip() for p in only.split(",") if p.strip()]
     users: dict[int, list[nn.Module]] = {}
     kinds: dict[int, str] = {}
     for module in model.modules():
@@ -105,6 +114,8 @@ def find_trainable_matrices(
         if id(param) not in users:
             continue
         if kinds[id(param)] == "embedding" and not include_embeddings:
+            continue
+        if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
             continue
         matrices.append(TrainableMatrix(name, param, users[id(param)], kinds[id(param)]))
     return matrices
