@@ -30,6 +30,7 @@ from seedflood_p2p.message import UpdateMessage
 from seedflood_p2p.rng import derive_key, philox4x32, random_signs
 from seedflood_p2p.trainable import (
     Perturbation,
+    SharedPrefix,
     TrainableMatrix,
     find_trainable_matrices,
     install_perturbation_hooks,
@@ -147,6 +148,7 @@ class ZerothOrderEstimator:
         self.config = config
         self.run_key = config.run_key
         self.matrices: list[TrainableMatrix] = trainable_tensors(model, config)
+        self.prefix = SharedPrefix(model, self.matrices)
         if not self.matrices:
             raise UserError(
                 "the model has no trainable weights (2-D weights of a Linear, Embedding or "
@@ -196,8 +198,8 @@ class ZerothOrderEstimator:
         two forward passes; with k == 1 it may return the mean loss."""
         eps, k = self.config.eps, direction.count
         losses = []
-        for scale in (eps, -eps):
-            with self.perturbed(direction, scale, batch_size):
+        for scale, shared in ((eps, self.prefix.record()), (-eps, self.prefix.reuse())):
+            with self.perturbed(direction, scale, batch_size), shared:
                 losses.append(torch.as_tensor(loss_fn(), dtype=torch.float64).reshape(-1))
         plus, minus = losses
         if k > 1 and plus.numel() % k:

@@ -19,6 +19,8 @@ embedding reused as the LM head) are one matrix hooked at every module that uses
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -180,3 +182,83 @@ def install_perturbation_hooks(matrices: list[TrainableMatrix]) -> list:
         for module in matrix.modules:
             handles.append(module.register_forward_hook(_rank_one_hook(matrix)))
     return handles
+
+
+class SharedPrefix:
+    """Run the blocks before the first trained one once for both sides of an estimate.
+
+    The +eps and -eps forward passes of a two-point estimate differ only from the first
+    decoder block that holds a trained tensor on. When a run trains only late blocks (and
+    the final norm or head), the first pass records that block's input and the second pass
+    starts there: the earlier blocks are swapped for stand-ins that hand the recorded
+    hidden states on. The result is bitwise what a full second pass computes.
+    Models without a `base_model.layers` list, or whose embeddings train, share nothing.
+    """
+
+    def __init__(self, model: nn.Module, matrices: list[TrainableMatrix]) -> None:
+        self.layers: nn.ModuleList | None = None
+        self.first = 0
+        layers = getattr(getattr(model, "base_model", model), "layers", None)
+        if not isinstance(layers, nn.ModuleList) or any(m.is_embedding for m in matrices):
+            return
+        trained = {id(mod) for m in matrices for mod in m.modules}
+        for index, block in enumerate(layers):
+            if any(id(mod) in trained for mod in block.modules()):
+                self.first = index
+                break
+        else:
+            self.first = len(layers)  # only modules after the blocks train (final norm, head)
+        if self.first > 0:
+            self.layers = layers
+        self._recorded: object = None
+
+    @property
+    def active(self) -> bool:
+        return self.layers is not None
+
+    @contextmanager
+    def record(self) -> Iterator[None]:
+        """Keep what the last untrained block returns during this forward."""
+        if self.layers is None:
+            yield
+            return
+
+        def keep(module: nn.Module, args: tuple, output: object) -> None:
+            self._recorded = output
+
+        handle = self.layers[self.first - 1].register_forward_hook(keep)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @contextmanager
+    def reuse(self) -> Iterator[None]:
+        """Skip the untrained blocks: hand on what `record` kept."""
+        if self.layers is None or self._recorded is None:
+            yield
+            return
+        originals = [self.layers[i] for i in range(self.first)]
+        try:
+            for i in range(self.first - 1):
+                self.layers[i] = _PassThrough()
+            self.layers[self.first - 1] = _Recorded(self._recorded)
+            yield
+        finally:
+            for i, block in enumerate(originals):
+                self.layers[i] = block
+            self._recorded = None
+
+
+class _PassThrough(nn.Module):
+    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return hidden_states
+
+
+class _Recorded(nn.Module):
+    def __init__(self, output: object) -> None:
+        super().__init__()
+        self.output = output
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return self.output

@@ -209,3 +209,29 @@ def test_naive_baseline_is_exact_and_applies_full_size_directions():
     for matrix in engine.matrices:
         delta = (matrix.weight - before[matrix.name]).abs()
         assert (delta > 0).float().mean() > 0.99  # dense update, unlike SubCGE's low rank
+
+
+def test_shared_prefix_gives_bitwise_the_estimate_of_two_full_passes():
+    """Training only the last block: the -eps pass reuses the untrained blocks' output."""
+    model, _ = load_model("tiny-llama")
+    config = _config(
+        directions=2,
+        batch_size=4,
+        train_norms=True,
+        train_only="model.layers.1.*,model.norm.weight",
+    )
+    engine = SubCGE(model, config)
+    assert engine.prefix.active and engine.prefix.first == 1
+    x = torch.randint(0, 256, (4, 10), generator=torch.Generator().manual_seed(3))
+    batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
+    calls = []
+    handle = model.model.layers[0].register_forward_hook(lambda *a: calls.append(1))
+    d = engine.direction(b"peer", 1)
+    shared = engine.estimate(lambda: example_losses(model, batch, "lm"), d, batch_size=4)
+    assert len(calls) == 1  # block 0 ran for the +eps pass only
+    engine.prefix.layers = None  # no sharing: two full passes
+    full = engine.estimate(lambda: example_losses(model, batch, "lm"), d, batch_size=4)
+    handle.remove()
+    assert len(calls) == 3 and shared == full  # ... and twice without sharing
+    assert all(isinstance(m, torch.nn.Module) for m in model.model.layers)
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # blocks restored
