@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from seedflood_p2p.cli import build_parser, main, run_config_from_args
+from seedflood_p2p.apps.cli import build_parser, main, run_config_from_args
 
 
 def _error_line(capsys, argv) -> str:
@@ -101,8 +101,8 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
     ],
 )
 def test_malformed_manifest_is_one_readable_error(manifest, problem):
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.errors import UserError
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.core.errors import UserError
 
     with pytest.raises(UserError, match=problem):
         RunConfig.from_json(manifest)
@@ -149,7 +149,7 @@ def test_config_file_and_flags_agree(tmp_path):
 
 def test_bad_flag_exits_with_one_line_from_a_real_process():
     out = subprocess.run(
-        [sys.executable, "-m", "seedflood_p2p.cli", "train", "--rank", "x"],
+        [sys.executable, "-m", "seedflood_p2p.apps.cli", "train", "--rank", "x"],
         capture_output=True,
         text=True,
         timeout=120,

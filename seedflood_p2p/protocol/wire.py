@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from seedflood_p2p.message import Envelope, UpdateMessage
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 
 PROTOCOL_VERSION = 1
 MAX_UPDATE_BYTES = 64

@@ -18,8 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.localnet import NodeProcess, start_bootstrap, start_peer
+from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer
+from seedflood_p2p.core.config import RunConfig
 
 log = logging.getLogger("seedflood.demo")
 
@@ -119,10 +119,10 @@ def consensus(work: Path, names: list[str]) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.models import load_model, weights_sha256
-    from seedflood_p2p.replay import replay
-    from seedflood_p2p.trainable import find_trainable_matrices
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.algorithm.trainable import find_trainable_matrices
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model, weights_sha256
 
     finals = {
         n: json.loads((work / n / "final_status.json").read_text())

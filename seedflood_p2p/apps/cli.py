@@ -25,8 +25,8 @@ from typing import Any
 # with 1 thread.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from seedflood_p2p.config import RunConfig  # noqa: E402
-from seedflood_p2p.errors import UserError  # noqa: E402
+from seedflood_p2p.core.config import RunConfig  # noqa: E402
+from seedflood_p2p.core.errors import UserError  # noqa: E402
 
 log = logging.getLogger("seedflood")
 
@@ -155,18 +155,18 @@ def run_config_from_args(
 
 
 def _setup_logging(fmt: str = "text", level: str = "INFO") -> None:
-    from seedflood_p2p.logs import setup_logging
+    from seedflood_p2p.core.logs import setup_logging
 
     setup_logging(fmt, level)
 
 
 # -- train / eval / replay ----------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
-    from seedflood_p2p.data import load_task
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.models import load_model, save_model, weights_sha256
-    from seedflood_p2p.subcge import make_estimator
-    from seedflood_p2p.trainer import evaluate, train_local
+    from seedflood_p2p.algorithm.subcge import make_estimator
+    from seedflood_p2p.algorithm.trainer import evaluate, train_local
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
     config = run_config_from_args(args)
     model, tokenizer = load_model(config.model)
@@ -197,7 +197,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         config.estimator,
     )
     if len(ledger):
-        from seedflood_p2p.replay import replay
+        from seedflood_p2p.algorithm.replay import replay
 
         log.info("resuming: replaying %d ledger messages", len(ledger))
         replay(model, config, ledger.messages())
@@ -239,9 +239,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from seedflood_p2p.data import load_task
-    from seedflood_p2p.models import load_model
-    from seedflood_p2p.trainer import evaluate
+    from seedflood_p2p.algorithm.trainer import evaluate
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model
 
     config = run_config_from_args(args)
     model, tokenizer = load_model(args.model_path or config.model)
@@ -258,9 +258,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.models import load_model, save_model, weights_sha256
-    from seedflood_p2p.replay import replay
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
     ledger = Ledger.open_existing(args.ledger)
     config = RunConfig.from_json(ledger.get_meta("manifest"))
@@ -294,7 +294,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 # -- peer / bootstrap ------------------------------------------------------------
 def _peer_fields() -> tuple[list, list]:
     from peer.daemon import PeerSettings
-    from seedflood_p2p.node import NodeSettings
+    from seedflood_p2p.network.flood import NodeSettings
 
     own = [f for f in dataclasses.fields(PeerSettings) if f.name != "node"]
     return own, list(dataclasses.fields(NodeSettings))
@@ -302,7 +302,7 @@ def _peer_fields() -> tuple[list, list]:
 
 def _bootstrap_fields() -> tuple[list, list]:
     from bootstrap.node import BootstrapSettings
-    from seedflood_p2p.node import NodeSettings
+    from seedflood_p2p.network.flood import NodeSettings
 
     own = [f for f in dataclasses.fields(BootstrapSettings) if f.name != "node"]
     return own, list(dataclasses.fields(NodeSettings))
@@ -310,7 +310,7 @@ def _bootstrap_fields() -> tuple[list, list]:
 
 def cmd_peer(args: argparse.Namespace) -> int:
     from peer.daemon import PeerSettings, run_peer
-    from seedflood_p2p.node import NodeSettings
+    from seedflood_p2p.network.flood import NodeSettings
 
     own, node = _peer_fields()
     table = _read_toml(args)
@@ -330,7 +330,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from bootstrap.node import BootstrapSettings, run_bootstrap
-    from seedflood_p2p.node import NodeSettings
+    from seedflood_p2p.network.flood import NodeSettings
 
     own, node = _bootstrap_fields()
     table = _read_toml(args)
@@ -354,7 +354,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from seedflood_p2p.demo import run_demo
+    from seedflood_p2p.apps.demo import run_demo
 
     config = run_config_from_args(args, defaults={**DEMO_DEFAULTS, "n_ref": args.peers})
     if args.peers < 1 or args.rounds < 1 or args.minutes <= 0:
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("simulate", help="many virtual peers on a topology, against baselines")
-    from seedflood_p2p.simulator import add_simulate_arguments, run_simulate
+    from seedflood_p2p.sim.simulator import add_simulate_arguments, run_simulate
 
     add_simulate_arguments(p)
     p.set_defaults(func=run_simulate)

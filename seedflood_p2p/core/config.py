@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from seedflood_p2p.errors import UserError
+from seedflood_p2p.core.errors import UserError
 
 MANIFEST_VERSION = 1
 

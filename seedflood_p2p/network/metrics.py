@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 
-from seedflood_p2p.protocol import DROP_REASONS
+from seedflood_p2p.protocol.wire import DROP_REASONS
 
 log = logging.getLogger("seedflood.metrics")
 
@@ -120,7 +120,7 @@ async def serve_http(
     try:
         return await asyncio.start_server(handle, host, port)
     except OSError as exc:
-        from seedflood_p2p.errors import UserError
+        from seedflood_p2p.core.errors import UserError
 
         raise UserError(
             f"cannot serve metrics on {host}:{port} ({exc.strerror}): the port is in use; "

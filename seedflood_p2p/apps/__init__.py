@@ -1,0 +1,1 @@
+"""Applications: the `seedflood` command line, the local demo, the launcher of local nodes."""
