@@ -1245,7 +1245,7 @@ SIM_RUN_DEFAULTS = {"lr": 1e-3, "batch_size": 16}
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `seedflood simulate` (run settings too, as `seedflood train` has)."""
-    from seedflood_p2p.apps.cli import _add_run_flags
+    from seedflood_p2p.core.flags import add_run_flags as _add_run_flags
 
     _add_run_flags(parser)
     d = SimConfig()
@@ -1276,7 +1276,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sim_config_from_args(args: argparse.Namespace, method: str) -> SimConfig:
-    from seedflood_p2p.apps.cli import run_config_from_args
+    from seedflood_p2p.core.flags import run_config_from_args
 
     run = run_config_from_args(args, defaults=SIM_RUN_DEFAULTS)
     if getattr(args, "n_ref", None) is None:
