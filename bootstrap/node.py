@@ -111,7 +111,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         log.info("stopping: ledger holds %d messages", len(ledger))
     finally:
         if http is not None:
-            http.close()
+            await http.close()
         if node is not None:
             await node.stop()
         await p2p.shutdown()

@@ -456,7 +456,7 @@ class PeerDaemon:
                 http = await serve_http(
                     s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
                 )
-                port = http.sockets[0].getsockname()[1]
+                port = http.port
                 log.info(
                     "metrics and status on http://%s:%d/status",
                     s.metrics_host,
@@ -526,7 +526,7 @@ class PeerDaemon:
             return meta
         finally:
             if http is not None:
-                http.close()
+                await http.close()
             if hasattr(self, "node"):
                 await self.node.stop()
             await self.p2p.shutdown()
