@@ -42,13 +42,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.data import Batcher, load_task, make_batch, sample_batch
-from seedflood_p2p.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.models import load_model
-from seedflood_p2p.objective import batch_loss, label_word_logits
-from seedflood_p2p.subcge import NaiveSeedReplay, SubCGE, make_estimator
-from seedflood_p2p.trainer import batch_seed, train_local, zo_step
+from seedflood_p2p.algorithm.objective import batch_loss, label_word_logits
+from seedflood_p2p.algorithm.subcge import NaiveSeedReplay, SubCGE, make_estimator
+from seedflood_p2p.algorithm.trainer import batch_seed, train_local, zo_step
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+from seedflood_p2p.workload.data import Batcher, load_task, make_batch, sample_batch
+from seedflood_p2p.workload.models import load_model
 
 MODEL = "smollm2-135m"
 TASK = "mr"

@@ -245,13 +245,13 @@ def _tail(path: Path, n: int = 25) -> str:
 
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
-    import seedflood_p2p.node as nodemod
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.message import UpdateMessage, quantize_scalars
-    from seedflood_p2p.metrics import NodeMetrics
-    from seedflood_p2p.node import FloodNode, NodeSettings
-    from seedflood_p2p.transport import create_p2p
+    import seedflood_p2p.network.flood as nodemod
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.metrics import NodeMetrics
+    from seedflood_p2p.network.transport import create_p2p
+    from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+    from seedflood_p2p.storage.ledger import Ledger
 
     assert "torch" not in sys.modules, "flood worker imported torch"
     work, index = Path(a["work"]), a["index"]
@@ -537,9 +537,9 @@ def analyze_flood(
 
 async def bytes_worker(a: dict) -> None:
     _import_without_torch()
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.protocol import encode_update, topic_for
-    from seedflood_p2p.transport import PubSubClient, create_p2p
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.network.transport import PubSubClient, create_p2p
+    from seedflood_p2p.protocol.wire import encode_update, topic_for
 
     n_msgs, rate = a["messages"], a["rate"]
     run_id = RunConfig(salt="bench-network-bytes").run_id
@@ -694,12 +694,12 @@ def build_ledger_worker(a: dict) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from hivemind.proto import p2pd_pb2 as pb
 
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.message import Envelope, UpdateMessage
-    from seedflood_p2p.models import load_model, weights_sha256
-    from seedflood_p2p.protocol import check_envelope, encode_update, topic_for
-    from seedflood_p2p.transport import verify_pubsub_signature
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.protocol.message import Envelope, UpdateMessage
+    from seedflood_p2p.protocol.wire import check_envelope, encode_update, topic_for
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model, weights_sha256
 
     t = time.perf_counter()
     model, _ = load_model("smollm2-135m")
@@ -775,11 +775,11 @@ def build_ledger_worker(a: dict) -> None:
 
 async def donor_worker(a: dict) -> None:
     _import_without_torch()
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.metrics import NodeMetrics
-    from seedflood_p2p.node import FloodNode, NodeSettings
-    from seedflood_p2p.transport import create_p2p
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.metrics import NodeMetrics
+    from seedflood_p2p.network.transport import create_p2p
+    from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])
     ledger = Ledger.open_existing(a["ledger"])
@@ -820,11 +820,11 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
-    import seedflood_p2p.node as nodemod
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.metrics import NodeMetrics
-    from seedflood_p2p.node import FloodNode, NodeSettings
-    from seedflood_p2p.transport import create_p2p
+    import seedflood_p2p.network.flood as nodemod
+    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.metrics import NodeMetrics
+    from seedflood_p2p.network.transport import create_p2p
+    from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])
     donor = json.loads((work / "donor.json").read_text())
@@ -963,8 +963,8 @@ async def joiner_worker(a: dict) -> None:
 
 
 def _verify_chunk(run_id: str, rows: list) -> int:
-    from seedflood_p2p.protocol import topic_for
-    from seedflood_p2p.transport import verify_pubsub_signature
+    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.protocol.wire import topic_for
 
     topic = topic_for(run_id)
     return sum(verify_pubsub_signature(p, d, q, topic, g) for p, d, q, g in rows)
@@ -979,12 +979,12 @@ def replay_worker(a: dict) -> None:
     """
     import torch
 
-    import seedflood_p2p.subcge as subcge
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.models import load_model, weights_sha256
-    from seedflood_p2p.replay import replay
-    from seedflood_p2p.subcge import trainable_tensors
+    import seedflood_p2p.algorithm.subcge as subcge
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.algorithm.subcge import trainable_tensors
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model, weights_sha256
 
     if a.get("threads"):
         torch.set_num_threads(a["threads"])
@@ -1113,7 +1113,7 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float, round
     data = work / f"e2e_peer_minpeers{min_peers}"
     log = work / f"e2e_peer_minpeers{min_peers}.log"
     cmd = [
-        sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", "peer",
+        sys.executable, "-m", "seedflood_p2p.apps.cli", "--log-format", "json", "peer",
         "--bootstrap", donor_addr, "--listen", "/ip4/127.0.0.1/tcp/0",
         "--data-dir", str(data), "--until-round", str(rounds), "--linger", "1",
         "--min-peers", str(min_peers), "--repair-interval", "1000", "--threads", "1",

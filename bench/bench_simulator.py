@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.simulator import (
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+from seedflood_p2p.sim.simulator import (
     FLOAT32_BYTES,
     SimConfig,
     markdown_table,
@@ -136,7 +136,7 @@ def _messages(n: int, round_: int) -> list[UpdateMessage]:
 
 def time_apply(model, model_name: str, estimator: str, n: int, repeats: int) -> dict:
     """Seconds of accumulate + commit of n messages (one round), and its parts."""
-    from seedflood_p2p.subcge import make_estimator
+    from seedflood_p2p.algorithm.subcge import make_estimator
 
     config = RunConfig(model=model_name, lr=1e-9, n_ref=n, estimator=estimator)
     engine = make_estimator(model, config)
@@ -168,7 +168,7 @@ def time_apply(model, model_name: str, estimator: str, n: int, repeats: int) -> 
 
 
 def run_apply_bench(quick: bool) -> list[dict]:
-    from seedflood_p2p.models import load_model
+    from seedflood_p2p.workload.models import load_model
 
     torch.set_num_threads(1)
     counts = [16, 64] if quick else [16, 64, 256, 1024]

@@ -15,12 +15,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.metrics import NodeMetrics, serve_http
-from seedflood_p2p.node import FloodNode, NodeSettings
-from seedflood_p2p.transport import create_p2p
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.metrics import NodeMetrics, serve_http
+from seedflood_p2p.network.transport import create_p2p
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.bootstrap")
 
@@ -48,7 +48,7 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
                 "settings: start with the same settings, or use a new --data-dir for a new run"
             )
         return stored_config
-    from seedflood_p2p.models import load_model, weights_sha256
+    from seedflood_p2p.workload.models import load_model, weights_sha256
 
     log.info("hashing the base weights of %s", config.model)
     model, _ = load_model(config.model)
@@ -111,7 +111,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         log.info("stopping: ledger holds %d messages", len(ledger))
     finally:
         if http is not None:
-            http.close()
+            await http.close()
         if node is not None:
             await node.stop()
         await p2p.shutdown()

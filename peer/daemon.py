@@ -25,18 +25,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from seedflood_p2p import __version__
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.ledger import Ledger, digest_of
-from seedflood_p2p.message import UpdateMessage
-from seedflood_p2p.metrics import NodeMetrics, serve_http, value
-from seedflood_p2p.node import FloodNode, NodeSettings
-from seedflood_p2p.transport import (
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
+from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     create_p2p,
     remove_stale_sockets,
 )
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.storage.ledger import Ledger, digest_of
 
 log = logging.getLogger("seedflood.peer")
 
@@ -180,8 +180,8 @@ class PeerDaemon:
         )
 
     def load_model(self, config: RunConfig):
-        from seedflood_p2p.data import load_task
-        from seedflood_p2p.models import load_model, weights_sha256
+        from seedflood_p2p.workload.data import load_task
+        from seedflood_p2p.workload.models import load_model, weights_sha256
 
         if self.s.threads > 0:
             torch.set_num_threads(self.s.threads)
@@ -200,7 +200,7 @@ class PeerDaemon:
 
     def restore(self, messages: list[UpdateMessage], digest: str) -> str:
         """Bring the model to base + `messages`: from the checkpoint if it covers them."""
-        from seedflood_p2p.replay import replay
+        from seedflood_p2p.algorithm.replay import replay
 
         try:
             meta = json.loads((self.s.data_dir / "checkpoint.json").read_text())
@@ -278,7 +278,7 @@ class PeerDaemon:
         return {"final_round": self.final_round}
 
     async def train(self) -> None:
-        from seedflood_p2p.trainer import zo_step
+        from seedflood_p2p.algorithm.trainer import zo_step
 
         while not self.stopping and (self.final_round is None or self.round <= self.final_round):
             self.in_round = True
@@ -325,7 +325,7 @@ class PeerDaemon:
 
     async def evaluate(self) -> None:
         """Held-out loss/accuracy of the live model after `self.round` rounds, logged."""
-        from seedflood_p2p.trainer import evaluate
+        from seedflood_p2p.algorithm.trainer import evaluate
 
         loss, accuracy = await self.in_model_thread(
             evaluate, self.model, self.tokenizer, self.task, self.config, self.s.eval_examples
@@ -366,7 +366,7 @@ class PeerDaemon:
             log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
 
     def set_model_hash(self) -> None:
-        from seedflood_p2p.models import weights_sha256
+        from seedflood_p2p.workload.models import weights_sha256
 
         self.model_hash = weights_sha256(self.model)
         self.metrics.model.info({"sha256": self.model_hash, "round": str(self.round)})
@@ -432,7 +432,7 @@ class PeerDaemon:
             self.model, self.tokenizer, self.task = await self.in_model_thread(
                 self.load_model, self.config
             )
-            from seedflood_p2p.subcge import make_estimator
+            from seedflood_p2p.algorithm.subcge import make_estimator
 
             self.engine = make_estimator(self.model, self.config)
             self.node = FloodNode(
@@ -456,7 +456,7 @@ class PeerDaemon:
                 http = await serve_http(
                     s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
                 )
-                port = http.sockets[0].getsockname()[1]
+                port = http.port
                 log.info(
                     "metrics and status on http://%s:%d/status",
                     s.metrics_host,
@@ -526,7 +526,7 @@ class PeerDaemon:
             return meta
         finally:
             if http is not None:
-                http.close()
+                await http.close()
             if hasattr(self, "node"):
                 await self.node.stop()
             await self.p2p.shutdown()

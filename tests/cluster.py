@@ -1,7 +1,7 @@
-"""Settings shared by the multi-process tests; processes come from seedflood_p2p.localnet."""
+"""Settings shared by the multi-process tests; processes come from seedflood_p2p.apps.localnet."""
 
-from seedflood_p2p.localnet import start_bootstrap as _start_bootstrap
-from seedflood_p2p.localnet import start_peer
+from seedflood_p2p.apps.localnet import start_bootstrap as _start_bootstrap
+from seedflood_p2p.apps.localnet import start_peer
 
 RUN_FLAGS = [
     "--model",

@@ -3,10 +3,14 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from seedflood_p2p.cli import build_parser, main, run_config_from_args
+from seedflood_p2p.apps.cli import build_parser, main
+from seedflood_p2p.core.flags import run_config_from_args
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _error_line(capsys, argv) -> str:
@@ -101,8 +105,8 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
     ],
 )
 def test_malformed_manifest_is_one_readable_error(manifest, problem):
-    from seedflood_p2p.config import RunConfig
-    from seedflood_p2p.errors import UserError
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.core.errors import UserError
 
     with pytest.raises(UserError, match=problem):
         RunConfig.from_json(manifest)
@@ -149,10 +153,29 @@ def test_config_file_and_flags_agree(tmp_path):
 
 def test_bad_flag_exits_with_one_line_from_a_real_process():
     out = subprocess.run(
-        [sys.executable, "-m", "seedflood_p2p.cli", "train", "--rank", "x"],
+        [sys.executable, "-m", "seedflood_p2p.apps.cli", "train", "--rank", "x"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 2
     assert "argument --rank: invalid int value: 'x'" in out.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["status", "--help"], ["status", "127.0.0.1:1"]])
+def test_help_and_status_load_neither_torch_nor_the_daemons(argv):
+    # In a fresh interpreter: this test process has long imported torch.
+    code = (
+        "import sys\n"
+        "from seedflood_p2p.apps.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = [m for m in ('torch', 'hivemind', 'peer', 'bootstrap') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr

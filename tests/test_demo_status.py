@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from seedflood_p2p.cli import main
+from seedflood_p2p.apps.cli import main
 
 from cluster import RUN_FLAGS, start_bootstrap, start_peer
 

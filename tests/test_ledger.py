@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.message import UpdateMessage
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.storage.ledger import Ledger
 
 
 def _msgs(n_rounds: int, peers: int) -> list[UpdateMessage]:
@@ -68,8 +68,8 @@ def test_sigkill_mid_write_keeps_every_committed_message(tmp_path):
     path = tmp_path / "killed.sqlite"
     writer = textwrap.dedent(f"""
         import sys
-        from seedflood_p2p.ledger import Ledger
-        from seedflood_p2p.message import UpdateMessage
+        from seedflood_p2p.storage.ledger import Ledger
+        from seedflood_p2p.protocol.message import UpdateMessage
         ledger = Ledger({str(path)!r}, "run")
         for t in range(1_000_000):
             ledger.add([UpdateMessage(t, bytes([p]), (float(t),)) for p in range(4)])

@@ -1,4 +1,4 @@
-"""Tests for seedflood_p2p.assets, seedflood_p2p.models and seedflood_p2p.data.
+"""Tests for seedflood_p2p.workload: assets, models and data.
 
 The ``mr`` and ``smollm2-135m`` tests use the real cache directory
 (``$SEEDFLOOD_CACHE`` or ``~/.cache/seedflood``) so that the PyPI download and
@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from seedflood_p2p import assets
-from seedflood_p2p.data import (
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.workload import assets
+from seedflood_p2p.workload.data import (
     Batcher,
     Example,
     Task,
@@ -32,8 +33,7 @@ from seedflood_p2p.data import (
     make_batch,
     sample_batch,
 )
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.models import load_model, save_model, weights_sha256
+from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
 # --------------------------------------------------------------------------- assets
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.localnet import NodeProcess
+from seedflood_p2p.apps.localnet import NodeProcess
+from seedflood_p2p.storage.ledger import Ledger
 
 from cluster import RUN_FLAGS
 

@@ -3,11 +3,11 @@
 import asyncio
 import time
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.message import UpdateMessage
-from seedflood_p2p.metrics import NodeMetrics
-from seedflood_p2p.node import FloodNode, NodeSettings
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.storage.ledger import Ledger
 
 
 async def _until(predicate, timeout: float = 20.0) -> None:

@@ -23,14 +23,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.message import pack_scalars
-from seedflood_p2p.models import load_model, weights_sha256
-from seedflood_p2p.protocol import PROTOCOL_VERSION, encode_update, run_tag, topic_for
-from seedflood_p2p.replay import replay
-from seedflood_p2p.subcge import make_estimator
-from seedflood_p2p.transport import PubSubClient, create_p2p, serve_bytes
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.transport import PubSubClient, create_p2p, serve_bytes
+from seedflood_p2p.protocol.message import pack_scalars
+from seedflood_p2p.protocol.wire import PROTOCOL_VERSION, encode_update, run_tag, topic_for
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from cluster import start_bootstrap, start_peer
 

@@ -1,4 +1,4 @@
-"""The wire format and every validation rule of protocol.py, one by one."""
+"""The wire format and every validation rule of protocol/wire.py, one by one."""
 
 import math
 
@@ -8,8 +8,9 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.message import Envelope, UpdateMessage, pack_scalars
-from seedflood_p2p.protocol import (
+from seedflood_p2p.network.transport import verify_pubsub_signature
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
+from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
     FETCH_LIMIT,
     MAX_ROUND,
@@ -31,7 +32,6 @@ from seedflood_p2p.protocol import (
     run_tag,
     topic_for,
 )
-from seedflood_p2p.transport import verify_pubsub_signature
 
 RUN = "ab" * 32
 PACK = msgpack.Packer(use_bin_type=True).pack

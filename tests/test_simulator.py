@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.data import load_task
-from seedflood_p2p.models import load_model
-from seedflood_p2p.protocol import encode_update
-from seedflood_p2p.simulator import (
+from seedflood_p2p.algorithm.subcge import SubCGE
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.protocol.wire import encode_update
+from seedflood_p2p.sim.simulator import (
     GOSSIPSUB_OVERHEAD_BYTES,
     FloodNetwork,
     SeedFloodSimulation,
@@ -25,7 +24,8 @@ from seedflood_p2p.simulator import (
     simulate,
     torus,
 )
-from seedflood_p2p.subcge import SubCGE
+from seedflood_p2p.workload.data import load_task
+from seedflood_p2p.workload.models import load_model
 
 
 @pytest.fixture(autouse=True)

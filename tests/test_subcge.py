@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.models import load_model
-from seedflood_p2p.objective import example_losses
-from seedflood_p2p.subcge import NaiveSeedReplay, SubCGE, layer_basis
+from seedflood_p2p.algorithm.objective import example_losses
+from seedflood_p2p.algorithm.subcge import NaiveSeedReplay, SubCGE, layer_basis
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+from seedflood_p2p.workload.models import load_model
 
 # Aggregated vs one-by-one float64 reference: both are sums of the same terms in
 # float32 weights, so they agree to a few float32 ulps of the update size.

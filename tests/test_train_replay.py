@@ -7,13 +7,13 @@ import sys
 import pytest
 import torch
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.data import load_task
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.models import load_model, weights_sha256
-from seedflood_p2p.replay import replay
-from seedflood_p2p.subcge import make_estimator
-from seedflood_p2p.trainer import evaluate, train_local
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.algorithm.trainer import evaluate, train_local
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.data import load_task
+from seedflood_p2p.workload.models import load_model, weights_sha256
 
 TINY = dict(
     model="tiny-llama",
@@ -69,7 +69,7 @@ def test_replay_in_two_processes_gives_the_same_sha256(trained, tmp_path):
             [
                 sys.executable,
                 "-m",
-                "seedflood_p2p.cli",
+                "seedflood_p2p.apps.cli",
                 "replay",
                 "--ledger",
                 str(trained["path"]),

@@ -11,8 +11,8 @@ import pytest
 from hivemind.p2p import P2P
 from hivemind.proto import crypto_pb2
 
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.transport import (
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.transport import (
     PubSubClient,
     RemoteCallError,
     TokenBucket,

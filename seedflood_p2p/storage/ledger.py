@@ -17,8 +17,8 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -105,7 +105,7 @@ class Ledger:
         manifest = ledger.get_meta("manifest")
         if manifest is None:
             raise UserError(f"ledger {path} has no run manifest: it was not written by seedflood")
-        from seedflood_p2p.config import RunConfig
+        from seedflood_p2p.core.config import RunConfig
 
         ledger.run_id = RunConfig.from_json(manifest).run_id
         return ledger

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from seedflood_p2p.errors import UserError
+from seedflood_p2p.core.errors import UserError
 
 MANIFEST_VERSION = 2
 MAX_DIRECTIONS = 16  # scalars per message: 2 bytes each keeps the payload under 64 bytes

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 
 from torch import nn
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.message import UpdateMessage
-from seedflood_p2p.subcge import make_estimator
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.protocol.message import UpdateMessage
 
 CHUNK = 4096  # messages folded per call; chunking does not change the result
 MERGE_GROUP = 25  # epochs merged per GEMM (SubCGE); part of the replay's definition

@@ -1,23 +1,28 @@
 """Counters and gauges of a node, exported for Prometheus and as a JSON status page.
 
-One small asyncio HTTP server per daemon: `GET /metrics` (Prometheus text
-format) and `GET /status` (JSON, read by `seedflood status`).
+One small aiohttp server per daemon, on the daemon's event loop: `GET /metrics`
+(Prometheus text format), `GET /status` (JSON, read by `seedflood status` and the
+demo) and, on a peer, `POST /finish?after_round=N`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Info,
+    generate_latest,
+)
 
-from seedflood_p2p.protocol import DROP_REASONS
-
-log = logging.getLogger("seedflood.metrics")
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.wire import DROP_REASONS
 
 
 class NodeMetrics:
@@ -61,8 +66,24 @@ class NodeMetrics:
 
 
 def value(metric: Counter | Gauge) -> float:
-    """Current value of an unlabelled (or already labelled) metric."""
-    return metric._value.get()  # prometheus_client has no public getter
+    """Current value of an unlabelled (or already labelled) counter or gauge."""
+    for family in metric.collect():
+        for sample in family.samples:
+            # A counter's value is its `_total` sample (`_created` is a timestamp).
+            if sample.name in (family.name, family.name + "_total"):
+                return sample.value
+    raise ValueError(f"{metric!r} has no value sample")
+
+
+class HttpEndpoint:
+    """The running metrics/status server: its port, and `close()` to stop it."""
+
+    def __init__(self, runner: web.AppRunner, port: int) -> None:
+        self._runner = runner
+        self.port = port
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
 
 
 async def serve_http(
@@ -71,58 +92,50 @@ async def serve_http(
     metrics: NodeMetrics,
     status: Callable[[], dict[str, Any]],
     finish_after: Callable[[int], dict[str, Any]] | None = None,
-) -> asyncio.Server:
+) -> HttpEndpoint:
     """Serve GET /metrics and /status on (host, port); port 0 picks a free port.
 
     `POST /finish?after_round=N` (from this machine only) asks the peer to stop gracefully
-    after round N: the demo uses it to end every peer at the same round."""
+    after round N: the demo uses it to end every peer at the same round. Handlers run on
+    the caller's event loop, so `status` and `finish_after` see the daemon's state as it is
+    between two awaits."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            for _ in range(100):  # headers are skipped; a client sending more is cut off
-                if await asyncio.wait_for(reader.readline(), 5) in (b"\r\n", b"\n", b""):
-                    break
-            else:
-                return
-            parts = request.split()
-            method = parts[0].decode() if parts else "GET"
-            path = parts[1].decode() if len(parts) > 1 else "/"
-            client = (writer.get_extra_info("peername") or ("",))[0]
-            if method == "POST" and path.startswith("/finish") and finish_after is not None:
-                query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
-                if client not in ("127.0.0.1", "::1"):
-                    body, code = b"only from this machine\n", "403 Forbidden"
-                    kind = "text/plain"
-                elif "after_round" not in query or not (
-                    query["after_round"][0].isascii() and query["after_round"][0].isdigit()
-                ):
-                    body, code = b"usage: POST /finish?after_round=N\n", "400 Bad Request"
-                    kind = "text/plain"
-                else:
-                    reply = finish_after(int(query["after_round"][0]))
-                    body, kind, code = json.dumps(reply).encode(), "application/json", "200 OK"
-            elif path.startswith("/metrics"):
-                body, kind, code = generate_latest(metrics.registry), "text/plain", "200 OK"
-            elif path.startswith("/status"):
-                body = json.dumps(status(), default=str).encode()
-                kind, code = "application/json", "200 OK"
-            else:
-                body, kind, code = b"try /status or /metrics\n", "text/plain", "404 Not Found"
-            head = f"HTTP/1.1 {code}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
-            writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
-            await writer.drain()
-        except Exception as exc:  # a bad HTTP client must not hurt the daemon
-            log.debug("http request failed: %s", exc)
-        finally:
-            writer.close()
+    async def get_metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
+    async def get_status(request: web.Request) -> web.Response:
+        return web.json_response(status(), dumps=lambda obj: json.dumps(obj, default=str))
+
+    async def post_finish(request: web.Request) -> web.Response:
+        if request.remote not in ("127.0.0.1", "::1"):
+            return web.Response(status=403, text="only from this machine\n")
+        after = request.query.get("after_round", "")
+        if not (after.isascii() and after.isdigit()):
+            return web.Response(status=400, text="usage: POST /finish?after_round=N\n")
+        return web.json_response(finish_after(int(after)))
+
+    async def not_found(request: web.Request) -> web.Response:
+        return web.Response(status=404, text="try /status or /metrics\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/status", get_status)
+    if finish_after is not None:
+        app.router.add_post("/finish", post_finish)
+    app.router.add_route("*", "/{tail:.*}", not_found)
+    # No access log: the demo polls /status every few seconds, and these logs are read
+    # line by line by people and by the demo.
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
     try:
-        return await asyncio.start_server(handle, host, port)
+        await site.start()
     except OSError as exc:
-        from seedflood_p2p.errors import UserError
-
+        await runner.cleanup()
         raise UserError(
             f"cannot serve metrics on {host}:{port} ({exc.strerror}): the port is in use; "
             "choose another with --metrics-port or 0 for any free port"
         ) from None
+    return HttpEndpoint(runner, runner.addresses[0][1])

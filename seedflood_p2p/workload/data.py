@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from seedflood_p2p import assets
-from seedflood_p2p.errors import UserError
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.workload import assets
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from seedflood_p2p.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
 
 PROTOCOL_VERSION = 2
 MAX_SCALARS = 16  # directions per message (config.MAX_DIRECTIONS)

@@ -32,7 +32,8 @@ class NodeProcess:
         self._offset = 0
         self._events: list[dict] = []
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-        cmd = [*prefix, sys.executable, "-m", "seedflood_p2p.cli", "--log-format", "json", *args]
+        cli = "seedflood_p2p.apps.cli"
+        cmd = [*prefix, sys.executable, "-m", cli, "--log-format", "json", *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property

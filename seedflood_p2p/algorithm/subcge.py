@@ -24,17 +24,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import UpdateMessage
-from seedflood_p2p.rng import derive_key, philox4x32, random_signs
-from seedflood_p2p.trainable import (
+from seedflood_p2p.algorithm.rng import derive_key, philox4x32, random_signs
+from seedflood_p2p.algorithm.trainable import (
     Perturbation,
     SharedPrefix,
     TrainableMatrix,
     find_trainable_matrices,
     install_perturbation_hooks,
 )
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import UpdateMessage
 
 
 @dataclass(frozen=True)

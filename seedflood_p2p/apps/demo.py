@@ -10,6 +10,7 @@ canonical replay, and how far each live model is from it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -17,11 +18,52 @@ import os
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.localnet import NodeProcess, start_bootstrap, start_peer
+from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.flags import add_run_flags, run_config_from_args
 
 log = logging.getLogger("seedflood.demo")
+
+# The demo's built-in default: see README ("Why this default") for the measurements.
+DEMO_DEFAULTS: dict[str, Any] = {
+    "model": "smollm2-135m",
+    "dataset": "mr",
+    "rank": 32,
+    "refresh_period": 20,
+    "lr": 3e-4,
+}
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_flags(parser, {**DEMO_DEFAULTS, "n_ref": "--peers"})
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--minutes", type=float, default=10.0, help="training time budget")
+    parser.add_argument("--eval-every", type=int, default=15, help="peer0 scores the model")
+    parser.add_argument("--eval-examples", type=int, default=200)
+    parser.add_argument("--round-interval", type=float, default=0.0)
+    parser.add_argument("--work-dir", type=Path, help="default runs/demo-TIMESTAMP")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    config = run_config_from_args(args, defaults={**DEMO_DEFAULTS, "n_ref": args.peers})
+    if args.peers < 1 or args.rounds < 1 or args.minutes <= 0:
+        raise UserError("--peers and --rounds must be >= 1 and --minutes > 0")
+    work = args.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    result = run_demo(
+        config,
+        peers=args.peers,
+        rounds=args.rounds,
+        minutes=args.minutes,
+        work=work,
+        eval_every=args.eval_every,
+        eval_examples=args.eval_examples,
+        round_interval=args.round_interval,
+    )
+    return 0 if result["ledgers_identical"] else 1
 
 
 def run_flags(config: RunConfig) -> list[str]:
@@ -119,10 +161,10 @@ def consensus(work: Path, names: list[str]) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from seedflood_p2p.ledger import Ledger
-    from seedflood_p2p.models import load_model, weights_sha256
-    from seedflood_p2p.replay import replay
-    from seedflood_p2p.subcge import trainable_tensors
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.algorithm.subcge import trainable_tensors
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model, weights_sha256
 
     finals = {
         n: json.loads((work / n / "final_status.json").read_text())

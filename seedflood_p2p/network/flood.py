@@ -28,12 +28,18 @@ from dataclasses import dataclass
 import msgpack
 
 from seedflood_p2p import __version__
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.ledger import Ledger
-from seedflood_p2p.message import Envelope, UpdateMessage
-from seedflood_p2p.metrics import NodeMetrics
-from seedflood_p2p.protocol import (
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.transport import (
+    PubSubClient,
+    RemoteCallError,
+    call_bytes,
+    serve_bytes,
+    verify_pubsub_signature,
+)
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage
+from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
     FETCH_LIMIT,
     Rejected,
@@ -52,19 +58,13 @@ from seedflood_p2p.protocol import (
     same_scalars,
     topic_for,
 )
-from seedflood_p2p.transport import (
-    PubSubClient,
-    RemoteCallError,
-    call_bytes,
-    serve_bytes,
-    verify_pubsub_signature,
-)
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.node")
 
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
-# FETCH_LIMIT (protocol.py), rows per fetch response: a row carries its signed envelope,
+# FETCH_LIMIT (protocol/wire.py), rows per fetch response: a row carries its signed envelope,
 # ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
 # so 4096 rows stay below the 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB:
 # every fetch of a bucket with more than ~7,500 rows, i.e. ~118+ peers per round, failed).
@@ -311,7 +311,7 @@ class FloodNode:
     async def sync_with(self, peer_id) -> int:
         """Pull every message `peer_id` has in buckets that differ from ours; returns new count.
 
-        A bad reply (see protocol.py) ends the exchange with that peer: counted, logged."""
+        A bad reply (see protocol/wire.py) ends the exchange with that peer: counted, logged."""
         call = self.settings.call_timeout
         request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
         reply = await call_bytes(self.p2p, peer_id, "seedflood.digest", request, call)

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seedflood_p2p.errors import UserError
+from seedflood_p2p.core.errors import UserError
 
 __all__ = [
     "PinnedArtifact",

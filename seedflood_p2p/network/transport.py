@@ -56,7 +56,7 @@ from hivemind.proto import crypto_pb2
 from hivemind.proto import p2pd_pb2 as pb
 from hivemind.utils.multiaddr import Multiaddr
 
-from seedflood_p2p.errors import UserError
+from seedflood_p2p.core.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ async def create_p2p(
     `identity_path`: libp2p key file; created (Ed25519, mode 0600) if missing, so a restarted
     peer keeps its peer id. None means a fresh random Ed25519 identity (the daemon's default),
     lost on restart. Existing RSA key files (hivemind's format) work but add ~500 bytes to
-    every signed message, and repair cannot verify RSA senders (see protocol.py).
+    every signed message, and repair cannot verify RSA senders (see protocol/wire.py).
     `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
     with a UserError if none of them can be reached.
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms

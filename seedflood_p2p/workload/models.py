@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from seedflood_p2p import assets
-from seedflood_p2p.errors import UserError
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.workload import assets
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

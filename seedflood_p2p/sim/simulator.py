@@ -64,21 +64,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seedflood_p2p.config import RunConfig
-from seedflood_p2p.data import Task, load_task, make_batch, sample_batch
-from seedflood_p2p.errors import UserError
-from seedflood_p2p.message import UpdateMessage
-from seedflood_p2p.models import load_model
-from seedflood_p2p.protocol import encode_update
-from seedflood_p2p.subcge import (
+from seedflood_p2p.algorithm.subcge import (
     NaiveSeedReplay,
     SubCGE,
     ZerothOrderEstimator,
     message_coordinates,
     trainable_tensors,
 )
-from seedflood_p2p.trainable import TrainableMatrix
-from seedflood_p2p.trainer import batch_seed, evaluate, zo_step
+from seedflood_p2p.algorithm.trainable import TrainableMatrix
+from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, zo_step
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.protocol.wire import encode_update
+from seedflood_p2p.workload.data import Task, load_task, make_batch, sample_batch
+from seedflood_p2p.workload.models import load_model
 
 log = logging.getLogger("seedflood.simulate")
 
@@ -1250,7 +1250,7 @@ SIM_RUN_DEFAULTS = {"lr": 1e-3, "batch_size": 16}
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `seedflood simulate` (run settings too, as `seedflood train` has)."""
-    from seedflood_p2p.cli import _add_run_flags
+    from seedflood_p2p.core.flags import add_run_flags as _add_run_flags
 
     _add_run_flags(parser)
     d = SimConfig()
@@ -1281,7 +1281,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sim_config_from_args(args: argparse.Namespace, method: str) -> SimConfig:
-    from seedflood_p2p.cli import run_config_from_args
+    from seedflood_p2p.core.flags import run_config_from_args
 
     run = run_config_from_args(args, defaults=SIM_RUN_DEFAULTS)
     if getattr(args, "n_ref", None) is None:

@@ -1,0 +1,41 @@
+"""`seedflood peer`: its flags (peer and network settings) and the call into the daemon.
+
+The `seedflood` command line names this module in its command table and imports
+it only when `seedflood peer` runs, so the library never imports the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from peer.daemon import PeerSettings, run_peer
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.flags import add_flags, check_unknown, read_toml, settings_values
+from seedflood_p2p.network.flood import NodeSettings
+
+PEER_FIELDS = [f for f in dataclasses.fields(PeerSettings) if f.name != "node"]
+NODE_FIELDS = list(dataclasses.fields(NodeSettings))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file; keys are the flag names")
+    add_flags(parser, PEER_FIELDS, "peer settings")
+    add_flags(parser, NODE_FIELDS, "network settings")
+
+
+def run(args: argparse.Namespace) -> int:
+    table = read_toml(args)
+    check_unknown(table, PEER_FIELDS + NODE_FIELDS, args)
+    settings = PeerSettings(
+        **settings_values(args, PEER_FIELDS, table, {}),
+        node=NodeSettings(**settings_values(args, NODE_FIELDS, table, {})),
+    )
+    if not settings.bootstrap:
+        raise UserError(
+            "no bootstrap address: pass --bootstrap /ip4/HOST/tcp/PORT/p2p/PEER_ID "
+            "(the address a bootstrap node prints when it starts)"
+        )
+    run_peer(settings)
+    return 0

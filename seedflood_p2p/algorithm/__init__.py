@@ -1,0 +1,1 @@
+"""Algorithm: derived directions, the zeroth-order estimator, SubCGE, one step, replay."""

@@ -1,0 +1,172 @@
+"""`seedflood train`, `eval` and `replay`: the model on this machine, no network.
+
+`train` runs simulated peers in one process with the same estimator, step and
+ledger as the daemons; `replay` rebuilds a model from base weights plus a ledger.
+torch and the model code are imported inside each command, so that building the
+parser (for --help) stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.flags import add_run_flags, run_config_from_args
+
+log = logging.getLogger("seedflood")
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_flags(parser, {"n_ref": "--peers"})
+    parser.add_argument("--peers", type=int, default=1, help="simulated peers (default 1)")
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-examples", type=int, default=200)
+    parser.add_argument("--ledger", type=Path, help="ledger file (default OUT/ledger.sqlite)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/RUN_ID)")
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_flags(parser)
+    parser.add_argument("model_path", nargs="?", help="model directory or name (default --model)")
+    parser.add_argument("--examples", type=int, default=1000)
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ledger", type=Path, required=True)
+    parser.add_argument("--base", help="base model (default: the run's model)")
+    parser.add_argument("--out", type=Path, required=True)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seedflood_p2p.algorithm.subcge import make_estimator
+    from seedflood_p2p.algorithm.trainer import evaluate, train_local
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
+
+    config = run_config_from_args(args)
+    model, tokenizer = load_model(config.model)
+    task = load_task(
+        config.dataset, text_column=config.text_column, label_column=config.label_column
+    )
+    config = config.replace(
+        base_sha256=weights_sha256(model),
+        n_ref=args.peers if getattr(args, "n_ref", None) is None else config.n_ref,
+    )
+    out = Path(args.out or f"runs/{config.run_id[:12]}")
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(args.ledger or out / "ledger.sqlite", config.run_id)
+    ledger.claim(config.to_json(), "use another --out or --ledger")
+    engine = make_estimator(model, config)
+    log.info(
+        "run %s: model %s (%.1fM trainable params in %d matrices), dataset %s "
+        "(%d train / %d test), %d simulated peers, %d rounds, estimator %s",
+        config.run_id[:12],
+        config.model,
+        engine.num_parameters / 1e6,
+        len(engine.matrices),
+        config.dataset,
+        len(task.train),
+        len(task.test),
+        args.peers,
+        args.rounds,
+        config.estimator,
+    )
+    if len(ledger):
+        from seedflood_p2p.algorithm.replay import replay
+
+        log.info("resuming: replaying %d ledger messages", len(ledger))
+        replay(model, config, ledger.messages())
+    loss, acc = evaluate(model, tokenizer, task, config, args.eval_examples)
+    log.info("start: eval loss %.4f%s", loss, "" if acc is None else f"  accuracy {acc:.3f}")
+    started = time.perf_counter()
+
+    def show(r) -> None:
+        line = f"round {r.round + 1}/{args.rounds}  train loss {r.train_loss:.4f}"
+        if r.eval_loss is not None:
+            line += f"  eval loss {r.eval_loss:.4f}"
+        if r.eval_accuracy is not None:
+            line += f"  accuracy {r.eval_accuracy:.3f}"
+        log.info("%s  (%.2f s/round)", line, r.seconds)
+
+    train_local(
+        engine,
+        tokenizer,
+        task,
+        peers=args.peers,
+        rounds=args.rounds,
+        ledger=ledger,
+        eval_every=args.eval_every,
+        eval_examples=args.eval_examples,
+        on_round=show,
+    )
+    engine.close()
+    save_model(model, tokenizer, out / "model")
+    log.info(
+        "done in %.1f s: %d messages in %s; model saved to %s; weights sha256 %s",
+        time.perf_counter() - started,
+        len(ledger),
+        ledger.path,
+        out / "model",
+        weights_sha256(model),
+    )
+    ledger.close()
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from seedflood_p2p.algorithm.trainer import evaluate
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model
+
+    config = run_config_from_args(args)
+    model, tokenizer = load_model(args.model_path or config.model)
+    task = load_task(
+        config.dataset, text_column=config.text_column, label_column=config.label_column
+    )
+    loss, acc = evaluate(model, tokenizer, task, config, args.examples)
+    shown = min(args.examples, len(task.test))
+    print(
+        f"{config.dataset}: {shown} held-out examples  loss {loss:.4f}"
+        + ("" if acc is None else f"  accuracy {acc:.4f}")
+    )
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
+
+    ledger = Ledger.open_existing(args.ledger)
+    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    model, tokenizer = load_model(args.base or config.model)
+    base_hash = weights_sha256(model)
+    if config.base_sha256 and base_hash != config.base_sha256:
+        raise UserError(
+            f"base weights '{args.base or config.model}' have SHA-256 {base_hash[:16]}..., but "
+            f"the run was trained from {config.base_sha256[:16]}...: pass the run's base model"
+        )
+    started = time.perf_counter()
+    total = len(ledger)
+
+    def progress(done: int, epoch: int) -> None:
+        log.info("replayed %d/%d messages (epoch %d)", done, total, epoch)
+
+    count = replay(model, config, ledger.messages(), progress=progress if total > 50_000 else None)
+    save_model(model, tokenizer, args.out)
+    digest = weights_sha256(model)
+    log.info(
+        "replayed %d messages of run %s in %.2f s; model written to %s",
+        count,
+        config.run_id[:12],
+        time.perf_counter() - started,
+        args.out,
+    )
+    print(digest)
+    return 0

@@ -1,0 +1,69 @@
+"""`seedflood status HOST:PORT`: one screen of a running peer's state, read from its /status page.
+
+Standard library only, so the command answers at once: no torch, no network stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from seedflood_p2p.core.errors import UserError
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("address", help="HOST:PORT of a peer's --metrics-port")
+    parser.add_argument("--json", action="store_true")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    url = args.address if "://" in args.address else f"http://{args.address}"
+    url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/status") else "/status")
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            status = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise UserError(
+            f"cannot read a peer's status at {url} ({exc}): start the peer with "
+            "--metrics-port PORT and pass HOST:PORT"
+        ) from None
+    if args.json:
+        print(json.dumps(status, indent=1))
+        return 0
+    print(format_status(status))
+    return 0
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"peer        {status.get('peer_id')}  ({status.get('role', 'peer')}, "
+        f"seedflood {status.get('version', '?')}, up {status.get('uptime_s', '?')} s)",
+        f"run         {status.get('run_id')}",
+        f"round       {status.get('round')}",
+        f"peers alive {status.get('peers_alive')}",
+        f"ledger      {status.get('ledger_messages')} messages",
+    ]
+    accepted = status.get("accepted", {})
+    lines.append("accepted    " + "  ".join(f"{k} {v}" for k, v in accepted.items()))
+    dropped = {k: v for k, v in status.get("dropped", {}).items() if v}
+    lines.append("dropped     " + ("  ".join(f"{k} {v}" for k, v in dropped.items()) or "none"))
+    if "bytes_out" in status:
+        lines.append(f"bytes       out {status['bytes_out']}  in {status['bytes_in']}")
+    if status.get("loss") is not None:
+        lines.append(f"train loss  {status['loss']:.4f}")
+    if status.get("eval"):
+        loss, accuracy = status["eval"]
+        lines.append(
+            f"held-out    loss {loss:.4f}"
+            + ("" if accuracy is None else f"  accuracy {accuracy:.3f}")
+        )
+    if status.get("peer_rounds"):
+        lines.append(
+            "peer rounds " + "  ".join(f"..{k}: {v}" for k, v in status["peer_rounds"].items())
+        )
+    if status.get("model_sha256"):
+        lines.append(f"model       sha256 {status['model_sha256']}")
+    return "\n".join(lines)

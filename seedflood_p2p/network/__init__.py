@@ -1,0 +1,1 @@
+"""Network: the p2pd transport, the flood node (flood, validate, ledger, repair), its metrics."""

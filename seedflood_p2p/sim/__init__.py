@@ -1,0 +1,1 @@
+"""Simulator: many virtual peers in one process, SeedFlood against gossip baselines."""

@@ -1,0 +1,1 @@
+"""Storage: the durable ledger (SQLite, keyed by run, peer and round)."""
