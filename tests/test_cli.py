@@ -99,9 +99,9 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
     "manifest, problem",
     [
         ("[1, 2]", "not a JSON object"),
-        ('{"manifest_version": 1, "rank": "x"}', "'rank' must be int"),
-        ('{"manifest_version": 1, "lr": true}', "'lr' must be float"),
-        ('{"manifest_version": 1, "extra": 3}', "'extra' must be dict"),
+        ('{"manifest_version": 2, "rank": "x"}', "'rank' must be int"),
+        ('{"manifest_version": 2, "lr": true}', "'lr' must be float"),
+        ('{"manifest_version": 2, "extra": 3}', "'extra' must be dict"),
     ],
 )
 def test_malformed_manifest_is_one_readable_error(manifest, problem):

@@ -198,10 +198,14 @@ def test_zero_delay_keeps_every_peer_bitwise_identical(task):
     assert consensus_distance(sim.deviation_rows(), 6)["max_pairwise"] == 0.0
 
 
-def test_delayed_peers_hold_base_plus_exactly_the_messages_they_received(task):
+@pytest.mark.parametrize(
+    "settings", [{}, {"directions": 4, "train_norms": True}], ids=["k1", "k4-norms"]
+)
+def test_delayed_peers_hold_base_plus_exactly_the_messages_they_received(task, settings):
     """A peer's view equals a fresh replay of the messages that reached it; quiet -> S."""
     n, rounds, delay = 6, 5, 1
-    config = _sim_config(peers=n, rounds=rounds, topology="ring", delay=delay, run={"lr": 0.05})
+    run = {"lr": 0.05, **settings}
+    config = _sim_config(peers=n, rounds=rounds, topology="ring", delay=delay, run=run)
     sim = _seedflood(config, task)
     sent = []
     accumulate = sim.engine.accumulate

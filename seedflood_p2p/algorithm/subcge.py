@@ -338,7 +338,7 @@ class SubCGE(ZerothOrderEstimator):
                     continue
                 u, v = bases[i]
                 c = torch.from_numpy(core[i].reshape(r, r)).to(u.device, u.dtype)
-                matrix.weight.view(matrix.shape).addmm_(u @ c, v.T, alpha=-1.0)
+                matrix.as_2d().addmm_(u @ c, v.T, alpha=-1.0)
 
     @torch.no_grad()
     def commit_grouped(self, group: int = 25) -> None:
@@ -360,7 +360,7 @@ class SubCGE(ZerothOrderEstimator):
             signs = epoch_bases(self.run_key, chunk, shapes, r)
             for i, matrix in enumerate(self.matrices):
                 m, k = shapes[i]
-                w = matrix.weight.view(matrix.shape)
+                w = matrix.as_2d()
                 uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
                 c = np.stack([core[i].reshape(r, r) for core in cores])
                 c = torch.from_numpy(c).to(w.device, w.dtype)

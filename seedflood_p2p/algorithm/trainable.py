@@ -66,9 +66,13 @@ class TrainableMatrix:
             return (self.weight.shape[0], 1)
         return tuple(self.weight.shape)  # type: ignore[return-value]
 
+    def as_2d(self) -> torch.Tensor:
+        """The weight as its m x k matrix (a view: writing it writes the weight)."""
+        return self.weight.view(self.shape)
+
     def add_(self, delta: torch.Tensor, alpha: float = 1.0) -> None:
         """W += alpha * delta, delta in the m x k shape of `shape`."""
-        self.weight.add_(delta.reshape(self.weight.shape), alpha=alpha)
+        self.as_2d().add_(delta, alpha=alpha)
 
 
 def _is_norm(module: nn.Module) -> bool:

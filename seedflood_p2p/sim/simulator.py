@@ -525,7 +525,7 @@ class CoreBacklog:
                 if c.any():
                     u, v = bases[i]
                     c = torch.from_numpy(c.reshape(r, r)).to(u.device, u.dtype)
-                    matrix.weight.addmm_(u @ c, v.T)
+                    matrix.as_2d().addmm_(u @ c, v.T)
 
     @torch.no_grad()
     def deviation_rows(self) -> list[torch.Tensor]:
