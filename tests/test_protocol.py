@@ -68,6 +68,9 @@ def test_sixteen_directions_fit_in_64_bytes_at_any_round():
         (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b""]), "malformed"),  # no scalar
         (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b"\0" * 34]), "malformed"),  # 17 scalars
         (PACK([PROTOCOL_VERSION + 1, run_tag(RUN), 1, HALF]), "bad_version"),
+        (PACK([True, run_tag(RUN), 1, HALF]), "malformed"),  # bool is not version 1
+        (PACK([float(PROTOCOL_VERSION), run_tag(RUN), 1, HALF]), "malformed"),
+        (PACK([PROTOCOL_VERSION, run_tag(RUN), True, HALF]), "malformed"),
         (PACK([PROTOCOL_VERSION, b"\1\2\3\4", 1, HALF]), "wrong_run"),
         (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, pack_scalars((math.inf,))]), "non_finite"),
         (PACK([PROTOCOL_VERSION, run_tag(RUN), 1, b"\x00\x7e"]), "non_finite"),  # NaN
@@ -178,6 +181,9 @@ def test_fetch_rows_must_advance_past_the_cursor_within_the_bucket():
         PACK([[2**63, 1, b"\0" * 8]]),  # bucket beyond any round
         PACK([[-1, 1, b"\0" * 8]]),
         PACK([[True, 1, b"\0" * 8]]),
+        PACK([[0, True, b"\0" * 8]]),
+        PACK([[0, 1.0, b"\0" * 8]]),
+        PACK([[0, 1, b"\0" * 8], [0, 2, b"\1" * 8]]),  # one bucket, two answers
     ],
 )
 def test_bad_digest_replies_are_rejected(reply):
@@ -192,7 +198,16 @@ def test_good_digest_reply_and_served_requests():
         2: (1, b"\2" * 8),
     }
     assert decode_digest_request(PACK([RUN, BUCKET_ROUNDS])) == RUN
-    for bad in [PACK([RUN, 7]), PACK([RUN]), PACK([1, BUCKET_ROUNDS]), b"\xc1"]:
+    for bad in [
+        PACK([RUN, 7]),
+        PACK([RUN]),
+        PACK([1, BUCKET_ROUNDS]),
+        b"\xc1",
+        PACK([RUN, float(BUCKET_ROUNDS)]),  # 64.0 is not the integer 64
+        PACK([RUN, BUCKET_ROUNDS, 0]),
+        PACK({RUN: BUCKET_ROUNDS}),
+        PACK("ab"),  # two characters must not unpack into two fields
+    ]:
         assert decode_digest_request(bad) is None
     good = [RUN, -1, b"\xff" * 64, 63, FETCH_LIMIT]
     assert decode_fetch_request(PACK(good)) == tuple(good)
@@ -203,5 +218,10 @@ def test_good_digest_reply_and_served_requests():
         (2, b"\xff" * 65),
         (1, 2**63),
         (3, -5),
+        (4, 64.0),  # floats and bools are not integers
+        (4, True),
+        (1, True),
+        (1, 0.0),
+        (3, 63.0),
     ]:
         assert decode_fetch_request(PACK([*good[:i], value, *good[i + 1 :]])) is None

@@ -42,11 +42,17 @@ Repair replies themselves are checked before any row is looked at; a reply that 
 is dropped whole, counted as `bad_reply`, and that peer is not asked further this pass:
 
     bad_reply      digest reply not a list of [bucket, count, 8-byte hash] with buckets in
-                   range; fetch reply not a list of well-formed rows; rows not strictly
-                   after the requested cursor, not ascending, or past the requested round
+                   range, each listed once; fetch reply not a list of well-formed rows;
+                   rows not strictly after the requested cursor, not ascending, or past
+                   the requested round
 
 Requests a peer serves are checked the same way (unknown run, bucket size other than
 BUCKET_ROUNDS, limit outside 1..FETCH_LIMIT, cursor not a peer id): answered empty.
+
+Wherever an integer is meant (version, round, bucket, count, limit) only a msgpack
+integer counts: `true` (Python's bool is an int subclass) and 64.0 are refused. No
+decoder raises anything but Rejected or returns anything but None on garbage
+(tests/test_fuzz.py, bench/bench_fuzz.py).
 """
 
 from __future__ import annotations
@@ -129,7 +135,8 @@ def decode_update(
         )
     except Exception as exc:  # msgpack raises several types on garbage
         raise Rejected("malformed", f"not msgpack ({type(exc).__name__})") from None
-    if not isinstance(body, list) or len(body) < 1 or not isinstance(body[0], int):
+    if not isinstance(body, list) or len(body) < 1 or not _is_int(body[0]):
+        # bool is an int subclass: msgpack `true` must not pass as version 1
         raise Rejected("malformed", "not a versioned array")
     if body[0] != PROTOCOL_VERSION:
         raise Rejected("bad_version", f"version {body[0]}, expected {PROTOCOL_VERSION}")
@@ -140,7 +147,7 @@ def decode_update(
         raise Rejected("malformed", "bad run tag")
     if tag != run_tag(run_id):
         raise Rejected("wrong_run", f"run tag {tag.hex()} is not {run_tag(run_id).hex()}")
-    if isinstance(round_, bool) or not isinstance(round_, int):
+    if not _is_int(round_):
         raise Rejected("malformed", "round is not an integer")
     if not isinstance(packed, bytes) or not 2 <= len(packed) <= 2 * MAX_SCALARS or len(packed) % 2:
         raise Rejected("malformed", "scalars are not 1..16 float16 values")
@@ -260,44 +267,65 @@ def decode_digests(data: bytes) -> dict[int, tuple[int, bytes]]:
             and len(item[2]) == 8
         ):
             raise Rejected("bad_reply", "bad digest entry")
+        if item[0] in out:
+            raise Rejected("bad_reply", f"bucket {item[0]} listed twice")
         out[item[0]] = (item[1], item[2])
     return out
 
 
 def decode_digest_request(data: bytes) -> str | None:
     """The run id of a well-formed digest request, else None (answered empty)."""
-    try:
-        run_id, bucket_rounds = msgpack.unpackb(data, raw=False, max_str_len=128)
-    except Exception:
+    body = _unpack_request(data, 2)
+    if body is None:
         return None
-    if not isinstance(run_id, str) or bucket_rounds != BUCKET_ROUNDS:
-        return None
+    run_id, bucket_rounds = body
+    if not (isinstance(run_id, str) and _is_int(bucket_rounds) and bucket_rounds == BUCKET_ROUNDS):
+        return None  # 64.0 and `true` are not integers
     return run_id
 
 
 def decode_fetch_request(data: bytes) -> tuple[str, int, bytes, int, int] | None:
     """(run id, after round, after peer, max round, limit) of a well-formed fetch request."""
-    try:
-        run_id, round_, after_peer, max_round, limit = msgpack.unpackb(
-            data, raw=False, max_str_len=128, max_bin_len=MAX_PEER_ID_BYTES
-        )
-    except Exception:
+    body = _unpack_request(data, 5)
+    if body is None:
         return None
+    run_id, round_, after_peer, max_round, limit = body
     if not (
         isinstance(run_id, str)
-        and isinstance(round_, int)
+        and _is_int(round_)
         and -1 <= round_ <= MAX_ROUND
         and isinstance(after_peer, bytes)
         and _is_round(max_round)
-        and isinstance(limit, int)
+        and _is_int(limit)
         and 1 <= limit <= FETCH_LIMIT
     ):
         return None
     return run_id, round_, after_peer, max_round, limit
 
 
+def _unpack_request(data: bytes, fields: int) -> list | None:
+    """A request's msgpack array of exactly `fields` items, else None."""
+    try:
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            max_str_len=128,
+            max_bin_len=MAX_PEER_ID_BYTES,
+            max_array_len=fields,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception:  # msgpack raises several types on garbage
+        return None
+    return body if isinstance(body, list) and len(body) == fields else None
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _is_round(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_ROUND
+    return _is_int(x) and 0 <= x <= MAX_ROUND
 
 
 def check_envelope(
