@@ -81,7 +81,7 @@ def test_rank_larger_than_a_layer_allows(capsys, tmp_path):
 
 
 def test_invalid_settings_and_config_files(capsys, tmp_path):
-    assert "eps must be a positive number" in _error_line(capsys, ["eval", "--eps", "-1"])
+    assert "eps must be a positive finite number" in _error_line(capsys, ["eval", "--eps", "-1"])
     bad_key = tmp_path / "a.toml"
     bad_key.write_text("rnak = 4\n")
     assert "unknown setting(s) rnak" in _error_line(capsys, ["eval", "--config", str(bad_key)])
@@ -102,14 +102,29 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
         ('{"manifest_version": 2, "rank": "x"}', "'rank' must be int"),
         ('{"manifest_version": 2, "lr": true}', "'lr' must be float"),
         ('{"manifest_version": 2, "extra": 3}', "'extra' must be dict"),
+        ('{"manifest_version": true}', "no integer manifest_version"),
+        ('{"manifest_version": 2.0}', "no integer manifest_version"),
+        ('{"manifest_version": 2, "clip": Infinity}', r"clip must be in \(0, 65504\]"),
+        ('{"manifest_version": 2, "lr": NaN}', "lr must be a non-negative finite number"),
+        ('{"manifest_version": 2, "eps": -1e-3}', "eps must be a positive finite number"),
+        ('{"manifest_version": 2, "eps": 1' + "0" * 400 + "}", "eps must be a positive finite"),
+        ('{"manifest_version": 2, "rank": 1' + "0" * 30 + "}", r"rank must be 1\.\.4096"),
+        ('{"manifest_version": 2, "total_rounds": -1}', "total_rounds must be 0"),
+        ('{"manifest_version": 2, "rank": 1' + "0" * 5000 + "}", "not valid JSON"),
+        ('{"manifest_version": 2, "extra": ' + "[" * 5000 + "]" * 5000 + "}", "nested too deeply"),
+        ('{"manifest_version": 2, "extra": {"a": ' + "[" * 20 + "]" * 20 + "}}", "deeper than 8"),
+        ('{"manifest_version": 2, "extra": {"a": NaN}}', "extra holds a non-finite number"),
+        ('{"manifest_version": 2, "base_sha256": "../x"}', "base_sha256 must be empty or 64"),
+        ('{"manifest_version": 2, "salt": "' + "x" * 70000 + '"}', "over 65536"),
     ],
 )
 def test_malformed_manifest_is_one_readable_error(manifest, problem):
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.core.errors import UserError
 
-    with pytest.raises(UserError, match=problem):
+    with pytest.raises(UserError, match=problem) as info:
         RunConfig.from_json(manifest)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300  # one readable line
 
 
 def test_train_refuses_the_ledger_of_another_run(capsys, tmp_path):

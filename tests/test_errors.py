@@ -112,7 +112,7 @@ def test_clock_and_version_mismatch_with_the_run():
         check_manifest_reply(
             {
                 **reply,
-                "manifest": manifest.replace('"manifest_version":1', '"manifest_version":99'),
+                "manifest": manifest.replace('"manifest_version":2', '"manifest_version":99'),
             },
             now,
             "0.1.0",

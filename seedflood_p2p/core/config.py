@@ -19,6 +19,20 @@ from seedflood_p2p.core.errors import UserError
 MANIFEST_VERSION = 2
 MAX_DIRECTIONS = 16  # scalars per message: 2 bytes each keeps the payload under 64 bytes
 FLOAT16_MAX = 65504.0  # scalars travel as float16
+MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
+MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
+MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
+# Integer settings and their bounds. The upper bounds are far past any useful value; they
+# stop a manifest's 10**30 from reaching code that allocates or converts to C integers.
+INT_RANGES = {
+    "max_length": (2, 1 << 20),
+    "batch_size": (1, 1 << 16),
+    "rank": (1, 4096),  # an r x r float64 core per matrix: 128 MiB each at 4096
+    "refresh_period": (1, MAX_ROUND),
+    "directions": (1, MAX_DIRECTIONS),
+    "total_rounds": (0, MAX_ROUND),
+    "n_ref": (1, 1 << 20),
+}
 
 
 @dataclass(frozen=True)
@@ -49,40 +63,40 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.rank < 1:
-            problems.append(f"rank must be >= 1 (got {self.rank})")
-        if self.refresh_period < 1:
-            problems.append(f"refresh_period must be >= 1 (got {self.refresh_period})")
-        if not (self.eps > 0 and math.isfinite(self.eps)):
-            problems.append(f"eps must be a positive number (got {self.eps})")
-        if not (self.lr >= 0 and math.isfinite(self.lr)):
-            problems.append(f"lr must be a non-negative number (got {self.lr})")
+        problems = _type_problems(self)
+        if problems:  # the range checks below assume the types
+            raise UserError("invalid run settings: " + "; ".join(problems))
+        for name, (low, high) in INT_RANGES.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                problems.append(f"{name} must be {low}..{high} (got {_short(value)})")
+        if not (self.eps > 0 and _finite(self.eps)):
+            problems.append(f"eps must be a positive finite number (got {_short(self.eps)})")
+        if not (self.lr >= 0 and _finite(self.lr)):
+            problems.append(f"lr must be a non-negative finite number (got {_short(self.lr)})")
         if self.lr_schedule not in ("constant", "cosine"):
             problems.append(
-                f"lr_schedule must be 'constant' or 'cosine' (got {self.lr_schedule!r})"
+                f"lr_schedule must be 'constant' or 'cosine' (got {_short(self.lr_schedule)})"
             )
         if self.lr_schedule == "cosine" and self.total_rounds < 1:
             problems.append("lr_schedule 'cosine' needs total_rounds >= 1")
         if not 0 < self.clip <= FLOAT16_MAX:
-            problems.append(f"clip must be in (0, {FLOAT16_MAX:g}] (got {self.clip})")
-        if not 1 <= self.directions <= MAX_DIRECTIONS:
-            problems.append(f"directions must be 1..{MAX_DIRECTIONS} (got {self.directions})")
-        elif self.batch_size % self.directions:
+            problems.append(f"clip must be in (0, {FLOAT16_MAX:g}] (got {_short(self.clip)})")
+        if 1 <= self.directions <= MAX_DIRECTIONS and self.batch_size % self.directions:
             problems.append(
                 f"batch_size {self.batch_size} must be a multiple of directions "
                 f"{self.directions} (each direction gets an equal share of the batch)"
             )
         if self.normalize not in ("none", "rms"):
-            problems.append(f"normalize must be 'none' or 'rms' (got {self.normalize!r})")
+            problems.append(f"normalize must be 'none' or 'rms' (got {_short(self.normalize)})")
         if self.estimator == "naive" and self.directions != 1:
             problems.append("the naive estimator supports directions = 1 only")
-        if self.n_ref < 1:
-            problems.append(f"n_ref must be >= 1 (got {self.n_ref})")
-        if self.batch_size < 1 or self.max_length < 2:
-            problems.append("batch_size must be >= 1 and max_length >= 2")
         if self.estimator not in ("subcge", "naive"):
-            problems.append(f"estimator must be 'subcge' or 'naive' (got {self.estimator!r})")
+            problems.append(f"estimator must be 'subcge' or 'naive' (got {_short(self.estimator)})")
+        if self.base_sha256 and not _is_sha256(self.base_sha256):
+            problems.append("base_sha256 must be empty or 64 lowercase hex digits")
+        if problem := _extra_problem(self.extra):
+            problems.append(problem)
         if problems:
             raise UserError("invalid run settings: " + "; ".join(problems))
 
@@ -109,34 +123,117 @@ class RunConfig:
         return bytes.fromhex(self.run_id)
 
     @classmethod
-    def from_json(cls, text: str) -> RunConfig:
+    def from_json(cls, text: str | bytes) -> RunConfig:
+        """The settings of a manifest; anything but a manifest this version wrote is one
+        UserError line (never a traceback): it may come from a stranger's bootstrap node."""
+        if not isinstance(text, (str, bytes)):
+            raise UserError(f"run manifest is {type(text).__name__}, not JSON text: it is corrupt")
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise UserError(
+                f"run manifest is {len(text)} bytes, over {MAX_MANIFEST_BYTES}: it was not "
+                "written by seedflood"
+            )
         try:
             body = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"run manifest is not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, int of > 4300 digits
+            if isinstance(exc, RecursionError):
+                reason = "nested too deeply"
+            elif isinstance(exc, json.JSONDecodeError):
+                reason = str(exc)
+            else:
+                reason = "a number too long to convert"
+            raise UserError(f"run manifest is not valid JSON ({reason})") from None
         if not isinstance(body, dict):
             raise UserError("run manifest is not a JSON object: it was not written by seedflood")
         version = body.pop("manifest_version", None)
+        if not _is_int(version):  # `true` must not pass as version 1, nor 2.0 as 2
+            raise UserError(
+                f"run manifest has no integer manifest_version (got {_short(version)}): "
+                "it is corrupt or was not written by seedflood"
+            )
         if version != MANIFEST_VERSION:
             raise UserError(
-                f"run manifest version {version} is not supported by this seedflood "
+                f"run manifest version {_short(version)} is not supported by this seedflood "
                 f"(expects {MANIFEST_VERSION}): upgrade seedflood-p2p to the run's version"
             )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(body) - names)
         if unknown:
-            raise UserError(f"run manifest has unknown settings {unknown}: upgrade seedflood-p2p")
-        kinds = {"int": int, "float": (int, float), "str": str, "bool": bool}
+            shown = _short(unknown)
+            raise UserError(f"run manifest has unknown settings {shown}: upgrade seedflood-p2p")
         for f in dataclasses.fields(cls):
-            if f.name not in body:
-                continue
-            value, kind = body[f.name], kinds.get(f.type, dict)
-            if isinstance(value, bool) is not (f.type == "bool") or not isinstance(value, kind):
+            if f.name in body and not _has_type(body[f.name], f.type):
                 raise UserError(
-                    f"run manifest setting '{f.name}' must be {f.type}, got {value!r}: "
-                    "the manifest is corrupt or from another program"
+                    f"run manifest setting '{f.name}' must be {f.type}, got "
+                    f"{_short(body[f.name])}: the manifest is corrupt or from another program"
                 )
         return cls(**body)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+_KINDS = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _has_type(value: object, annotation: str) -> bool:
+    """`value` fits a RunConfig field annotated `annotation` (bool is no int or float)."""
+    kind = _KINDS.get(annotation, dict)
+    return isinstance(value, bool) is (annotation == "bool") and isinstance(value, kind)
+
+
+def _type_problems(config: RunConfig) -> list[str]:
+    return [
+        f"{f.name} must be {f.type} (got {_short(getattr(config, f.name))})"
+        for f in dataclasses.fields(config)
+        if not _has_type(getattr(config, f.name), f.type)
+    ]
+
+
+def _finite(x: int | float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """repr of a setting's value for an error line, cut to `limit` characters."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a huge int, a deep structure
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _extra_problem(extra: dict) -> str | None:
+    """`extra` must be plain JSON (str keys, finite numbers, 64-bit integers), nested at most
+    MAX_EXTRA_DEPTH deep, so the manifest encodes, hashes and decodes the same everywhere."""
+    stack: list[tuple[object, int]] = [(extra, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_EXTRA_DEPTH:
+                return f"extra is nested deeper than {MAX_EXTRA_DEPTH} levels"
+            if isinstance(value, dict):
+                if not all(isinstance(k, str) for k in value):
+                    return "extra must have string keys only"
+                items = value.values()
+            else:
+                items = value
+            stack.extend((item, depth + 1) for item in items)
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"extra holds a non-finite number ({value})"
+        elif _is_int(value) and not -(1 << 63) <= value < 1 << 63:
+            return "extra holds an integer beyond 64 bits"
+        elif not (value is None or isinstance(value, (bool, int, float, str))):
+            return f"extra holds a {type(value).__name__}, not a JSON value"
+    return None
