@@ -96,6 +96,86 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "argv, problem",
+    [
+        (["--round-deadline", "nan"], "'round_deadline' must be seconds, from 0 to"),
+        (["--round-deadline", "-1"], "'round_deadline' must be seconds"),
+        (["--liveness-timeout", "inf"], "'liveness_timeout' must be seconds"),
+        (["--linger-max", "1e300"], "'linger_max' must be seconds"),
+        (["--publish-rate", "0"], "'publish_rate' must be messages per second, above 0"),
+        (["--publish-rate", "-5"], "'publish_rate'"),
+        (["--repair-interval", "0"], "'repair_interval' must be seconds, above 0"),
+        (["--call-timeout", "nan"], "'call_timeout'"),
+        (["--drop-incoming", "1.5"], "'drop_incoming' must be a fraction, from 0 to 1"),
+        (["--metrics-port", "70000"], "'metrics_port' must be a TCP port (0: any free port)"),
+        (["--metrics-port", "-1"], "'metrics_port'"),
+        (["--until-round", "1" + "0" * 30], "'until_round' must be a round"),
+        (["--max-ahead", "-1"], "'max_ahead'"),
+        (["--threads", "-2"], "'threads'"),
+    ],
+)
+def test_bad_daemon_settings_are_one_line(capsys, argv, problem):
+    line = _error_line(capsys, ["peer", *argv])
+    assert problem in line and "fix --" in line and "config file" in line
+
+
+def test_bad_settings_in_a_config_file(capsys, tmp_path):
+    cases = [
+        ("peer", "round_deadline = nan", "'round_deadline' must be seconds"),
+        ("peer", "publish_rate = -inf", "'publish_rate'"),
+        ("bootstrap", "metrics_port = 65536", "'metrics_port' must be a TCP port"),
+        ("eval", "rank = " + "9" * 5000, "number too long"),
+        ("peer", "x = " + "[" * 3000 + "]" * 3000, "nests arrays or tables too deeply"),
+        ("eval", "rank = 1" + "0" * 30, "rank must be 1..4096"),
+        ("eval", "clip = inf", "clip must be in (0, 65504]"),
+        ("eval", "eps = nan", "eps must be a positive finite number"),
+        ("eval", "lr = -1.0", "lr must be a non-negative finite number"),
+    ]
+    for i, (command, text, problem) in enumerate(cases):
+        path = tmp_path / f"{i}.toml"
+        path.write_text(text + "\n")
+        line = _error_line(capsys, [command, "--config", str(path)])
+        assert problem in line, (text[:40], line)
+
+
+def test_every_numeric_daemon_setting_has_bounds():
+    import dataclasses
+
+    from bootstrap.node import BootstrapSettings
+    from peer.daemon import PeerSettings
+    from seedflood_p2p.core.flags import SETTING_RANGES
+    from seedflood_p2p.network.flood import NodeSettings
+
+    for settings in (PeerSettings, NodeSettings, BootstrapSettings):
+        for f in dataclasses.fields(settings):
+            if f.type.replace(" | None", "") in ("int", "float"):
+                assert f.name in SETTING_RANGES, f"{settings.__name__}.{f.name} has no bounds"
+
+
+@pytest.mark.parametrize(
+    "flag, address, problem",
+    [
+        (
+            "--listen",
+            "/ip4/127.0.0.1/tcp/99999",
+            "listen address /ip4/127.0.0.1/tcp/99999 has port",
+        ),
+        ("--announce", "/ip4/1.2.3.4/tcp/0", "announce address /ip4/1.2.3.4/tcp/0 has port '0'"),
+        ("--bootstrap", "/ip4/1.2.3.4/tcp/70000/p2p/x", "bootstrap address"),
+    ],
+)
+def test_ports_outside_the_tcp_range(capsys, tmp_path, flag, address, problem):
+    argv = ["peer", "--data-dir", str(tmp_path), flag, address]
+    if flag != "--bootstrap":
+        argv += [
+            "--bootstrap",
+            "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWRez8iPgVgUa5r7mtRc9soYeqErRv2oe8yKyiXX7jv6s6",
+        ]
+    line = _error_line(capsys, argv)
+    assert problem in line and "65535" in line and "fix the address" in line
+
+
+@pytest.mark.parametrize(
     "manifest, problem",
     [
         ("[1, 2]", "not a JSON object"),

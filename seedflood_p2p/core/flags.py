@@ -11,16 +11,46 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 
 RUN_FIELDS = [f for f in dataclasses.fields(RunConfig) if f.name not in ("extra", "base_sha256")]
 _SCALARS = {"int": int, "float": float, "str": str, "Path": Path}
+
+MAX_INT = MAX_ROUND  # no integer setting means anything beyond a round number
+MAX_SECONDS = 1e9  # ~31 years: beyond this, sleeps and deadlines overflow C conversions
+# Bounds of the daemons' numeric settings (PeerSettings, NodeSettings, BootstrapSettings), by
+# name: (low, high, what it is, low excluded); NaN and infinities are refused. Run settings
+# are checked by RunConfig itself. tests/test_cli.py checks that every numeric daemon
+# setting is listed here.
+SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
+    # peer
+    "until_round": (0, MAX_INT, "a round (0: the run's total_rounds, or never)", False),
+    "max_staleness": (0, MAX_INT, "a number of rounds", False),
+    "round_deadline": (0, MAX_SECONDS, "seconds", False),
+    "liveness_timeout": (0, MAX_SECONDS, "seconds", False),
+    "min_peers": (0, 1 << 20, "a number of peers", False),
+    "startup_wait": (0, MAX_SECONDS, "seconds", False),
+    "round_interval": (0, MAX_SECONDS, "seconds", False),
+    "linger": (0, MAX_SECONDS, "seconds", False),
+    "linger_max": (0, MAX_SECONDS, "seconds", False),
+    "eval_every": (0, MAX_INT, "a number of rounds (0: never)", False),
+    "eval_examples": (1, 1 << 30, "a number of examples", False),
+    "metrics_port": (0, 65535, "a TCP port (0: any free port)", False),
+    "threads": (0, 4096, "a number of threads (0: torch's default)", False),
+    # network
+    "max_ahead": (0, MAX_INT, "a number of rounds", False),
+    "repair_interval": (0, MAX_SECONDS, "seconds", True),
+    "call_timeout": (0, MAX_SECONDS, "seconds", True),
+    "drop_incoming": (0, 1, "a fraction", False),
+    "publish_rate": (0, 1e9, "messages per second", True),
+}
 
 
 def _field_kind(f: dataclasses.Field) -> tuple[str, bool]:
@@ -87,6 +117,12 @@ def read_toml(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"config file {args.config} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"config file {args.config} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"config file {args.config} nests arrays or tables too deeply") from None
+    except ValueError:  # tomllib lets int()'s limit of 4300 digits through
+        raise UserError(
+            f"config file {args.config} holds a number too long to read; fix the value"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(
             f"cannot read config file {args.config} ({exc}): pass a TOML file"
@@ -123,7 +159,9 @@ def settings_values(
         )
         if not ok:
             expected = f"a list of {kind}" if is_list else kind
-            raise UserError(f"setting '{name}' must be {expected}, got {value!r}")
+            raise UserError(f"setting '{name}' must be {expected}, got {_short(value)}")
+        if name in SETTING_RANGES and value is not None:
+            _check_range(name, value)
         if kind == "Path":
             values[name] = [Path(v) for v in value] if is_list else Path(value)
     return values
@@ -151,3 +189,31 @@ def run_config_from_args(
     table = read_toml(args)
     check_unknown(table, RUN_FIELDS + list(extra_fields), args)
     return RunConfig(**settings_values(args, RUN_FIELDS, table, defaults or {}))
+
+
+def _check_range(name: str, value: int | float) -> None:
+    """A daemon setting within its bounds (SETTING_RANGES): a number, finite."""
+    low, high, what, open_low = SETTING_RANGES[name]
+    try:
+        ok = math.isfinite(value) and (low < value if open_low else low <= value) and value <= high
+    except OverflowError:  # an int beyond float's range
+        ok = False
+    if not ok:
+        bounds = f"above {_num(low)} and at most" if open_low else f"from {_num(low)} to"
+        flag = "--" + name.replace("_", "-")
+        raise UserError(
+            f"setting '{name}' must be {what}, {bounds} {_num(high)} (got {_short(value)}): "
+            f"fix {flag} or its line in the config file"
+        )
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _short(value: object, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        text = "<a huge integer>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

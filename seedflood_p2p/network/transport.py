@@ -195,6 +195,21 @@ def _probe_listen_addrs(host_maddrs: Sequence[str]) -> None:
             raise UserError(f"cannot listen on {maddr}: {e.strerror}; fix the address") from None
 
 
+def _check_ports(maddrs: Sequence[str], role: str, allow_any: bool) -> None:
+    """Every tcp/udp port in `maddrs` within 1..65535 (0, "any free port", where allowed)."""
+    for maddr in maddrs:
+        for port in re.findall(r"/(?:tcp|udp)/([^/]*)", str(maddr)):
+            low = 0 if allow_any else 1
+            if not (
+                port.isascii() and port.isdigit() and len(port) <= 5 and low <= int(port) <= 65535
+            ):
+                hint = " (0: any free port)" if allow_any else ""
+                raise UserError(
+                    f"{role} {maddr} has port {port[:20]!r}, outside {low}..65535{hint}; "
+                    "fix the address"
+                )
+
+
 def _host_port(maddr: str) -> str:
     m = re.match(r"/(?:ip4|ip6|dns|dns4|dns6)/([^/]+)/(?:tcp|udp)/(\d+)", maddr)
     return f"{m.group(1)} {m.group(2)}" if m else "HOST PORT"
@@ -223,6 +238,9 @@ async def create_p2p(
     the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
     """
+    _check_ports(initial_peers, "bootstrap address", allow_any=False)
+    _check_ports(host_maddrs, "listen address", allow_any=True)
+    _check_ports(announce_maddrs or (), "announce address", allow_any=False)
     for addr in initial_peers:
         try:
             ok = "p2p" in Multiaddr(addr)
@@ -233,9 +251,6 @@ async def create_p2p(
                 f"bootstrap address {addr!r} is not a full multiaddr ending in /p2p/<peer id>; "
                 "copy the address the bootstrap node prints at startup"
             )
-    for addr in announce_maddrs or ():
-        if re.search(r"/(tcp|udp)/0(/|$)", str(addr)):
-            raise UserError(f"announce address {addr} needs an explicit port, not 0; fix it")
     _probe_listen_addrs(host_maddrs)
     if identity_path is not None:
         load_or_create_identity(Path(identity_path))
