@@ -6,6 +6,7 @@ import os
 import socket
 import stat
 import time
+from pathlib import Path
 
 import pytest
 from hivemind.p2p import P2P
@@ -14,6 +15,7 @@ from hivemind.proto import crypto_pb2
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.transport import (
     PubSubClient,
+    PubSubP2P,
     RemoteCallError,
     TokenBucket,
     TransportError,
@@ -159,10 +161,19 @@ async def test_identity_persists_and_is_ed25519(spawn, tmp_path):
     assert second.peer_id == first.peer_id
 
     rsa_key = tmp_path / "rsa.key"
-    P2P.generate_identity(str(rsa_key))  # hivemind's own format: RSA-2048
-    rsa = await spawn(identity_path=rsa_key)
-    assert rsa.peer_id == load_or_create_identity(rsa_key)
-    rsa_size = await own_message_size(rsa)
+    P2P.generate_identity(str(rsa_key))  # hivemind's own format: RSA-2048, mode 0400
+    with pytest.raises(
+        UserError, match="holds a key of type RSA; seedflood uses Ed25519 identities"
+    ):
+        await spawn(identity_path=rsa_key)
+    # What an RSA identity would cost: start p2pd with it directly, past that check.
+    rsa = await PubSubP2P.create(
+        identity_path=str(rsa_key), host_maddrs=[LOCAL], check_if_identity_free=False
+    )
+    try:
+        rsa_size = await own_message_size(rsa)
+    finally:
+        await rsa.shutdown()
     print(f"signed GossipSub message with a 30-byte payload: Ed25519 {ed_size} B, RSA {rsa_size} B")
     assert ed_size <= 30 + 125  # from + seqno + 64-byte signature + topic, no key
     assert rsa_size > ed_size + 400  # RSA ships its public key and a 256-byte signature
@@ -179,10 +190,44 @@ async def own_message_size(p2p) -> int:
 def test_identity_file_errors(tmp_path):
     bad = tmp_path / "bad.key"
     bad.write_bytes(b"not a key")
+    bad.chmod(0o600)
     with pytest.raises(UserError, match="not a libp2p private key"):
         load_or_create_identity(bad)
     with pytest.raises(UserError, match="does not exist"):
         load_or_create_identity(tmp_path / "missing-dir" / "peer.key")
+
+    good = tmp_path / "peer.key"
+    peer_id = load_or_create_identity(good)
+    blob = crypto_pb2.PrivateKey.FromString(good.read_bytes())
+    for mode in (0o644, 0o640, 0o604, 0o660):
+        good.chmod(mode)
+        with pytest.raises(
+            UserError, match=rf"open to other users \(mode {mode:04o}\): run `chmod 600"
+        ):
+            load_or_create_identity(good)
+    good.chmod(0o400)  # read-only for its owner is fine
+    assert load_or_create_identity(good) == peer_id
+    good.chmod(0o600)
+
+    def write(data: bytes, key_type=crypto_pb2.Ed25519) -> Path:
+        path = tmp_path / "edited.key"
+        path.unlink(missing_ok=True)
+        path.write_bytes(crypto_pb2.PrivateKey(key_type=key_type, data=data).SerializeToString())
+        path.chmod(0o600)
+        return path
+
+    assert load_or_create_identity(write(blob.data)) == peer_id
+    assert load_or_create_identity(write(blob.data + blob.data[32:])) == peer_id  # 96-byte form
+    load_or_create_identity(tmp_path / "other.key")
+    other = crypto_pb2.PrivateKey.FromString((tmp_path / "other.key").read_bytes()).data
+    for mismatched in (blob.data[:32] + other[32:], blob.data + other[32:]):
+        with pytest.raises(UserError, match="damaged: its public key does not match .* delete it"):
+            load_or_create_identity(write(mismatched))
+    for key_type, name in [(crypto_pb2.Secp256k1, "Secp256k1"), (crypto_pb2.ECDSA, "ECDSA")]:
+        with pytest.raises(UserError, match=f"holds a key of type {name}; seedflood uses Ed25519"):
+            load_or_create_identity(write(b"\1" * 32, key_type))
+    with pytest.raises(UserError, match="not a libp2p private key"):
+        load_or_create_identity(write(blob.data[:40]))
 
 
 async def test_request_response(spawn):

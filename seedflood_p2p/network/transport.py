@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -90,6 +91,8 @@ def load_or_create_identity(path: Path) -> PeerID:
 
     The file holds a libp2p ``crypto.pb.PrivateKey`` (for Ed25519: 32-byte seed followed by
     the 32-byte public key), the format ``p2pd -id`` reads. New files get mode 0600.
+    Refused with one line each: a file other users can access (chmod 600), a key of another
+    type (RSA, Secp256k1, ECDSA), a public half that does not match the private key.
     """
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -112,30 +115,42 @@ def load_or_create_identity(path: Path) -> PeerID:
 
     bad = f"identity file {path} is not a libp2p private key; fix the path or delete the file"
     try:
-        blob = crypto_pb2.PrivateKey.FromString(path.read_bytes())
+        mode = stat.S_IMODE(path.stat().st_mode)
+        raw = path.read_bytes()
     except OSError as e:
         raise UserError(
             f"cannot read identity file {path}: {e.strerror}; check its permissions"
         ) from None
+    if mode & 0o077:  # anyone who reads the key can sign updates as this peer
+        raise UserError(
+            f"identity file {path} is open to other users (mode {mode:04o}): run "
+            f"`chmod 600 {path}`, or delete it to create a new identity (new peer id)"
+        )
+    try:
+        blob = crypto_pb2.PrivateKey.FromString(raw)
     except Exception:
         raise UserError(f"{bad} to create a new identity") from None
-    if blob.key_type == crypto_pb2.Ed25519 and len(blob.data) in (64, 96):
-        key = Ed25519PrivateKey.from_private_bytes(blob.data[:32])
-        return _ed25519_peer_id(
-            key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
-        )
-    if blob.key_type == crypto_pb2.RSA:
-        logger.warning(
-            "identity %s is an RSA key: every signed message carries ~500 extra bytes, and "
-            "repair only verifies Ed25519 senders, so this peer's updates lost in gossip "
-            "cannot be repaired: move the file aside to get an Ed25519 identity",
-            path,
-        )
+    if blob.key_type != crypto_pb2.Ed25519:
         try:
-            return PeerID.from_identity(path.read_bytes())
-        except Exception:
-            pass
-    raise UserError(f"{bad} to create a new Ed25519 identity")
+            kind = crypto_pb2.KeyType.Name(blob.key_type)
+        except ValueError:
+            kind = f"type {blob.key_type}"
+        raise UserError(
+            f"identity file {path} holds a key of type {kind}; seedflood uses Ed25519 "
+            "identities only "
+            "(repair verifies Ed25519 signatures only): move the file aside to create an "
+            "Ed25519 identity (new peer id)"
+        )
+    if len(blob.data) not in (64, 96):
+        raise UserError(f"{bad} to create a new Ed25519 identity")
+    key = Ed25519PrivateKey.from_private_bytes(blob.data[:32])
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    if any(blob.data[at : at + 32] != public for at in range(32, len(blob.data), 32)):
+        raise UserError(
+            f"identity file {path} is damaged: its public key does not match its private key; "
+            "restore it from a backup, or delete it to create a new identity (new peer id)"
+        )
+    return _ed25519_peer_id(public)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,8 +245,9 @@ async def create_p2p(
 
     `identity_path`: libp2p key file; created (Ed25519, mode 0600) if missing, so a restarted
     peer keeps its peer id. None means a fresh random Ed25519 identity (the daemon's default),
-    lost on restart. Existing RSA key files (hivemind's format) work but add ~500 bytes to
-    every signed message, and repair cannot verify RSA senders (see protocol/wire.py).
+    lost on restart. A key file must be Ed25519 (RSA, hivemind's format, would add ~500
+    bytes to every signed message, and repair verifies Ed25519 senders only), consistent
+    (its public half matches), and private to its owner (mode 0600): else a UserError.
     `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
     with a UserError if none of them can be reached.
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
