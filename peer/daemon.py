@@ -34,6 +34,7 @@ from seedflood_p2p.network.transport import (
     call_bytes,
     create_p2p,
     remove_stale_sockets,
+    verify_pubsub_signature,
 )
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger, digest_of
@@ -82,7 +83,7 @@ def _durable_replace(tmp: Path, final: Path) -> None:
 def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
     """The run's settings from a `seedflood.manifest` reply, if this peer can join it."""
     skew = reply["time"] - now
-    if abs(skew) > MAX_CLOCK_SKEW:
+    if not abs(skew) <= MAX_CLOCK_SKEW:  # NaN too
         raise UserError(
             f"this machine's clock differs from the bootstrap node's by {skew:+.0f} s: "
             "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
@@ -429,6 +430,14 @@ class PeerDaemon:
             )
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
             self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
+            check = await asyncio.to_thread(  # O(rows): ~120 us per signature
+                self.ledger.verify,
+                verify_pubsub_signature,
+                f"move {self.ledger.path} aside and restart: the peer re-syncs from the network",
+                self.config.directions,
+                self.peer_id,
+            )
+            log.info("ledger checked: %d signed rows in %.1f s", check.signed, check.seconds)
             self.model, self.tokenizer, self.task = await self.in_model_thread(
                 self.load_model, self.config
             )

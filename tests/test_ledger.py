@@ -11,7 +11,7 @@ import time
 import pytest
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.protocol.message import UpdateMessage, pack_scalars
 from seedflood_p2p.storage.ledger import Ledger
 
 
@@ -106,3 +106,125 @@ def test_corrupt_file_is_a_readable_error(tmp_path):
         Ledger(path, "run")
     with pytest.raises(UserError, match="does not exist"):
         Ledger.open_existing(tmp_path / "missing.sqlite")
+
+
+def _signer(key):
+    """sign(round, scalars) -> (message, envelope), exactly as go-libp2p-pubsub signs."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from hivemind.proto import p2pd_pb2 as pb
+
+    from seedflood_p2p.protocol.message import Envelope
+    from seedflood_p2p.protocol.wire import encode_update, topic_for
+
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    peer = bytes.fromhex("002408011220") + public
+
+    def sign(run_id: str, round_: int, scalars: tuple[float, ...]):
+        data, seqno = encode_update(run_id, round_, scalars), round_.to_bytes(8, "big")
+        body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic_for(run_id)])
+        setattr(body, "from", peer)
+        signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+        return UpdateMessage(round_, peer, scalars), Envelope(data, seqno, signature)
+
+    return peer, sign
+
+
+def _network_ledger(path, rounds=6):
+    """A peer's ledger: 3 senders' signed rows, and 2 own rows not yet echoed (unsigned)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from seedflood_p2p.core.config import RunConfig
+
+    config = RunConfig(salt="ledger-verify", directions=2)
+    signers = [_signer(Ed25519PrivateKey.generate()) for _ in range(3)]
+    own = signers[0][0]
+    ledger = Ledger(path, config.run_id)
+    ledger.claim(config.to_json(), "")
+    for t in range(rounds):
+        rows = [sign(config.run_id, t, (0.5 * t, -1.0)) for _, sign in signers]
+        if t >= rounds - 2:  # the writer's own last updates, logged before publishing
+            ledger.add([rows[0][0]])
+            rows = rows[1:]
+        ledger.add([m for m, _ in rows], [e for _, e in rows])
+    return ledger, config, own, [peer for peer, _ in signers]
+
+
+def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
+    from seedflood_p2p.network.transport import verify_pubsub_signature as check
+    from seedflood_p2p.storage.ledger import peer_name
+
+    ledger, config, own, peers = _network_ledger(tmp_path / "l.sqlite")
+    result = ledger.verify(check, "FIX", config.directions, own_peer=own)
+    assert (result.signed, result.unsigned, result.unsigned_peers) == (16, 2, 1)
+    assert ledger.verify(check, "FIX").signed == 16  # replay: one writer's unsigned rows ok
+    db = ledger._db
+
+    def refused(match: str, **kwargs) -> str:
+        with pytest.raises(UserError, match=match) as info:
+            ledger.verify(check, "FIX", config.directions, **kwargs)
+        line = str(info.value)
+        assert "\n" not in line and line.endswith("; FIX") and str(ledger.path) in line
+        return line
+
+    where = "WHERE round = 3 AND peer = ?"
+    original = db.execute(
+        f"SELECT scalars, signature FROM messages {where}", (peers[1],)
+    ).fetchone()
+    # A changed scalar: the envelope no longer matches the row.
+    db.execute(f"UPDATE messages SET scalars = ? {where}", (pack_scalars((9.0, -1.0)), peers[1]))
+    line = refused("differs from the update its sender signed", own_peer=own)
+    assert f"row (round 3, peer {peer_name(peers[1])})" in line
+    db.execute(f"UPDATE messages SET scalars = ? {where}", (original[0], peers[1]))
+    # A flipped signature bit.
+    bad = bytes([original[1][0] ^ 1]) + original[1][1:]
+    db.execute(f"UPDATE messages SET signature = ? {where}", (bad, peers[1]))
+    refused(r"row \(round 3, .*\) does not carry its sender's valid signature")
+    db.execute(f"UPDATE messages SET signature = ? {where}", (original[1], peers[1]))
+    ledger.verify(check, "FIX", config.directions, own_peer=own)  # restored: fine again
+    # A stripped envelope (then anything could be written): another peer's row.
+    db.execute(
+        f"UPDATE messages SET data = NULL, seqno = NULL, signature = NULL {where}", (peers[2],)
+    )
+    refused("is another peer's update without its signed envelope", own_peer=own)
+    refused("has no signed envelope, like rows of 1 other peer")  # replay: two unsigned peers
+    db.execute(f"UPDATE messages SET data = x'00' {where}", (peers[2],))
+    refused("has a partial or malformed envelope")
+    db.execute("DELETE FROM messages WHERE round = 3 AND peer = ?", (peers[2],))
+    # Rows that are not updates at all (one round of peers[1] each, deleted after).
+    for t, (column, value, match) in enumerate(
+        [
+            ("scalars", b"\0\0\0", "does not hold 1..16 float16 scalars"),
+            ("scalars", b"\x00\x7c" * 2, "holds a non-finite scalar"),
+            ("scalars", b"\0" * 6, "holds 3 scalars, the run sends 2"),
+            ("peer", "text, not bytes", "has no valid peer id"),
+            ("round", -4, "has a round outside"),
+        ]
+    ):
+        db.execute(
+            f"UPDATE messages SET {column} = ? WHERE round = ? AND peer = ?", (value, t, peers[1])
+        )
+        refused(match)
+        db.execute(f"DELETE FROM messages WHERE {column} = ?", (value,))
+    ledger.verify(check, "FIX", config.directions, own_peer=own)
+    ledger.close()
+
+
+def test_replay_refuses_a_tampered_ledger_with_one_line(capsys, tmp_path, monkeypatch):
+    from seedflood_p2p.apps.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ledger, _, _, peers = _network_ledger(tmp_path / "l.sqlite")
+    ledger.close()
+    argv = ["replay", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(tmp_path / "model")]
+    assert main(argv) == 0  # genuine: replayed
+    capsys.readouterr()
+    with Ledger.open_existing(tmp_path / "l.sqlite") as ledger:
+        ledger._db.execute(
+            "UPDATE messages SET scalars = ? WHERE round = 2 AND peer = ?",
+            (pack_scalars((-60000.0, -1.0)), peers[2]),
+        )
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ledger ")
+    assert "row (round 2, peer 12D3KooW" in err[0] and "differs from the update" in err[0]
+    assert "replay a copy from a peer" in err[0]

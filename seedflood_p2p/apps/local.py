@@ -140,11 +140,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.network.transport import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
     ledger = Ledger.open_existing(args.ledger)
     config = RunConfig.from_json(ledger.get_meta("manifest"))
+    check = ledger.verify(
+        verify_pubsub_signature,
+        "replay a copy from a peer whose ledger checks out",
+        directions=config.directions,
+    )
+    log.info(
+        "ledger checked in %.2f s: %d signed rows verified, %d rows without a signed envelope "
+        "(from %d peer(s): local training or the writer's own unpublished updates)",
+        check.seconds,
+        check.signed,
+        check.unsigned,
+        check.unsigned_peers,
+    )
     model, tokenizer = load_model(args.base or config.model)
     base_hash = weights_sha256(model)
     if config.base_sha256 and base_hash != config.base_sha256:
@@ -170,3 +184,4 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     print(digest)
     return 0
+
