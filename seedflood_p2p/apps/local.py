@@ -184,4 +184,3 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     print(digest)
     return 0
-

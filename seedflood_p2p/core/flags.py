@@ -112,22 +112,35 @@ def read_toml(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "config", None) is None:
         return {}
     try:
-        table = tomllib.loads(Path(args.config).read_text())
+        text = Path(args.config).read_text()
     except FileNotFoundError:
         raise UserError(f"config file {args.config} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"config file {args.config} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise UserError(f"config file {args.config} nests arrays or tables too deeply") from None
-    except ValueError:  # tomllib lets int()'s limit of 4300 digits through
-        raise UserError(
-            f"config file {args.config} holds a number too long to read; fix the value"
-        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(
             f"cannot read config file {args.config} ({exc}): pass a TOML file"
         ) from None
-    return {key.replace("-", "_"): value for key, value in table.items()}
+    return parse_toml(text, args.config)
+
+
+def parse_toml(text: str, source: object) -> dict[str, Any]:
+    """A TOML file's table, keys in field spelling; anything wrong is one UserError line."""
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"config file {source} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"config file {source} nests arrays or tables too deeply") from None
+    except ValueError:  # tomllib lets int()'s limit of 4300 digits through
+        raise UserError(
+            f"config file {source} holds a number too long to read; fix the value"
+        ) from None
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name in out:
+            raise UserError(f"config file {source} sets '{name}' twice (as - and _ spellings)")
+        out[name] = value
+    return out
 
 
 def settings_values(

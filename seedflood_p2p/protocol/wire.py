@@ -212,8 +212,8 @@ def decode_rows(data: bytes, max_rows: int) -> list[tuple[UpdateMessage, Envelop
         rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 6))
     except Exception as exc:
         raise Rejected("bad_reply", f"repair rows not msgpack ({type(exc).__name__})") from None
-    if not isinstance(rows, list):
-        raise Rejected("bad_reply", "repair rows are not a list")
+    if not isinstance(rows, list) or len(rows) > max_rows:
+        raise Rejected("bad_reply", "repair rows are not a list of at most the rows asked for")
     out = []
     for row in rows:
         if not (
