@@ -129,7 +129,9 @@ def parse_toml(text: str, source: object) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"config file {source} is not valid TOML: {exc}") from None
     except RecursionError:
-        raise UserError(f"config file {source} nests arrays or tables too deeply") from None
+        raise UserError(
+            f"config file {source} nests arrays or tables too deeply; flatten it"
+        ) from None
     except ValueError:  # tomllib lets int()'s limit of 4300 digits through
         raise UserError(
             f"config file {source} holds a number too long to read; fix the value"
