@@ -1,7 +1,8 @@
 """The peer daemon: the one place where network, ledger and model meet.
 
-    network -> validate -> ledger -> pending -> (once per round) apply to model
-    train: estimate on this round's batch -> encode -> ledger -> publish -> apply
+    gossip, repair, own update -> admission (network/admission.py: validate, ledger)
+        -> pending -> (once per round) apply to model
+    train: estimate on this round's batch -> admission -> publish; applied next round
 
 Model work runs on one dedicated thread, so the event loop keeps receiving,
 validating and repairing while a forward pass runs, and the model is only
@@ -135,6 +136,7 @@ class PeerDaemon:
             "ledger_messages": len(node.ledger) if node else 0,
             "accepted": self.metrics.accepted_counts(),
             "dropped": self.metrics.drop_counts(),
+            "admissions": self.metrics.admission_counts(),
             "bytes_out": int(value(self.metrics.bytes_out)),
             "bytes_in": int(value(self.metrics.bytes_in)),
             "loss": value(self.metrics.loss),
@@ -291,8 +293,8 @@ class PeerDaemon:
             message, loss = await self.in_model_thread(
                 zo_step, self.engine, self.tokenizer, self.task, self.peer_id, self.round
             )
+            # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message)
-            self.pending.append(message)  # applied next round, exactly like others' updates
             self.metrics.loss.set(loss)
             self.metrics.rounds.set(self.round)
             line = {
