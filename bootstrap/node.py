@@ -94,6 +94,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                     "ledger_messages": len(ledger),
                     "accepted": metrics.accepted_counts(),
                     "dropped": metrics.drop_counts(),
+                    "admissions": metrics.admission_counts(),
                 }
 
             http = await serve_http(settings.metrics_host, settings.metrics_port, metrics, status)

@@ -1,7 +1,8 @@
 """The peer daemon: the one place where network, ledger and model meet.
 
-    network -> validate -> ledger -> pending -> (once per round) apply to model
-    train: estimate on this round's batch -> encode -> ledger -> publish -> apply
+    gossip, repair, own update -> admission (network/admission.py: validate, ledger)
+        -> LiveModel.receive -> (once per round) LiveModel.apply
+    train: estimate on this round's batch -> admission -> publish; applied next round
 
 Model work runs on one dedicated thread, so the event loop keeps receiving,
 validating and repairing while a forward pass runs, and the model is only
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import msgpack
 import torch
-from safetensors.torch import load_file, save_file
 
 from seedflood_p2p import __version__
+from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
@@ -36,8 +36,7 @@ from seedflood_p2p.network.transport import (
     remove_stale_sockets,
     verify_pubsub_signature,
 )
-from seedflood_p2p.protocol.message import UpdateMessage
-from seedflood_p2p.storage.ledger import Ledger, digest_of
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.peer")
 
@@ -68,18 +67,6 @@ class PeerSettings:
     node: NodeSettings = field(default_factory=NodeSettings)
 
 
-def _durable_replace(tmp: Path, final: Path) -> None:
-    """Rename `tmp` over `final` once its bytes are on disk, and the rename too."""
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    tmp.replace(final)
-    directory = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
     """The run's settings from a `seedflood.manifest` reply, if this peer can join it."""
     skew = reply["time"] - now
@@ -100,7 +87,6 @@ class PeerDaemon:
     def __init__(self, settings: PeerSettings) -> None:
         self.s = settings
         self.metrics = NodeMetrics()
-        self.pending: list[UpdateMessage] = []
         self.stopping = False
         self.round = 0
         self.model_hash = ""
@@ -136,6 +122,7 @@ class PeerDaemon:
             "ledger_messages": len(node.ledger) if node else 0,
             "accepted": self.metrics.accepted_counts(),
             "dropped": self.metrics.drop_counts(),
+            "admissions": self.metrics.admission_counts(),
             "bytes_out": int(value(self.metrics.bytes_out)),
             "bytes_in": int(value(self.metrics.bytes_in)),
             "loss": value(self.metrics.loss),
@@ -199,45 +186,7 @@ class PeerDaemon:
         )
         return model.to(self.s.device), tokenizer, task
 
-    def restore(self, messages: list[UpdateMessage], digest: str) -> str:
-        """Bring the model to base + `messages`: from the checkpoint if it covers them."""
-        from seedflood_p2p.algorithm.replay import replay
-
-        try:
-            meta = json.loads((self.s.data_dir / "checkpoint.json").read_text())
-            if meta.get("ledger_digest") == digest:
-                weights = load_file(
-                    self.s.data_dir / "checkpoint.safetensors", device=self.s.device
-                )
-                for matrix in self.engine.matrices:
-                    if weights[matrix.name].shape != matrix.weight.shape:
-                        raise ValueError(f"{matrix.name} has shape {weights[matrix.name].shape}")
-                with torch.no_grad():
-                    for matrix in self.engine.matrices:
-                        matrix.weight.copy_(weights[matrix.name])
-                return f"checkpoint of round {meta['round']}"
-        except FileNotFoundError:
-            pass  # a fresh peer
-        except Exception as exc:  # unreadable: the ledger alone rebuilds the model
-            log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
-        count = replay(self.model, self.config, messages)
-        return f"replay of {count} ledger messages"
-
-    def ledger_cut(self) -> tuple[list[UpdateMessage], str]:
-        """What the model must hold from now on is this cut plus `self.pending`.
-
-        Every accept (ledger insert + on_accept) runs on the event loop, so taking the cut
-        there, with no await between emptying `pending` and reading the ledger, puts each
-        message in exactly one of the two: none applied twice, none missed."""
-        self.pending = []
-        messages = list(self.ledger.messages())
-        return messages, digest_of(messages)
-
     # -- per round -------------------------------------------------------------
-    def apply(self, messages: list[UpdateMessage]) -> None:
-        self.engine.accumulate(messages)
-        self.engine.commit()
-
     async def wait_ready(self, round_: int) -> None:
         """Bounded staleness with a deadline: slow or dead peers never stall us for long."""
         deadline = time.monotonic() + self.s.round_deadline
@@ -287,13 +236,13 @@ class PeerDaemon:
                 raise self.node.fatal
             await self.wait_ready(self.round)
             t0 = time.perf_counter()
-            incoming, self.pending = self.pending, []
-            await self.in_model_thread(self.apply, incoming)
+            incoming = self.live.take()
+            await self.in_model_thread(self.live.apply, incoming)
             message, loss = await self.in_model_thread(
-                zo_step, self.engine, self.tokenizer, self.task, self.peer_id, self.round
+                zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round
             )
+            # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message)
-            self.pending.append(message)  # applied next round, exactly like others' updates
             self.metrics.loss.set(loss)
             self.metrics.rounds.set(self.round)
             line = {
@@ -366,37 +315,25 @@ class PeerDaemon:
         if not self.stopping:
             log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
 
-    def set_model_hash(self) -> None:
-        from seedflood_p2p.workload.models import weights_sha256
-
-        self.model_hash = weights_sha256(self.model)
+    def set_model_hash(self, sha256: str | None = None) -> None:
+        self.model_hash = sha256 or self.live.sha256()
         self.metrics.model.info({"sha256": self.model_hash, "round": str(self.round)})
 
     async def checkpoint(self) -> dict:
-        """Weights and the ledger digest they equal, cut on the event loop (see ledger_cut):
-        an update arriving while the weights are written is in neither."""
-        incoming = self.pending
-        messages, digest = self.ledger_cut()
+        """Weights and the ledger cut they equal. The cut is taken here, on the event loop
+        where every accept runs (see algorithm/live.py): an update arriving while the
+        weights are written stays pending, in neither."""
+        cut = self.live.cut()
         meta = {
             "round": self.round,
-            "ledger_messages": len(messages),
-            "ledger_digest": digest,
             "run_id": self.config.run_id,
             "peer_id": self.p2p.peer_id.to_base58(),
         }
-        return await self.in_model_thread(self._write_checkpoint, incoming, meta)
+        return await self.in_model_thread(self._write_checkpoint, cut, meta)
 
-    def _write_checkpoint(self, incoming: list[UpdateMessage], meta: dict) -> dict:
-        self.apply(incoming)
-        weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.engine.matrices}
-        tmp = self.s.data_dir / "checkpoint.safetensors.tmp"
-        save_file(weights, tmp)
-        _durable_replace(tmp, self.s.data_dir / "checkpoint.safetensors")
-        self.set_model_hash()
-        meta = {**meta, "model_sha256": self.model_hash}
-        tmp = self.s.data_dir / "checkpoint.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=1))
-        _durable_replace(tmp, self.s.data_dir / "checkpoint.json")  # after the weights
+    def _write_checkpoint(self, cut: LedgerCut, meta: dict) -> dict:
+        meta = self.live.checkpoint(self.s.data_dir, cut, meta)
+        self.set_model_hash(meta["model_sha256"])
         return meta
 
     # -- main ------------------------------------------------------------------
@@ -443,17 +380,15 @@ class PeerDaemon:
             )
             from seedflood_p2p.algorithm.subcge import make_estimator
 
-            self.engine = make_estimator(self.model, self.config)
+            self.live = LiveModel(make_estimator(self.model, self.config), self.ledger)
             self.node = FloodNode(
                 self.p2p,
                 self.ledger,
                 self.config.to_json(),
                 self.metrics,
                 s.node,
-                on_accept=self.pending.extend,
+                on_accept=self.live.receive,
             )
-            # on_accept must see the current list object: route through a method instead.
-            self.node.on_accept = lambda msgs: self.pending.extend(msgs)
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
                 # A fresh peer scores the base model before it joins the topic: the run's
@@ -489,7 +424,9 @@ class PeerDaemon:
             # Sync first, then replay: overlapping the two was measured to gain nothing on
             # 2 cores (bench/results/latejoin_overlap.md).
             synced = await self.node.sync_round(peers)
-            how = await self.in_model_thread(self.restore, *self.ledger_cut())
+            # The cut is taken here, on the event loop (see algorithm/live.py); updates
+            # accepted while the model thread restores it stay pending for round one.
+            how = await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
             if republished := await self.node.republish_unsigned():
                 log.info("published again %d own update(s) never sent signed", republished)
             await self.in_model_thread(self.set_model_hash)
@@ -514,8 +451,8 @@ class PeerDaemon:
                     await self.train()
                     continue
                 if s.eval_every and self.last_eval_round != self.round:
-                    incoming, self.pending = self.pending, []  # score the final model
-                    await self.in_model_thread(self.apply, incoming)
+                    incoming = self.live.take()  # score the final model
+                    await self.in_model_thread(self.live.apply, incoming)
                     await self.evaluate()
                 break
             self.done_training = True

@@ -3,8 +3,8 @@
 The step is the same one the peer daemon runs: sample the peer's minibatch
 for the round, estimate the projected gradient along each of the message's k derived
 directions (direction j on the j-th share of the batch, all k in the same two forward
-passes), optionally normalise them, round them to wire precision. Applying is separate (accumulate +
-commit), so a sender applies its own message exactly as receivers do.
+passes), optionally normalise them, round them to wire precision. Applying is separate
+(`live.LiveModel.apply`), so a sender applies its own message exactly as receivers do.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.objective import batch_loss, example_losses
 from seedflood_p2p.algorithm.rng import derive_key
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
@@ -108,7 +109,11 @@ def train_local(
     on_round: Callable[[RoundRecord], None] | None = None,
 ) -> list[RoundRecord]:
     """Simulated peers in one process: every round each peer estimates on the same model,
-    the messages are logged, then all are applied as the network would apply them."""
+    the messages are logged, then all are applied as the network would apply them.
+
+    `ledger` needs only `max_round` and `add` (a benchmark passes a stand-in); the model
+    must already hold it (`LiveModel.restore`, or a replay)."""
+    live = LiveModel(engine)
     peer_ids = [f"local-{i}".encode() for i in range(peers)]
     start = (ledger.max_round() + 1) if ledger is not None else 0
     records = []
@@ -121,8 +126,7 @@ def train_local(
             losses.append(loss)
         if ledger is not None:
             ledger.add(messages)  # log before apply: the ledger is the source of truth
-        engine.accumulate(messages)
-        engine.commit()
+        live.apply(messages)
         eval_loss = eval_acc = None
         if eval_every and ((round_ + 1) % eval_every == 0 or round_ + 1 == rounds):
             eval_loss, eval_acc = evaluate(

@@ -1,7 +1,8 @@
-"""The network side of a participant: flood, validate, log, repair. No model here.
+"""The network side of a participant: flood, admit, repair. No model here.
 
-Data flows one way: a gossip message is validated (`protocol`), written to the
-ledger, then handed to `on_accept` (the peer applies it to its model). Lost
+Data flows one way: every update, from gossip, repair or our own publish, goes
+through admission (`network/admission.py`: decode, validate, policy, ledger),
+then is handed to `on_accept` (the peer applies it to its model). Lost
 gossip is repaired by anti-entropy: every few seconds the node compares
 per-bucket ledger digests with a random peer and fetches the buckets that
 differ, so every ledger converges even when GossipSub drops messages. Peers
@@ -30,32 +31,21 @@ import msgpack
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.transport import (
-    PubSubClient,
-    RemoteCallError,
-    call_bytes,
-    serve_bytes,
-    verify_pubsub_signature,
-)
+from seedflood_p2p.network.transport import PubSubClient, RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
     FETCH_LIMIT,
     Rejected,
-    WindowRule,
-    check_against_ledger,
-    check_envelope,
     check_rows_follow,
     decode_digest_request,
     decode_digests,
     decode_fetch_request,
     decode_rows,
-    decode_update,
     encode_rows,
     encode_update,
-    keeps_new,
-    same_scalars,
     topic_for,
 )
 from seedflood_p2p.storage.ledger import Ledger
@@ -107,9 +97,15 @@ class FloodNode:
         self.settings = settings
         self.on_accept = on_accept
         self.peer_id = p2p.peer_id.to_bytes()
-        self.window = WindowRule(settings.max_ahead)
+        self.admission = Admission(
+            ledger,
+            self.directions,
+            self.peer_id,
+            metrics,
+            settings.max_ahead,
+            deliver=lambda messages: self.on_accept(messages),  # on_accept may be replaced
+        )
         self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
-        self.newest_round = ledger.max_round()
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
         self._drop_rng = random.Random()
@@ -135,72 +131,26 @@ class FloodNode:
                 await task
         await self._pubsub.close()
 
-    # -- the one path into the ledger -------------------------------------
-    def accept(
-        self, items: list[tuple[UpdateMessage, Envelope | None]], source: str
-    ) -> list[UpdateMessage]:
-        """Check against the window and the ledger, log in one transaction, hand on.
+    # -- admission: every update in, see network/admission.py ----------------------
+    @property
+    def newest_round(self) -> int:
+        return self.admission.newest_round
 
-        Returns the messages that were new. An equivocation that the rule resolves for the
-        newcomer replaces the logged update; the newcomer is handed on with the old one's
-        negation (updates are linear in the scalars: applying both takes the old one back).
-        """
-        valid: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
-        winners: dict[tuple[int, bytes], tuple[UpdateMessage, Envelope | None]] = {}
-        for message, envelope in items:
-            key = (message.round, message.peer)
-            held = valid.get(key) or winners.get(key)
-            held_scalars = (
-                held[0].scalars if held else self.ledger.scalars_of(message.peer, message.round)
-            )
-            try:
-                if len(message.scalars) != self.directions:
-                    raise Rejected("malformed", f"{len(message.scalars)} scalars")
-                if source == "gossip":
-                    self.window.check(message, self.newest_round)
-                check_against_ledger(message, held_scalars)
-            except Rejected as exc:
-                if not (source == "repair" and exc.reason == "duplicate"):  # expected overlap
-                    self._drop(exc, message.peer)
-                if exc.reason == "equivocation" and keeps_new(held_scalars, message.scalars):
-                    (valid if key in valid else winners)[key] = (message, envelope)
-                continue
-            valid[key] = (message, envelope)
-        fresh = []  # new (peer, round)s
-        if valid:
-            fresh = self.ledger.add([m for m, _ in valid.values()], [e for _, e in valid.values()])
-        handed = list(fresh)
-        for message, envelope in winners.values():
-            old = self.ledger.replace(message, envelope)
-            log.warning(
-                "peer %s signed two updates for round %d: keeping %r over %r (every peer "
-                "applies this rule), taking the other back",
-                _short(message.peer),
-                message.round,
-                message.scalars,
-                old,
-                extra={"fields": {"event": "equivocation", "round": message.round}},
-            )
-            handed += [UpdateMessage(message.round, message.peer, old).negated(), message]
-        for message in [*fresh, *(m for m, _ in winners.values())]:
-            self._note(message, heard=source == "gossip")
-        if handed:
-            self.metrics.accepted.labels(source).inc(len(fresh))
-            self.metrics.ledger_size.set(len(self.ledger))
-            self.on_accept(handed)
-        return fresh
-
-    def _note(self, message: UpdateMessage, heard: bool = True) -> None:
-        """Track the newest round and each peer's progress. Only gossip (`heard`) shows a
-        peer is alive: repaired history of a peer that left must not make us wait for it."""
+    def _track(self, verdicts: list[Verdict], heard: bool) -> None:
+        """Track each peer's progress from the updates that changed our ledger. Only gossip
+        (`heard`) shows a peer is alive: repaired history of a peer that left must not make
+        us wait for it."""
         now = time.monotonic()
-        self.newest_round = max(self.newest_round, message.round)
-        self.last_accept = now
-        if message.peer != self.peer_id:
-            state = self.peers.setdefault(message.peer, PeerState(message.round, -math.inf))
-            state.round = max(state.round, message.round)
-            if heard:
-                state.last_seen = now
+        for verdict in verdicts:
+            if not verdict.changed_ledger:
+                continue
+            message = verdict.message
+            self.last_accept = now
+            if message.peer != self.peer_id:
+                state = self.peers.setdefault(message.peer, PeerState(message.round, -math.inf))
+                state.round = max(state.round, message.round)
+                if heard:
+                    state.last_seen = now
 
     def _forget_silent_peers(self) -> None:
         """Peers not heard by gossip for FORGET_AFTER seconds leave the table: it would
@@ -209,29 +159,19 @@ class FloodNode:
         for peer in [p for p, state in self.peers.items() if state.last_seen < cutoff]:
             del self.peers[peer]
 
-    def _drop(self, exc: Rejected, sender: bytes) -> None:
-        self.metrics.dropped.labels(exc.reason).inc()
-        # Expected, not suspicious: overlaps, and a fresh peer that knows no round yet
-        # seeing the run's current rounds before its first sync (repair fetches them).
-        expected = exc.reason in ("duplicate", "own") or (
-            exc.reason == "out_of_window" and self.newest_round < 0
-        )
-        level = logging.DEBUG if expected else logging.WARNING
-        log.log(
-            level,
-            "dropped update from %s: %s",
-            _short(sender),
-            exc,
-            extra={"fields": {"event": "drop", "reason": exc.reason}},
-        )
-
     # -- gossip -----------------------------------------------------------
     async def publish(self, message: UpdateMessage) -> None:
-        """Log our own update, then flood it. The caller applies it like any other."""
-        self.ledger.add([message])
-        self._note(message)
-        self.metrics.accepted.labels("own").inc()
-        self.metrics.ledger_size.set(len(self.ledger))
+        """Admit our own update (logged, handed to `on_accept` like anyone's), then flood
+        it. Its echo from the daemon attaches the signed envelope to our row."""
+        verdict = self.admission.own(message)
+        self._track([verdict], heard=True)
+        if verdict.outcome is not Outcome.ACCEPTED:
+            # Signing a second update for a round would make this peer an equivocator.
+            raise UserError(
+                f"this peer's ledger already holds an update of its own for round "
+                f"{message.round} ({verdict.reason}): is another process running with the "
+                "same identity.key?"
+            )
         data = encode_update(self.run_id, message.round, message.scalars)
         await self._pubsub.publish(self.topic, data)
         self.metrics.published.inc()
@@ -260,34 +200,17 @@ class FloodNode:
             log.exception("gossip receiver failed")
 
     async def _receive_loop(self, subscription) -> None:
-        """Validate gossip and commit it in groups: whatever has arrived by the time the
-        queue is empty goes into one transaction (one fsync), not one commit per message.
-        At 16 peers x 3 rounds/s on one disk, per-message commits kept the event loop
-        blocked in fsync: p50 arrival latency 86 ms, grouped 35 ms (37 ms on tmpfs)."""
-        batch: list[tuple[UpdateMessage, Envelope]] = []
-        own: list[tuple[UpdateMessage, Envelope]] = []
+        """Admit gossip in groups: whatever has arrived by the time the queue is empty goes
+        into one ledger transaction (one fsync), not one commit per message."""
+        batch: list[tuple[bytes, Envelope]] = []
         async for item in subscription:
             self.metrics.bytes_in.inc(len(item.data))
-            lossy = self.settings.drop_incoming
+            lossy = self.settings.drop_incoming  # stands for the network losing it
             if not (lossy and item.sender != self.peer_id and self._drop_rng.random() < lossy):
-                try:
-                    message = decode_update(item.data, self.run_id, item.sender, self.directions)
-                except Rejected as exc:
-                    self._drop(exc, item.sender)
-                    message = None
-                except Exception as exc:  # never let a hostile message kill the loop
-                    self._drop(Rejected("malformed", repr(exc)), item.sender)
-                    message = None
-                if message is not None:
-                    envelope = Envelope(item.data, item.seqno_bytes, item.signature)
-                    (own if message.peer == self.peer_id else batch).append((message, envelope))
-            if subscription.pending == 0 or len(batch) + len(own) >= GOSSIP_BATCH:
-                if own:
-                    self.ledger.set_envelopes(own)
-                    own = []
-                if batch:
-                    self.accept(batch, "gossip")
-                    batch = []
+                batch.append((item.sender, Envelope(item.data, item.seqno_bytes, item.signature)))
+            if batch and (subscription.pending == 0 or len(batch) >= GOSSIP_BATCH):
+                self._track(self.admission.gossip(batch), heard=True)
+                batch = []
 
     # -- repair -------------------------------------------------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
@@ -311,14 +234,15 @@ class FloodNode:
     async def sync_with(self, peer_id) -> int:
         """Pull every message `peer_id` has in buckets that differ from ours; returns new count.
 
-        A bad reply (see protocol/wire.py) ends the exchange with that peer: counted, logged."""
+        A bad reply (see protocol/wire.py) ends the exchange with that peer: counted, logged.
+        Its rows go through admission like gossip does."""
         call = self.settings.call_timeout
         request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
         reply = await call_bytes(self.p2p, peer_id, "seedflood.digest", request, call)
         try:
             theirs = decode_digests(reply)
         except Rejected as exc:
-            self._drop(exc, peer_id.to_bytes())
+            self.admission.drop_reply(exc, peer_id.to_bytes())
             return 0
         mine = self.ledger.bucket_digests(BUCKET_ROUNDS)
         new = 0
@@ -334,24 +258,13 @@ class FloodNode:
                     rows = decode_rows(data, FETCH_LIMIT)
                     check_rows_follow(rows, cursor, hi)
                 except Rejected as exc:
-                    self._drop(exc, peer_id.to_bytes())
+                    self.admission.drop_reply(exc, peer_id.to_bytes())
                     return new
-                # Rows we already hold (same scalars) are duplicates: skip their ~150 us
-                # signature check. Our own rows are taken too when missing (a lost ledger):
-                # their signature is ours.
-                unseen = [
-                    (m, e)
-                    for m, e in rows
-                    if not same_scalars(self.ledger.scalars_of(m.peer, m.round), m.scalars)
-                ]
-                # Ed25519 checks hold the GIL; a thread at least keeps the event loop (gossip)
-                # running during a long late-join sync (80,000 rows: 13 s of checks).
-                checked, rejected = await asyncio.to_thread(_check_rows, unseen, self.run_id)
-                for exc, sender in rejected:
-                    self._drop(exc, sender)
-                fetched = self.accept(checked, "repair")
-                new += len(fetched)
-                self.metrics.repaired.inc(len(fetched))
+                verdicts = await self.admission.repair(rows)
+                self._track(verdicts, heard=False)
+                fetched = sum(v.outcome is Outcome.ACCEPTED for v in verdicts)
+                new += fetched
+                self.metrics.repaired.inc(fetched)
                 if len(rows) < FETCH_LIMIT:
                     break
                 last = rows[-1][0]  # rows are (message, envelope) pairs
@@ -413,25 +326,3 @@ class FloodNode:
                     new,
                     extra={"fields": {"event": "repair", "count": new}},
                 )
-
-
-def _check_rows(rows: list, run_id: str) -> tuple[list, list]:
-    """Signature and payload checks of repaired rows: (valid rows, [(Rejected, sender)])."""
-    checked, rejected = [], []
-    for message, envelope in rows:
-        try:
-            check_envelope(message, envelope, run_id, verify_pubsub_signature)
-        except Rejected as exc:
-            rejected.append((exc, message.peer))
-            continue
-        checked.append((message, envelope))
-    return checked, rejected
-
-
-def _short(peer: bytes) -> str:
-    try:
-        import base58
-
-        return base58.b58encode(peer).decode()[-8:]
-    except Exception:
-        return peer.hex()[:8]

@@ -24,6 +24,11 @@ from prometheus_client import (
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.wire import DROP_REASONS
 
+# Where an update can come from, and how its admission can end (network/admission.py:
+# Source and Outcome hold the same strings; admission imports this module, not the reverse).
+SOURCES = ("gossip", "repair", "own")
+OUTCOMES = ("accepted", "replaced", "duplicate", "echo", "dropped")
+
 
 class NodeMetrics:
     def __init__(self) -> None:
@@ -53,16 +58,30 @@ class NodeMetrics:
         self.repaired = Counter(
             "seedflood_messages_repaired", "messages fetched by anti-entropy", registry=r
         )
+        # Every update through admission, once, by where it came from and how it ended
+        # (network/admission.py); `accepted` and `dropped` above are views of the same.
+        self.admissions = Counter(
+            "seedflood_admissions",
+            "updates through admission, by source and outcome",
+            ["source", "outcome"],
+            registry=r,
+        )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)
-        for source in ("gossip", "repair", "own"):
+        for source in SOURCES:
             self.accepted.labels(source)
+            for outcome in OUTCOMES:
+                self.admissions.labels(source, outcome)
 
     def drop_counts(self) -> dict[str, int]:
         return {r: int(value(self.dropped.labels(r))) for r in DROP_REASONS}
 
     def accepted_counts(self) -> dict[str, int]:
-        return {s: int(value(self.accepted.labels(s))) for s in ("gossip", "repair", "own")}
+        return {s: int(value(self.accepted.labels(s))) for s in SOURCES}
+
+    def admission_counts(self) -> dict[str, dict[str, int]]:
+        """{source: {outcome: count}}, every outcome listed."""
+        return {s: {o: int(value(self.admissions.labels(s, o))) for o in OUTCOMES} for s in SOURCES}
 
 
 def value(metric: Counter | Gauge) -> float:

@@ -20,8 +20,8 @@ stays doubly stochastic).
 Methods (`METHODS`):
 
 * ``seedflood``: SubCGE (`subcge.SubCGE`). Memory does not grow with n: one
-  shared model S holds every message sent so far (applied with the library's
-  ``accumulate`` + ``commit`` once per round, as a live peer does), and each
+  shared model S holds every message sent so far (a `live.LiveModel`, applying each
+  round's messages once per round, as a live peer does), and each
   peer keeps only the r x r cores of the messages it has not received yet
   (its backlog, `CoreBacklog`). Peer q's model is S + sum_e U_e D_q,e V_e^T;
   it is materialised only while q computes its step or is evaluated, then S
@@ -64,6 +64,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.subcge import (
     NaiveSeedReplay,
     SubCGE,
@@ -725,6 +726,7 @@ class SeedFloodSimulation(Simulation):
             epochs = config.rounds // run.refresh_period + 2
             self.engine = SubCGE(model, run, basis_cache=epochs)
             self.backlog = CoreBacklog(self.engine, self.n)
+        self.live = LiveModel(self.engine)  # the shared model S
         self.network = FloodNetwork(setup.topology, config.delay, config.loss, config.seed)
         self.bytes_sent = self.network.bytes_sent
         self.bytes_by_round = self.network.bytes_by_round
@@ -764,8 +766,7 @@ class SeedFloodSimulation(Simulation):
             messages.append(message)
         self.forward_passes += 2 * self.n
         t1 = time.perf_counter()
-        self.engine.accumulate(messages)  # the shared model S: every message sent so far
-        self.engine.commit()
+        self.live.apply(messages)  # S holds every message sent so far
         t2 = time.perf_counter()
         run_id = self.engine.config.run_id
         sizes = [

@@ -1,0 +1,146 @@
+"""The live model: the weights a participant trains on, kept equal to base + its ledger.
+
+Invariant: model + `pending` = base + ledger. Every accepted update (anyone's, our own
+included) is logged first and then handed to `receive`; `apply` folds a batch of them
+into the weights (SubCGE: accumulate + commit, O(n + r*d)). Updates are additive, so the
+order they arrive and are applied in changes the weights only by float32 rounding; a
+replay of the ledger in canonical order (`replay.replay`) is the reference they agree
+with. An equivocation taken back arrives as the old update negated followed by the kept
+one (the admission pipeline hands both on), which is again just two more additions.
+
+`cut` takes the ledger as it is now together with what is pending. A checkpoint applies
+the pending updates and writes the weights beside the cut's digest; `restore` rebuilds
+the weights as base + cut, from a checkpoint whose digest matches, else by replay.
+
+Threads: `receive`, `take` and `cut` run where updates are accepted (the daemon's event
+loop), `apply`, `restore` and `checkpoint` where the model lives (its model thread).
+Taking the cut where accepts run, with no other work in between, puts every update in
+exactly one of the cut and the new pending list: none applied twice, none missed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.storage.checkpoint import (
+    read_checkpoint_meta,
+    read_checkpoint_weights,
+    write_checkpoint,
+)
+from seedflood_p2p.storage.ledger import Ledger, digest_of
+
+log = logging.getLogger("seedflood.live")
+
+
+@dataclass(frozen=True)
+class LedgerCut:
+    """The ledger at one instant, and the accepted updates the model had not applied then."""
+
+    messages: list[UpdateMessage]  # canonical order
+    digest: str  # digest_of(messages): what a checkpoint of this cut is labelled with
+    unapplied: list[UpdateMessage]
+
+
+class LiveModel:
+    def __init__(self, engine: ZerothOrderEstimator, ledger: Ledger | None = None) -> None:
+        self.engine = engine
+        self.ledger = ledger  # needed by `cut` only
+        self.pending: list[UpdateMessage] = []
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.engine.model
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    # -- where updates are accepted ------------------------------------------------
+    def receive(self, messages: Iterable[UpdateMessage]) -> None:
+        """Updates just logged to the ledger; applied at the next `apply(take())`."""
+        self.pending.extend(messages)
+
+    def take(self) -> list[UpdateMessage]:
+        """Everything received since the last take, to be applied by the caller."""
+        incoming, self.pending = self.pending, []
+        return incoming
+
+    def cut(self) -> LedgerCut:
+        """The ledger now, plus the pending updates (which the ledger already holds)."""
+        if self.ledger is None:
+            raise ValueError("a LiveModel without a ledger has no cut")
+        unapplied = self.take()
+        messages = list(self.ledger.messages())
+        return LedgerCut(messages, digest_of(messages), unapplied)
+
+    # -- where the model lives --------------------------------------------------------
+    def apply(self, messages: list[UpdateMessage]) -> int:
+        """Fold `messages` into the weights; the sender's own update goes through here too,
+        with the float16 scalars it published, so it applies what every receiver applies."""
+        count = self.engine.accumulate(messages)
+        self.engine.commit()
+        return count
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The trainable tensors (everything a checkpoint must hold: the rest is base)."""
+        return {m.name: m.weight.detach().cpu().contiguous() for m in self.engine.matrices}
+
+    def sha256(self) -> str:
+        from seedflood_p2p.workload.models import weights_sha256
+
+        return weights_sha256(self.model)
+
+    def checkpoint(self, directory: Path, cut: LedgerCut, meta: dict) -> dict:
+        """Apply the cut's pending updates, then write weights = base + cut.messages.
+
+        Returns `meta` with what the checkpoint holds: message count, digest, weights hash.
+        Updates accepted after the cut stay pending: they are in neither."""
+        self.apply(cut.unapplied)
+        meta = {
+            **meta,
+            "ledger_messages": len(cut.messages),
+            "ledger_digest": cut.digest,
+            "model_sha256": self.sha256(),
+        }
+        write_checkpoint(directory, self.weights(), meta)
+        return meta
+
+    def restore(self, cut: LedgerCut, directory: Path | None = None) -> str:
+        """Make the weights base + `cut.messages` (the model must hold the base weights):
+        load the checkpoint in `directory` if it is labelled with this cut's digest, else
+        replay the cut. The cut's unapplied updates are in its messages already, so they
+        are dropped here. Returns how, for the log."""
+        if directory is not None:
+            try:
+                meta = read_checkpoint_meta(directory)
+                if meta.get("ledger_digest") == cut.digest:
+                    how = f"checkpoint of round {meta['round']}"  # before any weight moves
+                    self._load(read_checkpoint_weights(directory, self._device()))
+                    return how
+            except FileNotFoundError:
+                pass  # a fresh peer
+            except Exception as exc:  # unreadable: the ledger alone rebuilds the model
+                log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
+        count = replay(self.model, self.config, cut.messages)
+        return f"replay of {count} ledger messages"
+
+    def _device(self) -> torch.device:
+        return self.engine.matrices[0].weight.device
+
+    @torch.no_grad()
+    def _load(self, weights: dict[str, torch.Tensor]) -> None:
+        # Check every tensor before writing any: a bad file must leave the base weights
+        # untouched, since the replay that follows starts from them.
+        for matrix in self.engine.matrices:
+            if weights[matrix.name].shape != matrix.weight.shape:
+                raise ValueError(f"{matrix.name} has shape {weights[matrix.name].shape}")
+        for matrix in self.engine.matrices:
+            matrix.weight.copy_(weights[matrix.name])

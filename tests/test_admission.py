@@ -1,0 +1,221 @@
+"""Admission (network/admission.py) on an in-memory ledger: every outcome of every source,
+what reaches the model, and what is counted. No daemons."""
+
+import math
+
+import msgpack
+import pytest
+from cryptography.hazmat.primitives import serialization as ser
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hivemind.proto import p2pd_pb2 as pb
+
+from seedflood_p2p.network.admission import Admission, Outcome, Source
+from seedflood_p2p.network.metrics import OUTCOMES, SOURCES, NodeMetrics
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
+from seedflood_p2p.protocol.wire import (
+    MAX_ROUND,
+    PROTOCOL_VERSION,
+    Rejected,
+    encode_update,
+    run_tag,
+    topic_for,
+)
+from seedflood_p2p.storage.ledger import Ledger
+
+RUN = "ab" * 32
+PACK = msgpack.Packer(use_bin_type=True).pack
+
+
+class Peer:
+    """An Ed25519 identity that signs updates exactly as go-libp2p-pubsub does."""
+
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        public = self.key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+        self.id = bytes.fromhex("002408011220") + public
+
+    def envelope(self, round_: int, scalars: tuple, data: bytes | None = None) -> Envelope:
+        data = encode_update(RUN, round_, scalars) if data is None else data
+        seqno = round_.to_bytes(8, "big")
+        body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic_for(RUN)])
+        setattr(body, "from", self.id)
+        return Envelope(data, seqno, self.key.sign(b"libp2p-pubsub:" + body.SerializeToString()))
+
+    def gossip(self, round_: int, scalars: tuple) -> tuple[bytes, Envelope]:
+        return self.id, self.envelope(round_, scalars)
+
+    def row(self, round_: int, scalars: tuple) -> tuple[UpdateMessage, Envelope]:
+        return UpdateMessage(round_, self.id, scalars), self.envelope(round_, scalars)
+
+
+@pytest.fixture
+def node():
+    """An admission pipeline on an in-memory ledger, k = 1, window 50; `node.handed` is
+    everything it passed on to the model."""
+    me = Peer()
+    ledger = Ledger(":memory:", RUN)
+    handed = []
+    admission = Admission(ledger, 1, me.id, NodeMetrics(), max_ahead=50, deliver=handed.extend)
+    admission.me, admission.handed = me, handed
+    yield admission
+    ledger.close()
+
+
+def _outcomes(verdicts) -> list[tuple[str, str]]:
+    return [(v.outcome.value, v.reason) for v in verdicts]
+
+
+def test_outcome_and_source_names_are_the_metric_labels():
+    assert tuple(Source) == SOURCES and tuple(Outcome) == OUTCOMES
+
+
+def test_gossip_new_then_duplicate(node):
+    alice = Peer()
+    (v,) = node.gossip([alice.gossip(3, (0.5,))])
+    assert v.outcome is Outcome.ACCEPTED and v.message == UpdateMessage(3, alice.id, (0.5,))
+    assert node.ledger.scalars_of(alice.id, 3) == (0.5,)
+    assert node.handed == [v.message] and node.newest_round == 3
+    (again,) = node.gossip([alice.gossip(3, (0.5,))])
+    assert (again.outcome, again.reason) == (Outcome.DUPLICATE, "duplicate")
+    assert node.handed == [v.message]  # applied once
+    m = node.metrics
+    assert m.accepted_counts()["gossip"] == 1 and m.drop_counts()["duplicate"] == 1
+    assert m.admission_counts()["gossip"] == {
+        "accepted": 1,
+        "replaced": 0,
+        "duplicate": 1,
+        "echo": 0,
+        "dropped": 0,
+    }
+
+
+def test_every_gossip_rule_drops_with_its_reason_and_nothing_reaches_the_ledger(node):
+    tag, half, alice = run_tag(RUN), pack_scalars((0.5,)), Peer()
+    payloads = {
+        "oversized": PACK([PROTOCOL_VERSION, tag, 3, half]) + b"\0" * 100,
+        "malformed": b"\xc1\xffnot msgpack",
+        "bad_version": PACK([PROTOCOL_VERSION + 1, tag, 3, half]),
+        "wrong_run": PACK([PROTOCOL_VERSION, b"\0\0\0\0", 3, half]),
+        "non_finite": PACK([PROTOCOL_VERSION, tag, 3, pack_scalars((math.nan,))]),
+        "out_of_window": PACK([PROTOCOL_VERSION, tag, MAX_ROUND + 1, half]),
+    }
+    arrivals = [(alice.id, alice.envelope(3, (0.5,), data)) for data in payloads.values()]
+    arrivals.append(alice.gossip(51, (0.5,)))  # past the window: newest round -1, + 50
+    arrivals.append(alice.gossip(4, (0.5, 0.25)))  # two scalars in a run of k = 1
+    verdicts = node.gossip(arrivals)
+    reasons = [*payloads, "out_of_window", "malformed"]
+    assert _outcomes(verdicts) == [("dropped", r) for r in reasons]
+    assert len(node.ledger) == 0 and node.handed == []
+    dropped = node.metrics.drop_counts()
+    assert {r: dropped[r] for r in payloads} == {
+        **{r: 1 for r in payloads},
+        "out_of_window": 2,
+        "malformed": 2,
+    }
+    assert node.metrics.admission_counts()["gossip"]["dropped"] == len(arrivals)
+
+
+def test_window_follows_the_newest_round_accepted(node):
+    alice = Peer()
+    node.gossip([alice.gossip(40, (0.5,))])
+    (v,) = node.gossip([alice.gossip(90, (0.5,))])  # 40 + 50
+    assert v.outcome is Outcome.ACCEPTED
+
+
+def test_equivocation_keeps_the_smaller_update_whatever_the_order(node):
+    alice = Peer()
+    node.gossip([alice.gossip(1, (0.5,))])
+    (loser,) = node.gossip([alice.gossip(1, (0.75,))])  # larger: dropped
+    assert (loser.outcome, loser.reason) == (Outcome.DROPPED, "equivocation")
+    (winner,) = node.gossip([alice.gossip(1, (0.25,))])  # smaller: replaces and takes back
+    assert (winner.outcome, winner.reason) == (Outcome.REPLACED, "equivocation")
+    assert node.ledger.scalars_of(alice.id, 1) == (0.25,)
+    first = UpdateMessage(1, alice.id, (0.5,))
+    assert node.handed == [first, first.negated(), UpdateMessage(1, alice.id, (0.25,))]
+    assert node.metrics.drop_counts()["equivocation"] == 2  # seen twice, as before
+    assert node.metrics.admission_counts()["gossip"]["replaced"] == 1
+
+
+def test_equivocation_inside_one_batch(node):
+    alice = Peer()
+    verdicts = node.gossip(
+        [alice.gossip(2, (0.5,)), alice.gossip(2, (0.25,)), alice.gossip(2, (0.75,))]
+    )
+    assert _outcomes(verdicts) == [
+        ("dropped", "equivocation"),
+        ("accepted", ""),
+        ("dropped", "equivocation"),
+    ]
+    assert node.handed == [UpdateMessage(2, alice.id, (0.25,))]  # never the others
+    assert node.ledger.scalars_of(alice.id, 2) == (0.25,)
+
+
+def test_own_update_is_logged_handed_on_and_its_echo_signs_it(node):
+    own = UpdateMessage(5, node.me.id, (0.125,))
+    verdict = node.own(own)
+    assert verdict.outcome is Outcome.ACCEPTED and node.handed == [own]
+    assert node.ledger.unsigned(node.me.id) == [own]  # logged before it is signed
+    (echo,) = node.gossip([node.me.gossip(5, (0.125,))])
+    assert (echo.outcome, echo.reason) == (Outcome.ECHO, "own")
+    assert node.ledger.unsigned(node.me.id) == []  # the envelope is attached: repairable
+    assert node.handed == [own]  # not applied twice
+    m = node.metrics
+    assert m.accepted_counts()["own"] == 1 and m.drop_counts()["own"] == 0  # not a drop
+    assert m.admission_counts()["gossip"]["echo"] == 1
+    again = node.own(own)  # a second update of ours for the round is never admitted
+    assert (again.outcome, again.reason) == (Outcome.DUPLICATE, "duplicate")
+    other = node.own(UpdateMessage(5, node.me.id, (0.25,)))
+    assert (other.outcome, other.reason) == (Outcome.DROPPED, "equivocation")
+    assert node.handed == [own] and node.ledger.scalars_of(node.me.id, 5) == (0.125,)
+
+
+def test_own_signed_update_we_do_not_hold_is_admitted_like_anyone_s(node):
+    (v,) = node.gossip([node.me.gossip(7, (0.5,))])  # e.g. our ledger was lost
+    assert v.outcome is Outcome.ACCEPTED and len(node.ledger) == 1
+
+
+async def test_repair_rows_are_verified_and_not_windowed(node):
+    alice, mallory = Peer(), Peer()
+    good = alice.row(500, (0.5,))  # far past the gossip window: repair takes late rows
+    forged = (UpdateMessage(6, alice.id, (0.25,)), mallory.envelope(6, (0.25,)))
+    edited = (UpdateMessage(7, alice.id, (0.75,)), alice.envelope(7, (0.5,)))
+    verdicts = await node.repair([good, forged, edited])
+    assert _outcomes(verdicts) == [
+        ("accepted", ""),
+        ("dropped", "bad_signature"),
+        ("dropped", "mismatch"),
+    ]
+    assert node.handed == [good[0]] and len(node.ledger) == 1
+    assert node.ledger.signed_after(-1, b"", MAX_ROUND, 10) == [good]  # servable on
+    m = node.metrics
+    assert m.accepted_counts()["repair"] == 1
+    assert m.drop_counts()["bad_signature"] == 1 and m.drop_counts()["mismatch"] == 1
+
+
+async def test_repair_duplicates_skip_the_signature_check_and_are_not_drops(node):
+    alice = Peer()
+    node.gossip([alice.gossip(3, (0.5,))])
+    checked = []
+    node.verify = lambda *args: checked.append(args) or True
+    (v,) = await node.repair([alice.row(3, (0.5,))])
+    assert v.outcome is Outcome.DUPLICATE and checked == []
+    assert node.metrics.drop_counts()["duplicate"] == 0  # expected overlap
+    assert node.metrics.admission_counts()["repair"]["duplicate"] == 1
+
+
+async def test_repair_brings_the_kept_copy_of_an_equivocation(node):
+    alice = Peer()
+    node.gossip([alice.gossip(1, (0.5,))])
+    (v,) = await node.repair([alice.row(1, (0.25,))])
+    assert v.outcome is Outcome.REPLACED
+    assert node.handed[1:] == [
+        UpdateMessage(1, alice.id, (-0.5,)),
+        UpdateMessage(1, alice.id, (0.25,)),
+    ]
+    assert node.ledger.signed_after(-1, b"", 10, 10) == [alice.row(1, (0.25,))]
+
+
+def test_a_bad_reply_is_counted_whole(node):
+    node.drop_reply(Rejected("bad_reply", "not a list"), Peer().id)
+    assert node.metrics.drop_counts()["bad_reply"] == 1
+    assert sum(sum(c.values()) for c in node.metrics.admission_counts().values()) == 0

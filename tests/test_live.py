@@ -1,0 +1,171 @@
+"""The live model's consensus invariants, without processes: whatever order updates arrive
+and are applied in, with restores, checkpoints and equivocations in between, a peer's
+weights stay base + its ledger (the canonical replay) to float32 rounding."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.admission import Admission, Outcome
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, quantize_scalars
+from seedflood_p2p.protocol.wire import encode_update
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.models import load_model
+
+# The same tolerance as the multi-process test (tests/test_p2p.py): live peers merge per
+# round in arrival order, replay per epoch in canonical order, the same sums in another
+# order.
+LIVE_VS_REPLAY_ATOL = 1e-5
+CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=3, directions=2)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _messages(rounds: int, peers: int, seed: int = 0) -> list[UpdateMessage]:
+    rng = np.random.default_rng(seed)
+    return [
+        UpdateMessage(t, f"peer-{p}".encode(), quantize_scalars(rng.normal(size=2)))
+        for t in range(rounds)
+        for p in range(peers)
+    ]
+
+
+def _live(ledger: Ledger | None = None) -> LiveModel:
+    model, _ = load_model(CONFIG.model)
+    return LiveModel(make_estimator(model, CONFIG), ledger)
+
+
+def _ledger(messages=()) -> Ledger:
+    ledger = Ledger(":memory:", CONFIG.run_id)
+    ledger.add(messages)
+    return ledger
+
+
+def _replayed(ledger: Ledger) -> dict[str, torch.Tensor]:
+    model, _ = load_model(CONFIG.model)
+    replay(model, CONFIG, ledger.messages())
+    return LiveModel(make_estimator(model, CONFIG)).weights()
+
+
+def _assert_matches_replay(live: LiveModel, ledger: Ledger) -> None:
+    for name, tensor in _replayed(ledger).items():
+        torch.testing.assert_close(
+            live.weights()[name], tensor, atol=LIVE_VS_REPLAY_ATOL, rtol=0, msg=name
+        )
+
+
+def test_any_arrival_order_agrees_with_the_canonical_replay():
+    messages = _messages(12, 3)  # three epochs
+    ledger = _ledger(messages)
+    for seed in (1, 2):
+        shuffled = list(messages)
+        random.Random(seed).shuffle(shuffled)
+        live = _live()
+        for start in range(0, len(shuffled), 5):  # arrive in batches, applied per "round"
+            live.receive(shuffled[start : start + 5])
+            if start % 10 == 0:
+                live.apply(live.take())
+        live.apply(live.take())
+        assert live.pending == []
+        _assert_matches_replay(live, ledger)
+
+
+def test_checkpoint_and_restore_round_trip(tmp_path):
+    ledger = _ledger(_messages(8, 3))
+    live = _live(ledger)
+    live.restore(live.cut())  # replay of the ledger so far
+    more = _messages(10, 3, seed=1)[24:]  # rounds 8 and 9, arriving live
+    ledger.add(more)
+    live.receive(more)
+    meta = live.checkpoint(tmp_path, live.cut(), {"round": 10})  # applies them first
+    assert meta["ledger_messages"] == 30 and meta["ledger_digest"] == ledger.digest()
+    assert json.loads((tmp_path / "checkpoint.json").read_text()) == meta
+    assert meta["model_sha256"] == live.sha256()
+
+    again = _live(ledger)
+    assert again.restore(again.cut(), tmp_path) == "checkpoint of round 10"
+    assert all(torch.equal(again.weights()[k], v) for k, v in live.weights().items())
+    _assert_matches_replay(again, ledger)
+
+    ledger.add([UpdateMessage(10, b"peer-0", (0.5, -0.5))])  # the ledger moved on: replay
+    third = _live(ledger)
+    assert third.restore(third.cut(), tmp_path) == "replay of 31 ledger messages"
+    _assert_matches_replay(third, ledger)
+
+
+def test_unreadable_checkpoint_falls_back_to_replay(tmp_path):
+    ledger = _ledger(_messages(4, 2))
+    live = _live(ledger)
+    live.checkpoint(tmp_path, live.cut(), {"round": 4})  # the base weights: nothing applied
+    (tmp_path / "checkpoint.safetensors").write_bytes(b"not safetensors")
+    again = _live(ledger)
+    assert again.restore(again.cut(), tmp_path) == "replay of 8 ledger messages"
+    _assert_matches_replay(again, ledger)
+
+
+def test_update_accepted_during_a_restore_is_applied_exactly_once(tmp_path):
+    messages = _messages(6, 3)
+    ledger = _ledger(messages)
+    live = _live(ledger)
+    live.receive(messages[-3:])  # accepted (logged) before the cut, not applied yet ...
+    cut = live.cut()
+    assert cut.unapplied == messages[-3:] and live.pending == []  # ... so in the cut only
+    late = UpdateMessage(6, b"peer-1", (0.5, -1.0))
+    ledger.add([late])  # accepted on the event loop while the model thread restores
+    live.receive([late])
+    assert live.restore(cut) == "replay of 18 ledger messages"
+    assert live.take() == [late]
+    live.apply([late])
+    _assert_matches_replay(live, ledger)
+
+    # The same across a checkpoint: an update accepted after the cut is in neither the
+    # checkpoint nor the weights written, and stays pending.
+    cut = live.cut()
+    later = UpdateMessage(7, b"peer-2", (-0.5, 1.0))
+    ledger.add([later])
+    live.receive([later])
+    meta = live.checkpoint(tmp_path, cut, {"round": 7})
+    assert meta["ledger_messages"] == len(ledger) - 1 and live.pending == [later]
+    live.apply(live.take())
+    _assert_matches_replay(live, ledger)
+
+
+def test_equivocation_is_taken_back_by_the_negated_update():
+    """Two peers see a sender's two updates for one round in opposite orders, through
+    admission: both keep the smaller, and both live models equal their ledger's replay."""
+    sender = bytes.fromhex("002408011220") + bytes(32)
+    others = _messages(5, 2)
+    peers = []
+    for order in ((0.5, 0.25), (0.25, 0.5)):
+        ledger = _ledger()
+        live = _live(ledger)
+        admission = Admission(ledger, 2, b"me", NodeMetrics(), 50, deliver=live.receive)
+        admission.gossip([(m.peer, _envelope(m)) for m in others[:5]])
+        for scalar in order:
+            admission.gossip([(sender, _envelope(UpdateMessage(1, sender, (scalar, scalar))))])
+            live.apply(live.take())  # the first one is applied before the second arrives
+        admission.gossip([(m.peer, _envelope(m)) for m in others[5:]])
+        live.apply(live.take())
+        assert ledger.scalars_of(sender, 1) == (0.25, 0.25)
+        _assert_matches_replay(live, ledger)
+        peers.append((ledger.digest(), admission.metrics.admission_counts()["gossip"]))
+    assert peers[0][0] == peers[1][0]
+    assert peers[0][1][Outcome.REPLACED] == 1 and peers[1][1][Outcome.DROPPED] == 1
+
+
+def _envelope(message: UpdateMessage) -> Envelope:
+    return Envelope(encode_update(CONFIG.run_id, message.round, message.scalars), b"", b"")
