@@ -4,9 +4,9 @@ Trainable tensors:
 - every 2-D weight of a Linear, Embedding or transformers Conv1D module (a matrix W,
   m x k as stored; embeddings only when asked);
 - optionally the scale vector of every normalisation layer (RMSNorm, LayerNorm), held
-  as an m x 1 matrix. Measured on SmolLM2 + MR (bench/results/learning.md): these 35k
-  weights carry ~10% of the loss gradient's energy in 0.03% of the parameters, so a
-  zeroth-order step along them moves the loss far more per forward pass.
+  as an m x 1 matrix. Measured on SmolLM2 + MR (bench/results/grad_energy.md): these
+  35k weights carry ~10% of the loss gradient's energy in 0.03% of the parameters, and a
+  zeroth-order step gains in proportion to that density.
 
 The two-point estimate evaluates the model at W + s * u v^T without touching W: a
 forward hook adds the rank-one term to the module's output, so the stored weights stay
