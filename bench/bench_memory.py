@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Peak memory of one zeroth-order step against one inference forward (SmolLM2-135M, MR).
+
+The issue's bound: a step's peak memory stays <= 1.2x an inference forward's. Each
+measurement runs in a fresh process (peak RSS only grows), which loads the model, builds
+one batch of 16 and then does either one inference forward (the per-example losses, as a
+peer scoring its batch would) or one `zo_step` of the row's settings. Reported: the
+process's peak RSS, and the part above what loading the model and batch took.
+
+    python bench/bench_memory.py            # ~3 CPU-min
+
+Writes bench/results/memory.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROWS = {
+    "k=1 (today's default)": {},
+    "k=16, 2-D weights": {"directions": 16},
+    "k=16, norm scales": {"directions": 16, "train_norms": True, "train_only": "*norm*"},
+}
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(mode: str, overrides: dict) -> dict:
+    """In this process: load, then one inference forward or one step; peak RSS in MiB."""
+    import torch
+
+    from seedflood_p2p.algorithm.objective import example_losses
+    from seedflood_p2p.algorithm.subcge import make_estimator
+    from seedflood_p2p.algorithm.trainer import batch_seed, zo_step
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.workload.data import load_task, make_batch, sample_batch
+    from seedflood_p2p.workload.models import load_model
+
+    torch.set_num_threads(1)
+    config = RunConfig(model="smollm2-135m", dataset="mr", **overrides)
+    model, tokenizer = load_model(config.model)
+    task = load_task(config.dataset)
+    peer = b"local-0"
+    examples = sample_batch(task, batch_seed(config.run_key, peer, 1), config.batch_size)
+    batch = make_batch(examples, tokenizer, task, config.max_length)
+    engine = make_estimator(model, config) if mode == "step" else None
+    loaded = peak_mib()
+    if mode == "inference":
+        with torch.no_grad():
+            example_losses(model, batch, task.kind)
+    else:
+        zo_step(engine, tokenizer, task, peer, 1)
+    return {"loaded_mib": loaded, "peak_mib": peak_mib()}
+
+
+def run(mode: str, row: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, json.dumps(ROWS[row])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(measure(sys.argv[2], json.loads(sys.argv[3]))))
+        return
+    inference = run("inference", "k=1 (today's default)")
+    rows = {}
+    for row in ROWS:
+        step = run("step", row)
+        rows[row] = {
+            **step,
+            "peak_ratio": step["peak_mib"] / inference["peak_mib"],
+            "above_load_ratio": (step["peak_mib"] - step["loaded_mib"])
+            / (inference["peak_mib"] - inference["loaded_mib"]),
+        }
+        print(row, rows[row], flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "memory.json").write_text(
+        json.dumps({"inference": inference, "steps": rows}, indent=1)
+    )
+    lines = [
+        "# Peak memory: one ZO step vs one inference forward (SmolLM2-135M, batch 16, MR)",
+        "",
+        "Peak RSS of a fresh process; 'above load' is the peak minus what loading the model "
+        "and the batch took. Command: `python bench/bench_memory.py`.",
+        "",
+        "| | peak RSS (MiB) | above load (MiB) | peak / inference | above load / inference |",
+        "|---|---:|---:|---:|---:|",
+        f"| inference forward | {inference['peak_mib']:.0f} | "
+        f"{inference['peak_mib'] - inference['loaded_mib']:.0f} | 1.00 | 1.00 |",
+    ]
+    for row, r in rows.items():
+        lines.append(
+            f"| step, {row} | {r['peak_mib']:.0f} | {r['peak_mib'] - r['loaded_mib']:.0f} | "
+            f"{r['peak_ratio']:.2f} | {r['above_load_ratio']:.2f} |"
+        )
+    (RESULTS / "memory.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
