@@ -72,6 +72,12 @@ COMMANDS: dict[str, Command] = {
         "add_simulate_arguments",
         "run_simulate",
     ),
+    "doctor": Command(
+        "check that this machine can join a run, and say what to fix",
+        "peer.doctor",
+        "add_arguments",
+        "run",
+    ),
     "status": Command(
         "one screen of a running peer's state",
         "seedflood_p2p.apps.status",

@@ -179,7 +179,7 @@ class PubSubP2P(P2P):
         return argv
 
 
-def _probe_listen_addrs(host_maddrs: Sequence[str]) -> None:
+def probe_listen_addrs(host_maddrs: Sequence[str]) -> None:
     """Fail early if a listen address is taken: go-libp2p binds with SO_REUSEPORT, so a second
     daemon on the same port would start without error and share (split) the connections."""
     for maddr in host_maddrs:
@@ -267,7 +267,7 @@ async def create_p2p(
                 f"bootstrap address {addr!r} is not a full multiaddr ending in /p2p/<peer id>; "
                 "copy the address the bootstrap node prints at startup"
             )
-    _probe_listen_addrs(host_maddrs)
+    probe_listen_addrs(host_maddrs)
     if identity_path is not None:
         load_or_create_identity(Path(identity_path))
     flags = {}
