@@ -1141,14 +1141,14 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float, round
         ready_s = time.monotonic() - t0 if ready else None
     finally:
         _stop([proc], grace=60)
-    msgs = [e.get("message", "") for e in events]
     return {
         "min_peers": min_peers,
         "launch_to_ready_s": None if ready_s is None else round(ready_s, 2),
         "ready_round": None if ready is None else ready.get("round"),
-        "ready_message": next((m for m in msgs if m.startswith("ready at round")), None),
+        "ready_source": None if ready is None else ready.get("source"),
+        "ready_fetched": None if ready is None else ready.get("fetched"),
         "exit_code": proc.returncode,
-        "log_tail": _tail(log, 12) if not ready or "(0 fetched" in str(ready) else None,
+        "log_tail": _tail(log, 12) if not ready or ready.get("fetched") == 0 else None,
     }
 
 
@@ -1223,7 +1223,7 @@ def run_latejoin(base: Path, quick: bool, rounds: int = LATE_ROUNDS) -> dict:
 
         donor_addr = json.loads((work / "donor.json").read_text())["addr"]
         out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 1800, rounds)]
-        if "(0 fetched" in (out["end_to_end_peer"][0]["ready_message"] or ""):
+        if out["end_to_end_peer"][0]["ready_fetched"] == 0:
             # the default (min_peers=0) started without syncing: measure with min_peers=1 too
             out["end_to_end_peer"].append(_e2e_peer(work, donor_addr, 1, 1800, rounds))
         print(f"  e2e: {out['end_to_end_peer']}", flush=True)
@@ -1448,7 +1448,8 @@ def write_markdown(res: dict, path: Path) -> None:
         for e in j.get("end_to_end_peer", []):
             L.append(
                 f"| real `seedflood peer --threads 1` launch -> ready (min_peers={e['min_peers']}) | "
-                f"{e['launch_to_ready_s']} | {e['ready_message']} |"
+                f"{e['launch_to_ready_s']} | model from {e.get('ready_source')} "
+                f"({e.get('ready_fetched')} fetched from peers) |"
             )
         if "probes" in rp:
             pr = rp["probes"]

@@ -364,6 +364,13 @@ class PeerDaemon:
                 self.config.run_id[:12],
                 self.config.model,
                 self.config.dataset,
+                extra={
+                    "fields": {
+                        "event": "join",
+                        "peer_id": self.p2p.peer_id.to_base58(),
+                        "run_id": self.config.run_id,
+                    }
+                },
             )
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
             self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
@@ -437,7 +444,14 @@ class PeerDaemon:
                 self.round,
                 how,
                 synced,
-                extra={"fields": {"event": "ready", "round": self.round}},
+                extra={
+                    "fields": {
+                        "event": "ready",
+                        "round": self.round,
+                        "source": how,
+                        "fetched": synced,
+                    }
+                },
             )
             if s.eval_every and not (base_scored and self.round == 0):
                 await self.evaluate()

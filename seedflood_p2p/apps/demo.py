@@ -305,6 +305,7 @@ def run_demo(
         started = time.monotonic()
         last_print = 0.0
         finishing = 0.0  # when the peers were asked to finish
+        budget_final_round = None  # the round all peers were asked to end at, if the time ran out
         while any(p.alive for p in procs.values()):
             if time.monotonic() - last_print > 3:
                 _print_progress(_progress(procs, work, rounds, started), peers)
@@ -316,10 +317,10 @@ def run_demo(
                 finishing = float("inf")
             if time.monotonic() - started > minutes * 60 and not finishing:
                 finishing = time.monotonic()
-                last = _finish_all(procs, work)
+                budget_final_round = _finish_all(procs, work)
                 print(
                     f"time budget of {minutes:g} minutes reached: every peer finishes "
-                    f"round {last}, then stops",
+                    f"round {budget_final_round}, then stops",
                     flush=True,
                 )
             time.sleep(0.5)
@@ -336,6 +337,7 @@ def run_demo(
     evals = [e for e in procs["peer0"].events() if e.get("event") == "eval"]
     result["evals"] = evals
     result["progress"] = final_progress
+    result["time_budget_final_round"] = budget_final_round
     result["plot"] = str(plot(work, procs, result))
     (work / "summary.json").write_text(json.dumps(result, indent=1, default=str))
     print_summary(result, evals)
