@@ -28,7 +28,7 @@ from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
-from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
+from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
 from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
@@ -237,7 +237,8 @@ class PeerDaemon:
             await self.wait_ready(self.round)
             t0 = time.perf_counter()
             incoming = self.live.take()
-            await self.in_model_thread(self.live.apply, incoming)
+            with timed(self.metrics.apply_seconds):
+                await self.in_model_thread(self.live.apply, incoming)
             message, loss = await self.in_model_thread(
                 zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round
             )
