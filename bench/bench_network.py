@@ -304,7 +304,7 @@ async def flood_worker(a: dict) -> None:
         old_rng = random.Random(42)
         old_peers = [bytes.fromhex("002408011220") + old_rng.randbytes(32) for _ in range(8)]
         ledger.add(
-            UpdateMessage(1_000_000 + r, p, 0.5) for r in range(prefill // 8) for p in old_peers
+            UpdateMessage(1_000_000 + r, p, (0.5,)) for r in range(prefill // 8) for p in old_peers
         )
     settings = NodeSettings(repair_interval=1e9, publish_rate=50.0)  # no repair while measuring
     node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings, on_accept)
@@ -712,7 +712,7 @@ def build_ledger_worker(a: dict) -> None:
     t = time.perf_counter()
     for t_ in range(a["rounds"]):
         for j, (peer, key) in enumerate(zip(peers, keys)):
-            message = UpdateMessage(t_, peer, float(scalars[t_ * len(peers) + j]))
+            message = UpdateMessage(t_, peer, (float(scalars[t_ * len(peers) + j]),))
             data = encode_update(config.run_id, t_, message.scalars)
             seqno = (seqno0 + t_).to_bytes(8, "big")
             body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
