@@ -6,7 +6,7 @@ import pytest
 
 from seedflood_p2p.apps.cli import main
 
-from cluster import RUN_FLAGS, start_bootstrap, start_peer
+from cluster import run_toml, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,8 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     code = main(
         [
             "demo",
-            *RUN_FLAGS,
+            "--config",
+            str(run_toml(tmp_path)),
             "--peers",
             "3",
             "--rounds",
@@ -43,7 +44,8 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
 
 def test_demo_time_budget_ends_every_peer_at_the_same_round(tmp_path, capsys):
     work = tmp_path / "demo"
-    args = [*RUN_FLAGS, "--peers", "2", "--rounds", "100000", "--minutes", "0.3"]
+    args = ["--config", str(run_toml(tmp_path)), "--peers", "2", "--rounds", "100000"]
+    args += ["--minutes", "0.3"]
     code = main(["demo", *args, "--eval-every", "0", "--work-dir", str(work)])
     out = capsys.readouterr().out
     assert code == 0, out

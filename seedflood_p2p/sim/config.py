@@ -21,18 +21,24 @@ class SimConfig:
     method: str = "seedflood"
     peers: int = 16
     rounds: int = 40
-    topology: str = "ring"
-    degree: int = 4  # random-regular only
-    edges_file: str = ""  # topology "file": one "i j" pair per line (0-based)
-    delay: int = 1  # rounds per hop
-    loss: float = 0.0  # per-link, per-transmission loss probability
-    partition: str = "iid"  # iid | dirichlet (non-IID by label)
-    alpha: float = 0.5  # Dirichlet concentration (smaller: more skewed shards)
+    topology: str = field(default="ring", metadata={"choices": TOPOLOGIES})
+    degree: int = field(default=4, metadata={"help": "random-regular degree"})
+    edges_file: str = field(  # topology "file": one "i j" pair per line (0-based)
+        default="", metadata={"flag": "--edges", "help": "edge list file ('i j' lines)"}
+    )
+    delay: int = field(default=1, metadata={"help": "rounds per hop"})
+    loss: float = field(default=0.0, metadata={"help": "per-link loss rate"})
+    partition: str = field(  # non-IID by label with dirichlet
+        default="iid", metadata={"choices": ("iid", "dirichlet")}
+    )
+    alpha: float = field(  # smaller: more skewed shards
+        default=0.5, metadata={"help": "Dirichlet concentration"}
+    )
     eval_every: int = 10
     eval_examples: int = 200
     eval_peers: int = 4  # peers whose own model is evaluated (evenly spaced)
-    fo_lr: float = 0.03  # DSGD learning rate
-    dzsgd_direction: str = "subcge"  # subcge | gaussian
+    fo_lr: float = field(default=0.03, metadata={"help": "DSGD learning rate"})
+    dzsgd_direction: str = field(default="subcge", metadata={"choices": ("subcge", "gaussian")})
     seed: int = 0  # topology, shards and link losses
     run: RunConfig = field(default_factory=RunConfig)
 

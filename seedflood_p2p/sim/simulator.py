@@ -60,7 +60,15 @@ import numpy as np
 import torch
 
 from seedflood_p2p.algorithm.subcge import trainable_tensors
-from seedflood_p2p.sim.config import METHODS, TOPOLOGIES, SimConfig
+from seedflood_p2p.core.flags import (
+    add_flags,
+    add_run_flags,
+    read_toml,
+    run_config_from_args,
+    settings_of,
+    settings_values,
+)
+from seedflood_p2p.sim.config import METHODS, SimConfig
 from seedflood_p2p.sim.methods import make_setup, make_simulation
 from seedflood_p2p.sim.report import fmt_bytes, markdown_table, write_outputs
 from seedflood_p2p.workload.data import load_task
@@ -194,63 +202,31 @@ def simulate(config: SimConfig, progress: Any = None) -> dict:
 SIM_RUN_DEFAULTS = {"lr": 1e-3, "batch_size": 16}
 
 
-def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `seedflood simulate` (run settings too, as `seedflood train` has)."""
-    from seedflood_p2p.core.flags import add_run_flags as _add_run_flags
+SIM_FIELDS = settings_of(SimConfig, exclude=("method",))
 
-    _add_run_flags(parser)
-    d = SimConfig()
-    g = parser.add_argument_group("simulation")
+
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `seedflood simulate`: run settings (as `seedflood train` has), one flag per
+    `SimConfig` field, and which methods to run."""
+    add_run_flags(parser, SIM_RUN_DEFAULTS)
+    add_flags(parser, SIM_FIELDS, "simulation")
+    g = parser.add_argument_group("simulate command")
     g.add_argument(
         "--method",
         action="append",
         choices=METHODS,
         help="method to run (repeat for several; default: all)",
     )
-    g.add_argument("--peers", type=int, default=d.peers, help=f"default {d.peers}")
-    g.add_argument("--rounds", type=int, default=d.rounds, help=f"default {d.rounds}")
-    g.add_argument("--topology", choices=TOPOLOGIES, default=d.topology)
-    g.add_argument("--degree", type=int, default=d.degree, help="random-regular degree")
-    g.add_argument("--edges", dest="edges_file", default="", help="edge list file ('i j' lines)")
-    g.add_argument("--delay", type=int, default=d.delay, help="rounds per hop (default 1)")
-    g.add_argument("--loss", type=float, default=d.loss, help="per-link loss rate (default 0)")
-    g.add_argument("--partition", choices=["iid", "dirichlet"], default=d.partition)
-    g.add_argument("--alpha", type=float, default=d.alpha, help="Dirichlet concentration")
-    g.add_argument("--eval-every", type=int, default=d.eval_every)
-    g.add_argument("--eval-examples", type=int, default=d.eval_examples)
-    g.add_argument("--eval-peers", type=int, default=d.eval_peers)
-    g.add_argument("--fo-lr", type=float, default=d.fo_lr, help="DSGD learning rate")
-    g.add_argument("--dzsgd-direction", choices=["subcge", "gaussian"], default=d.dzsgd_direction)
-    g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--threads", type=int, default=0, help="torch threads (0: 1 for tiny models)")
     g.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output directory")
 
 
 def sim_config_from_args(args: argparse.Namespace, method: str) -> SimConfig:
-    from seedflood_p2p.core.flags import run_config_from_args
-
-    run = run_config_from_args(args, defaults=SIM_RUN_DEFAULTS)
+    values = settings_values(args, SIM_FIELDS, read_toml(args), {})
+    run = run_config_from_args(args, defaults=SIM_RUN_DEFAULTS, extra_fields=SIM_FIELDS)
     if getattr(args, "n_ref", None) is None:
-        run = run.replace(n_ref=args.peers)
-    return SimConfig(
-        method=method,
-        peers=args.peers,
-        rounds=args.rounds,
-        topology=args.topology,
-        degree=args.degree,
-        edges_file=args.edges_file,
-        delay=args.delay,
-        loss=args.loss,
-        partition=args.partition,
-        alpha=args.alpha,
-        eval_every=args.eval_every,
-        eval_examples=args.eval_examples,
-        eval_peers=args.eval_peers,
-        fo_lr=args.fo_lr,
-        dzsgd_direction=args.dzsgd_direction,
-        seed=args.seed,
-        run=run,
-    )
+        run = run.replace(n_ref=values.get("peers", SimConfig.peers))
+    return SimConfig(method=method, run=run, **values)
 
 
 def _log_progress(config: SimConfig, record: dict) -> None:
