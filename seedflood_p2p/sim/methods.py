@@ -28,7 +28,8 @@ from seedflood_p2p.sim.backlog import CoreBacklog, MessageBacklog
 from seedflood_p2p.sim.config import SimConfig
 from seedflood_p2p.sim.network import GOSSIPSUB_OVERHEAD_BYTES, FloodNetwork
 from seedflood_p2p.sim.topology import Topology, make_topology, metropolis_hastings
-from seedflood_p2p.workload.data import Task, make_batch, sample_batch
+from seedflood_p2p.workload.batching import make_batch, sample_batch
+from seedflood_p2p.workload.data import Task
 
 log = logging.getLogger("seedflood.simulate")
 
