@@ -686,7 +686,7 @@ def build_ledger_worker(a: dict) -> None:
     from hivemind.proto import p2pd_pb2 as pb
 
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.protocol.message import Envelope, UpdateMessage
     from seedflood_p2p.protocol.wire import check_envelope, encode_update, topic_for
     from seedflood_p2p.storage.ledger import Ledger
@@ -905,7 +905,7 @@ async def joiner_worker(a: dict) -> None:
 
 
 def _verify_chunk(run_id: str, rows: list) -> int:
-    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.protocol.wire import topic_for
 
     topic = topic_for(run_id)

@@ -28,13 +28,13 @@ from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
 from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     create_p2p,
     remove_stale_sockets,
-    verify_pubsub_signature,
 )
 from seedflood_p2p.storage.ledger import Ledger
 

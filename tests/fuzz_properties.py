@@ -828,7 +828,7 @@ def reference_identity(raw: bytes, mode: int):
 
 
 def check_identity(path: Path, raw: bytes, mode: int) -> str:
-    from seedflood_p2p.network.transport import load_or_create_identity
+    from seedflood_p2p.network.identity import load_or_create_identity
 
     if path.exists():
         os.chmod(path, 0o600)

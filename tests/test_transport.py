@@ -13,6 +13,7 @@ from hivemind.p2p import P2P
 from hivemind.proto import crypto_pb2
 
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.identity import load_or_create_identity
 from seedflood_p2p.network.transport import (
     PubSubClient,
     PubSubP2P,
@@ -21,7 +22,6 @@ from seedflood_p2p.network.transport import (
     TransportError,
     _daemon_user_error,
     call_bytes,
-    load_or_create_identity,
     remove_stale_sockets,
     serve_bytes,
 )
