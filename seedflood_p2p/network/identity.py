@@ -18,7 +18,7 @@ from hivemind.proto import p2pd_pb2 as pb
 
 from seedflood_p2p.core.errors import UserError
 
-logger = logging.getLogger("seedflood_p2p.network.transport")  # the name its lines always had
+logger = logging.getLogger(__name__)
 
 
 def _ed25519_peer_id(public_key: bytes) -> PeerID:
