@@ -345,4 +345,6 @@ async def test_token_bucket_paces():
     t0 = time.monotonic()
     for _ in range(41):
         await bucket.acquire()
-    assert 0.19 <= time.monotonic() - t0 < 0.6
+    # 40 tokens past the burst at 200/s cannot take less than 0.2 s; no upper bound: on
+    # a loaded machine the event loop may be slower than the bucket, which is no fault.
+    assert 0.19 <= time.monotonic() - t0
