@@ -47,7 +47,8 @@ from seedflood_p2p.algorithm.subcge import NaiveSeedReplay, SubCGE, make_estimat
 from seedflood_p2p.algorithm.trainer import batch_seed, train_local, zo_step
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.workload.data import Batcher, load_task, make_batch, sample_batch
+from seedflood_p2p.workload.batching import Batcher, make_batch, sample_batch
+from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
 
 MODEL = "smollm2-135m"

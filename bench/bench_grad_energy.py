@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from seedflood_p2p.algorithm.trainable import find_trainable_matrices
-from seedflood_p2p.workload.data import Batcher, load_task
+from seedflood_p2p.workload.batching import Batcher
+from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
 
 OUT = Path(__file__).parent / "results"

@@ -56,7 +56,8 @@ from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.algorithm.trainable import find_trainable_matrices
 from seedflood_p2p.algorithm.trainer import batch_seed, zo_step
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.workload.data import Batcher, Example, Task, load_task, sample_batch
+from seedflood_p2p.workload.batching import Batcher, sample_batch
+from seedflood_p2p.workload.data import Example, Task, load_task
 from seedflood_p2p.workload.models import load_model
 
 MODEL = "smollm2-135m"

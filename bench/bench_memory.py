@@ -40,7 +40,8 @@ def measure(mode: str, overrides: dict) -> dict:
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import batch_seed, zo_step
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.workload.data import load_task, make_batch, sample_batch
+    from seedflood_p2p.workload.batching import make_batch, sample_batch
+    from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
     torch.set_num_threads(1)

@@ -5,8 +5,9 @@
     python bench/bench_network.py [--quick] [--parts flood,bytes,latejoin] [--out PATH] [--merge]
 
 Writes PATH.json and PATH.md (default bench/results/network.json and .md); with --merge the
-parts not re-run are kept from the earlier PATH.json. Measures the library as it is: no
-part patches it, only timing wrappers are added around library calls.
+parts not re-run are kept from the earlier PATH.json. Measures the library as it is: nothing
+is patched or wrapped; durations per stage (decode, signature check, admission batch, repair
+round trips and answers) come from the nodes' own timing histograms (network/metrics.py).
 
 1. flood     N = 8 and 16 (--peers) peer processes, one update per peer per round. Each process
              runs its own p2pd (via `create_p2p`) and a real `FloodNode` (decode, validate,
@@ -14,9 +15,9 @@ part patches it, only timing wrappers are added around library calls.
              switched off while measuring, so the delivery ratio is GossipSub alone. Every
              process publishes one real 18-byte update per round (`FloodNode.publish` ->
              `encode_update`) at a random moment of the round, and timestamps (CLOCK_REALTIME,
-             shared on one machine) its publishes, the arrival of each update at the application
-             (`decode_update`) and its ledger commit (`on_accept`). The parent computes delivery
-             (received / expected) and latency percentiles. Afterwards one explicit
+             shared on one machine) its publishes and each update's ledger commit (the node's
+             `on_accept` callback). The parent computes delivery (received / expected) and
+             latency percentiles; decode and admission times are the histograms' means. Afterwards one explicit
              `sync_round()` shows repair completes the ledgers. Peers bootstrap off peer 0 (the
              hub), like real peers off a bootstrap node. Variants per N: ledgers on disk, on
              tmpfs (/dev/shm, --no-tmpfs skips it), and for N = 8 on disk with 80,000 old rows
@@ -138,6 +139,31 @@ def _lat_stats(seconds: list[float]) -> dict:
     }
 
 
+def _stage_totals(metrics) -> dict:
+    """{stage: {label: {"count", "sum_s"}}} from a node's timing histograms."""
+    from seedflood_p2p.network.metrics import histogram_totals
+
+    return {
+        "decode": histogram_totals(metrics.decode_seconds),
+        "verify": histogram_totals(metrics.verify_seconds),
+        "admit": histogram_totals(metrics.admit_seconds),
+        "repair_call": histogram_totals(metrics.repair_call_seconds),
+        "repair_serve": histogram_totals(metrics.repair_serve_seconds),
+    }
+
+
+def _stage_means(per_node: list[dict]) -> dict:
+    """{"stage" or "stage/label": mean ms per observation} over several nodes' totals."""
+    sums: dict[str, list[float]] = {}
+    for stages in per_node:
+        for stage, by_label in stages.items():
+            for label, t in by_label.items():
+                acc = sums.setdefault(f"{stage}/{label}" if label else stage, [0, 0.0])
+                acc[0] += t["count"]
+                acc[1] += t["sum_s"]
+    return {k: round(1000 * s / n, 4) for k, (n, s) in sums.items() if n}
+
+
 def _run_loop(coro):
     try:
         import uvloop
@@ -245,7 +271,6 @@ def _tail(path: Path, n: int = 25) -> str:
 
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
-    import seedflood_p2p.network.admission as admod
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.network.metrics import NodeMetrics
@@ -266,16 +291,7 @@ async def flood_worker(a: dict) -> None:
     addr = [str(m) for m in await p2p.get_visible_maddrs()][0]
     addr = addr if addr.endswith(suffix) else addr + suffix
 
-    arrivals: list[tuple[str, int, float]] = []
     accepts: list[tuple[str, int, float]] = []
-    original_decode = admod.decode_update
-
-    def decode_timed(data, run_id, sender, *rest):
-        message = original_decode(data, run_id, sender, *rest)
-        arrivals.append((message.peer.hex(), message.round, time.time()))
-        return message
-
-    admod.decode_update = decode_timed  # arrival at the application, before validation
 
     def on_accept(messages) -> None:
         t = time.time()
@@ -288,18 +304,10 @@ async def flood_worker(a: dict) -> None:
         old_rng = random.Random(42)
         old_peers = [bytes.fromhex("002408011220") + old_rng.randbytes(32) for _ in range(8)]
         ledger.add(
-            UpdateMessage(1_000_000 + r, p, 0.5) for r in range(prefill // 8) for p in old_peers
+            UpdateMessage(1_000_000 + r, p, (0.5,)) for r in range(prefill // 8) for p in old_peers
         )
     settings = NodeSettings(repair_interval=1e9, publish_rate=50.0)  # no repair while measuring
     node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings, on_accept)
-    wire_times: list[float] = []
-    original_publish = node._pubsub.publish
-
-    async def publish_timed(topic, data):
-        wire_times.append(time.time())  # the sender's ledger row is committed by now
-        await original_publish(topic, data)
-
-    node._pubsub.publish = publish_timed
     await node.start()
     if index == 0:
         (work / "addr0.txt").write_text(addr)
@@ -324,7 +332,7 @@ async def flood_worker(a: dict) -> None:
         scalar = quantize_scalars(rng.gauss(0.0, 1.0))
         t_pub = time.time()
         await node.publish(UpdateMessage(k, node.peer_id, scalar))
-        publishes.append((k, t_pub, time.time(), wire_times[-1]))
+        publishes.append((k, t_pub, time.time()))
     await asyncio.sleep(go["drain"])
     cpu1 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
     ledger_before_repair = len(ledger) - prefill
@@ -345,8 +353,9 @@ async def flood_worker(a: dict) -> None:
         "index": index,
         "peer": node.peer_id.hex(),
         "publishes": publishes,
-        "arrivals": arrivals,
         "accepts": gossip_accepts,
+        "gossip_duplicates": node.metrics.admission_counts()["gossip"]["duplicate"],
+        "stages": _stage_totals(node.metrics),
         "accepts_all": accepts,
         "gossip_accepted_total": node.metrics.accepted_counts()["gossip"],
         "ledger_before_repair": ledger_before_repair,
@@ -438,46 +447,30 @@ def run_flood(
 def analyze_flood(
     n, rounds, period, jitter, results, startup_s, load_start, load_end, drain
 ) -> dict:
-    pub_time, wire_time = {}, {}
-    publish_call, own_commit = [], []
+    pub_time = {}
+    publish_call = []
     for r in results:
-        for k, t_pub, t_done, t_wire in r["publishes"]:
+        for k, t_pub, t_done in r["publishes"]:
             pub_time[(r["peer"], k)] = t_pub
-            wire_time[(r["peer"], k)] = t_wire
             publish_call.append(t_done - t_pub)
-            own_commit.append(t_wire - t_pub)
-    expected = delivered = duplicates = delivered_eventually = 0
-    arrival_lat, accept_lat, network_lat, own_echo = [], [], [], []
+    expected = delivered = delivered_eventually = 0
+    accept_lat = []
     per_receiver = []
     complete_rounds = total_rounds = 0
     for r in results:
         others = {(p, k) for (p, k) in pub_time if p != r["peer"]}
         expected += len(others)
-        seen_arr = {}
-        for p, k, t in r["arrivals"]:
-            if p == r["peer"]:  # our own publish echoed by the local daemon (include_own)
-                own_echo.append(t - wire_time[(p, k)])
-                continue
-            if (p, k) in seen_arr:
-                duplicates += 1
-                continue
-            seen_arr[(p, k)] = t
-            if (p, k) in pub_time:
-                arrival_lat.append(t - pub_time[(p, k)])
-                network_lat.append(t - wire_time[(p, k)])
-        got = {}
+        got = {}  # by gossip, before the repair pass
         for p, k, t in r["accepts"]:
             if (p, k) in others and (p, k) not in got:
                 got[(p, k)] = t
-        for p, k, t in r["accepts_all"]:  # incl. gossip that arrived after the drain window
-            if (p, k) in others and (p, k) in seen_arr:
                 accept_lat.append(t - pub_time[(p, k)])
         delivered += len(got)
-        eventually = [key for key in seen_arr if key in others]
-        delivered_eventually += len(eventually)
-        per_receiver.append(len(eventually) / max(1, len(others)))
+        # the counter also holds gossip accepted after the drain window, during repair
+        delivered_eventually += r["gossip_accepted_total"]
+        per_receiver.append(r["gossip_accepted_total"] / max(1, len(others)))
         by_round = {}
-        for _, k in eventually:
+        for _, k in got:
             by_round[k] = by_round.get(k, 0) + 1
         for k in range(rounds):
             total_rounds += 1
@@ -503,17 +496,15 @@ def analyze_flood(
         "drain_s": drain,
         "min_receiver_ratio": round(min(per_receiver), 6),
         "rounds_complete_before_repair": round(complete_rounds / total_rounds, 6),
-        "app_duplicates": duplicates,
+        "app_duplicates": sum(r["gossip_duplicates"] for r in results),
         "ledger_complete_after_repair": after_repair == n * n * rounds,
         "ledger_rows_after_repair": after_repair,
         "ledger_rows_expected": n * n * rounds,
         "repaired_messages": sum(r["repaired"] for r in results),
-        "latency_arrival": _lat_stats(arrival_lat),
         "latency_ledger_commit": _lat_stats(accept_lat),
-        "latency_network": _lat_stats(network_lat),
-        "own_echo_latency": _lat_stats(own_echo),
         "publish_call": _lat_stats(publish_call),
-        "sender_own_ledger_commit": _lat_stats(own_commit),
+        # mean durations per stage over all peers, from the nodes' histograms
+        "stage_mean_ms": _stage_means([r["stages"] for r in results]),
         "drops": {k: sum(r["drops"][k] for r in results) for k in results[0]["drops"]},
         "subscription_queue_drops": sum(r["subscription_dropped"] for r in results),
         "topic_peers_at_go": [r["topic_peers_at_go"] for r in results],
@@ -695,7 +686,7 @@ def build_ledger_worker(a: dict) -> None:
     from hivemind.proto import p2pd_pb2 as pb
 
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.protocol.message import Envelope, UpdateMessage
     from seedflood_p2p.protocol.wire import check_envelope, encode_update, topic_for
     from seedflood_p2p.storage.ledger import Ledger
@@ -721,7 +712,7 @@ def build_ledger_worker(a: dict) -> None:
     t = time.perf_counter()
     for t_ in range(a["rounds"]):
         for j, (peer, key) in enumerate(zip(peers, keys)):
-            message = UpdateMessage(t_, peer, float(scalars[t_ * len(peers) + j]))
+            message = UpdateMessage(t_, peer, (float(scalars[t_ * len(peers) + j]),))
             data = encode_update(config.run_id, t_, message.scalars)
             seqno = (seqno0 + t_).to_bytes(8, "big")
             body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
@@ -785,16 +776,6 @@ async def donor_worker(a: dict) -> None:
     ledger = Ledger.open_existing(a["ledger"])
     manifest = ledger.get_meta("manifest")
     assert RunConfig.from_json(manifest).run_id == ledger.run_id
-    timings = {"bucket_digests_s": []}
-    original = ledger.bucket_digests
-
-    def timed_digests(bucket_rounds):
-        t = time.perf_counter()
-        out = original(bucket_rounds)
-        timings["bucket_digests_s"].append(round(time.perf_counter() - t, 4))
-        return out
-
-    ledger.bucket_digests = timed_digests
     port = _free_port()
     p2p = await create_p2p(identity_path=None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])
     node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
@@ -810,7 +791,7 @@ async def donor_worker(a: dict) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
-    (work / "donor_timings.json").write_text(json.dumps(timings))
+    (work / "donor_timings.json").write_text(json.dumps(_stage_totals(node.metrics)))
     await node.stop()
     await p2p.shutdown()
 
@@ -820,10 +801,8 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
-    import seedflood_p2p.network.admission as admod
-    import seedflood_p2p.network.flood as nodemod
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
-    from seedflood_p2p.network.metrics import NodeMetrics
+    from seedflood_p2p.network.metrics import NodeMetrics, value
     from seedflood_p2p.network.transport import create_p2p
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -832,38 +811,9 @@ async def joiner_worker(a: dict) -> None:
     with Ledger.open_existing(a["source"]) as src:
         manifest, run_id = src.get_meta("manifest"), src.run_id
     donor_id = PeerID.from_base58(donor["peer"])
-    timing = {"fetch_calls": 0, "fetch_s": 0.0, "fetch_bytes": 0, "digest_call_s": 0.0}
-    original_call = nodemod.call_bytes
-
-    async def timed_call(p2p, peer_id, name, request, timeout, **kw):
-        t = time.perf_counter()
-        out = await original_call(p2p, peer_id, name, request, timeout, **kw)
-        dt = time.perf_counter() - t
-        if name == "seedflood.fetch":
-            timing["fetch_calls"] += 1
-            timing["fetch_s"] += dt
-            timing["fetch_bytes"] += len(out)
-        else:
-            timing["digest_call_s"] += dt
-        return out
-
-    nodemod.call_bytes = timed_call
-    original_check = admod.check_envelope
-    check_s = [0.0]
-
-    def timed_check(*args, **kw):
-        t = time.perf_counter()
-        try:
-            return original_check(*args, **kw)
-        finally:
-            check_s[0] += time.perf_counter() - t
-
-    admod.check_envelope = timed_check
     results = {}
     proxy = None
     for label in a["passes"]:
-        for k in timing:
-            timing[k] = 0 if isinstance(timing[k], int) else 0.0
         path = work / f"joiner_{label}.sqlite"
         if label == "proxy":
             proxy = ByteProxy(donor["port"])
@@ -879,18 +829,6 @@ async def joiner_worker(a: dict) -> None:
         ledger = Ledger(path, run_id)
         ledger.set_meta("manifest", manifest)
         node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
-        accept_s = [0.0]
-        check_s[0] = 0.0
-        original_repair = node.admission.repair
-
-        async def timed_repair(rows, _orig=original_repair, _acc=accept_s):
-            # Admission of repaired rows, less the signature checks timed on their own.
-            t, checks = time.perf_counter(), check_s[0]
-            out = await _orig(rows)
-            _acc[0] += time.perf_counter() - t - (check_s[0] - checks)
-            return out
-
-        node.admission.repair = timed_repair
         await node.start()
         # What the peer daemon does with the default min_peers=0: sync_round() right away.
         topic_peers_immediately = len(await node.connected_peers())
@@ -899,6 +837,7 @@ async def joiner_worker(a: dict) -> None:
         new = await node.sync_with(donor_id)
         sync_s = time.perf_counter() - t
         bytes1 = proxy.counters() if proxy else (0, 0)
+        stages = _stage_totals(node.metrics)  # of the first sync only
         t = time.perf_counter()
         again = await node.sync_with(donor_id)
         noop_s = time.perf_counter() - t
@@ -911,13 +850,14 @@ async def joiner_worker(a: dict) -> None:
             "synced_messages": new,
             "sync_s": round(sync_s, 3),
             "messages_per_s": round(new / sync_s, 1) if sync_s else None,
-            "fetch_calls": timing["fetch_calls"],
-            "fetch_rpc_s": round(timing["fetch_s"], 3),
-            "digest_rpc_s": round(timing["digest_call_s"], 3),
-            "accept_s": round(accept_s[0], 3),
-            "check_envelope_s": round(check_s[0], 3),
+            "fetch_calls": stages["repair_call"]["fetch"]["count"],
+            "fetch_rpc_s": round(stages["repair_call"]["fetch"]["sum_s"], 3),
+            "digest_rpc_s": round(stages["repair_call"]["digest"]["sum_s"], 3),
+            # policy + ledger writes of the repaired rows (the signature checks apart)
+            "accept_s": round(stages["admit"]["repair"]["sum_s"], 3),
+            "check_envelope_s": round(stages["verify"][""]["sum_s"], 3),
             "dropped": {k: v for k, v in node.metrics.drop_counts().items() if v},
-            "fetch_payload_bytes": timing["fetch_bytes"],
+            "fetch_payload_bytes": int(value(node.metrics.repair_bytes_in.labels("fetch"))),
             "second_sync_new": again,
             "second_sync_noop_s": round(noop_s, 3),
             "ledger_messages": len(ledger),
@@ -965,7 +905,7 @@ async def joiner_worker(a: dict) -> None:
 
 
 def _verify_chunk(run_id: str, rows: list) -> int:
-    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.protocol.wire import topic_for
 
     topic = topic_for(run_id)
@@ -1141,14 +1081,14 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float, round
         ready_s = time.monotonic() - t0 if ready else None
     finally:
         _stop([proc], grace=60)
-    msgs = [e.get("message", "") for e in events]
     return {
         "min_peers": min_peers,
         "launch_to_ready_s": None if ready_s is None else round(ready_s, 2),
         "ready_round": None if ready is None else ready.get("round"),
-        "ready_message": next((m for m in msgs if m.startswith("ready at round")), None),
+        "ready_source": None if ready is None else ready.get("source"),
+        "ready_fetched": None if ready is None else ready.get("fetched"),
         "exit_code": proc.returncode,
-        "log_tail": _tail(log, 12) if not ready or "(0 fetched" in str(ready) else None,
+        "log_tail": _tail(log, 12) if not ready or ready.get("fetched") == 0 else None,
     }
 
 
@@ -1223,14 +1163,14 @@ def run_latejoin(base: Path, quick: bool, rounds: int = LATE_ROUNDS) -> dict:
 
         donor_addr = json.loads((work / "donor.json").read_text())["addr"]
         out["end_to_end_peer"] = [_e2e_peer(work, donor_addr, 0, 1800, rounds)]
-        if "(0 fetched" in (out["end_to_end_peer"][0]["ready_message"] or ""):
+        if out["end_to_end_peer"][0]["ready_fetched"] == 0:
             # the default (min_peers=0) started without syncing: measure with min_peers=1 too
             out["end_to_end_peer"].append(_e2e_peer(work, donor_addr, 1, 1800, rounds))
         print(f"  e2e: {out['end_to_end_peer']}", flush=True)
     finally:
         _stop(procs)
     with contextlib.suppress(OSError, ValueError):
-        out["donor_bucket_digests_s"] = json.loads((work / "donor_timings.json").read_text())
+        out["donor_stages"] = json.loads((work / "donor_timings.json").read_text())
     sync_s = out["sync"]["direct"]["sync_s"]
     replay_s = out["replay"]["replay_s"]
     fp32 = out["build"]["fp32_bytes"]
@@ -1272,12 +1212,12 @@ def write_markdown(res: dict, path: Path) -> None:
         L.append("## 1. Flood delivery and latency (one update per peer per round, no repair)\n")
         L.append(
             "| peers | ledger | rounds/s | msgs/s total | duration s | delivery (gossip only) | min per peer "
-            "| rounds complete | arrival p50 / p99 / max ms | ledger-commit p50 / p99 ms "
+            "| rounds complete | decode / gossip admit batch mean ms | ledger-commit p50 / p99 ms "
             "| publish() p50 / p99 ms | after repair | RSS py / p2pd MiB | CPU/peer py+p2pd | load avg |"
         )
         L.append("|" + "---|" * 15)
         for f in res["flood"]:
-            la, lc, pc = f["latency_arrival"], f["latency_ledger_commit"], f["publish_call"]
+            sm, lc, pc = f.get("stage_mean_ms", {}), f["latency_ledger_commit"], f["publish_call"]
             old = f["ledger_prefilled_rows"] // 1000
             L.append(
                 f"| {f['peers']} | {f['ledger_storage'].split()[0]}"
@@ -1288,7 +1228,7 @@ def write_markdown(res: dict, path: Path) -> None:
                 f"| {f['delivery_ratio']:.4%} ({f['delivered_gossip']}/{f['expected_deliveries']}; "
                 f"{f['delivery_ratio_by_drain_deadline']:.2%} within round + {f['drain_s']:.0f} s) "
                 f"| {f['min_receiver_ratio']:.4%} | {f['rounds_complete_before_repair']:.2%} "
-                f"| {la.get('p50_ms')} / {la.get('p99_ms')} / {la.get('max_ms')} "
+                f"| {sm.get('decode', '-')} / {sm.get('admit/gossip', '-')} "
                 f"| {lc.get('p50_ms')} / {lc.get('p99_ms')} | {pc.get('p50_ms')} / {pc.get('p99_ms')} "
                 f"| {'complete' if f['ledger_complete_after_repair'] else 'INCOMPLETE'} "
                 f"({f['repaired_messages']} repaired) "
@@ -1298,8 +1238,10 @@ def write_markdown(res: dict, path: Path) -> None:
             )
         L.append("")
         L.append(
-            "Arrival = update decoded by the receiving FloodNode; ledger commit = after "
-            "validation and the SQLite commit (synchronous=FULL), i.e. ready to apply. "
+            "Decode and admit: mean time per gossip payload decoded and per admission batch "
+            "(policy + SQLite commit, synchronous=FULL), from the nodes' own timing histograms "
+            "(`seedflood_decode_seconds`, `seedflood_admit_seconds`); ledger commit = the "
+            "update accepted at the receiver, i.e. ready to apply. "
             "Latency is measured from just before the sender's `FloodNode.publish` "
             "(which first commits its own ledger row). Delivery counts every update that "
             "reached the receiver by gossip before the explicit repair pass (anti-entropy is "
@@ -1448,7 +1390,8 @@ def write_markdown(res: dict, path: Path) -> None:
         for e in j.get("end_to_end_peer", []):
             L.append(
                 f"| real `seedflood peer --threads 1` launch -> ready (min_peers={e['min_peers']}) | "
-                f"{e['launch_to_ready_s']} | {e['ready_message']} |"
+                f"{e['launch_to_ready_s']} | model from {e.get('ready_source')} "
+                f"({e.get('ready_fetched')} fetched from peers) |"
             )
         if "probes" in rp:
             pr = rp["probes"]
@@ -1561,7 +1504,7 @@ def main() -> int:
                     "peers",
                     "ledger_storage",
                     "delivery_ratio",
-                    "latency_arrival",
+                    "stage_mean_ms",
                     "latency_ledger_commit",
                     "ledger_complete_after_repair",
                 )

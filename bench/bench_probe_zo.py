@@ -43,7 +43,8 @@ EVAL_AT = (100, 300, 500, 1000)
 def extract(path: Path, train_examples: int) -> None:
     """Hidden states entering the final norm at each prompt's last position."""
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.workload.data import Batcher, load_task
+    from seedflood_p2p.workload.batching import Batcher
+    from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
     model, tokenizer = load_model("smollm2-135m")

@@ -32,13 +32,10 @@ import torch
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.sim.simulator import (
-    FLOAT32_BYTES,
-    SimConfig,
-    markdown_table,
-    plot_runs,
-    simulate,
-)
+from seedflood_p2p.sim.config import SimConfig
+from seedflood_p2p.sim.methods import FLOAT32_BYTES
+from seedflood_p2p.sim.report import markdown_table, plot_runs
+from seedflood_p2p.sim.simulator import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ZO_LR = 2e-3  # SeedFlood, DZSGD and centralized (per round: the average moves by lr * g)

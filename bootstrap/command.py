@@ -7,7 +7,6 @@ it only when `seedflood bootstrap` runs, so the library never imports the node.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from bootstrap.node import BootstrapSettings, run_bootstrap
 from seedflood_p2p.core.flags import (
@@ -15,12 +14,13 @@ from seedflood_p2p.core.flags import (
     add_run_flags,
     read_toml,
     run_config_from_args,
+    settings_of,
     settings_values,
 )
 from seedflood_p2p.network.flood import NodeSettings
 
-BOOTSTRAP_FIELDS = [f for f in dataclasses.fields(BootstrapSettings) if f.name != "node"]
-NODE_FIELDS = list(dataclasses.fields(NodeSettings))
+BOOTSTRAP_FIELDS = settings_of(BootstrapSettings)
+NODE_FIELDS = settings_of(NodeSettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

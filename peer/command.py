@@ -7,16 +7,21 @@ it only when `seedflood peer` runs, so the library never imports the daemon.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from peer.daemon import PeerSettings, run_peer
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.core.flags import add_flags, check_unknown, read_toml, settings_values
+from seedflood_p2p.core.flags import (
+    add_flags,
+    check_unknown,
+    read_toml,
+    settings_of,
+    settings_values,
+)
 from seedflood_p2p.network.flood import NodeSettings
 
-PEER_FIELDS = [f for f in dataclasses.fields(PeerSettings) if f.name != "node"]
-NODE_FIELDS = list(dataclasses.fields(NodeSettings))
+PEER_FIELDS = settings_of(PeerSettings)
+NODE_FIELDS = settings_of(NodeSettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,13 +28,13 @@ from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
-from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
+from seedflood_p2p.network.identity import verify_pubsub_signature
+from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
 from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     create_p2p,
     remove_stale_sockets,
-    verify_pubsub_signature,
 )
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -237,7 +237,8 @@ class PeerDaemon:
             await self.wait_ready(self.round)
             t0 = time.perf_counter()
             incoming = self.live.take()
-            await self.in_model_thread(self.live.apply, incoming)
+            with timed(self.metrics.apply_seconds):
+                await self.in_model_thread(self.live.apply, incoming)
             message, loss = await self.in_model_thread(
                 zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round
             )
@@ -364,6 +365,13 @@ class PeerDaemon:
                 self.config.run_id[:12],
                 self.config.model,
                 self.config.dataset,
+                extra={
+                    "fields": {
+                        "event": "join",
+                        "peer_id": self.p2p.peer_id.to_base58(),
+                        "run_id": self.config.run_id,
+                    }
+                },
             )
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
             self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
@@ -437,7 +445,14 @@ class PeerDaemon:
                 self.round,
                 how,
                 synced,
-                extra={"fields": {"event": "ready", "round": self.round}},
+                extra={
+                    "fields": {
+                        "event": "ready",
+                        "round": self.round,
+                        "source": how,
+                        "fetched": synced,
+                    }
+                },
             )
             if s.eval_every and not (base_scored and self.round == 0):
                 await self.evaluate()

@@ -193,7 +193,7 @@ def check_data_dir(data_dir: Path) -> Check:
 
 
 def check_identity(path: Path) -> Check:
-    from seedflood_p2p.network.transport import load_or_create_identity
+    from seedflood_p2p.network.identity import load_or_create_identity
 
     if not path.exists():
         return Check("identity", "ok", f"no {path} yet: a new Ed25519 key is made at first start")
@@ -206,7 +206,7 @@ def check_identity(path: Path) -> Check:
 
 def check_ledger(path: Path) -> Check:
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger
 
     if not path.exists():

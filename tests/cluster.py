@@ -1,28 +1,36 @@
-"""Settings shared by the multi-process tests; processes come from seedflood_p2p.apps.localnet."""
+"""The run the multi-process tests share; processes come from seedflood_p2p.apps.localnet.
+
+The run's settings are a `RunConfig`; a process is handed them as a TOML file
+(`run_toml`, read by `--config`), the same way the demo hands them to its bootstrap node.
+"""
+
+from pathlib import Path
 
 from seedflood_p2p.apps.localnet import start_bootstrap as _start_bootstrap
 from seedflood_p2p.apps.localnet import start_peer
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.flags import to_toml
 
-RUN_FLAGS = [
-    "--model",
-    "tiny-llama",
-    "--dataset",
-    "synthetic-sentiment",
-    "--rank",
-    "4",
-    "--refresh-period",
-    "5",
-    "--lr",
-    "2e-3",
-    "--n-ref",
-    "4",
-    "--batch-size",
-    "8",
-]
+RUN = RunConfig(
+    model="tiny-llama",
+    dataset="synthetic-sentiment",
+    rank=4,
+    refresh_period=5,
+    lr=2e-3,
+    n_ref=4,
+    batch_size=8,
+)
+
+
+def run_toml(directory: Path) -> Path:
+    """RUN as DIRECTORY/run.toml, for `--config`."""
+    path = Path(directory) / "run.toml"
+    path.write_text(to_toml(RUN))
+    return path
 
 
 def start_bootstrap(workdir, extra=()):
-    return _start_bootstrap(workdir, RUN_FLAGS, extra)
+    return _start_bootstrap(workdir, RUN, extra)
 
 
-__all__ = ["RUN_FLAGS", "start_bootstrap", "start_peer"]
+__all__ = ["RUN", "run_toml", "start_bootstrap", "start_peer"]

@@ -696,8 +696,8 @@ def settings_problems(settings, fields) -> list[str]:
     problems = []
     for f in fields:
         value = getattr(settings, f.name)
-        kind = str(f.type).replace(" | None", "")
-        if value is None and "None" in str(f.type):
+        kind = str(f.field.type).replace(" | None", "")  # the annotation, read independently
+        if value is None and "None" in str(f.field.type):
             continue
         if kind in ("int", "float"):
             if isinstance(value, bool) or not isinstance(
@@ -828,7 +828,7 @@ def reference_identity(raw: bytes, mode: int):
 
 
 def check_identity(path: Path, raw: bytes, mode: int) -> str:
-    from seedflood_p2p.network.transport import load_or_create_identity
+    from seedflood_p2p.network.identity import load_or_create_identity
 
     if path.exists():
         os.chmod(path, 0o600)

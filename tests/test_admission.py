@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
 from seedflood_p2p.network.admission import Admission, Outcome, Source
-from seedflood_p2p.network.metrics import OUTCOMES, SOURCES, NodeMetrics
+from seedflood_p2p.network.metrics import OUTCOMES, SOURCES, NodeMetrics, histogram_totals
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.wire import (
     MAX_ROUND,
@@ -219,3 +219,18 @@ def test_a_bad_reply_is_counted_whole(node):
     node.drop_reply(Rejected("bad_reply", "not a list"), Peer().id)
     assert node.metrics.drop_counts()["bad_reply"] == 1
     assert sum(sum(c.values()) for c in node.metrics.admission_counts().values()) == 0
+
+
+async def test_stage_histograms_count_each_decode_check_and_batch(node):
+    alice, bob = Peer(), Peer()
+    node.gossip(
+        [alice.gossip(1, (0.5,)), bob.gossip(1, (0.25,)), (bob.id, Envelope(b"x", b"", b""))]
+    )
+    await node.repair([alice.row(2, (0.5,)), bob.row(2, (0.25,))])
+    node.own(UpdateMessage(2, node.me.id, (0.125,)))
+    m = node.metrics
+    assert histogram_totals(m.decode_seconds)[""]["count"] == 3  # the bad payload too
+    assert histogram_totals(m.verify_seconds)[""]["count"] == 2  # one per unseen repair row
+    admits = histogram_totals(m.admit_seconds)
+    assert {s: admits[s]["count"] for s in SOURCES} == {"gossip": 1, "repair": 1, "own": 1}
+    assert all(admits[s]["sum_s"] > 0 for s in SOURCES)

@@ -274,3 +274,51 @@ def test_help_and_status_load_neither_torch_nor_the_daemons(argv):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_environment_sits_between_the_file_and_the_flags(tmp_path, monkeypatch):
+    toml = tmp_path / "run.toml"
+    toml.write_text("rank = 6\nrefresh_period = 7\n")
+    monkeypatch.setenv("SEEDFLOOD_RANK", "5")
+    monkeypatch.setenv("SEEDFLOOD_INCLUDE_EMBEDDINGS", "yes")
+    parser = build_parser()
+    config = run_config_from_args(parser.parse_args(["train", "--config", str(toml)]))
+    assert (config.rank, config.refresh_period, config.include_embeddings) == (5, 7, True)
+    flags = parser.parse_args(["train", "--config", str(toml), "--rank", "3"])
+    assert run_config_from_args(flags).rank == 3  # flags win over the environment
+
+
+def test_a_bad_environment_variable_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("SEEDFLOOD_RANK", "eight")
+    line = _error_line(capsys, ["eval"])
+    assert "environment variable SEEDFLOOD_RANK must be int, got 'eight'" in line
+
+
+def test_run_settings_written_as_toml_read_back_to_the_same_run(tmp_path):
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.core.flags import to_toml
+
+    config = RunConfig(
+        model="tiny-llama", rank=4, lr=2e-3, train_only='q_proj,"odd"\\name', train_norms=True
+    )
+    toml = tmp_path / "run.toml"
+    toml.write_text(to_toml(config))
+    back = run_config_from_args(build_parser().parse_args(["train", "--config", str(toml)]))
+    assert back == config and back.to_json() == config.to_json()
+
+
+def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
+    from seedflood_p2p.sim.simulator import sim_config_from_args
+
+    toml = tmp_path / "sim.toml"
+    toml.write_text('topology = "torus"\npeers = 9\nedges_file = ""\nrank = 4\n')
+    args = build_parser().parse_args(["simulate", "--config", str(toml), "--delay", "0"])
+    sim = sim_config_from_args(args, "dzsgd")
+    assert (sim.topology, sim.peers, sim.delay, sim.run.rank) == ("torus", 9, 0, 4)
+    assert sim.run.n_ref == 9  # the simulator's own default: every peer counts
+    (tmp_path / "typo.toml").write_text('peers = "nine"\n')
+    line = _error_line(capsys, ["simulate", "--config", str(tmp_path / "typo.toml")])
+    assert "setting 'peers' must be int, got 'nine'" in line
+    (tmp_path / "bad.toml").write_text("minutes = -1\n")
+    line = _error_line(capsys, ["demo", "--config", str(tmp_path / "bad.toml")])
+    assert "--minutes > 0" in line

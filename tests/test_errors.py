@@ -11,11 +11,11 @@ from peer.daemon import MAX_CLOCK_SKEW, check_manifest_reply
 from seedflood_p2p.apps.cli import build_parser, main
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import run_config_from_args
-from seedflood_p2p.network.transport import load_or_create_identity
+from seedflood_p2p.network.identity import load_or_create_identity
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import RUN_FLAGS, start_bootstrap
+from cluster import RUN, start_bootstrap
 
 
 def _peer_error(capsys, *args: str) -> str:
@@ -65,8 +65,7 @@ def test_port_already_in_use(capsys, tmp_path):
 def wrong_base_bootstrap(tmp_path_factory):
     """A bootstrap whose stored manifest names base weights nobody has."""
     work = tmp_path_factory.mktemp("wrong-base")
-    config = run_config_from_args(build_parser().parse_args(["bootstrap", *RUN_FLAGS]))
-    config = config.replace(base_sha256="0" * 64)
+    config = RUN.replace(base_sha256="0" * 64)
     (work / "bootstrap").mkdir()
     with Ledger(work / "bootstrap" / "ledger.sqlite", config.run_id) as ledger:
         ledger.set_meta("manifest", config.to_json())
@@ -86,9 +85,7 @@ def test_base_weights_hash_mismatch(capsys, tmp_path, wrong_base_bootstrap):
 
 @pytest.mark.slow
 def test_data_dir_of_another_run(capsys, tmp_path, wrong_base_bootstrap):
-    other = run_config_from_args(
-        build_parser().parse_args(["bootstrap", *RUN_FLAGS, "--lr", "0.5"])
-    )
+    other = RUN.replace(lr=0.5)
     (tmp_path / "p").mkdir()
     with Ledger(tmp_path / "p" / "ledger.sqlite", other.run_id) as ledger:
         ledger.set_meta("manifest", other.to_json())

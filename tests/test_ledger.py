@@ -150,7 +150,7 @@ def _network_ledger(path, rounds=6):
 
 
 def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
-    from seedflood_p2p.network.transport import verify_pubsub_signature as check
+    from seedflood_p2p.network.identity import verify_pubsub_signature as check
     from seedflood_p2p.storage.ledger import peer_name
 
     ledger, config, own, peers = _network_ledger(tmp_path / "l.sqlite")

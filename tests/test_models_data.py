@@ -24,15 +24,8 @@ import torch
 
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.workload import assets
-from seedflood_p2p.workload.data import (
-    Batcher,
-    Example,
-    Task,
-    label_token_ids,
-    load_task,
-    make_batch,
-    sample_batch,
-)
+from seedflood_p2p.workload.batching import Batcher, label_token_ids, make_batch, sample_batch
+from seedflood_p2p.workload.data import Example, Task, load_task
 from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
 # --------------------------------------------------------------------------- assets

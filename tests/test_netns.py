@@ -25,7 +25,7 @@ import pytest
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import RUN_FLAGS
+from cluster import run_toml
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,8 @@ def test_training_across_namespaced_hosts(tmp_path):
             "bootstrap",
             [
                 "bootstrap",
-                *RUN_FLAGS,
+                "--config",
+                str(run_toml(tmp_path)),
                 "--listen",
                 f"/ip4/{SUBNET}.1/tcp/{BOOT_PORT}",
                 "--data-dir",

@@ -153,7 +153,7 @@ def cluster(tmp_path_factory):
         peers["e"] = start_peer(work, "e", address, PEER_FLAGS)
         procs.append(peers["e"])
         peers["a"].wait_round(14)
-        b_id_before = [e for e in peers["b"].events() if "joining run" in e.get("message", "")]
+        b_id_before = [e for e in peers["b"].events() if e.get("event") == "join"]
         os.kill(peers["b"].proc.pid, signal.SIGKILL)
         peers["b"].proc.wait()
         peers["b_restarted"] = start_peer(work, "b", address, PEER_FLAGS, "b_restarted")
@@ -226,9 +226,9 @@ def test_late_joiner_syncs_and_ends_equal(cluster):
 
 def test_killed_peer_restarts_with_same_identity_and_catches_up(cluster):
     restarted = cluster["peers"]["b_restarted"]
-    before = cluster["b_joined_before"][0]["message"].split()[1]
-    after = [e for e in restarted.events() if "joining run" in e.get("message", "")]
-    assert after[0]["message"].split()[1] == before  # same peer id after SIGKILL
+    before = cluster["b_joined_before"][0]["peer_id"]
+    after = [e for e in restarted.events() if e.get("event") == "join"]
+    assert after[0]["peer_id"] == before  # same peer id after SIGKILL
     ready = [e for e in restarted.events() if e.get("event") == "ready"][0]
     assert ready["round"] >= 14  # resumed from its ledger, not from round 0
     assert _final(cluster, "b")["peer_id"] == before

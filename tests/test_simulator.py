@@ -9,21 +9,11 @@ import torch
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.wire import encode_update
-from seedflood_p2p.sim.simulator import (
-    GOSSIPSUB_OVERHEAD_BYTES,
-    FloodNetwork,
-    SeedFloodSimulation,
-    SimConfig,
-    complete,
-    consensus_distance,
-    make_setup,
-    metropolis_hastings,
-    partition,
-    random_regular,
-    ring,
-    simulate,
-    torus,
-)
+from seedflood_p2p.sim.config import SimConfig
+from seedflood_p2p.sim.methods import SeedFloodSimulation, make_setup, partition
+from seedflood_p2p.sim.network import GOSSIPSUB_OVERHEAD_BYTES, FloodNetwork
+from seedflood_p2p.sim.simulator import consensus_distance, simulate
+from seedflood_p2p.sim.topology import complete, metropolis_hastings, random_regular, ring, torus
 from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
 

@@ -1,6 +1,6 @@
 """Losses the estimator minimises: prompt-based classification and language modelling.
 
-Batches come from `seedflood_p2p.workload.data.make_batch`. Classification reads the
+Batches come from `seedflood_p2p.workload.batching.make_batch`. Classification reads the
 logits of the label words (" terrible" / " great") at the end of the prompt
 and takes the cross-entropy over those words only, as MeZO does. Only the
 target positions go through the LM head, which saves its full-vocabulary

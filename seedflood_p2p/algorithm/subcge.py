@@ -291,6 +291,27 @@ class SubCGE(ZerothOrderEstimator):
                 matrix.perturbation = None
 
     # -- aggregation -------------------------------------------------------
+    def core_entries(
+        self, messages: list[UpdateMessage]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where n messages land in their epochs' cores: (epochs [n], index [n, k*L],
+        value [n, k*L]). An epoch's core is L r x r blocks flattened to one row of L*r*r
+        floats; message i adds value[i, j] at index[i, j], in the order of j (direction
+        major, then layer). `accumulate` and the simulator's per-peer backlog both fold
+        these entries, so they agree to the bit."""
+        L, r, k = len(self.matrices), self.config.rank, self.config.directions
+        if any(len(m.scalars) != k for m in messages):
+            raise ValueError(f"every message of this run carries {k} scalars")
+        n = len(messages)
+        a, b, sign = message_coordinates(
+            self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r, k
+        )
+        coef = np.stack([self.coefficients(m) for m in messages])  # (n, k)
+        index = np.arange(L) * r * r + a * r + b  # (n, k, L)
+        value = sign * coef[:, :, None]
+        epochs = np.array([self.config.epoch_of(m.round) for m in messages], dtype=np.int64)
+        return epochs, index.reshape(n, k * L), value.reshape(n, k * L)
+
     def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
         """Fold messages into their epochs' cores: O(layers) each. Returns the count.
 
@@ -300,24 +321,12 @@ class SubCGE(ZerothOrderEstimator):
         messages = list(messages)
         if not messages:
             return 0
-        L, r, k = len(self.matrices), self.config.rank, self.config.directions
-        if any(len(m.scalars) != k for m in messages):
-            raise ValueError(f"every message of this run carries {k} scalars")
-        a, b, sign = message_coordinates(
-            self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r, k
-        )
-        a, b, sign = (x.reshape(len(messages) * k, L) for x in (a, b, sign))
-        coef = np.concatenate([self.coefficients(m) for m in messages])
-        epochs = np.repeat([self.config.epoch_of(m.round) for m in messages], k)
-        layer = np.broadcast_to(np.arange(L), a.shape)
+        L, r = len(self.matrices), self.config.rank
+        epochs, index, value = self.core_entries(messages)
         for epoch in np.unique(epochs):
             rows = epochs == epoch
             core = self._pending.setdefault(int(epoch), np.zeros((L, r * r), dtype=np.float64))
-            np.add.at(
-                core,
-                (layer[rows].ravel(), (a[rows] * r + b[rows]).ravel()),
-                (sign[rows] * coef[rows, None]).ravel(),
-            )
+            np.add.at(core.reshape(-1), index[rows].ravel(), value[rows].ravel())
         return len(messages)
 
     @property
@@ -327,18 +336,23 @@ class SubCGE(ZerothOrderEstimator):
     @torch.no_grad()
     def commit(self, epochs: Iterable[int] | None = None) -> None:
         """Merge pending cores into the weights: W_l -= U_l C_l V_l^T, O(r*d) per epoch."""
-        r = self.config.rank
         for epoch in sorted(self._pending if epochs is None else epochs):
             core = self._pending.pop(epoch, None)
-            if core is None:
+            if core is not None:
+                self.merge_core(epoch, core, alpha=-1.0)
+
+    @torch.no_grad()
+    def merge_core(self, epoch: int, core: np.ndarray, alpha: float) -> None:
+        """W_l += alpha * U_l C_l V_l^T for each layer l whose block of `core` (L x r*r, as
+        `core_entries` indexes it) is not all zero."""
+        r = self.config.rank
+        bases = self.basis(epoch)
+        for i, matrix in enumerate(self.matrices):
+            if not core[i].any():
                 continue
-            bases = self.basis(epoch)
-            for i, matrix in enumerate(self.matrices):
-                if not core[i].any():
-                    continue
-                u, v = bases[i]
-                c = torch.from_numpy(core[i].reshape(r, r)).to(u.device, u.dtype)
-                matrix.as_2d().addmm_(u @ c, v.T, alpha=-1.0)
+            u, v = bases[i]
+            c = torch.from_numpy(core[i].reshape(r, r)).to(u.device, u.dtype)
+            matrix.as_2d().addmm_(u @ c, v.T, alpha=alpha)
 
     @torch.no_grad()
     def commit_grouped(self, group: int = 25) -> None:

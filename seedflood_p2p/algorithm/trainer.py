@@ -25,7 +25,8 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.storage.ledger import Ledger
-from seedflood_p2p.workload.data import Task, make_batch, sample_batch
+from seedflood_p2p.workload.batching import make_batch, sample_batch
+from seedflood_p2p.workload.data import Task
 
 log = logging.getLogger("seedflood.train")
 

@@ -11,19 +11,26 @@ canonical replay, and how far each live model is from it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.core.flags import add_run_flags, run_config_from_args
+from seedflood_p2p.core.flags import (
+    add_flags,
+    add_run_flags,
+    read_toml,
+    run_config_from_args,
+    settings_of,
+    settings_values,
+)
 
 log = logging.getLogger("seedflood.demo")
 
@@ -37,47 +44,48 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class DemoSettings:
+    """How the demo runs (the run's own settings are RunConfig's, with DEMO_DEFAULTS)."""
+
+    peers: int = 4
+    rounds: int = 60
+    minutes: float = field(default=10.0, metadata={"help": "training time budget"})
+    eval_every: int = field(default=15, metadata={"help": "peer0 scores the model"})
+    eval_examples: int = 200
+    round_interval: float = 0.0
+    work_dir: Path | None = field(default=None, metadata={"help": "runs/demo-TIMESTAMP if unset"})
+
+    def __post_init__(self) -> None:
+        if self.peers < 1 or self.rounds < 1 or not self.minutes > 0:
+            raise UserError("--peers and --rounds must be >= 1 and --minutes > 0")
+
+
+DEMO_FIELDS = settings_of(DemoSettings)
+
+
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_flags(parser, {**DEMO_DEFAULTS, "n_ref": "--peers"})
-    parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--minutes", type=float, default=10.0, help="training time budget")
-    parser.add_argument("--eval-every", type=int, default=15, help="peer0 scores the model")
-    parser.add_argument("--eval-examples", type=int, default=200)
-    parser.add_argument("--round-interval", type=float, default=0.0)
-    parser.add_argument("--work-dir", type=Path, help="default runs/demo-TIMESTAMP")
+    add_flags(parser, DEMO_FIELDS, "demo settings")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    config = run_config_from_args(args, defaults={**DEMO_DEFAULTS, "n_ref": args.peers})
-    if args.peers < 1 or args.rounds < 1 or args.minutes <= 0:
-        raise UserError("--peers and --rounds must be >= 1 and --minutes > 0")
-    work = args.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    demo = DemoSettings(**settings_values(args, DEMO_FIELDS, read_toml(args), {}))
+    config = run_config_from_args(
+        args, defaults={**DEMO_DEFAULTS, "n_ref": demo.peers}, extra_fields=DEMO_FIELDS
+    )
+    work = demo.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     result = run_demo(
         config,
-        peers=args.peers,
-        rounds=args.rounds,
-        minutes=args.minutes,
+        peers=demo.peers,
+        rounds=demo.rounds,
+        minutes=demo.minutes,
         work=work,
-        eval_every=args.eval_every,
-        eval_examples=args.eval_examples,
-        round_interval=args.round_interval,
+        eval_every=demo.eval_every,
+        eval_examples=demo.eval_examples,
+        round_interval=demo.round_interval,
     )
     return 0 if result["ledgers_identical"] else 1
-
-
-def run_flags(config: RunConfig) -> list[str]:
-    flags = []
-    for f in dataclasses.fields(config):
-        if f.name in ("extra", "base_sha256"):
-            continue
-        value = getattr(config, f.name)
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 _last_status: dict[Path, dict] = {}
@@ -274,7 +282,7 @@ def run_demo(
     procs: dict[str, NodeProcess] = {}
     boot = None
     try:
-        boot, address = start_bootstrap(work, run_flags(config))
+        boot, address = start_bootstrap(work, config)
         print(f"bootstrap node listening at {address}", flush=True)
         for i in range(peers):
             extra = [
@@ -305,6 +313,7 @@ def run_demo(
         started = time.monotonic()
         last_print = 0.0
         finishing = 0.0  # when the peers were asked to finish
+        budget_final_round = None  # the round all peers were asked to end at, if the time ran out
         while any(p.alive for p in procs.values()):
             if time.monotonic() - last_print > 3:
                 _print_progress(_progress(procs, work, rounds, started), peers)
@@ -316,10 +325,10 @@ def run_demo(
                 finishing = float("inf")
             if time.monotonic() - started > minutes * 60 and not finishing:
                 finishing = time.monotonic()
-                last = _finish_all(procs, work)
+                budget_final_round = _finish_all(procs, work)
                 print(
                     f"time budget of {minutes:g} minutes reached: every peer finishes "
-                    f"round {last}, then stops",
+                    f"round {budget_final_round}, then stops",
                     flush=True,
                 )
             time.sleep(0.5)
@@ -336,6 +345,7 @@ def run_demo(
     evals = [e for e in procs["peer0"].events() if e.get("event") == "eval"]
     result["evals"] = evals
     result["progress"] = final_progress
+    result["time_budget_final_round"] = budget_final_round
     result["plot"] = str(plot(work, procs, result))
     (work / "summary.json").write_text(json.dumps(result, indent=1, default=str))
     print_summary(result, evals)

@@ -140,7 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from seedflood_p2p.algorithm.replay import replay
-    from seedflood_p2p.network.transport import verify_pubsub_signature
+    from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 

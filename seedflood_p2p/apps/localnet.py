@@ -14,6 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.flags import to_toml
+
 
 class NodeProcess:
     def __init__(
@@ -90,15 +93,19 @@ class NodeProcess:
 
 
 def start_bootstrap(
-    workdir: Path, run_flags: list[str], extra: list[str] = (), timeout: float = 600
+    workdir: Path, run: RunConfig, extra: list[str] = (), timeout: float = 600
 ) -> tuple[NodeProcess, str]:
-    """Start a bootstrap node; returns it and its full multiaddr once it listens."""
+    """Start a bootstrap node of run `run` (handed over as WORKDIR/run.toml); returns it and
+    its full multiaddr once it listens."""
     data = workdir / "bootstrap"
+    run_file = workdir / "run.toml"
+    run_file.write_text(to_toml(run))
     proc = NodeProcess(
         "bootstrap",
         [
             "bootstrap",
-            *run_flags,
+            "--config",
+            str(run_file),
             "--listen",
             "/ip4/127.0.0.1/tcp/0",
             "--data-dir",

@@ -1,27 +1,88 @@
-"""Settings dataclasses as command-line flags and TOML keys.
+"""The one loader of settings: dataclass fields as flags, TOML keys and environment variables.
 
-Every field of a settings dataclass (`RunConfig`, the daemons' settings) is a flag
-of the same name (`--refresh-period`) and a key of the same name in a TOML file
-(`--config`, `refresh_period = 20`). Values come from the defaults, then the file,
-then the flags, and are type-checked against the field's annotation: a wrong type
-is one `UserError` line, not a traceback.
+Every field of a settings dataclass (`RunConfig`, the peer's, bootstrap's and network
+settings, the simulator's `SimConfig`, the demo's `DemoSettings`) is a flag of the same
+name (`--refresh-period`), a key of the same name in a TOML file (`--config`,
+`refresh_period = 20`) and an environment variable (`SEEDFLOOD_REFRESH_PERIOD=20`).
+Values come from the dataclass defaults, then the command's own defaults, the file, the
+environment, the flags, and are checked against the field's type (resolved by
+`typing.get_type_hints`, never parsed from text) and bounds: anything wrong is one
+`UserError` line, not a traceback. A field's `metadata` may add `help`, `choices` and
+`flag` (another flag name). Nested dataclasses (`node`) are loaded on their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
+import os
 import tomllib
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 
-RUN_FIELDS = [f for f in dataclasses.fields(RunConfig) if f.name not in ("extra", "base_sha256")]
-_SCALARS = {"int": int, "float": float, "str": str, "Path": Path}
+ENV_PREFIX = "SEEDFLOOD_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One settings field as the loader sees it: its name and its resolved type."""
+
+    field: dataclasses.Field
+    kind: type  # int, float, str, Path or bool
+    is_list: bool
+    optional: bool  # None is a valid value
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+    @property
+    def flag(self) -> str:
+        return self.field.metadata.get("flag", "--" + self.name.replace("_", "-"))
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def default(self) -> Any:
+        f = self.field
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def settings_of(cls: type, exclude: Sequence[str] = ()) -> list[Setting]:
+    """The loadable fields of settings dataclass `cls` (nested dataclasses and `exclude` left
+    out), with their annotations resolved to types."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if f.name in exclude or dataclasses.is_dataclass(kind):
+            continue
+        optional = False
+        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+            members = [a for a in typing.get_args(kind) if a is not type(None)]
+            optional, kind = len(members) < len(typing.get_args(kind)), members[0]
+        is_list = typing.get_origin(kind) is list
+        if is_list:
+            (kind,) = typing.get_args(kind)
+        if kind not in (int, float, str, Path, bool):
+            raise TypeError(f"{cls.__name__}.{f.name}: no flag for type {kind!r}")
+        out.append(Setting(f, kind, is_list, optional))
+    return out
+
+
+RUN_FIELDS = settings_of(RunConfig, exclude=("extra", "base_sha256"))
 
 MAX_INT = MAX_ROUND  # no integer setting means anything beyond a round number
 MAX_SECONDS = 1e9  # ~31 years: beyond this, sleeps and deadlines overflow C conversions
@@ -53,52 +114,31 @@ SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
 }
 
 
-def _field_kind(f: dataclasses.Field) -> tuple[str, bool]:
-    """('int' | 'float' | 'str' | 'Path' | 'bool', is_list) of a settings field."""
-    text = str(f.type).replace(" | None", "")
-    if text.startswith("list["):
-        return text[5:-1], True
-    return text, False
-
-
 def add_flags(
     parser: argparse.ArgumentParser,
-    fields: list[dataclasses.Field],
+    settings: list[Setting],
     title: str,
     defaults: dict[str, Any] | None = None,
 ) -> None:
-    """One flag per settings field; `defaults` are this command's own, shown in --help."""
+    """One flag per setting; `defaults` are this command's own, shown in --help. Flags
+    default to None: `settings_values` fills in what was not given."""
     group = parser.add_argument_group(title)
-    for f in fields:
-        kind, is_list = _field_kind(f)
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else "[]"
-        default = (defaults or {}).get(f.name, default)
-        if kind == "bool":
-            group.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"default: {default}",
-            )
-        elif is_list:
-            group.add_argument(
-                flag,
-                dest=f.name,
-                action="append",
-                type=_SCALARS[kind],
-                default=None,
-                help="repeatable",
-            )
+    for s in settings:
+        default = (defaults or {}).get(s.name, s.default)
+        text = s.field.metadata.get("help", "")
+        text = f"{text} (default: {default})" if text else f"default: {default}"
+        if s.kind is bool:
+            action, kind = argparse.BooleanOptionalAction, None
+        elif s.is_list:
+            action, kind, text = "append", s.kind, "repeatable"
         else:
-            group.add_argument(
-                flag,
-                dest=f.name,
-                type=_SCALARS.get(kind, str),
-                default=None,
-                help=f"default: {default}",
-            )
+            action, kind = "store", s.kind
+        extra = {"type": kind} if kind is not None else {}
+        if "choices" in s.field.metadata:
+            extra["choices"] = s.field.metadata["choices"]
+        group.add_argument(
+            s.flag, dest=s.name, action=action, default=None, help=text.replace("%", "%%"), **extra
+        )
 
 
 def add_run_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
@@ -147,44 +187,76 @@ def parse_toml(text: str, source: object) -> dict[str, Any]:
 
 def settings_values(
     args: argparse.Namespace,
-    fields: list[dataclasses.Field],
+    settings: list[Setting],
     table: dict[str, Any],
     defaults: dict[str, Any],
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Values for `fields` from `defaults`, then the TOML `table`, then flags; type-checked."""
+    """Values for `settings` from `defaults`, then the TOML `table`, the environment
+    (`SEEDFLOOD_NAME`; default os.environ), then flags; type- and range-checked."""
+    env = os.environ if env is None else env
     values = dict(defaults)
-    names = {f.name: f for f in fields}
-    values.update({k: v for k, v in table.items() if k in names})
-    for name in names:
-        value = getattr(args, name, None)
+    by_name = {s.name: s for s in settings}
+    values.update({k: v for k, v in table.items() if k in by_name})
+    for s in settings:
+        if s.env in env:
+            values[s.name] = _from_env(s, env[s.env])
+        value = getattr(args, s.name, None)
         if value is not None:
-            values[name] = value
+            values[s.name] = value
     for name, value in values.items():
-        kind, is_list = _field_kind(names[name])
-        items = value if is_list and isinstance(value, list) else [value]
-        ok = (not is_list or isinstance(value, list)) and all(
-            {
-                "int": isinstance(v, int) and not isinstance(v, bool),
-                "float": isinstance(v, (int, float)) and not isinstance(v, bool),
-                "bool": isinstance(v, bool),
-                "str": isinstance(v, str),
-                "Path": isinstance(v, (str, Path)),
-            }.get(kind, True)
-            for v in items
-        )
-        if not ok:
-            expected = f"a list of {kind}" if is_list else kind
+        s = by_name[name]
+        if not _has_type(s, value):
+            expected = f"a list of {s.kind.__name__}" if s.is_list else s.kind.__name__
             raise UserError(f"setting '{name}' must be {expected}, got {_short(value)}")
         if name in SETTING_RANGES and value is not None:
             _check_range(name, value)
-        if kind == "Path":
-            values[name] = [Path(v) for v in value] if is_list else Path(value)
+        if s.kind is Path and value is not None:
+            values[name] = [Path(v) for v in value] if s.is_list else Path(value)
     return values
 
 
-def check_unknown(
-    table: dict[str, Any], fields: list[dataclasses.Field], args: argparse.Namespace
-) -> None:
+def _has_type(s: Setting, value: Any) -> bool:
+    if value is None:
+        return s.optional
+    if s.is_list and not isinstance(value, list):
+        return False
+    for v in value if s.is_list else [value]:
+        if isinstance(v, bool) and s.kind is not bool:
+            return False  # True is an int to Python, not to a settings file
+        ok = {float: (int, float), Path: (str, Path)}.get(s.kind, s.kind)
+        if not isinstance(v, ok):
+            return False
+    return True
+
+
+def _from_env(s: Setting, text: str) -> Any:
+    """An environment variable's text as the setting's type; lists are comma-separated."""
+    try:
+        if s.kind is bool:
+            words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+            return words[text.strip().lower()]
+        if s.is_list:
+            return [s.kind(item) for item in text.split(",") if item]
+        return s.kind(text)
+    except (KeyError, ValueError):
+        raise UserError(
+            f"environment variable {s.env} must be {s.kind.__name__}, got {_short(text)}"
+        ) from None
+
+
+def to_toml(config: RunConfig) -> str:
+    """The run settings as a TOML file `--config` reads back to the same `RunConfig`: how a
+    program hands run settings to the processes it starts, instead of rebuilding flags."""
+    lines = []
+    for s in RUN_FIELDS:
+        # JSON's strings, integers and finite floats are valid TOML values; bools are lower
+        # case in both. RunConfig refuses non-finite floats.
+        lines.append(f"{s.name} = {json.dumps(getattr(config, s.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def check_unknown(table: dict[str, Any], fields: list[Setting], args: argparse.Namespace) -> None:
     """Refuse a TOML key that is no field of `fields` (a typo must not be ignored)."""
     known = {f.name for f in fields}
     unknown = sorted(set(table) - known)
@@ -198,7 +270,7 @@ def check_unknown(
 def run_config_from_args(
     args: argparse.Namespace,
     defaults: dict[str, Any] | None = None,
-    extra_fields: Sequence[dataclasses.Field] = (),
+    extra_fields: Sequence[Setting] = (),
 ) -> RunConfig:
     """Settings from `RunConfig` defaults, then `defaults`, the TOML file, flags; validated."""
     table = read_toml(args)

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.transport import verify_pubsub_signature
+from seedflood_p2p.network.identity import verify_pubsub_signature
+from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     Rejected,
@@ -117,7 +117,8 @@ class Admission:
         rows, where, echoes = [], [], []
         for i, (sender, envelope) in enumerate(arrivals):
             try:
-                message = decode_update(envelope.data, self.run_id, sender, self.directions)
+                with timed(self.metrics.decode_seconds):
+                    message = decode_update(envelope.data, self.run_id, sender, self.directions)
             except Rejected as exc:
                 verdicts[i] = _rejected(exc, sender, None)
                 continue
@@ -184,7 +185,8 @@ class Admission:
         out: list[Rejected | None] = []
         for message, envelope in rows:
             try:
-                check_envelope(message, envelope, self.run_id, self.verify)
+                with timed(self.metrics.verify_seconds):
+                    check_envelope(message, envelope, self.run_id, self.verify)
                 out.append(None)
             except Rejected as exc:
                 out.append(exc)
@@ -194,6 +196,12 @@ class Admission:
         self, items: list[tuple[UpdateMessage, Envelope | None]], source: Source
     ) -> list[Verdict]:
         """Policy, then one ledger transaction, then hand on. Verdicts in input order."""
+        with timed(self.metrics.admit_seconds.labels(source)):
+            return self._admit_batch(items, source)
+
+    def _admit_batch(
+        self, items: list[tuple[UpdateMessage, Envelope | None]], source: Source
+    ) -> list[Verdict]:
         verdicts: list[Verdict | None] = [None] * len(items)
         new: dict[tuple[int, bytes], int] = {}  # (round, peer) -> index: not in the ledger
         winners: dict[tuple[int, bytes], int] = {}  # ... in the ledger, to be replaced

@@ -32,7 +32,7 @@ from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
-from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.transport import PubSubClient, RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
@@ -221,24 +221,25 @@ class FloodNode:
     async def _serve_digest(self, peer, request: bytes) -> bytes:
         if decode_digest_request(request) != self.run_id:
             return msgpack.packb([])
-        digests = self.ledger.bucket_digests(BUCKET_ROUNDS)
-        return msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
+        with timed(self.metrics.repair_serve_seconds.labels("digest")):
+            digests = self.ledger.bucket_digests(BUCKET_ROUNDS)
+            return msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
 
     async def _serve_fetch(self, peer, request: bytes) -> bytes:
         fields = decode_fetch_request(request)
         if fields is None or fields[0] != self.run_id:
             return encode_rows([])
         _, round_, after_peer, max_round, limit = fields
-        return encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
+        with timed(self.metrics.repair_serve_seconds.labels("fetch")):
+            return encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
 
     async def sync_with(self, peer_id) -> int:
         """Pull every message `peer_id` has in buckets that differ from ours; returns new count.
 
         A bad reply (see protocol/wire.py) ends the exchange with that peer: counted, logged.
         Its rows go through admission like gossip does."""
-        call = self.settings.call_timeout
         request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
-        reply = await call_bytes(self.p2p, peer_id, "seedflood.digest", request, call)
+        reply = await self._call(peer_id, "digest", request)
         try:
             theirs = decode_digests(reply)
         except Rejected as exc:
@@ -253,7 +254,7 @@ class FloodNode:
             cursor = (lo - 1, b"\xff" * 64)
             while True:
                 request = msgpack.packb([self.run_id, cursor[0], cursor[1], hi, FETCH_LIMIT])
-                data = await call_bytes(self.p2p, peer_id, "seedflood.fetch", request, call)
+                data = await self._call(peer_id, "fetch", request)
                 try:
                     rows = decode_rows(data, FETCH_LIMIT)
                     check_rows_follow(rows, cursor, hi)
@@ -270,6 +271,15 @@ class FloodNode:
                 last = rows[-1][0]  # rows are (message, envelope) pairs
                 cursor = (last.round, last.peer)
         return new
+
+    async def _call(self, peer_id, request_name: str, request: bytes) -> bytes:
+        """One repair request (`digest` or `fetch`) to a peer, timed and its reply counted."""
+        with timed(self.metrics.repair_call_seconds.labels(request_name)):
+            reply = await call_bytes(
+                self.p2p, peer_id, f"seedflood.{request_name}", request, self.settings.call_timeout
+            )
+        self.metrics.repair_bytes_in.labels(request_name).inc(len(reply))
+        return reply
 
     async def connected_peers(self) -> list:
         """Peers subscribed to the run's topic (others' ledgers to sync with)."""

@@ -8,7 +8,9 @@ demo) and, on a peer, `POST /finish?after_round=N`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +19,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     Info,
     generate_latest,
 )
@@ -28,6 +31,11 @@ from seedflood_p2p.protocol.wire import DROP_REASONS
 # Source and Outcome hold the same strings; admission imports this module, not the reverse).
 SOURCES = ("gossip", "repair", "own")
 OUTCOMES = ("accepted", "replaced", "duplicate", "echo", "dropped")
+# The two repair requests, as timed by the asking side (round trip) and the serving side.
+REPAIR_REQUESTS = ("digest", "fetch")
+# Seconds: a signature check is ~100 us, a gossip batch's ledger commit a few ms, a fetch
+# round trip tens of ms, a round's apply on SmolLM2 up to seconds.
+DURATION_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 class NodeMetrics:
@@ -66,12 +74,43 @@ class NodeMetrics:
             ["source", "outcome"],
             registry=r,
         )
+        # Where the time goes, per stage (the network benchmark reads these; a Prometheus
+        # server can too): sum / count is the mean, the buckets give percentiles.
+        self.decode_seconds = self._histogram("decode", "decoding one gossip payload")
+        self.verify_seconds = self._histogram("verify", "signature check of one repair row")
+        self.admit_seconds = self._histogram(
+            "admit", "policy + ledger transaction + hand-on of one admission batch", ["source"]
+        )
+        self.apply_seconds = self._histogram("apply", "applying one round's updates to the model")
+        self.repair_call_seconds = self._histogram(
+            "repair_call", "round trip of one repair request to a peer", ["request"]
+        )
+        self.repair_serve_seconds = self._histogram(
+            "repair_serve", "answering one repair request of a peer", ["request"]
+        )
+        self.repair_bytes_in = Counter(
+            "seedflood_repair_bytes_in", "repair reply bytes received", ["request"], registry=r
+        )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)
         for source in SOURCES:
             self.accepted.labels(source)
+            self.admit_seconds.labels(source)
             for outcome in OUTCOMES:
                 self.admissions.labels(source, outcome)
+        for request in REPAIR_REQUESTS:
+            self.repair_call_seconds.labels(request)
+            self.repair_serve_seconds.labels(request)
+            self.repair_bytes_in.labels(request)
+
+    def _histogram(self, stage: str, what: str, labels: tuple[str, ...] = ()) -> Histogram:
+        return Histogram(
+            f"seedflood_{stage}_seconds",
+            f"seconds {what}",
+            list(labels),
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
 
     def drop_counts(self) -> dict[str, int]:
         return {r: int(value(self.dropped.labels(r))) for r in DROP_REASONS}
@@ -82,6 +121,30 @@ class NodeMetrics:
     def admission_counts(self) -> dict[str, dict[str, int]]:
         """{source: {outcome: count}}, every outcome listed."""
         return {s: {o: int(value(self.admissions.labels(s, o))) for o in OUTCOMES} for s in SOURCES}
+
+
+@contextmanager
+def timed(histogram: Histogram) -> Iterator[None]:
+    """Observe the duration of the `with` block (perf_counter: steady, sub-microsecond)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        histogram.observe(time.perf_counter() - start)
+
+
+def histogram_totals(histogram: Histogram) -> dict[str, dict[str, float]]:
+    """{label value ('' if unlabelled): {"count": n, "sum_s": seconds}} of a histogram with
+    at most one label; what a benchmark reads to get mean durations per stage."""
+    out: dict[str, dict[str, float]] = {}
+    for family in histogram.collect():
+        for sample in family.samples:
+            key = next(iter(sample.labels.values()), "")  # _count and _sum carry no `le`
+            if sample.name == family.name + "_count":
+                out.setdefault(key, {})["count"] = int(sample.value)
+            elif sample.name == family.name + "_sum":
+                out.setdefault(key, {})["sum_s"] = sample.value
+    return out
 
 
 def value(metric: Counter | Gauge) -> float:

@@ -340,7 +340,7 @@ class Ledger:
         scalars, `directions` of them if given), and a row that carries a signed envelope
         must carry its sender's valid signature over exactly this update
         (`protocol.wire.check_envelope` with `check_signature`, normally
-        `network.transport.verify_pubsub_signature`: ~120 us per Ed25519 check, so about
+        `network.identity.verify_pubsub_signature`: ~120 us per Ed25519 check, so about
         10 s for 80,000 rows). Rows without an envelope cannot be checked: they are the
         writer's own updates not yet echoed, or a local `seedflood train` ledger. So with
         `own_peer` (a daemon restoring its own ledger) only that peer's rows may lack one;

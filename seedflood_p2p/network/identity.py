@@ -1,0 +1,122 @@
+"""A peer's identity: its Ed25519 key file, and the check of a GossipSub signature.
+
+The key file is the libp2p format `p2pd -id` reads. An Ed25519 peer id contains its public
+key, so a signed message (an update, or a row a repair reply carries) can be checked
+offline against its sender's id: no peer can hand us another's update.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from hivemind.p2p import PeerID
+from hivemind.proto import crypto_pb2
+from hivemind.proto import p2pd_pb2 as pb
+
+from seedflood_p2p.core.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def _ed25519_peer_id(public_key: bytes) -> PeerID:
+    """Peer id of an Ed25519 key: the identity multihash of its protobuf public key."""
+    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.Ed25519, data=public_key)
+    encoded = encoded.SerializeToString()
+    return PeerID(bytes([0x00, len(encoded)]) + encoded)
+
+
+def load_or_create_identity(path: Path) -> PeerID:
+    """Return the peer id stored in the libp2p key file `path`, creating an Ed25519 key if missing.
+
+    The file holds a libp2p ``crypto.pb.PrivateKey`` (for Ed25519: 32-byte seed followed by
+    the 32-byte public key), the format ``p2pd -id`` reads. New files get mode 0600.
+    Refused with one line each: a file other users can access (chmod 600), a key of another
+    type (RSA, Secp256k1, ECDSA), a public half that does not match the private key.
+    """
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    path = Path(path)
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise UserError(
+                f"directory {path.parent} for the identity key does not exist; create it"
+            )
+        key = Ed25519PrivateKey.generate()
+        seed = key.private_bytes(ser.Encoding.Raw, ser.PrivateFormat.Raw, ser.NoEncryption())
+        public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+        blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=seed + public)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob.SerializeToString())
+        logger.info("created a new Ed25519 identity in %s", path)
+        return _ed25519_peer_id(public)
+
+    bad = f"identity file {path} is not a libp2p private key; fix the path or delete the file"
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(
+            f"cannot read identity file {path}: {e.strerror}; check its permissions"
+        ) from None
+    if mode & 0o077:  # anyone who reads the key can sign updates as this peer
+        raise UserError(
+            f"identity file {path} is open to other users (mode {mode:04o}): run "
+            f"`chmod 600 {path}`, or delete it to create a new identity (new peer id)"
+        )
+    try:
+        blob = crypto_pb2.PrivateKey.FromString(raw)
+    except Exception:
+        raise UserError(f"{bad} to create a new identity") from None
+    if blob.key_type != crypto_pb2.Ed25519:
+        try:
+            kind = crypto_pb2.KeyType.Name(blob.key_type)
+        except ValueError:
+            kind = f"type {blob.key_type}"
+        raise UserError(
+            f"identity file {path} holds a key of type {kind}; seedflood uses Ed25519 "
+            "identities only "
+            "(repair verifies Ed25519 signatures only): move the file aside to create an "
+            "Ed25519 identity (new peer id)"
+        )
+    if len(blob.data) not in (64, 96):
+        raise UserError(f"{bad} to create a new Ed25519 identity")
+    key = Ed25519PrivateKey.from_private_bytes(blob.data[:32])
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    if any(blob.data[at : at + 32] != public for at in range(32, len(blob.data), 32)):
+        raise UserError(
+            f"identity file {path} is damaged: its public key does not match its private key; "
+            "restore it from a backup, or delete it to create a new identity (new peer id)"
+        )
+    return _ed25519_peer_id(public)
+
+
+_ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
+
+
+def verify_pubsub_signature(
+    sender: bytes, data: bytes, seqno: bytes, topic: str, signature: bytes
+) -> bool:
+    """Check a GossipSub message's signature as go-libp2p-pubsub makes it.
+
+    Signed bytes: "libp2p-pubsub:" + protobuf Message{from, data, seqno, topic}. Only
+    Ed25519 senders can be checked offline (their public key is inside the peer id).
+    """
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if len(sender) != 38 or not sender.startswith(_ED25519_PEER_ID_PREFIX):
+        return False
+    body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
+    setattr(body, "from", sender)
+    try:
+        Ed25519PublicKey.from_public_bytes(sender[6:]).verify(
+            signature, b"libp2p-pubsub:" + body.SerializeToString()
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
