@@ -95,7 +95,7 @@ class Attacker(threading.Thread):
         self.repair_requests += 1
         if self.repair_requests % 2:
             return msgpack.packb(None)  # not a digest list
-        return msgpack.packb([[0, 999, b"\0" * 8]])  # bucket 0 differs: ask for its rows
+        return msgpack.packb([[0, 999, b"\0" * 32]])  # bucket 0 differs: ask for its rows
 
     async def _fetch(self, peer, request: bytes) -> bytes:
         self.repair_requests += 1

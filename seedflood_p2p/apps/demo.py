@@ -75,6 +75,9 @@ def run_flags(config: RunConfig) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):  # a repeatable flag (allow_peers)
+            for item in value:
+                flags += [flag, str(item)]
         else:
             flags += [flag, str(value)]
     return flags

@@ -66,6 +66,22 @@ class NodeMetrics:
             ["source", "outcome"],
             registry=r,
         )
+        # Peers banned by this node (network/reputation.py), by the reason of the ban.
+        self.banned = Counter(
+            "seedflood_peers_banned", "peers banned, by reason", ["reason"], registry=r
+        )
+        self.repair_aborted = Counter(
+            "seedflood_repair_exchanges_aborted",
+            "repair exchanges ended early: bad page, over budget, deadline",
+            ["why"],
+            registry=r,
+        )
+        self.served_refused = Counter(
+            "seedflood_requests_refused",
+            "repair requests refused: banned, not allowed, over the byte rate",
+            ["why"],
+            registry=r,
+        )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)
         for source in SOURCES:
@@ -76,12 +92,28 @@ class NodeMetrics:
     def drop_counts(self) -> dict[str, int]:
         return {r: int(value(self.dropped.labels(r))) for r in DROP_REASONS}
 
+    def count_ban(self, reason: str) -> None:
+        self.banned.labels(reason).inc()
+
+    def ban_counts(self) -> dict[str, int]:
+        return _labelled_counts(self.banned)
+
     def accepted_counts(self) -> dict[str, int]:
         return {s: int(value(self.accepted.labels(s))) for s in SOURCES}
 
     def admission_counts(self) -> dict[str, dict[str, int]]:
         """{source: {outcome: count}}, every outcome listed."""
         return {s: {o: int(value(self.admissions.labels(s, o))) for o in OUTCOMES} for s in SOURCES}
+
+
+def _labelled_counts(counter: Counter) -> dict[str, int]:
+    """{label value: count} of a counter with one label, the labels seen so far."""
+    out = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[next(iter(sample.labels.values()))] = int(sample.value)
+    return out
 
 
 def value(metric: Counter | Gauge) -> float:
