@@ -37,7 +37,7 @@ from seedflood_p2p.network.transport import (
     verify_pubsub_signature,
 )
 from seedflood_p2p.protocol.wire import quorum_round
-from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.peer")
 
@@ -227,6 +227,13 @@ class PeerDaemon:
                     round_,
                     len(behind),
                     self.s.round_deadline,
+                    extra={
+                        "fields": {
+                            "event": "deadline",
+                            "round": round_,
+                            "slow": [peer_name(p) for p in behind],
+                        }
+                    },
                 )
                 return
             await asyncio.sleep(0.02)

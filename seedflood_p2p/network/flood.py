@@ -398,8 +398,8 @@ class FloodNode:
                 exchange.new += fetched
                 self.metrics.repaired.inc(fetched)
                 bad = [v.reason for v in verdicts if v.reason in BAD_PAGE_REASONS]
-                if bad:  # one bad row: the page, the exchange and the peer are done for now
-                    self._abort(server, "bad_page", exchange, bad[0])
+                if bad:  # one bad row: no honest peer serves it (see reputation.PENALTIES)
+                    self._abort(server, "bad_page", exchange, "bad_page")
                     return
                 if len(rows) < FETCH_LIMIT:
                     break

@@ -37,6 +37,10 @@ BAN_AT_ONCE = float("inf")
 # reply that timed out once) cost little or nothing; proof of bad intent costs a ban.
 PENALTIES: dict[str, float] = {
     "equivocation": BAN_AT_ONCE,
+    # A repair page holding a row whose signature or payload fails: every honest peer
+    # checks each row before it stores it (and its ledger file on start), so it never
+    # serves one. Proof, like equivocation.
+    "bad_page": BAN_AT_ONCE,
     "bad_signature": 25.0,
     "mismatch": 25.0,
     "bad_reply": 25.0,
