@@ -39,17 +39,20 @@ class BanStore:
         self.path = None if path is None else Path(path)
         self._db = sqlite3.connect(":memory:" if path is None else str(path))
         self._db.executescript(_SCHEMA)
-        self._banned = {bytes(p): r for p, r in self._db.execute("SELECT peer, reason FROM bans")}
+        rows = self._db.execute("SELECT peer, reason, since FROM bans ORDER BY since")
+        # Held in memory too: checked for every gossip message, shown after close().
+        self._banned = {bytes(p): Ban(bytes(p), r, s) for p, r, s in rows}
 
     def ban(self, peer: bytes, reason: str) -> bool:
         """Ban `peer` for `reason`; False if it was banned already (the first reason stays)."""
         if peer in self._banned:
             return False
+        ban = Ban(peer, reason, time.time())
         with self._db:
             self._db.execute(
-                "INSERT OR IGNORE INTO bans VALUES (?, ?, ?)", (peer, reason, time.time())
+                "INSERT OR IGNORE INTO bans VALUES (?, ?, ?)", (peer, reason, ban.since)
             )
-        self._banned[peer] = reason
+        self._banned[peer] = ban
         return True
 
     def unban(self, peer: bytes) -> None:
@@ -64,8 +67,8 @@ class BanStore:
         return len(self._banned)
 
     def all(self) -> list[Ban]:
-        rows = self._db.execute("SELECT peer, reason, since FROM bans ORDER BY since")
-        return [Ban(bytes(p), r, s) for p, r, s in rows]
+        """Every ban, oldest first (from memory: valid after `close`)."""
+        return sorted(self._banned.values(), key=lambda ban: ban.since)
 
     def status(self) -> list[dict]:
         """Banned peers for a status page: base58 id, reason, since (unix time)."""
