@@ -45,7 +45,7 @@ class Hostile(threading.Thread):
             threading.Event(),
         )
         self.peer_id: bytes = b""
-        self.run_round = -1  # the highest round heard from others
+        self.rounds: dict[bytes, int] = {}  # newest round heard from each other sender
         self.report = {"published": 0, "digest_requests": 0, "fetch_requests": 0}
         self.error: BaseException | None = None
 
@@ -58,10 +58,16 @@ class Hostile(threading.Thread):
             self.ready.set()
             self.finished.set()
 
+    @property
+    def run_round(self) -> int:
+        """The run's round as the median sender has it (other attackers do not move it)."""
+        ordered = sorted(self.rounds.values())
+        return ordered[(len(ordered) - 1) // 2] if ordered else -1
+
     # -- repair tarpit ------------------------------------------------------------------
     async def _digest(self, peer, request: bytes) -> bytes:
         self.report["digest_requests"] += 1
-        claims = [[b, 1 + b % 7, self.rng.randbytes(32)] for b in range(2000)]
+        claims = [[b, 50, self.rng.randbytes(32)] for b in range(2000)]
         return msgpack.packb(claims, use_bin_type=True)
 
     async def _fetch(self, peer, request: bytes) -> bytes:
@@ -92,7 +98,7 @@ class Hostile(threading.Thread):
                 message = decode_update(item.data, self.run_id, item.sender)
             except Exception:
                 continue
-            self.run_round = max(self.run_round, message.round)
+            self.rounds[item.sender] = max(self.rounds.get(item.sender, -1), message.round)
 
     async def _publish(self, client: PubSubClient, round_: int, scalar: float) -> None:
         await client.publish(self.topic, encode_update(self.run_id, max(round_, 0), (scalar,)))

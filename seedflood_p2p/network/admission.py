@@ -127,8 +127,10 @@ class Admission:
         self.log_limit = LogLimiter()
         self.newest_round = ledger.max_round()  # the highest round held: shown, not trusted
         self.own_round = -1  # the round this peer trains (set by the peer daemon)
-        # Each other peer's newest round, as its own signed updates, the ledger, or its
-        # digest replies claim it: one vote per identity (see `reference_round`).
+        # Each other peer's newest round in our ledger: one vote per identity (see
+        # `reference_round`). Only admitted rows count: a round refused as out of window
+        # is no vote, so even a few identities can move the reference only by steps that
+        # every peer's window admits (and each refused step is held against them).
         self.claims: dict[bytes, int] = {
             p: r for p, r in ledger.peer_rounds().items() if p != peer_id
         }
@@ -145,7 +147,7 @@ class Admission:
         return max(self.own_round, quorum_round(self.claims.values()))
 
     def note_claim(self, peer: bytes, round_: int) -> None:
-        """`peer` says it reached `round_` (its signed update or its digest reply)."""
+        """`peer` reached `round_`: an update of it was admitted."""
         if peer != self.peer_id and round_ > self.claims.get(peer, -1):
             self.claims[peer] = round_
 
@@ -190,7 +192,6 @@ class Admission:
             except Exception as exc:  # never let a hostile payload out of the pipeline
                 verdicts[i] = Verdict(Outcome.DROPPED, sender, None, "malformed", repr(exc))
                 continue
-            self.note_claim(sender, message.round)
             if message.peer == self.peer_id and same_scalars(
                 self.ledger.scalars_of(message.peer, message.round), message.scalars
             ):
