@@ -142,9 +142,10 @@ def test_one_identity_cannot_move_the_reference_round(node):
     # Its rounds far behind the quorum are refused too (no backfilling closed rounds).
     (old,) = node.gossip([mallory.gossip(3, (9.0,))])
     assert (old.outcome, old.reason) == (Outcome.DROPPED, "out_of_window")
-    # Honest peers moving on move the reference: the quorum, not the highest claim.
-    node.gossip([bob.gossip(100, (0.5,)), carol.gossip(100, (0.5,))])
-    assert node.reference_round() == 100
+    # Honest peers moving on move the reference: the quorum, not the highest claim (a
+    # jump past the window comes by repair, bounded by the peers' digest claims).
+    node.gossip([bob.gossip(80, (0.5,)), carol.gossip(80, (0.5,))])
+    assert node.reference_round() == 80
 
 
 async def test_equivocation_keeps_the_smaller_update_whatever_the_order_and_bans(node):

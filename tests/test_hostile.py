@@ -73,6 +73,16 @@ def scenario(tmp_path_factory):
         peers["e"] = start_peer(work, "e", address, PEER_FLAGS)  # a late joiner among them
         procs.append(peers["e"])
         codes = {n: p.wait_exit(300) for n, p in peers.items()}
+        summary = {  # what the run looked like, for a failing assertion's reader
+            n: {
+                k: v
+                for k, v in json.loads((work / n / "final_status.json").read_text()).items()
+                if k in ("round", "dropped", "banned", "ledger_messages")
+            }
+            for n, code in codes.items()
+            if code == 0
+        }
+        print(json.dumps(summary, indent=1))
         for attacker in attackers.values():
             attacker.done.set()
         for attacker in attackers.values():
@@ -106,7 +116,7 @@ def test_honest_peers_finish_with_identical_ledgers(scenario):
 
 def test_the_flooder_holds_at_most_one_window_of_rows(scenario):
     m1 = scenario["attackers"]["m1"]
-    assert m1.report["published"] >= 500  # 400 flood + 100 walk + 2 equivocation
+    assert m1.report["published"] >= 300  # 200+ flood, 100 walk, 2 equivocation
     rows = _rows_by(scenario, "a")
     held = rows.get(m1.peer_id, 0)
     honest = [rows[base58.b58decode(_final(scenario, n)["peer_id"])] for n in ("a", "b", "c")]
