@@ -40,7 +40,10 @@ PEER_FLAGS = [
     "--until-round",
     str(ROUNDS),
     "--round-interval",
-    "0.4",
+    # Paced so that E joins and B restarts mid-run even when starting a process takes
+    # ~50 s (load 15 on 2 cores): the run no longer waits out the 2 s round deadline every
+    # round for the attacker's stale round (the liveness rule), which paced it before.
+    "2.0",
     "--max-staleness",
     "2",
     "--round-deadline",
