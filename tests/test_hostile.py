@@ -31,7 +31,7 @@ PEER_FLAGS = [
     "--until-round",
     str(ROUNDS),
     "--round-interval",
-    "0.5",
+    "1.5",  # long enough a run for the late joiner to start (~50 s under load) and join
     "--max-staleness",
     "2",
     "--round-deadline",
@@ -69,7 +69,7 @@ def scenario(tmp_path_factory):
         for attacker in attackers.values():
             assert attacker.ready.wait(120) and attacker.error is None, attacker.error
         assert attackers["m1"].finished.wait(120) and attackers["m1"].error is None
-        peers["a"].wait_round(15)
+        peers["a"].wait_round(8)
         peers["e"] = start_peer(work, "e", address, PEER_FLAGS)  # a late joiner among them
         procs.append(peers["e"])
         codes = {n: p.wait_exit(300) for n, p in peers.items()}
@@ -128,7 +128,7 @@ def test_the_flooder_holds_at_most_one_window_of_rows(scenario):
 
 def test_the_late_joiner_starts_at_the_run_s_round_and_is_not_blocked(scenario):
     ready = [e for e in scenario["peers"]["e"].events() if e.get("event") == "ready"]
-    assert ready and 15 <= ready[0]["round"] <= ROUNDS  # not 5,000 rounds ahead
+    assert ready and 8 <= ready[0]["round"] < ROUNDS  # not 5,000 rounds ahead
     assert _final(scenario, "e")["ledger_digest"] == _final(scenario, "a")["ledger_digest"]
 
 

@@ -250,6 +250,8 @@ def test_hostile_messages_are_dropped_counted_and_training_goes_on(cluster):
         for reason in [*_hostile_payloads(cluster["run_id"]), "equivocation"]:
             assert dropped[reason] >= 1, (name, reason, dropped)
         assert _final(cluster, name)["round"] == ROUNDS
+        # Two signed updates for one round: banned at once, persisted, in the status.
+        assert "equivocation" in {b["reason"] for b in _final(cluster, name)["banned"]}
     # Its repair replies (no digest list; rows with a round SQLite cannot hold) were each
     # dropped as bad_reply, and repair went on (the ledgers still end identical, above).
     assert cluster["attacker_repair_requests"] >= 1
