@@ -95,6 +95,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                     "accepted": metrics.accepted_counts(),
                     "dropped": metrics.drop_counts(),
                     "admissions": metrics.admission_counts(),
+                    "banned": node.bans.status(),
                 }
 
             http = await serve_http(settings.metrics_host, settings.metrics_port, metrics, status)

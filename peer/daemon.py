@@ -36,7 +36,8 @@ from seedflood_p2p.network.transport import (
     create_p2p,
     remove_stale_sockets,
 )
-from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.protocol.wire import quorum_round
+from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.peer")
 
@@ -51,7 +52,8 @@ class PeerSettings:
     announce: list[str] = field(default_factory=list)
     until_round: int = 0  # rounds to train, then leave (0: the run's total_rounds, or never)
     max_staleness: int = 2  # may start round t once live peers published t - 1 - this
-    round_deadline: float = 30.0  # seconds to wait for slow peers before going on
+    round_deadline: float = 30.0  # seconds to wait for slow peers before going on (once: a
+    # peer that made us wait it out is not waited for again until it keeps pace)
     liveness_timeout: float = 60.0  # a peer unheard this long is not waited for
     min_peers: int = 0  # wait (up to startup_wait) for this many topic peers before round 1
     startup_wait: float = 30.0
@@ -83,6 +85,15 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
     return RunConfig.from_json(reply["manifest"])
 
 
+def start_round(ledger: Ledger, peer_id: bytes) -> int:
+    """The round to train first after a (re)start or late join: after our own last update,
+    and not behind the round a quorum of distinct other peers reached in the ledger. A pure
+    function of the ledger; not the highest round in it, which one identity could set."""
+    rounds = ledger.peer_rounds()
+    own = rounds.pop(peer_id, -1)
+    return max(own + 1, quorum_round(rounds.values()), 0)
+
+
 class PeerDaemon:
     def __init__(self, settings: PeerSettings) -> None:
         self.s = settings
@@ -97,6 +108,7 @@ class PeerDaemon:
         self.done_training = False  # past linger: the final round can no longer move
         self.in_round = False  # between the start of round `self.round` and its end
         self.started = time.time()
+        self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
 
     # -- helpers ------------------------------------------------------------
@@ -123,6 +135,8 @@ class PeerDaemon:
             "accepted": self.metrics.accepted_counts(),
             "dropped": self.metrics.drop_counts(),
             "admissions": self.metrics.admission_counts(),
+            "banned": node.bans.status() if node else [],
+            "laggards": len(self.laggards),
             "bytes_out": int(value(self.metrics.bytes_out)),
             "bytes_in": int(value(self.metrics.bytes_in)),
             "loss": value(self.metrics.loss),
@@ -188,23 +202,38 @@ class PeerDaemon:
 
     # -- per round -------------------------------------------------------------
     async def wait_ready(self, round_: int) -> None:
-        """Bounded staleness with a deadline: slow or dead peers never stall us for long."""
+        """Bounded staleness with a deadline: slow or dead peers never stall us for long.
+
+        Liveness rule: a peer still behind when the deadline passes is a laggard and is not
+        waited for again until it catches up, so one identity publishing a low round now
+        and then costs every honest peer one deadline in all, not one per round."""
         deadline = time.monotonic() + self.s.round_deadline
         while not self.stopping:
             now = time.monotonic()
             live = self._live_peers(now)
-            behind = [p for p, st in live.items() if st.round < round_ - 1 - self.s.max_staleness]
+            oldest = round_ - 1 - self.s.max_staleness  # a peer must have published this
+            self.laggards = {p for p in self.laggards if p in live and live[p].round < oldest}
+            behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
             slowest = min((st.round for st in live.values()), default=round_)
             self.metrics.staleness.set(round_ - slowest)
             self.metrics.peers.set(len(live))
             if not behind:
                 return
             if now > deadline:
+                self.laggards.update(behind)
                 log.warning(
-                    "round %d: going on without %d slow peer(s) after %.0f s",
+                    "round %d: going on without %d slow peer(s) after %.0f s; not waiting "
+                    "for them again until they catch up",
                     round_,
                     len(behind),
                     self.s.round_deadline,
+                    extra={
+                        "fields": {
+                            "event": "deadline",
+                            "round": round_,
+                            "slow": [peer_name(p) for p in behind],
+                        }
+                    },
                 )
                 return
             await asyncio.sleep(0.02)
@@ -234,6 +263,8 @@ class PeerDaemon:
             self.in_round = True
             if self.node.fatal is not None:
                 raise self.node.fatal
+            self.catch_up()
+            self.node.admission.own_round = self.round
             await self.wait_ready(self.round)
             t0 = time.perf_counter()
             incoming = self.live.take()
@@ -273,6 +304,20 @@ class PeerDaemon:
             self.in_round = False
             if self.s.eval_every and self.round % self.s.eval_every == 0:
                 await self.evaluate()
+
+    def catch_up(self) -> None:
+        """A peer far behind the run (slow, or paused) jumps to the round a quorum of
+        distinct peers reached: its updates would otherwise fall below every peer's window.
+        One identity cannot pull it forward (see Admission.reference_round)."""
+        quorum = quorum_round(self.node.admission.claims.values())
+        if quorum - self.round > self.s.node.max_behind // 2:
+            log.warning(
+                "round %d is far behind the run's round %d (a quorum of peers): jumping ahead",
+                self.round,
+                quorum,
+                extra={"fields": {"event": "catch_up", "from": self.round, "to": quorum}},
+            )
+            self.round = quorum if self.final_round is None else min(quorum, self.final_round)
 
     async def evaluate(self) -> None:
         """Held-out loss/accuracy of the live model after `self.round` rounds, logged."""
@@ -438,8 +483,7 @@ class PeerDaemon:
             if republished := await self.node.republish_unsigned():
                 log.info("published again %d own update(s) never sent signed", republished)
             await self.in_model_thread(self.set_model_hash)
-            own = [m.round for m in self.ledger.messages() if m.peer == self.peer_id]
-            self.round = max(max(own, default=-1) + 1, self.ledger.max_round(), 0)
+            self.round = start_round(self.ledger, self.peer_id)
             log.info(
                 "ready at round %d: model from %s (%d fetched from peers)",
                 self.round,

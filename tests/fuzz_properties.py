@@ -246,7 +246,7 @@ def valid_digests(r: random.Random) -> list:
     buckets = r.sample(range(0, 50), r.randint(0, 5))
     if r.random() < 0.2:
         buckets.append(MAX_ROUND // BUCKET_ROUNDS)
-    return [[b, r.choice([0, 1, 4, 2**20, MAX_ROUND]), r.randbytes(8)] for b in set(buckets)]
+    return [[b, r.choice([0, 1, 4, 2**20, MAX_ROUND]), r.randbytes(32)] for b in set(buckets)]
 
 
 def valid_digest_request(r: random.Random) -> list:
@@ -383,7 +383,7 @@ def reference_digests(data: bytes):
             return None
         if not (_is_int(count) and 0 <= count <= MAX_ROUND):
             return None
-        if type(digest) is not bytes or len(digest) != 8 or bucket in out:
+        if type(digest) is not bytes or len(digest) != 32 or bucket in out:
             return None
         out[bucket] = (count, digest)
     return out
@@ -567,14 +567,33 @@ def _one_line(exc: UserError) -> str:
     return "rejected"
 
 
+def _b58_ed25519(text: object) -> bytes | None:
+    """A base58 Ed25519 peer id's bytes, else None (restated from libp2p's format)."""
+    alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    if not isinstance(text, str) or not text or len(text) > 64:
+        return None
+    if any(ch not in alphabet for ch in text):
+        return None
+    n = 0
+    for ch in text:
+        n = n * 58 + alphabet.index(ch)
+    zeros = len(text) - len(text.lstrip("1"))
+    raw = b"\0" * zeros + (n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b"")
+    return raw if len(raw) == 38 and raw.startswith(bytes.fromhex("002408011220")) else None
+
+
 def config_problems(c: RunConfig) -> list[str]:
     """Every documented bound an accepted RunConfig must satisfy (independent restatement)."""
     problems = []
     for name, annotation in RUN_FIELD_TYPES.items():
         value = getattr(c, name)
-        expected = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}.get(
-            annotation, (dict,)
-        )
+        expected = {
+            "int": (int,),
+            "float": (int, float),
+            "str": (str,),
+            "bool": (bool,),
+            "list[str]": (list,),
+        }.get(annotation, (dict,))
         if isinstance(value, bool) != (annotation == "bool") or not isinstance(value, expected):
             problems.append(f"{name} has type {type(value).__name__}")
     if problems:
@@ -598,6 +617,12 @@ def config_problems(c: RunConfig) -> list[str]:
         problems.append("bad estimator")
     if c.lr_schedule == "cosine" and c.total_rounds < 1:
         problems.append("cosine without total_rounds")
+    if len(c.allow_peers) > 1000 or len(set(c.allow_peers)) != len(c.allow_peers):
+        problems.append("allow_peers too long or repeated")
+    for peer in c.allow_peers:
+        raw = _b58_ed25519(peer)
+        if raw is None:
+            problems.append("allow_peers entry not an Ed25519 peer id")
     if c.base_sha256 and not (
         len(c.base_sha256) == 64 and set(c.base_sha256) <= set("0123456789abcdef")
     ):

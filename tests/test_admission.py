@@ -99,13 +99,15 @@ def test_every_gossip_rule_drops_with_its_reason_and_nothing_reaches_the_ledger(
         "non_finite": PACK([PROTOCOL_VERSION, tag, 3, pack_scalars((math.nan,))]),
         "out_of_window": PACK([PROTOCOL_VERSION, tag, MAX_ROUND + 1, half]),
     }
+    node.own_round = 0  # the window: rounds -30 .. 50, as two other peers agree
+    node.gossip([Peer().gossip(0, (0.5,)), Peer().gossip(0, (0.5,))])
     arrivals = [(alice.id, alice.envelope(3, (0.5,), data)) for data in payloads.values()]
-    arrivals.append(alice.gossip(51, (0.5,)))  # past the window: newest round -1, + 50
+    arrivals.append(alice.gossip(51, (0.5,)))  # past the window: own round 0, + 50
     arrivals.append(alice.gossip(4, (0.5, 0.25)))  # two scalars in a run of k = 1
     verdicts = node.gossip(arrivals)
     reasons = [*payloads, "out_of_window", "malformed"]
     assert _outcomes(verdicts) == [("dropped", r) for r in reasons]
-    assert len(node.ledger) == 0 and node.handed == []
+    assert len(node.ledger) == 2 and len(node.handed) == 2  # the two others' only
     dropped = node.metrics.drop_counts()
     assert {r: dropped[r] for r in payloads} == {
         **{r: 1 for r in payloads},
@@ -115,25 +117,55 @@ def test_every_gossip_rule_drops_with_its_reason_and_nothing_reaches_the_ledger(
     assert node.metrics.admission_counts()["gossip"]["dropped"] == len(arrivals)
 
 
-def test_window_follows_the_newest_round_accepted(node):
+def test_window_is_centred_on_the_own_round_with_both_bounds(node):
     alice = Peer()
-    node.gossip([alice.gossip(40, (0.5,))])
-    (v,) = node.gossip([alice.gossip(90, (0.5,))])  # 40 + 50
-    assert v.outcome is Outcome.ACCEPTED
+    node.own_round = 40
+    node.gossip([Peer().gossip(40, (0.5,)), Peer().gossip(40, (0.5,))])  # a quorum agrees
+    verdicts = node.gossip([alice.gossip(r, (0.5,)) for r in (9, 10, 90, 91)])  # -30 .. +50
+    assert _outcomes(verdicts) == [
+        ("dropped", "out_of_window"),
+        ("accepted", ""),
+        ("accepted", ""),
+        ("dropped", "out_of_window"),
+    ]
 
 
-def test_equivocation_keeps_the_smaller_update_whatever_the_order(node):
+def test_one_identity_cannot_move_the_reference_round(node):
+    """A node that does not train (bootstrap) centres the window on the round a quorum of
+    distinct peers reached: honest peers at 40, a walker claiming 5,000 is one vote."""
+    bob, carol, mallory = Peer(), Peer(), Peer()
+    node.gossip([bob.gossip(40, (0.5,)), carol.gossip(40, (0.5,))])
+    walk = node.gossip([mallory.gossip(r, (9.0,)) for r in range(90, 5001, 50)])
+    assert [v.outcome for v in walk][1:] == [Outcome.DROPPED] * (len(walk) - 1)
+    assert node.reference_round() == 40 and node.claims[mallory.id] == 90  # refused: no vote
+    assert node.ledger.max_round() == 90  # 40 + 50: the one step inside the window
+    # Its rounds far behind the quorum are refused too (no backfilling closed rounds).
+    (old,) = node.gossip([mallory.gossip(3, (9.0,))])
+    assert (old.outcome, old.reason) == (Outcome.DROPPED, "out_of_window")
+    # Honest peers moving on move the reference: the quorum, not the highest claim (a
+    # jump past the window comes by repair, bounded by the peers' digest claims).
+    node.gossip([bob.gossip(80, (0.5,)), carol.gossip(80, (0.5,))])
+    assert node.reference_round() == 80
+
+
+async def test_equivocation_keeps_the_smaller_update_whatever_the_order_and_bans(node):
     alice = Peer()
     node.gossip([alice.gossip(1, (0.5,))])
     (loser,) = node.gossip([alice.gossip(1, (0.75,))])  # larger: dropped
     assert (loser.outcome, loser.reason) == (Outcome.DROPPED, "equivocation")
-    (winner,) = node.gossip([alice.gossip(1, (0.25,))])  # smaller: replaces and takes back
+    assert node.reputation.is_banned(alice.id)  # two signed updates for a round: proof
+    (banned,) = node.gossip([alice.gossip(2, (0.5,))])
+    assert (banned.outcome, banned.reason) == (Outcome.DROPPED, "banned")
+    # A third copy, relayed by repair (a banned author's rows relayed by others still
+    # follow the rules, so every honest ledger ends the same): smaller, replaces.
+    (winner,) = await node.repair([alice.row(1, (0.25,))], server=Peer().id)
     assert (winner.outcome, winner.reason) == (Outcome.REPLACED, "equivocation")
     assert node.ledger.scalars_of(alice.id, 1) == (0.25,)
     first = UpdateMessage(1, alice.id, (0.5,))
     assert node.handed == [first, first.negated(), UpdateMessage(1, alice.id, (0.25,))]
     assert node.metrics.drop_counts()["equivocation"] == 2  # seen twice, as before
-    assert node.metrics.admission_counts()["gossip"]["replaced"] == 1
+    assert node.metrics.admission_counts()["repair"]["replaced"] == 1
+    assert node.metrics.ban_counts() == {"equivocation": 1}
 
 
 def test_equivocation_inside_one_batch(node):
@@ -174,9 +206,10 @@ def test_own_signed_update_we_do_not_hold_is_admitted_like_anyone_s(node):
     assert v.outcome is Outcome.ACCEPTED and len(node.ledger) == 1
 
 
-async def test_repair_rows_are_verified_and_not_windowed(node):
+async def test_repair_rows_are_verified_and_take_late_rows(node):
     alice, mallory = Peer(), Peer()
-    good = alice.row(500, (0.5,))  # far past the gossip window: repair takes late rows
+    node.own_round = 480
+    good = alice.row(420, (0.5,))  # long before the gossip window: repair takes late rows
     forged = (UpdateMessage(6, alice.id, (0.25,)), mallory.envelope(6, (0.25,)))
     edited = (UpdateMessage(7, alice.id, (0.75,)), alice.envelope(7, (0.5,)))
     verdicts = await node.repair([good, forged, edited])

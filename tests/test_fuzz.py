@@ -71,7 +71,7 @@ def test_known_edges_are_refused():
     assert F.check_digest_request(pack([F.RUN, 64.0])) == "rejected"
     assert F.check_fetch_request(pack([F.RUN, True, b"", 5, True])) == "rejected"
     assert F.check_fetch_request(pack([F.RUN, 0, b"", 5, 64.0])) == "rejected"
-    assert F.check_digests(pack([[0, True, b"\0" * 8]])) == "rejected"
+    assert F.check_digests(pack([[0, True, b"\0" * 32]])) == "rejected"
     for text in [
         '{"manifest_version": 2, "clip": Infinity}',
         '{"manifest_version": true}',

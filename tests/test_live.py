@@ -35,10 +35,13 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+ED25519_ID = bytes.fromhex("002408011220")  # peer ids of this form only (wire.check_sender_key)
+
+
 def _messages(rounds: int, peers: int, seed: int = 0) -> list[UpdateMessage]:
     rng = np.random.default_rng(seed)
     return [
-        UpdateMessage(t, f"peer-{p}".encode(), quantize_scalars(rng.normal(size=2)))
+        UpdateMessage(t, ED25519_ID + bytes([p + 1]) * 32, quantize_scalars(rng.normal(size=2)))
         for t in range(rounds)
         for p in range(peers)
     ]
@@ -147,7 +150,7 @@ def test_update_accepted_during_a_restore_is_applied_exactly_once(tmp_path):
 def test_equivocation_is_taken_back_by_the_negated_update():
     """Two peers see a sender's two updates for one round in opposite orders, through
     admission: both keep the smaller, and both live models equal their ledger's replay."""
-    sender = bytes.fromhex("002408011220") + bytes(32)
+    sender = ED25519_ID + bytes(32)
     others = _messages(5, 2)
     peers = []
     for order in ((0.5, 0.25), (0.25, 0.5)):

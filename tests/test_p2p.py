@@ -40,7 +40,10 @@ PEER_FLAGS = [
     "--until-round",
     str(ROUNDS),
     "--round-interval",
-    "0.4",
+    # Paced so that E joins and B restarts mid-run even when starting a process takes
+    # ~50 s (load 15 on 2 cores): the run no longer waits out the 2 s round deadline every
+    # round for the attacker's stale round (the liveness rule), which paced it before.
+    "2.0",
     "--max-staleness",
     "2",
     "--round-deadline",
@@ -95,7 +98,7 @@ class Attacker(threading.Thread):
         self.repair_requests += 1
         if self.repair_requests % 2:
             return msgpack.packb(None)  # not a digest list
-        return msgpack.packb([[0, 999, b"\0" * 8]])  # bucket 0 differs: ask for its rows
+        return msgpack.packb([[0, 999, b"\0" * 32]])  # bucket 0 differs: ask for its rows
 
     async def _fetch(self, peer, request: bytes) -> bytes:
         self.repair_requests += 1
@@ -247,6 +250,8 @@ def test_hostile_messages_are_dropped_counted_and_training_goes_on(cluster):
         for reason in [*_hostile_payloads(cluster["run_id"]), "equivocation"]:
             assert dropped[reason] >= 1, (name, reason, dropped)
         assert _final(cluster, name)["round"] == ROUNDS
+        # Two signed updates for one round: banned at once, persisted, in the status.
+        assert "equivocation" in {b["reason"] for b in _final(cluster, name)["banned"]}
     # Its repair replies (no digest list; rows with a round SQLite cannot hold) were each
     # dropped as bad_reply, and repair went on (the ledgers still end identical, above).
     assert cluster["attacker_repair_requests"] >= 1

@@ -86,9 +86,9 @@ def test_each_invalid_payload_is_rejected_with_its_reason(payload, reason):
 
 
 def test_window_duplicate_and_equivocation():
-    WindowRule(10).check(UpdateMessage(15, b"p", (0.5,)), newest_round=5)
+    WindowRule(10).check(UpdateMessage(15, b"p", (0.5,)), reference=5)
     with pytest.raises(Rejected, match="out_of_window"):
-        WindowRule(10).check(UpdateMessage(16, b"p", (0.5,)), newest_round=5)
+        WindowRule(10).check(UpdateMessage(16, b"p", (0.5,)), reference=5)
     check_against_ledger(UpdateMessage(1, b"p", (0.5,)), None)
     with pytest.raises(Rejected, match="duplicate"):
         check_against_ledger(UpdateMessage(1, b"p", (0.5, 1.0)), (0.5, 1.0))
@@ -178,12 +178,12 @@ def test_fetch_rows_must_advance_past_the_cursor_within_the_bucket():
         PACK([[0, 1]]),
         PACK([[0, 0, b"\0" * 9]]),  # hash of the wrong size
         PACK([[0, 0, 2**40]]),  # "hash" that would allocate 1 TB
-        PACK([[2**63, 1, b"\0" * 8]]),  # bucket beyond any round
-        PACK([[-1, 1, b"\0" * 8]]),
-        PACK([[True, 1, b"\0" * 8]]),
-        PACK([[0, True, b"\0" * 8]]),
-        PACK([[0, 1.0, b"\0" * 8]]),
-        PACK([[0, 1, b"\0" * 8], [0, 2, b"\1" * 8]]),  # one bucket, two answers
+        PACK([[2**63, 1, b"\0" * 32]]),  # bucket beyond any round
+        PACK([[-1, 1, b"\0" * 32]]),
+        PACK([[True, 1, b"\0" * 32]]),
+        PACK([[0, True, b"\0" * 32]]),
+        PACK([[0, 1.0, b"\0" * 32]]),
+        PACK([[0, 1, b"\0" * 32], [0, 2, b"\1" * 32]]),  # one bucket, two answers
     ],
 )
 def test_bad_digest_replies_are_rejected(reply):
@@ -193,9 +193,9 @@ def test_bad_digest_replies_are_rejected(reply):
 
 
 def test_good_digest_reply_and_served_requests():
-    assert decode_digests(PACK([[0, 3, b"\1" * 8], [2, 1, b"\2" * 8]])) == {
-        0: (3, b"\1" * 8),
-        2: (1, b"\2" * 8),
+    assert decode_digests(PACK([[0, 3, b"\1" * 32], [2, 1, b"\2" * 32]])) == {
+        0: (3, b"\1" * 32),
+        2: (1, b"\2" * 32),
     }
     assert decode_digest_request(PACK([RUN, BUCKET_ROUNDS])) == RUN
     for bad in [

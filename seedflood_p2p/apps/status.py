@@ -50,6 +50,14 @@ def format_status(status: dict[str, Any]) -> str:
     lines.append("accepted    " + "  ".join(f"{k} {v}" for k, v in accepted.items()))
     dropped = {k: v for k, v in status.get("dropped", {}).items() if v}
     lines.append("dropped     " + ("  ".join(f"{k} {v}" for k, v in dropped.items()) or "none"))
+    banned = status.get("banned") or []
+    lines.append(
+        "banned      "
+        + ("  ".join(f"..{b['peer'][-8:]} ({b['reason']})" for b in banned[:8]) or "none")
+        + (f"  and {len(banned) - 8} more" if len(banned) > 8 else "")
+    )
+    if status.get("laggards"):
+        lines.append(f"laggards    {status['laggards']} live peer(s) not waited for")
     if "bytes_out" in status:
         lines.append(f"bytes       out {status['bytes_out']}  in {status['bytes_in']}")
     if status.get("loss") is not None:

@@ -22,6 +22,8 @@ FLOAT16_MAX = 65504.0  # scalars travel as float16
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
+MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
+ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # = protocol.wire's
 # Integer settings and their bounds. The upper bounds are far past any useful value; they
 # stop a manifest's 10**30 from reaching code that allocates or converts to C integers.
 INT_RANGES = {
@@ -61,6 +63,11 @@ class RunConfig:
     salt: str = "seedflood"  # distinguishes runs with otherwise equal settings
     base_sha256: str = ""  # SHA-256 of the base weights (filled in by the bootstrap)
     extra: dict[str, Any] = field(default_factory=dict)
+    # A closed run: the base58 peer ids (Ed25519) allowed to take part; updates and repair
+    # requests of any other peer are dropped and counted (`not_allowed`). Empty: an open
+    # run. Left out of the manifest JSON when empty, so manifests written before it keep
+    # their run id (MANIFEST_VERSION stays 2).
+    allow_peers: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         problems = _type_problems(self)
@@ -97,6 +104,8 @@ class RunConfig:
             problems.append("base_sha256 must be empty or 64 lowercase hex digits")
         if problem := _extra_problem(self.extra):
             problems.append(problem)
+        if problem := _allow_peers_problem(self.allow_peers):
+            problems.append(problem)
         if problems:
             raise UserError("invalid run settings: " + "; ".join(problems))
 
@@ -112,6 +121,8 @@ class RunConfig:
 
     def to_json(self) -> str:
         body = {"manifest_version": MANIFEST_VERSION, **dataclasses.asdict(self)}
+        if not self.allow_peers:
+            del body["allow_peers"]  # an open run's manifest is what it always was
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -172,8 +183,16 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
+    def allowed_peer_ids(self) -> frozenset[bytes] | None:
+        """The allow-list as raw peer ids; None for an open run."""
+        if not self.allow_peers:
+            return None
+        import base58
 
-_KINDS = {"int": int, "float": (int, float), "str": str, "bool": bool}
+        return frozenset(base58.b58decode(p) for p in self.allow_peers)
+
+
+_KINDS = {"int": int, "float": (int, float), "str": str, "bool": bool, "list[str]": list}
 
 
 def _is_int(x: object) -> bool:
@@ -183,7 +202,27 @@ def _is_int(x: object) -> bool:
 def _has_type(value: object, annotation: str) -> bool:
     """`value` fits a RunConfig field annotated `annotation` (bool is no int or float)."""
     kind = _KINDS.get(annotation, dict)
+    if annotation == "list[str]":
+        return isinstance(value, list) and all(isinstance(x, str) for x in value)
     return isinstance(value, bool) is (annotation == "bool") and isinstance(value, kind)
+
+
+def _allow_peers_problem(peers: list[str]) -> str | None:
+    """Each entry a base58 Ed25519 peer id (what `seedflood` prints as a peer's id), once."""
+    import base58
+
+    if len(peers) > MAX_ALLOW_PEERS:
+        return f"allow_peers lists {len(peers)} peers, more than {MAX_ALLOW_PEERS}"
+    if len(set(peers)) != len(peers):
+        return "allow_peers lists a peer twice"
+    for peer in peers:
+        try:
+            raw = base58.b58decode(peer) if len(peer) <= 64 else b""
+        except ValueError:
+            raw = b""
+        if len(raw) != 38 or not raw.startswith(ED25519_PEER_ID_PREFIX):
+            return f"allow_peers entry {_short(peer)} is not a base58 Ed25519 peer id (12D3Koo...)"
+    return None
 
 
 def _type_problems(config: RunConfig) -> list[str]:

@@ -107,6 +107,7 @@ SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "threads": (0, 4096, "a number of threads (0: torch's default)", False),
     # network
     "max_ahead": (0, MAX_INT, "a number of rounds", False),
+    "max_behind": (0, MAX_INT, "a number of rounds", False),
     "repair_interval": (0, MAX_SECONDS, "seconds", True),
     "call_timeout": (0, MAX_SECONDS, "seconds", True),
     "drop_incoming": (0, 1, "a fraction", False),

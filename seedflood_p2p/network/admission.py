@@ -10,10 +10,16 @@ passes the same stages and ends with exactly one `Verdict`, counted:
               peer can hand us another's update. A row we already hold with the same
               scalars skips it: a duplicate changes nothing, and a late join fetches tens
               of thousands of them at ~150 us per check.
-    policy    the run's k scalars; gossip only, the round window (`wire.WindowRule`: a
-              repaired row may be late, additions commute); one update per (peer, round):
-              a repeat is a duplicate, a different one an equivocation that every peer
-              resolves the same way (`wire.keeps_new`).
+    sender    the author's key is Ed25519 (`wire.check_sender_key`), it is in a closed
+              run's allow-list, and, for gossip, it is not banned here and keeps to its
+              rate (`wire.SENDER_RATE`, a token bucket per author).
+    policy    the run's k scalars; the round window around the reference round
+              (`reference_round`: own round, or a quorum of distinct peers' rounds):
+              gossip both bounds, repair the upper bound and, below the lower one, only
+              rows relayed by a peer other than their author (`wire.WindowRule`); one
+              update per (peer, round): a repeat is a duplicate, a different one an
+              equivocation that every peer resolves the same way (`wire.keeps_new`) and
+              that bans its author.
     ledger    new rows inserted in one transaction (one fsync per batch); an equivocation
               resolved for the newcomer replaces the row held; our own update echoed back
               by the daemon attaches its signed envelope to our row (then others can
@@ -22,7 +28,8 @@ passes the same stages and ends with exactly one `Verdict`, counted:
               LiveModel.receive): a new update as is, a replacement as the held update
               negated followed by the new one (updates are linear in the scalars).
 
-Rules and reasons are `protocol/wire.py`'s; this module only orders them and counts.
+Rules and reasons are `protocol/wire.py`'s; this module only orders them, counts them,
+and reports the senders to the reputation (network/reputation.py), which may ban them.
 No network I/O here: the flood node feeds it, so it is tested on a bare ledger.
 """
 
@@ -30,22 +37,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, timed
+from seedflood_p2p.network.reputation import LogLimiter, PeerBuckets, Reputation, short_id
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
+    SENDER_BURST,
+    SENDER_RATE,
     Rejected,
     WindowRule,
     check_against_ledger,
     check_envelope,
+    check_sender_key,
     decode_update,
     keeps_new,
+    quorum_round,
     same_scalars,
 )
+from seedflood_p2p.storage.bans import BanStore
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.node")
@@ -96,16 +109,62 @@ class Admission:
         max_ahead: int,
         deliver: Callable[[list[UpdateMessage]], None] = lambda messages: None,
         verify: Callable[[bytes, bytes, bytes, str, bytes], bool] = verify_pubsub_signature,
+        max_behind: int = 30,
+        reputation: Reputation | None = None,
+        allowed: Collection[bytes] | None = None,
     ) -> None:
         self.ledger = ledger
         self.run_id = ledger.run_id
         self.directions = directions
         self.peer_id = peer_id
         self.metrics = metrics
-        self.window = WindowRule(max_ahead)
+        self.window = WindowRule(max_ahead, max_behind)
         self.deliver = deliver
         self.verify = verify
-        self.newest_round = ledger.max_round()  # the window's reference: grows as we accept
+        self.reputation = reputation or Reputation(BanStore(None), metrics.count_ban)
+        self.allowed = None if allowed is None else frozenset(allowed)  # None: an open run
+        self.sender_rate = PeerBuckets(SENDER_RATE, SENDER_BURST)
+        self.log_limit = LogLimiter()
+        self.newest_round = ledger.max_round()  # the highest round held: shown, not trusted
+        self.own_round = -1  # the round this peer trains (set by the peer daemon)
+        # Each other peer's newest round in our ledger: one vote per identity (see
+        # `reference_round`). Only admitted rows count: a round refused as out of window
+        # is no vote, so even a few identities can move the reference only by steps that
+        # every peer's window admits (and each refused step is held against them).
+        self.claims: dict[bytes, int] = {
+            p: r for p, r in ledger.peer_rounds().items() if p != peer_id
+        }
+        # Each peer's highest digest bucket, by its last round: only ever an upper bound
+        # for repair (a late joiner that heard no gossip yet must not refuse the run's
+        # newest rows), never the window's centre (it over-claims by up to 63 rounds).
+        self.bucket_claims: dict[bytes, int] = {}
+
+    def reference_round(self) -> int:
+        """The round the window is centred on: our own training round, or the round a
+        quorum of distinct other peers reached if that is higher (a restarted, slow or
+        non-training node). Never the highest round seen: one identity claiming round
+        5,063 is one vote, and the quorum round stays with the honest peers."""
+        return max(self.own_round, quorum_round(self.claims.values()))
+
+    def note_claim(self, peer: bytes, round_: int) -> None:
+        """`peer` reached `round_`: an update of it was admitted."""
+        if peer != self.peer_id and round_ > self.claims.get(peer, -1):
+            self.claims[peer] = round_
+
+    def note_bucket_claim(self, peer: bytes, last_round: int) -> None:
+        """`peer`'s digest reply lists rows up to the bucket ending at `last_round`."""
+        if peer != self.peer_id:
+            self.bucket_claims[peer] = last_round
+
+    def sender_problem(self, peer: bytes) -> Rejected | None:
+        """Why updates authored by `peer` are not admitted at all, or None."""
+        try:
+            check_sender_key(peer)
+        except Rejected as exc:
+            return exc
+        if self.allowed is not None and peer not in self.allowed:
+            return Rejected("not_allowed", "not in the run's allow_peers")
+        return None
 
     # -- the three sources ------------------------------------------------------------
     def gossip(self, arrivals: list[tuple[bytes, Envelope]]) -> list[Verdict]:
@@ -116,6 +175,15 @@ class Admission:
         verdicts: list[Verdict | None] = [None] * len(arrivals)
         rows, where, echoes = [], [], []
         for i, (sender, envelope) in enumerate(arrivals):
+            problem = self.sender_problem(sender)
+            if problem is None and sender != self.peer_id:
+                if self.reputation.is_banned(sender):
+                    problem = Rejected("banned")
+                elif not self.sender_rate.allow(sender):
+                    problem = Rejected("rate_limited", f"over {self.sender_rate.rate:g}/s")
+            if problem is not None:
+                verdicts[i] = _rejected(problem, sender, None)
+                continue
             try:
                 with timed(self.metrics.decode_seconds):
                     message = decode_update(envelope.data, self.run_id, sender, self.directions)
@@ -138,13 +206,28 @@ class Admission:
         for i, verdict in zip(where, self._admit(rows, Source.GOSSIP), strict=True):
             verdicts[i] = verdict
         self._count(Source.GOSSIP, verdicts, knew_no_round)
+        for verdict in verdicts:  # the author signed each (strict signing): its doing
+            if verdict.outcome is not Outcome.ECHO and verdict.sender != self.peer_id:
+                if not (knew_no_round and verdict.reason == "out_of_window"):
+                    self.reputation.penalize(verdict.sender, verdict.reason)
         return verdicts
 
-    async def repair(self, rows: list[tuple[UpdateMessage, Envelope]]) -> list[Verdict]:
-        """Admit rows of a repair reply (already checked whole by the caller)."""
+    async def repair(
+        self,
+        rows: list[tuple[UpdateMessage, Envelope]],
+        server: bytes = b"",
+        sole_server: bool = True,
+    ) -> list[Verdict]:
+        """Admit rows of a repair reply from `server` (already checked whole by the caller).
+        `sole_server`: it is the only peer we could ask (see `wire.WindowRule.check_repair`).
+        Penalties for bad rows are the caller's to give, per page, to the server; only an
+        equivocation is held against the rows' author, who signed both."""
         verdicts: list[Verdict | None] = [None] * len(rows)
         unseen, where = [], []
         for i, (message, envelope) in enumerate(rows):
+            if (problem := self.sender_problem(message.peer)) is not None:
+                verdicts[i] = _rejected(problem, message.peer, message)
+                continue
             held = self.ledger.scalars_of(message.peer, message.round)
             if same_scalars(held, message.scalars):
                 verdicts[i] = Verdict(Outcome.DUPLICATE, message.peer, message, "duplicate")
@@ -161,9 +244,13 @@ class Admission:
                 valid_where.append(i)
             else:
                 verdicts[i] = _rejected(rejected, row[0].peer, row[0])
-        for i, verdict in zip(valid_where, self._admit(valid, Source.REPAIR), strict=True):
+        admitted = self._admit(valid, Source.REPAIR, server, sole_server)
+        for i, verdict in zip(valid_where, admitted, strict=True):
             verdicts[i] = verdict
         self._count(Source.REPAIR, verdicts)
+        for verdict in verdicts:
+            if verdict.reason == "equivocation" and verdict.sender != self.peer_id:
+                self.reputation.penalize(verdict.sender, "equivocation")
         return verdicts
 
     def own(self, message: UpdateMessage) -> Verdict:
@@ -174,9 +261,11 @@ class Admission:
         return verdicts[0]
 
     def drop_reply(self, exc: Rejected, sender: bytes) -> None:
-        """A repair reply that failed its checks is dropped whole, before any row."""
+        """A repair reply that failed its checks is dropped whole, before any row, and
+        held against the peer that sent it."""
         self.metrics.dropped.labels(exc.reason).inc()
         self._log_drop(exc.reason, str(exc), sender, self.newest_round < 0)
+        self.reputation.penalize(sender, exc.reason)
 
     # -- policy, ledger, apply -----------------------------------------------------------
     def _verify_rows(self, rows: list[tuple[UpdateMessage, Envelope]]) -> list[Rejected | None]:
@@ -193,16 +282,26 @@ class Admission:
         return out
 
     def _admit(
-        self, items: list[tuple[UpdateMessage, Envelope | None]], source: Source
+        self,
+        items: list[tuple[UpdateMessage, Envelope | None]],
+        source: Source,
+        server: bytes = b"",
+        sole_server: bool = True,
     ) -> list[Verdict]:
         """Policy, then one ledger transaction, then hand on. Verdicts in input order."""
         with timed(self.metrics.admit_seconds.labels(source)):
-            return self._admit_batch(items, source)
+            return self._admit_batch(items, source, server, sole_server)
 
     def _admit_batch(
-        self, items: list[tuple[UpdateMessage, Envelope | None]], source: Source
+        self,
+        items: list[tuple[UpdateMessage, Envelope | None]],
+        source: Source,
+        server: bytes,
+        sole_server: bool,
     ) -> list[Verdict]:
         verdicts: list[Verdict | None] = [None] * len(items)
+        reference = self.reference_round()
+        upper = quorum_round(self.bucket_claims.values())
         new: dict[tuple[int, bytes], int] = {}  # (round, peer) -> index: not in the ledger
         winners: dict[tuple[int, bytes], int] = {}  # ... in the ledger, to be replaced
         for i, (message, _) in enumerate(items):
@@ -213,7 +312,9 @@ class Admission:
                 if len(message.scalars) != self.directions:
                     raise Rejected("malformed", f"{len(message.scalars)} scalars")
                 if source is Source.GOSSIP:
-                    self.window.check(message, self.newest_round)
+                    self.window.check(message, reference)
+                elif source is Source.REPAIR:
+                    self.window.check_repair(message, reference, server, sole_server, upper)
                 check_against_ledger(message, held)
             except Rejected as exc:
                 if exc.reason == "equivocation" and keeps_new(held, message.scalars):
@@ -257,6 +358,7 @@ class Admission:
         for verdict in verdicts:
             if verdict.changed_ledger:
                 self.newest_round = max(self.newest_round, verdict.message.round)
+                self.note_claim(verdict.message.peer, verdict.message.round)
         if handed:
             self.metrics.ledger_size.set(len(self.ledger))
             self.deliver(handed)
@@ -290,21 +392,20 @@ class Admission:
     def _log_drop(self, reason: str, text: str, sender: bytes, knew_no_round: bool) -> None:
         # Expected, not suspicious: overlaps, and a fresh peer that knew no round yet
         # seeing the run's current rounds before its first sync (repair fetches them).
-        expected = reason in ("duplicate", "own") or (reason == "out_of_window" and knew_no_round)
+        expected = reason in ("duplicate", "own", "own_backfill") or (
+            reason == "out_of_window" and knew_no_round
+        )
+        level = logging.DEBUG if expected else logging.WARNING
+        if not log.isEnabledFor(level):
+            return
+        allowed, held = self.log_limit.allow(reason)  # the counters stay exact
+        if not allowed:
+            return
         log.log(
-            logging.DEBUG if expected else logging.WARNING,
-            "dropped update from %s: %s",
+            level,
+            "dropped update from %s: %s%s",
             short_id(sender),
             text,
+            f" ({held} more '{reason}' drops not logged)" if held else "",
             extra={"fields": {"event": "drop", "reason": reason}},
         )
-
-
-def short_id(peer: bytes) -> str:
-    """The last 8 base58 digits of a peer id, as logs show it."""
-    try:
-        import base58
-
-        return base58.b58encode(peer).decode()[-8:]
-    except Exception:
-        return peer.hex()[:8]

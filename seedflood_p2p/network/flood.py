@@ -11,8 +11,15 @@ and the bootstrap node both run a FloodNode; the bootstrap just never trains.
 Request/response protocols (msgpack over the same libp2p daemon):
 
     seedflood.manifest  b""                        -> run manifest JSON + version + clock
-    seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, hash8], ...]
+    seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, sha256], ...]
     seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
+
+Against hostile peers (protocol/wire.py states the budgets, network/reputation.py the
+scores): a repair exchange is bounded in pages, rows and time by what the peer's digest
+claimed; a peer whose page holds one bad row, or whose exchange overruns, is penalized and
+not asked again for a growing while (backoff); banned and (in a closed run) unlisted
+peers get empty answers, and banned ones are disconnected through the daemon; each
+requester is served at most SERVE_BYTES_RATE bytes a second.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgpack
 
@@ -33,11 +41,18 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.metrics import NodeMetrics, timed
+from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
 from seedflood_p2p.network.transport import PubSubClient, RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
+    EXCHANGE_BASE_SECONDS,
     FETCH_LIMIT,
+    MAX_EXCHANGE_PAGES,
+    MAX_FETCH_REPLY_BYTES,
+    PAGE_SECONDS,
+    SERVE_BYTES_BURST,
+    SERVE_BYTES_RATE,
     Rejected,
     check_rows_follow,
     decode_digest_request,
@@ -46,14 +61,18 @@ from seedflood_p2p.protocol.wire import (
     decode_rows,
     encode_rows,
     encode_update,
+    quorum_round,
     topic_for,
 )
+from seedflood_p2p.storage.bans import BanStore
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.node")
 
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
+MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be asked again
+BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
 # FETCH_LIMIT (protocol/wire.py), rows per fetch response: a row carries its signed envelope,
 # ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
 # so 4096 rows stay below the 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB:
@@ -62,13 +81,24 @@ FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers`
 
 @dataclass
 class NodeSettings:
-    max_ahead: int = 50  # gossip window: rounds past the newest known round
+    max_ahead: int = 10  # round window: rounds past the reference round (wire.WindowRule)
+    max_behind: int = 30  # ... and rounds before it (gossip; repair relays older rows)
     repair_interval: float = 3.0  # seconds between anti-entropy exchanges
     call_timeout: float = 10.0
     drop_incoming: float = 0.0  # test hook: discard this fraction of incoming gossip
     publish_rate: float = 50.0  # messages per second, paced
     auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
+
+
+@dataclass
+class _Exchange:
+    """One repair exchange with one peer: its deadline (grown by what the digest claimed),
+    the rows it brought, whether it ended early."""
+
+    deadline: float
+    new: int = 0
+    aborted: bool = False
 
 
 @dataclass
@@ -97,6 +127,10 @@ class FloodNode:
         self.settings = settings
         self.on_accept = on_accept
         self.peer_id = p2p.peer_id.to_bytes()
+        # Bans live beside the ledger file (in memory for an in-memory ledger).
+        on_disk = ledger.path is not None and str(ledger.path) != ":memory:"
+        self.bans = BanStore(Path(ledger.path).parent / "bans.sqlite" if on_disk else None)
+        self.reputation = Reputation(self.bans, metrics.count_ban, on_ban=self._disconnect)
         self.admission = Admission(
             ledger,
             self.directions,
@@ -104,7 +138,12 @@ class FloodNode:
             metrics,
             settings.max_ahead,
             deliver=lambda messages: self.on_accept(messages),  # on_accept may be replaced
+            max_behind=settings.max_behind,
+            reputation=self.reputation,
+            allowed=RunConfig.from_json(manifest_json).allowed_peer_ids(),
         )
+        self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
+        self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
         self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
@@ -130,6 +169,29 @@ class FloodNode:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._pubsub.close()
+        self.bans.close()
+
+    def _disconnect(self, peer: bytes) -> None:
+        """A banned peer: close its connection through the daemon (it may dial again; its
+        streams are then refused and its gossip dropped, see network/reputation.py)."""
+        from hivemind.p2p import PeerID
+
+        async def disconnect() -> None:
+            try:
+                await self.p2p._client.disconnect(PeerID(peer))
+            except Exception as exc:  # already gone, or the daemon is stopping
+                log.debug("disconnecting %s failed: %r", short_id(peer), exc)
+
+        with contextlib.suppress(RuntimeError):  # no running loop (tools, tests)
+            asyncio.get_running_loop().create_task(disconnect())
+
+    def refuses(self, peer: bytes) -> str | None:
+        """Why we do not talk to `peer` (banned, or outside a closed run), or None."""
+        if self.reputation.is_banned(peer):
+            return "banned"
+        if self.admission.allowed is not None and peer not in self.admission.allowed:
+            return "not_allowed"
+        return None
 
     # -- admission: every update in, see network/admission.py ----------------------
     @property
@@ -219,67 +281,165 @@ class FloodNode:
         )
 
     async def _serve_digest(self, peer, request: bytes) -> bytes:
-        if decode_digest_request(request) != self.run_id:
+        if decode_digest_request(request) != self.run_id or not self._may_serve(peer, 0):
             return msgpack.packb([])
         with timed(self.metrics.repair_serve_seconds.labels("digest")):
             digests = self.ledger.bucket_digests(BUCKET_ROUNDS)
-            return msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
+            reply = msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
+        return reply if self._may_serve(peer, len(reply)) else msgpack.packb([])
 
     async def _serve_fetch(self, peer, request: bytes) -> bytes:
         fields = decode_fetch_request(request)
-        if fields is None or fields[0] != self.run_id:
+        if fields is None or fields[0] != self.run_id or not self._may_serve(peer, 0):
             return encode_rows([])
         _, round_, after_peer, max_round, limit = fields
         with timed(self.metrics.repair_serve_seconds.labels("fetch")):
-            return encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
+            reply = encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
+        return reply if self._may_serve(peer, len(reply)) else encode_rows([])
 
-    async def sync_with(self, peer_id) -> int:
+    def _may_serve(self, peer, size: int) -> bool:
+        """Refuse banned and unlisted requesters, and any requester past its byte rate
+        (SERVE_BYTES_RATE: what keeps a small request from buying replies without end)."""
+        requester = peer.to_bytes()
+        why = self.refuses(requester)
+        if why is None and size and not self._served_bytes.allow(requester, size):
+            why = "rate_limited"
+            self.reputation.penalize(requester, why)
+        if why is not None:
+            self.metrics.served_refused.labels(why).inc()
+            return False
+        return True
+
+    async def sync_with(self, peer_id, sole_server: bool = True) -> int:
         """Pull every message `peer_id` has in buckets that differ from ours; returns new count.
 
-        A bad reply (see protocol/wire.py) ends the exchange with that peer: counted, logged.
-        Its rows go through admission like gossip does."""
-        request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
-        reply = await self._call(peer_id, "digest", request)
+        Bounded by what its digest claimed: at most MAX_EXCHANGE_PAGES pages, the claimed
+        rows per bucket, and `wire.exchange_deadline` seconds. A bad reply or a page with a
+        bad row (see protocol/wire.py) ends the exchange: counted, held against the peer,
+        which is then backed off. Its rows go through admission like gossip does.
+        `sole_server`: the peer is the only one we could ask (repair's old-row rule)."""
+        server = peer_id.to_bytes()
+        if self.refuses(server) or time.monotonic() < self._backoff.get(server, (0.0, 0))[0]:
+            return 0
+        loop = asyncio.get_running_loop()
+        exchange = _Exchange(deadline=loop.time() + EXCHANGE_BASE_SECONDS)
+        try:
+            await self._exchange(peer_id, server, sole_server, exchange)
+        except RemoteCallError:
+            if loop.time() < exchange.deadline - 0.05:
+                raise  # unreachable or refused, not slow: the caller logs it
+            self._abort(server, "deadline", exchange, "repair_timeout")
+        else:
+            if not exchange.aborted:
+                self._backoff.pop(server, None)
+        return exchange.new
+
+    async def _exchange(
+        self, peer_id, server: bytes, sole_server: bool, exchange: _Exchange
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def call(request_name: str, request: bytes) -> bytes:
+            """One repair request (`digest` or `fetch`), timed and its reply counted."""
+            left = min(self.settings.call_timeout, exchange.deadline - loop.time())
+            if left <= 0:
+                raise RemoteCallError(f"repair exchange with {short_id(server)} over its deadline")
+            with timed(self.metrics.repair_call_seconds.labels(request_name)):
+                reply = await call_bytes(
+                    self.p2p,
+                    peer_id,
+                    f"seedflood.{request_name}",
+                    request,
+                    left,
+                    max_response=MAX_FETCH_REPLY_BYTES,
+                )
+            self.metrics.repair_bytes_in.labels(request_name).inc(len(reply))
+            return reply
+
+        reply = await call("digest", msgpack.packb([self.run_id, BUCKET_ROUNDS]))
         try:
             theirs = decode_digests(reply)
         except Rejected as exc:
-            self.admission.drop_reply(exc, peer_id.to_bytes())
-            return 0
+            self._abort(server, "bad_reply", exchange)
+            self.admission.drop_reply(exc, server)
+            return
+        if theirs:
+            self.admission.note_bucket_claim(server, (max(theirs) + 1) * BUCKET_ROUNDS - 1)
         mine = self.ledger.bucket_digests(BUCKET_ROUNDS)
-        new = 0
-        for bucket, digest in sorted(theirs.items()):
-            if mine.get(bucket) == digest:
-                continue
-            lo, hi = bucket * BUCKET_ROUNDS, (bucket + 1) * BUCKET_ROUNDS - 1
-            cursor = (lo - 1, b"\xff" * 64)
-            while True:
+        # Rows past the window's upper bound would be refused anyway: not fetched.
+        admission = self.admission
+        upper = max(admission.reference_round(), quorum_round(admission.bucket_claims.values()))
+        last_round = upper + admission.window.max_ahead
+        wanted = [
+            (bucket, count)
+            for bucket, (count, digest) in sorted(theirs.items())
+            if mine.get(bucket) != (count, digest) and bucket * BUCKET_ROUNDS <= last_round
+        ]
+        pages = 0
+        budget = []
+        for bucket, count in wanted:  # what the digest claimed, at most MAX_EXCHANGE_PAGES
+            need = max(1, math.ceil(count / FETCH_LIMIT))
+            if pages + need > MAX_EXCHANGE_PAGES and budget:
+                break
+            budget.append((bucket, count))
+            pages += need
+        exchange.deadline += PAGE_SECONDS * min(pages, MAX_EXCHANGE_PAGES)
+        pages = 0
+        for bucket, claimed in budget:
+            lo = bucket * BUCKET_ROUNDS
+            hi = min(lo + BUCKET_ROUNDS - 1, last_round)
+            cursor, taken = (lo - 1, b"\xff" * 64), 0
+            while pages < MAX_EXCHANGE_PAGES:
                 request = msgpack.packb([self.run_id, cursor[0], cursor[1], hi, FETCH_LIMIT])
-                data = await self._call(peer_id, "fetch", request)
+                data = await call("fetch", request)
+                pages += 1
                 try:
                     rows = decode_rows(data, FETCH_LIMIT)
                     check_rows_follow(rows, cursor, hi)
+                    taken += len(rows)
+                    if taken > claimed:
+                        raise Rejected("bad_reply", f"bucket {bucket}: more rows than {claimed}")
                 except Rejected as exc:
-                    self.admission.drop_reply(exc, peer_id.to_bytes())
-                    return new
-                verdicts = await self.admission.repair(rows)
+                    self._abort(server, "bad_reply", exchange)
+                    self.admission.drop_reply(exc, server)
+                    return
+                verdicts = await self.admission.repair(rows, server, sole_server)
                 self._track(verdicts, heard=False)
                 fetched = sum(v.outcome is Outcome.ACCEPTED for v in verdicts)
-                new += fetched
+                exchange.new += fetched
                 self.metrics.repaired.inc(fetched)
+                bad = [v.reason for v in verdicts if v.reason in BAD_PAGE_REASONS]
+                if bad:  # one bad row: no honest peer serves it (see reputation.PENALTIES)
+                    self._abort(server, "bad_page", exchange, "bad_page")
+                    return
                 if len(rows) < FETCH_LIMIT:
                     break
                 last = rows[-1][0]  # rows are (message, envelope) pairs
                 cursor = (last.round, last.peer)
-        return new
 
-    async def _call(self, peer_id, request_name: str, request: bytes) -> bytes:
-        """One repair request (`digest` or `fetch`) to a peer, timed and its reply counted."""
-        with timed(self.metrics.repair_call_seconds.labels(request_name)):
-            reply = await call_bytes(
-                self.p2p, peer_id, f"seedflood.{request_name}", request, self.settings.call_timeout
-            )
-        self.metrics.repair_bytes_in.labels(request_name).inc(len(reply))
-        return reply
+    def _abort(
+        self,
+        server: bytes,
+        why: str,
+        exchange: _Exchange | None = None,
+        penalty: str | None = None,
+    ) -> None:
+        """End repair with `server` for now: counted, penalized, backed off (doubling)."""
+        if exchange is not None:
+            exchange.aborted = True
+        self.metrics.repair_aborted.labels(why).inc()
+        if penalty is not None:
+            self.reputation.penalize(server, penalty)
+        failures = self._backoff.get(server, (0.0, 0))[1] + 1
+        wait = min(MAX_BACKOFF, self.settings.repair_interval * 2**failures)
+        self._backoff[server] = (time.monotonic() + wait, failures)
+        log.info(
+            "repair with %s ended (%s): not asked again for %.0f s",
+            short_id(server),
+            why,
+            wait,
+            extra={"fields": {"event": "repair_abort", "why": why}},
+        )
 
     async def connected_peers(self) -> list:
         """Peers subscribed to the run's topic (others' ledgers to sync with)."""
@@ -295,9 +455,10 @@ class FloodNode:
     async def sync_round(self, peers: list | None = None) -> int:
         """One anti-entropy pass with the given (default: all topic) peers."""
         new = 0
-        for peer_id in peers if peers is not None else await self.connected_peers():
+        peers = peers if peers is not None else await self.connected_peers()
+        for peer_id in peers:
             try:
-                new += await self.sync_with(peer_id)
+                new += await self.sync_with(peer_id, sole_server=len(peers) <= 1)
             except RemoteCallError as exc:
                 log.debug("sync with %s failed: %s", peer_id, exc)
             except UserError:
@@ -321,7 +482,7 @@ class FloodNode:
             if not peers:
                 continue
             try:
-                new = await self.sync_with(random.choice(peers))
+                new = await self.sync_with(random.choice(peers), sole_server=len(peers) <= 1)
             except RemoteCallError as exc:
                 log.debug("anti-entropy failed: %s", exc)
                 continue

@@ -91,6 +91,22 @@ class NodeMetrics:
         self.repair_bytes_in = Counter(
             "seedflood_repair_bytes_in", "repair reply bytes received", ["request"], registry=r
         )
+        # Peers banned by this node (network/reputation.py), by the reason of the ban.
+        self.banned = Counter(
+            "seedflood_peers_banned", "peers banned, by reason", ["reason"], registry=r
+        )
+        self.repair_aborted = Counter(
+            "seedflood_repair_exchanges_aborted",
+            "repair exchanges ended early: bad page, over budget, deadline",
+            ["why"],
+            registry=r,
+        )
+        self.served_refused = Counter(
+            "seedflood_requests_refused",
+            "repair requests refused: banned, not allowed, over the byte rate",
+            ["why"],
+            registry=r,
+        )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)
         for source in SOURCES:
@@ -114,6 +130,12 @@ class NodeMetrics:
 
     def drop_counts(self) -> dict[str, int]:
         return {r: int(value(self.dropped.labels(r))) for r in DROP_REASONS}
+
+    def count_ban(self, reason: str) -> None:
+        self.banned.labels(reason).inc()
+
+    def ban_counts(self) -> dict[str, int]:
+        return _labelled_counts(self.banned)
 
     def accepted_counts(self) -> dict[str, int]:
         return {s: int(value(self.accepted.labels(s))) for s in SOURCES}
@@ -144,6 +166,16 @@ def histogram_totals(histogram: Histogram) -> dict[str, dict[str, float]]:
                 out.setdefault(key, {})["count"] = int(sample.value)
             elif sample.name == family.name + "_sum":
                 out.setdefault(key, {})["sum_s"] = sample.value
+    return out
+
+
+def _labelled_counts(counter: Counter) -> dict[str, int]:
+    """{label value: count} of a counter with one label, the labels seen so far."""
+    out = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[next(iter(sample.labels.values()))] = int(sample.value)
     return out
 
 

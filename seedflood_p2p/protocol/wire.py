@@ -18,7 +18,19 @@ dropped and counted under the named reason (never raised out of the daemon):
     bad_version    version is not PROTOCOL_VERSION
     wrong_run      run_tag differs from this run's
     non_finite     a scalar is NaN or infinite
-    out_of_window  round < 0, round > MAX_ROUND, or round > newest round seen + max_ahead
+    out_of_window  round < 0, round > MAX_ROUND, or outside [reference - max_behind,
+                   reference + max_ahead] (`WindowRule`). The reference is the receiver's
+                   own training round, or, where higher or where the receiver does not
+                   train, the round reached by a quorum of distinct peers
+                   (`quorum_round`): never the highest round seen, which one identity
+                   could walk forward
+    bad_key        the sender's peer id is not an Ed25519 key (its signature could not be
+                   checked offline, so repair could never hand the row on: gossip and
+                   repair refuse it alike)
+    banned         the sender is banned by this peer (network/reputation.py); not a rule
+                   every peer applies at once, see `own_backfill` for why ledgers still agree
+    not_allowed    a closed run (the manifest's `allow_peers`) and the sender is not in it
+    rate_limited   the sender sent more updates than `SENDER_RATE` / `SENDER_BURST` allow
     duplicate      same (sender, round, scalars) already in the ledger
     equivocation   same (sender, round) already in the ledger with other scalars; both are
                    the sender's signed words, so every peer keeps the same one by a fixed
@@ -32,19 +44,38 @@ dropped and counted under the named reason (never raised out of the daemon):
 Repair (request/response between peers) carries ledger entries as msgpack rows
 `[round, peer, scalars, data, seqno, signature]`: the update together with the
 signed GossipSub envelope it first arrived in. A repaired row passes the same
-checks except the window (a late message is still valid: additions commute),
-and two more, so that no peer can forge another's update:
+checks except the window's lower bound (a late message is still valid: additions
+commute, and a late joiner fetches the whole history), and two more, so that no peer can
+forge another's update:
 
     bad_signature  the envelope's Ed25519 signature does not verify for `peer`
     mismatch       the envelope's payload does not decode to (round, scalars)
+    own_backfill   a row older than the window's lower bound, served by its own author.
+                   A row that was on time reached some honest peer by gossip, so another
+                   peer can relay it; a row only its author holds was written late, to
+                   backfill rounds the window closed (the attack of issue 12). Not held
+                   against the author: a late joiner asks honest peers for their history.
+                   Where the server is the only peer we know, it is accepted (a two-peer
+                   run has nobody else to relay).
 
 Repair replies themselves are checked before any row is looked at; a reply that fails
 is dropped whole, counted as `bad_reply`, and that peer is not asked further this pass:
 
-    bad_reply      digest reply not a list of [bucket, count, 8-byte hash] with buckets in
+    bad_reply      digest reply not a list of [bucket, count, 32-byte hash] with buckets in
                    range, each listed once; fetch reply not a list of well-formed rows;
                    rows not strictly after the requested cursor, not ascending, or past
-                   the requested round
+                   the requested round; more rows for a bucket than its digest claimed;
+                   a page holding a row with a bad signature or payload (the whole
+                   exchange ends, the peer is backed off)
+
+Repair budgets (network/flood.py applies them): an exchange with one peer fetches at most
+`MAX_EXCHANGE_PAGES` pages, stops after `exchange_deadline(pages claimed)` seconds, and
+takes at most the rows the digest claimed per bucket; a fetch reply is at most
+`MAX_FETCH_REPLY_BYTES`. A server answers each requester at most `SERVE_BYTES_RATE` bytes
+per second (burst `SERVE_BYTES_BURST`), so an 82-byte request cannot buy unbounded replies.
+A bucket's digest is SHA-256 over its rows' sorted SHA-256 hashes (storage/ledger.py), so
+a fork cannot hide behind a collided digest (the XOR of 64-bit hashes it replaced could be
+collided with ~2^32 work).
 
 Requests a peer serves are checked the same way (unknown run, bucket size other than
 BUCKET_ROUNDS, limit outside 1..FETCH_LIMIT, cursor not a peer id): answered empty.
@@ -58,7 +89,7 @@ decoder raises anything but Rejected or returns anything but None on garbage
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgpack
@@ -73,6 +104,17 @@ MAX_ROUND = (1 << 62) - 1  # rounds are SQLite integers; no real run comes near 
 BUCKET_ROUNDS = 64  # rounds per digest bucket in anti-entropy
 FETCH_LIMIT = 4096  # rows per fetch reply: ~146 B each, under the daemon's 1 MiB cap
 MAX_PEER_ID_BYTES = 64
+BUCKET_HASH_BYTES = 32  # SHA-256 set digest per bucket
+MAX_FETCH_REPLY_BYTES = 960 * 1024  # below serve_bytes' 1 MiB; a valid Ed25519 row is < 215 B
+MAX_EXCHANGE_PAGES = 32  # fetch pages per exchange with one peer (131,072 rows)
+EXCHANGE_BASE_SECONDS = 10.0  # an exchange may take this ...
+PAGE_SECONDS = 2.0  # ... plus this per page its digest claimed (at most MAX_EXCHANGE_PAGES)
+SERVE_BYTES_RATE = 2 << 20  # repair bytes served per second to one requester ...
+SERVE_BYTES_BURST = 32 << 20  # ... in bursts of this (a late join of ~150,000 rows)
+SENDER_RATE = 50.0  # gossip messages per second one author may average: a backstop (the
+SENDER_BURST = 128.0  # window already allows one update per round) against floods
+QUORUM_PEERS = 2  # distinct peers that must reach a round before it sets a reference
+ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash, Ed25519 key
 
 DROP_REASONS = (
     "oversized",
@@ -87,6 +129,11 @@ DROP_REASONS = (
     "bad_signature",
     "mismatch",
     "bad_reply",
+    "bad_key",
+    "own_backfill",
+    "banned",
+    "not_allowed",
+    "rate_limited",
 )
 
 
@@ -163,16 +210,61 @@ def decode_update(
 
 @dataclass
 class WindowRule:
-    """Gossip may not run more than `max_ahead` rounds past the newest round we know."""
+    """Rounds a sender may use, around the receiver's reference round (see `quorum_round`):
+    from `max_behind` rounds before it to `max_ahead` rounds past it. Both bounds matter:
+    without the upper one a sender walks rounds forward, without the lower one it fills
+    every past round it never took part in."""
 
     max_ahead: int
+    max_behind: int = 30
 
-    def check(self, message: UpdateMessage, newest_round: int) -> None:
-        if message.round > newest_round + self.max_ahead:
+    def check(self, message: UpdateMessage, reference: int) -> None:
+        """Gossip: both bounds. A reference of -1 (nothing known yet) opens the lower one."""
+        self.check_ahead(message, reference)
+        if message.round < reference - self.max_behind:
             raise Rejected(
                 "out_of_window",
-                f"round {message.round} is more than {self.max_ahead} ahead of {newest_round}",
+                f"round {message.round} is more than {self.max_behind} behind {reference}",
             )
+
+    def check_ahead(self, message: UpdateMessage, reference: int) -> None:
+        if message.round > reference + self.max_ahead:
+            raise Rejected(
+                "out_of_window",
+                f"round {message.round} is more than {self.max_ahead} ahead of {reference}",
+            )
+
+    def check_repair(
+        self,
+        message: UpdateMessage,
+        reference: int,
+        server: bytes,
+        sole_server: bool,
+        upper_reference: int | None = None,
+    ) -> None:
+        """Repair: the upper bound (around `upper_reference` if given: a late joiner's
+        quorum of digest claims), and an old row only if relayed (see `own_backfill`)."""
+        self.check_ahead(message, max(reference, upper_reference or -1))
+        if message.round < reference - self.max_behind and message.peer == server:
+            if not sole_server:
+                raise Rejected("own_backfill", f"round {message.round}, reference {reference}")
+
+
+def quorum_round(rounds: Iterable[int], quorum: int = QUORUM_PEERS) -> int:
+    """The highest round that at least `quorum` of the given peers (one round each: their
+    newest) reached; with fewer peers, the lowest of them; -1 for none. One identity moves
+    it no higher than the honest peers' own rounds, however high it claims to be."""
+    ordered = sorted(rounds, reverse=True)
+    if not ordered:
+        return -1
+    return ordered[min(quorum, len(ordered)) - 1]
+
+
+def check_sender_key(peer: bytes) -> None:
+    """Only Ed25519 peer ids: their public key is in the id, so every peer can check their
+    rows' signatures offline, on gossip and on repair alike."""
+    if len(peer) != 38 or not peer.startswith(ED25519_PEER_ID_PREFIX):
+        raise Rejected("bad_key", "sender's peer id is not an Ed25519 key")
 
 
 def _order(scalars: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
@@ -248,9 +340,9 @@ def check_rows_follow(
 
 
 def decode_digests(data: bytes) -> dict[int, tuple[int, bytes]]:
-    """A digest reply: {bucket: (count, 8-byte hash)} for buckets of BUCKET_ROUNDS rounds."""
+    """A digest reply: {bucket: (count, 32-byte hash)} for buckets of BUCKET_ROUNDS rounds."""
     try:
-        body = msgpack.unpackb(data, raw=False, max_bin_len=8, max_str_len=0)
+        body = msgpack.unpackb(data, raw=False, max_bin_len=BUCKET_HASH_BYTES, max_str_len=0)
     except Exception as exc:
         raise Rejected("bad_reply", f"digests not msgpack ({type(exc).__name__})") from None
     if not isinstance(body, list):
@@ -264,7 +356,7 @@ def decode_digests(data: bytes) -> dict[int, tuple[int, bytes]]:
             and item[0] <= MAX_ROUND // BUCKET_ROUNDS
             and _is_round(item[1])
             and isinstance(item[2], bytes)
-            and len(item[2]) == 8
+            and len(item[2]) == BUCKET_HASH_BYTES
         ):
             raise Rejected("bad_reply", "bad digest entry")
         if item[0] in out:

@@ -63,6 +63,12 @@ def _message_hash(m: UpdateMessage) -> bytes:
     return hashlib.sha256(body + pack_scalars(m.scalars)).digest()[:8]
 
 
+def _set_member_hash(m: UpdateMessage) -> bytes:
+    """Full SHA-256 of one message, as a member of a bucket's set digest."""
+    body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
+    return hashlib.sha256(body + pack_scalars(m.scalars)).digest()
+
+
 def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
     return UpdateMessage(round_, bytes(peer), unpack_scalars(scalars))
 
@@ -271,10 +277,12 @@ class Ledger:
     def bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
         """{bucket: (count, hash)} over rounds [b * bucket_rounds, (b + 1) * bucket_rounds).
 
-        The hash is an order-independent XOR of per-message hashes, so two peers
-        compare buckets without sorting. The ledger only grows and holds one
-        message per (peer, round), so an unchanged count means an unchanged
-        set (`replace` clears the cache): hashes are cached per (bucket, count).
+        The hash is SHA-256 over the bucket's per-message SHA-256 hashes, sorted: a set
+        digest two peers compare without agreeing on an order, and collision-resistant
+        (the XOR of 64-bit hashes it replaced could be collided with ~2^32 work, hiding a
+        fork from repair for good). The ledger only grows and holds one message per
+        (peer, round), so an unchanged count means an unchanged set (`replace` clears the
+        cache): hashes are cached per (bucket, count).
         """
         rows = self._db.execute(
             "SELECT round / ?, COUNT(*) FROM messages WHERE run_id = ? GROUP BY round / ?",
@@ -286,13 +294,20 @@ class Ledger:
             key = (bucket_rounds, bucket)
             cached = cache.get(key)
             if cached is None or cached[0] != count:
-                acc = 0
                 lo = bucket * bucket_rounds
-                for m in self.messages(lo, lo + bucket_rounds - 1):
-                    acc ^= int.from_bytes(_message_hash(m), "little")
-                cached = cache[key] = (count, acc.to_bytes(8, "little"))
+                hashes = sorted(
+                    _set_member_hash(m) for m in self.messages(lo, lo + bucket_rounds - 1)
+                )
+                cached = cache[key] = (count, hashlib.sha256(b"".join(hashes)).digest())
             out[bucket] = cached
         return out
+
+    def peer_rounds(self) -> dict[bytes, int]:
+        """{peer: its newest round in the ledger}: what a quorum round is taken over."""
+        rows = self._db.execute(
+            "SELECT peer, MAX(round) FROM messages WHERE run_id = ? GROUP BY peer", (self.run_id,)
+        ).fetchall()
+        return {bytes(peer): round_ for peer, round_ in rows}
 
     def signed_after(
         self, round_: int, peer: bytes, max_round: int, limit: int

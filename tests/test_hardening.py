@@ -1,0 +1,216 @@
+"""Open-network hardening (issue 12) without daemons: the round policy, repair's old-row
+rule, sender keys, closed runs, reputation and bans, rate limits, thinned drop logs, the
+set digest, the start round and the liveness rule."""
+
+import asyncio
+import logging
+import types
+
+import pytest
+from test_admission import RUN, Peer, node  # noqa: F401  (the `node` fixture)
+
+from seedflood_p2p.apps.status import format_status
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.admission import Admission, Outcome
+from seedflood_p2p.network.flood import PeerState
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.protocol.wire import (
+    SENDER_BURST,
+    Rejected,
+    WindowRule,
+    check_sender_key,
+    quorum_round,
+)
+from seedflood_p2p.storage.bans import BanStore
+from seedflood_p2p.storage.ledger import Ledger
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _reasons(verdicts) -> list[str]:
+    return [v.reason if v.outcome is not Outcome.ACCEPTED else "accepted" for v in verdicts]
+
+
+# -- round policy ------------------------------------------------------------------------
+def test_quorum_round_is_the_round_a_quorum_reached():
+    assert quorum_round([]) == -1
+    assert quorum_round([7]) == 7  # one peer known: nobody else to ask
+    assert quorum_round([40, 5000]) == 40  # the walker is one vote
+    assert quorum_round([40, 41, 5000, 9000]) == 5000  # two identities: two votes
+    assert quorum_round([3, 40, 41], quorum=3) == 3
+
+
+def test_repair_refuses_an_author_backfilling_closed_rounds_but_takes_relayed_rows():
+    rule = WindowRule(max_ahead=10, max_behind=30)
+    author, relay = b"A", b"R"
+    old = UpdateMessage(5, author, (0.5,))
+    rule.check_repair(old, 100, relay, sole_server=False)  # relayed: was on time somewhere
+    rule.check_repair(old, 100, author, sole_server=True)  # nobody else to relay it
+    with pytest.raises(Rejected) as exc:
+        rule.check_repair(old, 100, author, sole_server=False)
+    assert exc.value.reason == "own_backfill"
+    with pytest.raises(Rejected) as exc:  # the upper bound holds for repair too
+        rule.check_repair(UpdateMessage(111, relay, (0.5,)), 100, relay, sole_server=False)
+    assert exc.value.reason == "out_of_window"
+    rule.check_repair(UpdateMessage(150, relay, (0.5,)), 100, relay, False, upper_reference=140)
+
+
+async def test_a_backfill_served_by_its_author_is_dropped_and_not_held_against_it(node):  # noqa: F811
+    mallory, honest = Peer(), Peer()
+    node.own_round = 200
+    rows = [mallory.row(r, (9.0,)) for r in range(0, 100)]
+    verdicts = await node.repair(rows, server=mallory.id, sole_server=False)
+    assert set(_reasons(verdicts)) == {"own_backfill"} and len(node.ledger) == 0
+    assert node.reputation.score(mallory.id) == 0  # a late joiner asks honest authors too
+    relayed = await node.repair([honest.row(150, (0.5,))], server=mallory.id, sole_server=False)
+    assert _reasons(relayed) == ["accepted"]
+
+
+def test_rsa_and_other_non_ed25519_senders_are_refused_on_gossip_and_repair(node):  # noqa: F811
+    rsa_like = bytes.fromhex("1220") + bytes(32)  # a sha256 multihash id: an RSA key
+    with pytest.raises(Rejected) as exc:
+        check_sender_key(rsa_like)
+    assert exc.value.reason == "bad_key"
+    alice = Peer()
+    envelope = alice.envelope(3, (0.5,))
+    (v,) = node.gossip([(rsa_like, envelope)])
+    assert (v.outcome, v.reason) == (Outcome.DROPPED, "bad_key")
+    (r,) = asyncio.run(node.repair([(UpdateMessage(3, rsa_like, (0.5,)), envelope)]))
+    assert (r.outcome, r.reason) == (Outcome.DROPPED, "bad_key")
+    assert node.metrics.drop_counts()["bad_key"] == 2 and len(node.ledger) == 0
+
+
+# -- closed runs -----------------------------------------------------------------------
+def test_a_closed_run_admits_listed_peers_only_and_keeps_open_manifests_unchanged():
+    import base58
+
+    alice, stranger = Peer(), Peer()
+    config = RunConfig(allow_peers=[base58.b58encode(alice.id).decode()])
+    assert RunConfig.from_json(config.to_json()) == config
+    assert config.allowed_peer_ids() == {alice.id}
+    assert "allow_peers" not in RunConfig().to_json()  # old manifests keep their run id
+    assert RunConfig().allowed_peer_ids() is None
+    with pytest.raises(UserError, match="allow_peers entry"):
+        RunConfig(allow_peers=["not-a-peer-id"])
+    with pytest.raises(UserError, match="twice"):
+        RunConfig(allow_peers=config.allow_peers * 2)
+    ledger = Ledger(":memory:", RUN)
+    admission = Admission(ledger, 1, Peer().id, NodeMetrics(), 50, allowed={alice.id})
+    verdicts = admission.gossip([alice.gossip(1, (0.5,)), stranger.gossip(1, (0.5,))])
+    assert _reasons(verdicts) == ["accepted", "not_allowed"]
+    (r,) = asyncio.run(admission.repair([stranger.row(2, (0.5,))], server=alice.id))
+    assert r.reason == "not_allowed" and len(ledger) == 1
+    assert admission.metrics.drop_counts()["not_allowed"] == 2
+
+
+# -- reputation and bans ---------------------------------------------------------------
+def test_scores_fall_with_abuse_recover_with_time_and_bans_persist(tmp_path):
+    clock, banned = Clock(), []
+    store = BanStore(tmp_path / "bans.sqlite")
+    reputation = Reputation(store, on_ban=banned.append, clock=clock)
+    honest, abuser = b"h" * 38, b"a" * 38
+    for _ in range(50):  # an honest peer's occasional late message, once a second
+        reputation.penalize(honest, "out_of_window")
+        clock.now += 1.0
+    assert reputation.score(honest) == 0 and not reputation.is_banned(honest)
+    steps = 0
+    while not reputation.penalize(abuser, "bad_signature"):
+        steps += 1
+    assert steps == int(-BAN_SCORE // 25) - 1 and banned == [abuser]
+    assert reputation.ban(b"e" * 38, "equivocation") and len(store) == 2
+    store.close()
+    reopened = BanStore(tmp_path / "bans.sqlite")  # after a restart: still banned
+    assert reopened.is_banned(abuser) and {b.reason for b in reopened.all()} == {
+        "bad_signature",
+        "equivocation",
+    }
+    text = format_status({"banned": reopened.status()})
+    assert "(bad_signature)" in text and "(equivocation)" in text
+    reopened.close()
+
+
+def test_an_update_flood_is_rate_limited_then_banned(node):  # noqa: F811
+    mallory = Peer()
+    node.own_round = 10
+    flood = [mallory.gossip(10, (9.0,))] * int(SENDER_BURST + 100)
+    verdicts = node.gossip(flood)
+    reasons = _reasons(verdicts)
+    assert reasons[0] == "accepted" and set(reasons[1 : int(SENDER_BURST)]) == {"duplicate"}
+    assert reasons[int(SENDER_BURST)] == "rate_limited"
+    assert node.reputation.is_banned(mallory.id)
+    (after,) = node.gossip([mallory.gossip(11, (0.5,))])
+    assert after.reason == "banned" and node.metrics.ban_counts() == {"rate_limited": 1}
+
+
+def test_peer_buckets_refill_at_their_rate():
+    clock = Clock()
+    buckets = PeerBuckets(rate=2.0, burst=4.0, clock=clock)
+    assert [buckets.allow(b"p") for _ in range(5)] == [True] * 4 + [False]
+    assert buckets.allow(b"q")  # per peer
+    clock.now += 1.0
+    assert [buckets.allow(b"p") for _ in range(3)] == [True, True, False]
+
+
+def test_drop_logs_are_thinned_while_counters_stay_exact(node, caplog):  # noqa: F811
+    caplog.set_level(logging.WARNING, logger="seedflood.node")
+    forger = Peer()
+    node.own_round = 0
+    node.reputation.penalize = lambda *a, **k: False  # keep the sender unbanned here
+    node.sender_rate = PeerBuckets(1e9, 1e9)
+    node.gossip([(forger.id, forger.envelope(1, (0.5,), b"\xc1garbage"))] * 1000)
+    assert node.metrics.drop_counts()["malformed"] == 1000
+    lines = [r for r in caplog.records if "dropped update" in r.getMessage()]
+    assert 1 <= len(lines) <= LogLimiter().lines
+
+
+# -- set digest --------------------------------------------------------------------------
+def test_bucket_digest_is_a_full_sha256_of_the_set_in_any_order():
+    a, b = Ledger(":memory:", RUN), Ledger(":memory:", RUN)
+    rows = [UpdateMessage(r, bytes([p]) * 38, (0.5 * p,)) for r in range(3) for p in range(1, 4)]
+    a.add(rows)
+    b.add(list(reversed(rows)))
+    digests = a.bucket_digests(64)
+    assert digests == b.bucket_digests(64) and len(digests[0][1]) == 32
+    c = Ledger(":memory:", RUN)  # same count, one row different: another digest
+    c.add(rows[:-1] + [UpdateMessage(2, bytes([3]) * 38, (0.25,))])
+    assert c.bucket_digests(64)[0][0] == digests[0][0]
+    assert c.bucket_digests(64)[0][1] != digests[0][1]
+
+
+# -- start round and liveness -------------------------------------------------------------
+def test_start_round_comes_from_a_quorum_not_the_highest_round():
+    from peer.daemon import start_round
+
+    me, honest1, honest2, walker = Peer().id, Peer().id, Peer().id, Peer().id
+    ledger = Ledger(":memory:", RUN)
+    ledger.add([UpdateMessage(r, p, (0.5,)) for r in range(60) for p in (honest1, honest2)])
+    ledger.add([UpdateMessage(20, me, (0.5,)), UpdateMessage(7063, walker, (0.5,))])
+    assert start_round(ledger, me) == 59  # the honest peers' round, not 7063
+    ledger.add([UpdateMessage(80, me, (0.5,))])
+    assert start_round(ledger, me) == 81  # never before our own last update
+
+
+async def test_a_peer_that_made_us_wait_out_the_deadline_is_not_waited_for_again():
+    from peer.daemon import PeerDaemon, PeerSettings
+
+    daemon = PeerDaemon(PeerSettings(round_deadline=0.05, max_staleness=0))
+    slow = b"s" * 38
+    daemon.node = types.SimpleNamespace(peers={slow: PeerState(round=3, last_seen=1e18)})
+    daemon._live_peers = lambda now: daemon.node.peers
+    await daemon.wait_ready(10)  # waits the deadline once
+    assert daemon.laggards == {slow}
+    daemon.s.round_deadline = 3600.0  # were it waited for again, this would hang
+    await asyncio.wait_for(daemon.wait_ready(11), timeout=60)
+    daemon.node.peers[slow].round = 11  # it caught up: waited for as before
+    await asyncio.wait_for(daemon.wait_ready(12), timeout=60)
+    assert daemon.laggards == set()
+    daemon._model_thread.shutdown(wait=False)

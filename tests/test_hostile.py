@@ -1,0 +1,158 @@
+"""Hostile identities against real daemons (issue 12): a bootstrap node and three honest
+tiny-model peers on 127.0.0.1, a late joiner, and three attackers (tests/hostile.py), each
+one identity on its own p2pd:
+
+    M1  floods 400 valid signed updates of +-100 on fresh rounds, walks the round window
+        100 steps of +50, then equivocates
+    M2  answers repair as a tarpit: 2,000 claimed buckets, 8 s replies, bad-signature pages
+    M3  stays live with a round a few behind the run (the liveness stall)
+
+One scenario per module (starting processes is the slow part); each test asserts one
+promise of the issue.
+"""
+
+from __future__ import annotations
+
+import json
+
+import base58
+import pytest
+from hostile import Hostile
+
+from seedflood_p2p.storage.ledger import Ledger
+
+from cluster import start_bootstrap, start_peer
+
+pytestmark = pytest.mark.slow
+ROUNDS = 40
+ROUND_DEADLINE = 3.0
+MAX_AHEAD, MAX_BEHIND = 10, 30  # NodeSettings' defaults
+PEER_FLAGS = [
+    "--until-round",
+    str(ROUNDS),
+    "--round-interval",
+    "1.5",  # long enough a run for the late joiner to start (~50 s under load) and join
+    "--max-staleness",
+    "2",
+    "--round-deadline",
+    str(ROUND_DEADLINE),
+    "--liveness-timeout",
+    "20",
+    "--linger",
+    "4",
+    "--repair-interval",
+    "1",
+    "--min-peers",
+    "2",
+]
+HONEST = ["a", "b", "c", "e"]
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    work = tmp_path_factory.mktemp("hostile")
+    procs, attackers = [], {}
+    try:
+        boot, address = start_bootstrap(work)
+        procs.append(boot)
+        peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b", "c")}
+        procs += peers.values()
+        peers["a"].wait_round(3)
+        run_id = Ledger.open_existing(work / "bootstrap" / "ledger.sqlite").run_id
+        for name, phases, seed in [
+            ("m1", ["flood", "walk", "equivocate"], 1),
+            ("m2", ["tarpit"], 2),
+            ("m3", ["stall"], 3),
+        ]:
+            attackers[name] = Hostile(address, run_id, phases, seed=seed)
+            attackers[name].start()
+        for attacker in attackers.values():
+            assert attacker.ready.wait(120) and attacker.error is None, attacker.error
+        assert attackers["m1"].finished.wait(120) and attackers["m1"].error is None
+        peers["a"].wait_round(8)
+        peers["e"] = start_peer(work, "e", address, PEER_FLAGS)  # a late joiner among them
+        procs.append(peers["e"])
+        codes = {n: p.wait_exit(300) for n, p in peers.items()}
+        summary = {  # what the run looked like, for a failing assertion's reader
+            n: {
+                k: v
+                for k, v in json.loads((work / n / "final_status.json").read_text()).items()
+                if k in ("round", "dropped", "banned", "ledger_messages")
+            }
+            for n, code in codes.items()
+            if code == 0
+        }
+        print(json.dumps(summary, indent=1))
+        for attacker in attackers.values():
+            attacker.done.set()
+        for attacker in attackers.values():
+            attacker.join(60)
+        yield {"work": work, "peers": peers, "codes": codes, "attackers": attackers}
+    finally:
+        for attacker in attackers.values():
+            attacker.done.set()
+        for p in procs:
+            p.stop()
+
+
+def _final(scenario, name) -> dict:
+    return json.loads((scenario["work"] / name / "final_status.json").read_text())
+
+
+def _rows_by(scenario, name: str) -> dict[bytes, int]:
+    with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
+        counts: dict[bytes, int] = {}
+        for m in ledger.messages():
+            counts[m.peer] = counts.get(m.peer, 0) + 1
+        return counts
+
+
+def test_honest_peers_finish_with_identical_ledgers(scenario):
+    assert all(code == 0 for code in scenario["codes"].values()), scenario["codes"]
+    digests = {n: _final(scenario, n)["ledger_digest"] for n in HONEST}
+    assert len(set(digests.values())) == 1, digests
+    assert all(_final(scenario, n)["round"] == ROUNDS for n in HONEST)
+
+
+def test_the_flooder_holds_at_most_one_window_of_rows(scenario):
+    m1 = scenario["attackers"]["m1"]
+    assert m1.report["published"] >= 300  # 200+ flood, 100 walk, 2 equivocation
+    rows = _rows_by(scenario, "a")
+    held = rows.get(m1.peer_id, 0)
+    honest = [rows[base58.b58decode(_final(scenario, n)["peer_id"])] for n in ("a", "b", "c")]
+    assert held <= MAX_AHEAD + MAX_BEHIND + 1, (held, honest)  # before: 2,104 of 2,635 rows
+    with Ledger.open_existing(scenario["work"] / "a" / "ledger.sqlite") as ledger:
+        assert ledger.max_round() <= ROUNDS + MAX_AHEAD  # the walk moved nothing
+    assert _final(scenario, "a")["dropped"]["out_of_window"] >= 100
+
+
+def test_the_late_joiner_starts_at_the_run_s_round_and_is_not_blocked(scenario):
+    ready = [e for e in scenario["peers"]["e"].events() if e.get("event") == "ready"]
+    assert ready and 8 <= ready[0]["round"] < ROUNDS  # not 5,000 rounds ahead
+    assert _final(scenario, "e")["ledger_digest"] == _final(scenario, "a")["ledger_digest"]
+
+
+def _banned(scenario, name: str) -> dict[str, str]:
+    return {b["peer"]: b["reason"] for b in _final(scenario, name)["banned"]}
+
+
+def test_the_flooder_and_the_tarpit_are_banned(scenario):
+    m1 = base58.b58encode(scenario["attackers"]["m1"].peer_id).decode()
+    m2 = base58.b58encode(scenario["attackers"]["m2"].peer_id).decode()
+    for name in ("a", "b", "c"):
+        banned = _banned(scenario, name)
+        assert m1 in banned, (name, banned)
+        assert banned.get(m2) in ("bad_page", "repair_timeout"), (name, banned)
+    assert scenario["attackers"]["m2"].report["fetch_requests"] >= 1
+    with Ledger.open_existing(scenario["work"] / "a" / "ledger.sqlite") as ledger:
+        assert not any(m.peer == scenario["attackers"]["m2"].peer_id for m in ledger.messages())
+
+
+def test_a_peer_that_never_keeps_pace_costs_at_most_one_deadline(scenario):
+    m3 = base58.b58encode(scenario["attackers"]["m3"].peer_id).decode()
+    assert scenario["attackers"]["m3"].report["published"] >= 3
+    for name in HONEST:
+        waits = [e for e in scenario["peers"][name].events() if e.get("event") == "deadline"]
+        for_m3 = [e for e in waits if m3 in e["slow"]]
+        assert len(for_m3) <= 1, (name, for_m3)
+        assert len(waits) <= 3, (name, waits)  # before: one 30 s wait every round
