@@ -11,6 +11,7 @@ and the bootstrap node both run a FloodNode; the bootstrap just never trains.
 Request/response protocols (msgpack over the same libp2p daemon):
 
     seedflood.manifest  b""                        -> run manifest JSON + version + clock
+                                                      (or {"not_ready": why} while syncing)
     seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, hash8], ...]
     seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
 """
@@ -69,6 +70,12 @@ class NodeSettings:
     publish_rate: float = 50.0  # messages per second, paced
     auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
+    daemon_start_timeout: float = 15.0  # seconds for p2pd to start (slow disks, busy hosts)
+    redial_min: float = 1.0  # first retry of an unreachable known peer after this many s ...
+    redial_max: float = 30.0  # ... doubling up to this, for as long as the node runs
+    summary_interval: float = 5.0  # seconds between summary exchanges with connected peers
+    island_after: float = 30.0  # unreachable or diverged this long: say "partitioned"
+    allow_alone: bool = False  # start (train, serve joiners) although others are known
 
 
 @dataclass
@@ -111,6 +118,9 @@ class FloodNode:
         self._drop_rng = random.Random()
         self.last_accept = time.monotonic()
         self.fatal: Exception | None = None  # e.g. disk full: the owner must stop
+        # Why joiners are not served the manifest yet (None: they are): a node that knows
+        # others exist syncs with them first, so a joiner never starts from its stale copy.
+        self.not_ready: str | None = None
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -214,6 +224,8 @@ class FloodNode:
 
     # -- repair -------------------------------------------------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
+        if self.not_ready is not None:
+            return msgpack.packb({"not_ready": self.not_ready})
         return msgpack.packb(
             {"manifest": self.manifest_json, "version": __version__, "time": time.time()}
         )

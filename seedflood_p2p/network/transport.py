@@ -239,6 +239,7 @@ async def create_p2p(
     heartbeat_interval: float | None = None,
     startup_timeout: float = 15.0,
     nat_port_map: bool = False,
+    bootstrap_addrs: Sequence[str] = (),
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -250,14 +251,16 @@ async def create_p2p(
     (its public half matches), and private to its owner (mode 0600): else a UserError.
     `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
     with a UserError if none of them can be reached.
+    `bootstrap_addrs`: full multiaddrs checked like `initial_peers` but not handed to the
+    daemon: the caller dials them itself (network/reconnect.py), with retries.
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
     the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
     """
-    _check_ports(initial_peers, "bootstrap address", allow_any=False)
+    _check_ports([*initial_peers, *bootstrap_addrs], "bootstrap address", allow_any=False)
     _check_ports(host_maddrs, "listen address", allow_any=True)
     _check_ports(announce_maddrs or (), "announce address", allow_any=False)
-    for addr in initial_peers:
+    for addr in [*initial_peers, *bootstrap_addrs]:
         try:
             ok = "p2p" in Multiaddr(addr)
         except Exception:
@@ -346,6 +349,27 @@ def remove_stale_sockets(directory: str = "/tmp", min_age: float = 60.0) -> list
     return removed
 
 
+async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout: float) -> None:
+    """Dial `peer_id` at `addrs` (multiaddrs without /p2p/...): RemoteCallError if it fails.
+
+    hivemind's P2P does not expose the daemon's CONNECT request; its client does."""
+    try:
+        maddrs = [Multiaddr(a) for a in addrs]
+    except Exception as e:
+        raise RemoteCallError(f"bad address for {peer_id}: {e}") from e
+    try:
+        await asyncio.wait_for(p2p._client.connect(peer_id, maddrs), timeout)
+    except TimeoutError as e:
+        raise RemoteCallError(f"no answer within {timeout:g} s") from e
+    except Exception as e:
+        raise RemoteCallError(str(e).strip().splitlines()[0][:200] or type(e).__name__) from e
+
+
+async def connected_peer_ids(p2p: P2P) -> set[str]:
+    """Base58 ids of the peers the daemon has a connection to (any protocol)."""
+    return {info.peer_id.to_base58() for info in await p2p.list_peers()}
+
+
 # ---------------------------------------------------------------------------------------------
 # PubSub over the control socket
 
@@ -394,7 +418,7 @@ class PubSubMessage:
     wire_size: int  # size of the signed GossipSub message (payload + from/seqno/sig/key/topic)
 
 
-_ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
+ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
 
 
 def verify_pubsub_signature(
@@ -408,7 +432,7 @@ def verify_pubsub_signature(
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    if len(sender) != 38 or not sender.startswith(_ED25519_PEER_ID_PREFIX):
+    if len(sender) != 38 or not sender.startswith(ED25519_PEER_ID_PREFIX):
         return False
     body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
     setattr(body, "from", sender)
