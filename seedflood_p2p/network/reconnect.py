@@ -101,7 +101,7 @@ class PeerBook:
         self.path = Path(data_dir) / BOOK_FILE
         self.own_id = own_id
         self.entries: dict[str, dict] = {}
-        self._dirty = False
+        self._dirty = self._urgent = False
         self._saved_at = 0.0
         self._load()
 
@@ -125,23 +125,26 @@ class PeerBook:
         self.entries = entries
 
     def met(self, peer: str, addrs: Iterable[str]) -> None:
-        """`peer` is connected and reachable at `addrs` (its own word, or what we dialled)."""
+        """`peer` is connected and reachable at `addrs` (its own word, or what we dialled).
+        A peer met for the first time is written at the next `save`, unthrottled: a node
+        killed seconds after joining must still find it on restart."""
         if peer == self.own_id:
             return
         addrs = _dialable(addrs, peer)
         entry = self.entries.get(peer)
-        if entry is None or (addrs and entry["addrs"] != addrs) or time.time() - entry["met"] > 60:
-            self.entries[peer] = {
-                "addrs": addrs or (entry or {}).get("addrs", []),
-                "met": time.time(),
-            }
+        if entry is None or (addrs and entry["addrs"] != addrs):
+            self._urgent = True
+        if self._urgent or time.time() - entry["met"] > 60:
+            old = (entry or {}).get("addrs", [])
+            self.entries[peer] = {"addrs": addrs or old, "met": time.time()}
             self._dirty = True
 
     def others(self) -> list[str]:
         return [p for p in self.entries if p != self.own_id]
 
     def save(self, force: bool = False) -> None:
-        if not self._dirty or (not force and time.monotonic() - self._saved_at < SAVE_EVERY):
+        throttled = time.monotonic() - self._saved_at < SAVE_EVERY
+        if not self._dirty or (throttled and not force and not self._urgent):
             return
         now = time.time()
         keep = sorted(
@@ -163,7 +166,7 @@ class PeerBook:
         except OSError as exc:  # a full disk must not stop the node: the book is a hint
             log.warning("cannot write the peer book %s: %s", self.path, exc)
             return
-        self._dirty = False
+        self._dirty = self._urgent = False
         self._saved_at = time.monotonic()
 
 
