@@ -27,7 +27,7 @@ from seedflood_p2p.storage.ledger import Ledger
 from cluster import RUN_FLAGS, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
-ROUNDS = 60
+ROUNDS = 200  # ~80 s of training: the run must outlive both restarts
 PEER_FLAGS = [
     "--until-round",
     str(ROUNDS),

@@ -244,6 +244,7 @@ class Reconnector:
         self.own_addrs: list[str] = []
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
+        self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
         self._last_summary = 0.0
         self._last_island_log = 0.0
 
@@ -293,6 +294,10 @@ class Reconnector:
     async def dial_due(self, force: bool = False) -> dict[str, str]:
         """Dial every candidate that is not connected and whose backoff has passed (all of
         them with `force`), at once. Returns {peer: error} of the dials that failed."""
+        async with self._dialling:
+            return await self._dial_due(force)
+
+    async def _dial_due(self, force: bool) -> dict[str, str]:
         connected = await self.refresh_connected()
         now = time.monotonic()
         due = {
@@ -550,8 +555,7 @@ async def catch_up(
     waited_since = time.monotonic()
     last_log: float | None = None
     while not stopping():
-        await reconnector.dial_due()
-        fetched, synced = 0, []
+        fetched, synced = 0, []  # the reconnector's loop dials and keeps `connected`
         for peer in sorted(reconnector.connected):
             try:
                 fetched += await flood.sync_with(PeerID.from_base58(peer))
