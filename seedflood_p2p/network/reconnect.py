@@ -581,7 +581,7 @@ async def catch_up(
         )
         set_state(reason)
         now = time.monotonic()
-        if last_log is None or now - last_log >= 10:
+        if now - waited_since >= 3 and (last_log is None or now - last_log >= 10):
             last_log = now
             log.warning(
                 "%s (waiting %.0f s)",
