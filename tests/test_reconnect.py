@@ -115,9 +115,7 @@ def scenario(tmp_path_factory):
         time.sleep(3)  # the bootstrap node repairs the stragglers' last rows
         boot2.stop()
         # A alone: its ledger names B, C, D and the bootstrap node, none of them runs.
-        alone = start_peer(
-            work, "a", address, [*PEER_FLAGS, "--metrics-port", "0"], "a_alone"
-        )
+        alone = start_peer(work, "a", address, [*PEER_FLAGS, "--metrics-port", "0"], "a_alone")
         procs.append(alone)
         waiting = _wait_event(alone, "waiting", timeout=90)
         status_port = (work / "a" / "status_port").read_text()
