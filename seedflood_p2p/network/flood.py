@@ -54,6 +54,7 @@ from seedflood_p2p.storage.ledger import Ledger
 log = logging.getLogger("seedflood.node")
 
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
+LIVE_ROUNDS = 8  # a repaired update this close to our newest round shows its sender alive
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
 # FETCH_LIMIT (protocol/wire.py), rows per fetch response: a row carries its signed envelope,
 # ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
@@ -147,10 +148,15 @@ class FloodNode:
         return self.admission.newest_round
 
     def _track(self, verdicts: list[Verdict], heard: bool) -> None:
-        """Track each peer's progress from the updates that changed our ledger. Only gossip
-        (`heard`) shows a peer is alive: repaired history of a peer that left must not make
-        us wait for it."""
+        """Track each peer's progress from the updates that changed our ledger, and when
+        each was last alive. Gossip (`heard`) shows a peer is alive. So does a repaired
+        update of a recent round (within LIVE_ROUNDS of our newest) once this node is in
+        step with the run (`not_ready` is None): after a partition heals or a restart,
+        the other side's peers reach us by repair first, and the staleness bound must
+        wait for them rather than run ahead of peers it has not heard. Repaired history
+        of a peer that left is old, so it never makes us wait."""
         now = time.monotonic()
+        in_step = self.not_ready is None
         for verdict in verdicts:
             if not verdict.changed_ledger:
                 continue
@@ -159,7 +165,8 @@ class FloodNode:
             if message.peer != self.peer_id:
                 state = self.peers.setdefault(message.peer, PeerState(message.round, -math.inf))
                 state.round = max(state.round, message.round)
-                if heard:
+                recent = message.round >= self.newest_round - LIVE_ROUNDS
+                if heard or (in_step and recent):
                     state.last_seen = now
 
     def _forget_silent_peers(self) -> None:
