@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -366,3 +367,14 @@ def print_summary(result: dict, evals: list[dict]) -> None:
         f"{result['replay_sha256']}"
     )
     print(f"plot: {result['plot']}")
+    if not result["ledgers_identical"]:
+        groups: dict[str, list[str]] = {}
+        for name, digest in result["ledger_digests"].items():
+            groups.setdefault(digest, []).append(name)
+        print(
+            "error: FORK: the peers' ledgers differ ("
+            + "; ".join(f"{', '.join(n)}: {d[:16]}" for d, n in groups.items())
+            + "): the run split; see the peers' logs for 'partitioned'",
+            file=sys.stderr,
+            flush=True,
+        )
