@@ -21,16 +21,18 @@ import urllib.request
 
 import pytest
 
+from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
 
 from cluster import RUN_FLAGS, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
-ROUNDS = 200  # ~80 s of training: the run must outlive both restarts
+# Open-ended: the run must outlive both restarts (start-up takes 10-30 s on 2 busy cores),
+# so the peers are told to finish at one round once D trains, as the demo does.
 PEER_FLAGS = [
-    "--until-round",
-    str(ROUNDS),
+    "--metrics-port",
+    "0",
     "--round-interval",
     "0.4",
     "--max-staleness",
@@ -111,6 +113,9 @@ def scenario(tmp_path_factory):
         run_round_at_join = peers["a"].last_round()
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
         procs.append(peers["d"])
+        peers["d"].wait_round(_wait_event(peers["d"], "ready", timeout=180)["round"] + 5)
+        running = {"a": peers["a"], "b": peers["b"], "c": peers["c2"], "d": peers["d"]}
+        finish_all(running, work)
         codes = {n: p.wait_exit() for n, p in peers.items() if n != "c"}
         time.sleep(3)  # the bootstrap node repairs the stragglers' last rows
         boot2.stop()

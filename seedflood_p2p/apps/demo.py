@@ -95,7 +95,7 @@ def _status(data_dir: Path) -> dict | None:
     return _last_status.get(data_dir)
 
 
-def _finish_all(procs: dict[str, NodeProcess], work: Path) -> int:
+def finish_all(procs: dict[str, NodeProcess], work: Path) -> int:
     """Ask every peer to stop after the same round, so all end with the same ledger.
 
     A peer may already be past the round we propose (rounds of a tiny model take
@@ -317,7 +317,7 @@ def run_demo(
                 finishing = float("inf")
             if time.monotonic() - started > minutes * 60 and not finishing:
                 finishing = time.monotonic()
-                last = _finish_all(procs, work)
+                last = finish_all(procs, work)
                 print(
                     f"time budget of {minutes:g} minutes reached: every peer finishes "
                     f"round {last}, then stops",

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.transport import (
     ED25519_PEER_ID_PREFIX,
@@ -555,13 +556,21 @@ async def catch_up(
     waited_since = time.monotonic()
     last_log: float | None = None
     while not stopping():
-        fetched, synced = 0, []  # the reconnector's loop dials and keeps `connected`
-        for peer in sorted(reconnector.connected):
-            try:
-                fetched += await flood.sync_with(PeerID.from_base58(peer))
-            except RemoteCallError as exc:
-                log.debug("catch-up sync with %s failed: %s", peer, exc)
+        # The reconnector's loop dials and keeps `connected`; all of them at once, so
+        # a peer that is leaving (a 10 s call timeout) does not hold up the others.
+        connected = sorted(reconnector.connected)
+        results = await asyncio.gather(
+            *(flood.sync_with(PeerID.from_base58(p)) for p in connected), return_exceptions=True
+        )
+        fetched, synced = 0, []
+        for peer, result in zip(connected, results, strict=True):
+            if isinstance(result, UserError):
+                raise result  # our own ledger cannot be written: stop
+            if isinstance(result, BaseException):
+                if not isinstance(result, RemoteCallError):
+                    log.warning("catch-up sync with %s failed: %r", peer, result)
                 continue
+            fetched += result
             synced.append(peer)
         if synced:
             log.info(
