@@ -34,6 +34,7 @@ from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     create_p2p,
+    host_port,
     remove_stale_sockets,
     verify_pubsub_signature,
 )
@@ -206,11 +207,12 @@ class PeerDaemon:
                 log.warning("no peer reachable (%s): starting alone (--allow-alone)", tried)
                 return stored
             if stored is None and attempt > s.connect_retries:
+                check = host_port(next(iter(self.reconnector.candidates().values()), [""])[0])
                 raise UserError(
-                    f"could not join: no bootstrap node or known peer served the run manifest "
-                    f"after {attempt} attempt(s) (tried: {tried}); at least one must be running "
-                    "and reachable from this machine (check the address, and open or forward "
-                    "its port if it is behind a firewall or NAT)"
+                    f"could not reach any bootstrap peer or known peer after {attempt} "
+                    f"attempt(s) (tried: {tried}); at least one must be running and "
+                    f"reachable from this machine (check with `nc -vz {check}`, and open or "
+                    "forward its port if it is behind a firewall or NAT)"
                 )
             delay = min(s.node.redial_max, s.node.redial_min * 2 ** (attempt - 1))
             if stored is not None:

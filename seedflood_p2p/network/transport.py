@@ -225,7 +225,8 @@ def _check_ports(maddrs: Sequence[str], role: str, allow_any: bool) -> None:
                 )
 
 
-def _host_port(maddr: str) -> str:
+def host_port(maddr: str) -> str:
+    """ "HOST PORT" of a multiaddr, for `nc -vz HOST PORT` in error messages."""
     m = re.match(r"/(?:ip4|ip6|dns|dns4|dns6)/([^/]+)/(?:tcp|udp)/(\d+)", maddr)
     return f"{m.group(1)} {m.group(2)}" if m else "HOST PORT"
 
@@ -303,7 +304,7 @@ async def create_p2p(
 def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):
     if "failed to connect to bootstrap peers" in msg:
         tried = ", ".join(initial_peers)
-        check = _host_port(initial_peers[0]) if initial_peers else "HOST PORT"
+        check = host_port(initial_peers[0]) if initial_peers else "HOST PORT"
         return UserError(
             f"could not reach any bootstrap peer (tried: {tried}); at least one must be running "
             f"and reachable from this machine (check with `nc -vz {check}`, and open or forward "
