@@ -226,7 +226,7 @@ def _check_ports(maddrs: Sequence[str], role: str, allow_any: bool) -> None:
 
 
 def host_port(maddr: str) -> str:
-    """ "HOST PORT" of a multiaddr, for `nc -vz HOST PORT` in error messages."""
+    """HOST and PORT of a multiaddr, for `nc -vz HOST PORT` in error messages."""
     m = re.match(r"/(?:ip4|ip6|dns|dns4|dns6)/([^/]+)/(?:tcp|udp)/(\d+)", maddr)
     return f"{m.group(1)} {m.group(2)}" if m else "HOST PORT"
 
