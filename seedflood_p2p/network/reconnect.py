@@ -236,6 +236,7 @@ class Reconnector:
         self.s = settings
         self.metrics = metrics
         self.hints: dict[str, list[str]] = {}  # heard of in summaries, not (yet) met
+        self.hinted_at: dict[str, float] = {}  # when a summary last named each hint
         self.backoff: dict[str, Backoff] = {}
         self.connected: set[str] = set()
         self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
@@ -451,10 +452,16 @@ class Reconnector:
             if name and name != self.own_id and name not in self.book.entries and addrs:
                 if len(self.hints) < MAX_HINTS or name in self.hints:
                     self.hints[name] = _dialable(addrs, name)
+                    self.hinted_at[name] = time.monotonic()
 
     def _update_view(self) -> None:
         now = time.monotonic()
         wall = time.time()
+        # A peer no connected node has named for ISLAND_WINDOW is forgotten: it left.
+        for peer in [p for p, t in self.hinted_at.items() if now - t > ISLAND_WINDOW]:
+            self.hints.pop(peer, None)
+            self.hinted_at.pop(peer, None)
+            self.backoff.pop(peer, None)
         unreachable = []
         for peer, state in self.backoff.items():
             if peer in self.connected or state.failing_since is None:
