@@ -544,8 +544,10 @@ class PeerDaemon:
                 self.final_round = self.until_round - 1
             await self.train()
             while not self.stopping and self.final_round is not None:
+                self.state = "finishing: waiting for the others' last rounds"
                 await self.linger(self.final_round)
                 if self.round <= self.final_round:  # raised by /finish while lingering
+                    self.state = "training"
                     await self.train()
                     continue
                 if s.eval_every and self.last_eval_round != self.round:
