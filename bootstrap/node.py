@@ -3,7 +3,9 @@
 It never trains. It creates the run (settings + SHA-256 of the base weights,
 hashed into the run id), answers `seedflood.manifest`, and takes part in the
 flood and in repair like any peer, so late joiners can sync even when every
-trainer is offline. On restart it keeps its identity and its run.
+trainer is offline. On restart it keeps its identity and its run, and when it knows
+the run has others (its ledger's rows, its peer book, --bootstrap) it syncs with one
+of them before it serves the manifest to joiners (network/reconnect.py:catch_up).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import base58
+
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http
+from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.transport import create_p2p
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -30,6 +35,9 @@ class BootstrapSettings:
     data_dir: Path = Path("seedflood-bootstrap")
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/31337"])
     announce: list[str] = field(default_factory=list)
+    # Other nodes of the run to keep connected to (another bootstrap node, or peers); the
+    # peers met are remembered in DATA_DIR/peers.json and redialled as well.
+    bootstrap: list[str] = field(default_factory=list)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     node: NodeSettings = field(default_factory=NodeSettings)
@@ -68,14 +76,28 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         announce_maddrs=settings.announce or None,
         use_auto_relay=settings.node.auto_relay,
         nat_port_map=settings.node.nat_port_map,
+        startup_timeout=settings.node.daemon_start_timeout,
+        bootstrap_addrs=settings.bootstrap,
     )
     metrics = NodeMetrics()
+    reconnector = Reconnector(p2p, settings.data_dir, settings.bootstrap, settings.node, metrics)
     node = http = None
+    state = {"state": "starting"}
     try:
         ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
         ledger.claim(config.to_json(), "use a new --data-dir for a new run")
         node = FloodNode(p2p, ledger, config.to_json(), metrics, settings.node)
+        own = p2p.peer_id.to_bytes()
+        others = sorted(
+            {base58.b58encode(p).decode() for p in ledger.peers() if p != own}
+            | set(reconnector.others_known())
+        )
+        if others and not settings.node.allow_alone:
+            # A restarted bootstrap node's ledger is stale: a joiner served from it alone
+            # would start rounds behind (seen: "ready at round 13" with 56 rows at round 74).
+            node.not_ready = "restarted: syncing with the run's other nodes first"
         await node.start()
+        await reconnector.attach(node)
         suffix = f"/p2p/{p2p.peer_id.to_base58()}"
         addresses = [
             str(a) if str(a).endswith(suffix) else f"{a}{suffix}"
@@ -87,6 +109,8 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             def status() -> dict:
                 return {
                     "role": "bootstrap",
+                    "state": state["state"],
+                    "network": reconnector.view.as_status(),
                     "run_id": config.run_id,
                     "peer_id": p2p.peer_id.to_base58(),
                     "round": node.newest_round,
@@ -109,11 +133,34 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         print("bootstrap address (pass to peers with --bootstrap):", flush=True)
         for address in addresses:
             print(f"  {address}", flush=True)
+        if node.not_ready is not None:
+            state["state"] = "syncing"
+            catching_up = asyncio.create_task(
+                catch_up(
+                    reconnector,
+                    node,
+                    others,
+                    stop.is_set,
+                    lambda why: state.__setitem__("state", why),
+                )
+            )
+            await asyncio.wait(
+                [catching_up, asyncio.create_task(stop.wait())],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if catching_up.done():
+                catching_up.result()
+            else:
+                catching_up.cancel()
+            node.not_ready = None
+            log.info("serving joiners: ledger holds %d messages", len(ledger))
+        state["state"] = "serving"
         await stop.wait()
         log.info("stopping: ledger holds %d messages", len(ledger))
     finally:
         if http is not None:
             await http.close()
+        await reconnector.stop()
         if node is not None:
             await node.stop()
         await p2p.shutdown()

@@ -30,10 +30,12 @@ from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
+from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     create_p2p,
+    host_port,
     remove_stale_sockets,
 )
 from seedflood_p2p.protocol.wire import quorum_round
@@ -47,6 +49,7 @@ MAX_CLOCK_SKEW = 300.0  # seconds; beyond this the peer refuses to join
 @dataclass
 class PeerSettings:
     bootstrap: list[str] = field(default_factory=list)  # full multiaddrs of bootstrap nodes
+    connect_retries: int = 5  # a new peer gives up after this many rounds of dials (backoff)
     data_dir: Path = Path("seedflood-peer")
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce: list[str] = field(default_factory=list)
@@ -109,6 +112,7 @@ class PeerDaemon:
         self.in_round = False  # between the start of round `self.round` and its end
         self.started = time.time()
         self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
+        self.state = "starting"  # what the peer is doing, or why it waits (/status, logs)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
 
     # -- helpers ------------------------------------------------------------
@@ -126,6 +130,7 @@ class PeerDaemon:
         alive = self._live_peers(now) if node else {}
         return {
             "peer_id": self.p2p.peer_id.to_base58() if hasattr(self, "p2p") else None,
+            "state": self.state,
             "run_id": self.config.run_id if hasattr(self, "config") else None,
             "version": __version__,
             "round": self.round,
@@ -143,6 +148,7 @@ class PeerDaemon:
             "eval": self.last_eval,
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
+            "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
         }
 
     def _live_peers(self, now: float) -> dict:
@@ -153,33 +159,102 @@ class PeerDaemon:
         }
 
     # -- startup -------------------------------------------------------------
-    async def fetch_manifest(self) -> RunConfig:
+    async def ask_manifest(self, peer: str) -> RunConfig:
+        """The run's settings from `peer`'s `seedflood.manifest`, if this peer can join it.
+        RemoteCallError (unreachable, not ready, not a manifest) lets the caller go on."""
         from hivemind.p2p import PeerID
-        from hivemind.utils.multiaddr import Multiaddr
 
-        errors = []
-        for addr in self.s.bootstrap:
-            peer_id = PeerID.from_base58(Multiaddr(addr).value_for_protocol("p2p"))
-            try:
-                reply = msgpack.unpackb(
-                    await call_bytes(self.p2p, peer_id, "seedflood.manifest", b"", 15.0)
-                )
-                fields = (reply["time"], reply["version"], reply["manifest"])
-            except RemoteCallError as exc:
-                errors.append(f"{addr}: {exc}")
-                continue
-            except Exception as exc:  # not a manifest: try the next bootstrap node
-                errors.append(f"{addr}: malformed manifest reply ({type(exc).__name__})")
-                continue
-            if not all(isinstance(f, t) for f, t in zip(fields, (float, str, str), strict=True)):
-                errors.append(f"{addr}: malformed manifest reply")
-                continue
-            return check_manifest_reply(reply, time.time(), __version__)
-        raise UserError(
-            "connected, but no bootstrap node served the run manifest ("
-            + "; ".join(errors)
-            + "): check that the address is a seedflood bootstrap node or peer"
+        reply = await call_bytes(
+            self.p2p, PeerID.from_base58(peer), "seedflood.manifest", b"", 15.0
         )
+        try:
+            reply = msgpack.unpackb(reply)
+            if isinstance(reply, dict) and isinstance(reply.get("not_ready"), str):
+                raise RemoteCallError(f"not serving joiners yet ({reply['not_ready'][:120]})")
+            fields = (reply["time"], reply["version"], reply["manifest"])
+        except RemoteCallError:
+            raise
+        except Exception as exc:
+            raise RemoteCallError(f"malformed manifest reply ({type(exc).__name__})") from None
+        if not all(isinstance(f, t) for f, t in zip(fields, (float, str, str), strict=True)):
+            raise RemoteCallError("malformed manifest reply")
+        return check_manifest_reply(reply, time.time(), __version__)
+
+    def stored_manifest(self) -> RunConfig | None:
+        """The run this data dir already belongs to (its ledger's manifest), if any."""
+        path = self.s.data_dir / "ledger.sqlite"
+        if not path.exists():
+            return None
+        with Ledger.open_existing(path) as stored:
+            text = stored.get_meta("manifest")
+        return None if text is None else RunConfig.from_json(text)
+
+    async def first_contact(self) -> RunConfig | None:
+        """Dial the bootstrap list and every peer in the peer book (with backoff) until one
+        serves the run manifest. A new peer gives up after `connect_retries` rounds with one
+        line naming what it tried; a peer whose data dir already holds the run keeps trying
+        for as long as it runs (it knows the run has others), unless --allow-alone. None
+        if stopped while waiting."""
+        s = self.s
+        stored = self.stored_manifest()
+        attempt = 0
+        while not self.stopping:
+            dial_errors = await self.reconnector.dial_due(force=attempt == 0)
+            attempt += 1
+            connected = self.reconnector.connected
+            order = [p for p in self.reconnector.bootstrap if p in connected]
+            order += sorted(p for p in connected if p not in order)
+            errors = {p: f"dial failed: {e}" for p, e in dial_errors.items()}
+            for peer in order:
+                try:
+                    return await self.ask_manifest(peer)
+                except RemoteCallError as exc:
+                    errors[peer] = str(exc)
+            tried = (
+                "; ".join(
+                    f"{p}{' at ' + ', '.join(a) if a else ''}: {errors.get(p, 'not connected')}"
+                    for p, a in self.reconnector.candidates().items()
+                )
+                or "no address: pass --bootstrap"
+            )
+            if stored is not None and s.node.allow_alone:
+                log.warning("no peer reachable (%s): starting alone (--allow-alone)", tried)
+                return stored
+            if stored is None and attempt > s.connect_retries:
+                check = host_port(next(iter(self.reconnector.candidates().values()), [""])[0])
+                raise UserError(
+                    f"could not reach any bootstrap peer or known peer after {attempt} "
+                    f"attempt(s) (tried: {tried}); at least one must be running and "
+                    f"reachable from this machine (check with `nc -vz {check}`, and open or "
+                    "forward its port if it is behind a firewall or NAT)"
+                )
+            delay = min(s.node.redial_max, s.node.redial_min * 2 ** (attempt - 1))
+            if stored is not None:
+                self.state = (
+                    "waiting: this peer's data dir holds run "
+                    f"{stored.run_id[:12]}, so the run has others, and none is reachable"
+                )
+                log.warning(
+                    "%s (tried: %s); retrying in %.0f s, not training alone (pass "
+                    "--allow-alone to start anyway)",
+                    self.state,
+                    tried,
+                    delay,
+                    extra={"fields": {"event": "waiting", "attempt": attempt}},
+                )
+            else:
+                log.warning(
+                    "attempt %d of %d to reach the run failed (tried: %s); retrying in %.0f s",
+                    attempt,
+                    s.connect_retries + 1,
+                    tried,
+                    delay,
+                    extra={"fields": {"event": "connect_failed", "attempt": attempt}},
+                )
+            until = time.monotonic() + delay
+            while not self.stopping and time.monotonic() < until:
+                await asyncio.sleep(0.2)
+        return None
 
     def load_model(self, config: RunConfig):
         from seedflood_p2p.workload.data import load_task
@@ -392,18 +467,38 @@ class PeerDaemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        # No initial peers for the daemon: it would give up at once when they are down. The
+        # reconnector dials the bootstrap list and the peer book itself, with backoff.
         self.p2p = await create_p2p(
             identity_path=s.data_dir / "identity.key",
             host_maddrs=s.listen,
-            initial_peers=s.bootstrap,
             announce_maddrs=s.announce or None,
             use_auto_relay=s.node.auto_relay,
             nat_port_map=s.node.nat_port_map,
+            startup_timeout=s.node.daemon_start_timeout,
+            bootstrap_addrs=s.bootstrap,
         )
         self.peer_id = self.p2p.peer_id.to_bytes()
+        self.reconnector = Reconnector(self.p2p, s.data_dir, s.bootstrap, s.node, self.metrics)
         http = None
         try:
-            self.config = await self.fetch_manifest()
+            if s.metrics_port is not None:  # early, so /status says why the peer waits
+                http = await serve_http(
+                    s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
+                )
+                port = http.port
+                log.info(
+                    "metrics and status on http://%s:%d/status",
+                    s.metrics_host,
+                    port,
+                    extra={"fields": {"event": "http", "port": port}},
+                )
+                (s.data_dir / "status_port").write_text(str(port))
+            self.state = "connecting"
+            config = await self.first_contact()
+            if config is None:  # stopped while waiting
+                return {}
+            self.config = config
             log.info(
                 "peer %s joining run %s (model %s, dataset %s)",
                 self.p2p.peer_id.to_base58(),
@@ -418,6 +513,7 @@ class PeerDaemon:
                     }
                 },
             )
+            self.state = "loading"
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
             self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
             check = await asyncio.to_thread(  # O(rows): ~120 us per signature
@@ -442,6 +538,7 @@ class PeerDaemon:
                 s.node,
                 on_accept=self.live.receive,
             )
+            self.node.not_ready = "starting: syncing with the run first"
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
                 # A fresh peer scores the base model before it joins the topic: the run's
@@ -449,31 +546,30 @@ class PeerDaemon:
                 await self.evaluate()
                 base_scored = True
             await self.node.start()
-            if s.metrics_port is not None:
-                http = await serve_http(
-                    s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
+            await self.reconnector.attach(self.node)
+            # No lonely start: a peer that knows others exist (its ledger's rows, its peer
+            # book, its bootstrap list) trains only after one of them answered a repair pass.
+            self.state = "syncing"
+            if not s.node.allow_alone:
+                others = {_b58(p) for p in self.ledger.peers() if p != self.peer_id}
+                others |= set(self.reconnector.others_known())
+                await catch_up(
+                    self.reconnector,
+                    self.node,
+                    sorted(others),
+                    lambda: self.stopping,
+                    self._set_state,
                 )
-                port = http.port
-                log.info(
-                    "metrics and status on http://%s:%d/status",
-                    s.metrics_host,
-                    port,
-                    extra={"fields": {"event": "http", "port": port}},
-                )
-                (s.data_dir / "status_port").write_text(str(port))
             await self.wait_for_peers()
             # The topic's peer list can still be empty right after subscribing (seen on
             # loopback: "ready at round 0 ... (0 fetched from peers)" against a full ledger).
-            # The bootstrap nodes just served the manifest, so they are reachable: sync with
-            # them too, whatever the topic list says.
+            # Every connected node of the run is a source too, whatever the topic list says.
             from hivemind.p2p import PeerID
-            from hivemind.utils.multiaddr import Multiaddr
 
             peers = await self.node.connected_peers()
-            for addr in s.bootstrap:
-                boot = PeerID.from_base58(Multiaddr(addr).value_for_protocol("p2p"))
-                if boot not in peers:
-                    peers.append(boot)
+            for peer in sorted(self.reconnector.connected):
+                if PeerID.from_base58(peer) not in peers:
+                    peers.append(PeerID.from_base58(peer))
             # Sync first, then replay: overlapping the two was measured to gain nothing on
             # 2 cores (bench/results/latejoin_overlap.md).
             synced = await self.node.sync_round(peers)
@@ -483,6 +579,8 @@ class PeerDaemon:
             if republished := await self.node.republish_unsigned():
                 log.info("published again %d own update(s) never sent signed", republished)
             await self.in_model_thread(self.set_model_hash)
+            self.node.not_ready = None
+            self.state = "training"
             self.round = start_round(self.ledger, self.peer_id)
             log.info(
                 "ready at round %d: model from %s (%d fetched from peers)",
@@ -505,8 +603,10 @@ class PeerDaemon:
                 self.final_round = self.until_round - 1
             await self.train()
             while not self.stopping and self.final_round is not None:
+                self.state = "finishing: waiting for the others' last rounds"
                 await self.linger(self.final_round)
                 if self.round <= self.final_round:  # raised by /finish while lingering
+                    self.state = "training"
                     await self.train()
                     continue
                 if s.eval_every and self.last_eval_round != self.round:
@@ -515,6 +615,7 @@ class PeerDaemon:
                     await self.evaluate()
                 break
             self.done_training = True
+            self.state = "stopping"
             # No accepts after this: the checkpoint then covers the whole ledger on disk, so
             # a restart loads it instead of replaying everything.
             await self.node.stop()
@@ -532,10 +633,14 @@ class PeerDaemon:
         finally:
             if http is not None:
                 await http.close()
+            await self.reconnector.stop()
             if hasattr(self, "node"):
                 await self.node.stop()
             await self.p2p.shutdown()
             self._model_thread.shutdown(wait=False)
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
 
     async def wait_for_peers(self) -> None:
         if self.s.min_peers <= 0:
@@ -551,6 +656,12 @@ class PeerDaemon:
             self.s.min_peers,
             self.s.startup_wait,
         )
+
+
+def _b58(peer: bytes) -> str:
+    import base58
+
+    return base58.b58encode(peer).decode()
 
 
 def run_peer(settings: PeerSettings) -> dict:

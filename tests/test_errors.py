@@ -32,9 +32,14 @@ def _free_port() -> int:
 def test_unreachable_bootstrap_lists_addresses_and_how_to_check(capsys, tmp_path):
     peer_id = load_or_create_identity(tmp_path / "other.key").to_base58()
     address = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{peer_id}"
-    line = _peer_error(capsys, "--bootstrap", address, "--data-dir", str(tmp_path / "p"))
-    assert line.startswith("error: could not reach any bootstrap peer")
-    assert address in line and "nc -vz 127.0.0.1" in line and "reachable" in line
+    line = _peer_error(
+        capsys,
+        *("--bootstrap", address, "--data-dir", str(tmp_path / "p")),
+        *("--connect-retries", "1", "--redial-min", "0.2"),  # two rounds of dials
+    )
+    assert line.startswith("error: could not reach any bootstrap peer or known peer after 2")
+    tried = address.rsplit("/p2p/", 1)[0]
+    assert tried in line and "nc -vz 127.0.0.1" in line and "reachable" in line
 
 
 def test_port_already_in_use(capsys, tmp_path):

@@ -104,10 +104,72 @@ def test_checkpoint_and_restore_round_trip(tmp_path):
     assert all(torch.equal(again.weights()[k], v) for k, v in live.weights().items())
     _assert_matches_replay(again, ledger)
 
-    ledger.add([UpdateMessage(10, b"peer-0", (0.5, -0.5))])  # the ledger moved on: replay
-    third = _live(ledger)
-    assert third.restore(third.cut(), tmp_path) == "replay of 31 ledger messages"
+    ledger.add([UpdateMessage(10, b"peer-0", (0.5, -0.5))])  # the ledger moved on: the
+    third = _live(ledger)  # checkpoint plus the one row it does not cover
+    assert third.restore(third.cut(), tmp_path) == (
+        "checkpoint of round 10 + 1 ledger messages after it"
+    )
     _assert_matches_replay(third, ledger)
+
+
+def test_restart_from_checkpoint_plus_tail_equals_a_full_replay(tmp_path):
+    """Rows outside the checkpoint's cut, also rows of rounds inside its span (a late
+    repair), are applied on top of it: same ledger digest, same weights as a replay."""
+    from seedflood_p2p.storage.checkpoint import cut_contains
+
+    messages = _messages(12, 3)
+    third_peer = messages[2].peer
+    late = [m for m in messages if m.peer == third_peer and 3 <= m.round <= 5]
+    ledger = _ledger([m for m in messages[:24] if m not in late])  # rounds 0..7, a gap
+    live = _live(ledger)
+    live.restore(live.cut())
+    meta = live.checkpoint(tmp_path, live.cut(), {"round": 8})
+    assert len(meta["ledger_cut"][third_peer.hex()]) == 2  # two ranges around the gap
+    assert len(cut_contains(meta["ledger_cut"])) == meta["ledger_messages"] == 21
+    ledger.add(late + messages[24:])  # the gap repaired, and rounds 8..11
+    restarted = _live(ledger)
+    how = restarted.restore(restarted.cut(), tmp_path)
+    assert how == "checkpoint of round 8 + 15 ledger messages after it"
+    full = _live(ledger)
+    assert full.restore(full.cut()) == "replay of 36 ledger messages"
+    assert restarted.cut().digest == full.cut().digest == ledger.digest()
+    for name, tensor in full.weights().items():
+        torch.testing.assert_close(
+            restarted.weights()[name], tensor, atol=LIVE_VS_REPLAY_ATOL, rtol=0, msg=name
+        )
+
+
+def test_edited_checkpoint_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    ledger = _ledger(_messages(6, 2))
+    live = _live(ledger)
+    live.restore(live.cut())
+    live.checkpoint(tmp_path, live.cut(), {"round": 6})
+    weights = load_file(tmp_path / "checkpoint.safetensors")
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] += 1.0  # a valid file, one weight changed
+    save_file(weights, tmp_path / "checkpoint.safetensors")
+    again = _live(ledger)
+    assert again.restore(again.cut(), tmp_path) == "replay of 12 ledger messages"
+    _assert_matches_replay(again, ledger)
+
+
+def test_checkpoint_whose_rows_differ_from_the_ledger_is_refused(tmp_path):
+    messages = _messages(6, 2)
+    first_peer = messages[0].peer
+    ledger = _ledger(messages)
+    live = _live(ledger)
+    live.restore(live.cut())
+    live.checkpoint(tmp_path, live.cut(), {"round": 6})
+    meta = json.loads((tmp_path / "checkpoint.json").read_text())
+    # Forged: it claims a row the ledger does not hold (its digest cannot match).
+    meta["ledger_cut"][first_peer.hex()].append([40, 40])
+    (tmp_path / "checkpoint.json").write_text(json.dumps(meta))
+    ledger.add([UpdateMessage(6, first_peer, (0.5, -0.5))])
+    again = _live(ledger)
+    assert again.restore(again.cut(), tmp_path) == "replay of 13 ledger messages"
+    _assert_matches_replay(again, ledger)
 
 
 def test_unreadable_checkpoint_falls_back_to_replay(tmp_path):

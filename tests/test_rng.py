@@ -7,8 +7,8 @@ new manifest version.
 
 import numpy as np
 
-from seedflood_p2p.algorithm.rng import derive_key, philox4x32, random_signs, random_words
 from seedflood_p2p.algorithm.subcge import layer_basis, message_coordinates
+from seedflood_p2p.core.rng import derive_key, philox4x32, random_signs, random_words
 
 
 def test_philox_matches_random123_known_answers():

@@ -9,8 +9,11 @@ with. An equivocation taken back arrives as the old update negated followed by t
 one (the admission pipeline hands both on), which is again just two more additions.
 
 `cut` takes the ledger as it is now together with what is pending. A checkpoint applies
-the pending updates and writes the weights beside the cut's digest; `restore` rebuilds
-the weights as base + cut, from a checkpoint whose digest matches, else by replay.
+the pending updates and writes the weights beside the cut's digest, the cut's rows
+(compact) and the hash of the tensors; `restore` rebuilds the weights as base + cut: from
+a checkpoint of exactly this cut, or from a checkpoint of an older cut plus the rows it
+does not cover (updates are additive), else by replay. A checkpoint whose tensors do not
+hash as recorded, or whose rows differ from the ledger's, is refused (replay instead).
 
 Threads: `receive`, `take` and `cut` run where updates are accepted (the daemon's event
 loop), `apply`, `restore` and `checkpoint` where the model lives (its model thread).
@@ -31,8 +34,11 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
+    cut_contains,
+    encode_cut,
     read_checkpoint_meta,
     read_checkpoint_weights,
+    tensors_sha256,
     write_checkpoint,
 )
 from seedflood_p2p.storage.ledger import Ledger, digest_of
@@ -104,26 +110,31 @@ class LiveModel:
         Returns `meta` with what the checkpoint holds: message count, digest, weights hash.
         Updates accepted after the cut stay pending: they are in neither."""
         self.apply(cut.unapplied)
+        weights = self.weights()
         meta = {
             **meta,
             "ledger_messages": len(cut.messages),
             "ledger_digest": cut.digest,
+            "ledger_cut": encode_cut((m.peer, m.round) for m in cut.messages),
+            "weights_sha256": tensors_sha256(weights),
             "model_sha256": self.sha256(),
         }
-        write_checkpoint(directory, self.weights(), meta)
+        write_checkpoint(directory, weights, meta)
         return meta
 
     def restore(self, cut: LedgerCut, directory: Path | None = None) -> str:
-        """Make the weights base + `cut.messages` (the model must hold the base weights):
-        load the checkpoint in `directory` if it is labelled with this cut's digest, else
-        replay the cut. The cut's unapplied updates are in its messages already, so they
-        are dropped here. Returns how, for the log."""
+        """Make the weights base + `cut.messages` (the model must hold the base weights).
+
+        From the checkpoint in `directory` when it is trustworthy for this cut: its tensors
+        hash to its `weights_sha256`, and the ledger's rows inside its recorded cut digest
+        to its `ledger_digest` (same rows, same scalars); then only the rows outside its cut
+        are applied. Otherwise (no checkpoint, damaged, edited, of rows the ledger no longer
+        holds as such) by replay of the whole cut. The cut's unapplied updates are in its
+        messages already, so they are dropped here. Returns how, for the log."""
         if directory is not None:
             try:
-                meta = read_checkpoint_meta(directory)
-                if meta.get("ledger_digest") == cut.digest:
-                    how = f"checkpoint of round {meta['round']}"  # before any weight moves
-                    self._load(read_checkpoint_weights(directory, self._device()))
+                how = self._restore_from_checkpoint(cut, directory)
+                if how is not None:
                     return how
             except FileNotFoundError:
                 pass  # a fresh peer
@@ -131,6 +142,36 @@ class LiveModel:
                 log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
         count = replay(self.model, self.config, cut.messages)
         return f"replay of {count} ledger messages"
+
+    def _restore_from_checkpoint(self, cut: LedgerCut, directory: Path) -> str | None:
+        meta = read_checkpoint_meta(directory)
+        if meta.get("ledger_digest") == cut.digest:
+            inside, tail = cut.messages, []
+        elif "ledger_cut" in meta:
+            covered = cut_contains(meta["ledger_cut"])
+            inside = [m for m in cut.messages if (m.peer, m.round) in covered]
+            tail = [m for m in cut.messages if (m.peer, m.round) not in covered]
+            if len(inside) != len(covered) or digest_of(inside) != meta["ledger_digest"]:
+                log.warning(
+                    "checkpoint of round %s does not match the ledger (its rows differ or are "
+                    "missing): refused, replaying the ledger instead",
+                    meta.get("round"),
+                )
+                return None
+        else:
+            return None  # an older checkpoint of another cut: replay
+        weights = read_checkpoint_weights(directory, self._device())
+        if "weights_sha256" in meta and tensors_sha256(weights) != meta["weights_sha256"]:
+            log.warning(
+                "checkpoint of round %s: its weights do not hash as recorded (damaged or "
+                "edited): refused, replaying the ledger instead",
+                meta.get("round"),
+            )
+            return None
+        self._load(weights)
+        self.apply(tail)
+        how = f"checkpoint of round {meta['round']}"
+        return how + (f" + {len(tail)} ledger messages after it" if tail else "")
 
     def _device(self) -> torch.device:
         return self.engine.matrices[0].weight.device

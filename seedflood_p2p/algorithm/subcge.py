@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from seedflood_p2p.algorithm.rng import derive_key, philox4x32, random_signs
 from seedflood_p2p.algorithm.trainable import (
     Perturbation,
     SharedPrefix,
@@ -34,6 +33,7 @@ from seedflood_p2p.algorithm.trainable import (
 )
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.rng import derive_key, philox4x32, random_signs
 from seedflood_p2p.protocol.message import UpdateMessage
 
 

@@ -19,10 +19,10 @@ import torch
 
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.objective import batch_loss, example_losses
-from seedflood_p2p.algorithm.rng import derive_key
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.rng import derive_key
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.batching import make_batch, sample_batch

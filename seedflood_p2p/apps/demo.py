@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ def _status(data_dir: Path) -> dict | None:
     return _last_status.get(data_dir)
 
 
-def _finish_all(procs: dict[str, NodeProcess], work: Path) -> int:
+def finish_all(procs: dict[str, NodeProcess], work: Path) -> int:
     """Ask every peer to stop after the same round, so all end with the same ledger.
 
     A peer may already be past the round we propose (rounds of a tiny model take
@@ -325,7 +326,7 @@ def run_demo(
                 finishing = float("inf")
             if time.monotonic() - started > minutes * 60 and not finishing:
                 finishing = time.monotonic()
-                budget_final_round = _finish_all(procs, work)
+                budget_final_round = finish_all(procs, work)
                 print(
                     f"time budget of {minutes:g} minutes reached: every peer finishes "
                     f"round {budget_final_round}, then stops",
@@ -376,3 +377,14 @@ def print_summary(result: dict, evals: list[dict]) -> None:
         f"{result['replay_sha256']}"
     )
     print(f"plot: {result['plot']}")
+    if not result["ledgers_identical"]:
+        groups: dict[str, list[str]] = {}
+        for name, digest in result["ledger_digests"].items():
+            groups.setdefault(digest, []).append(name)
+        print(
+            "error: FORK: the peers' ledgers differ ("
+            + "; ".join(f"{', '.join(n)}: {d[:16]}" for d, n in groups.items())
+            + "): the run split; see the peers' logs for 'partitioned'",
+            file=sys.stderr,
+            flush=True,
+        )

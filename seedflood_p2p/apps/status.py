@@ -42,6 +42,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"peer        {status.get('peer_id')}  ({status.get('role', 'peer')}, "
         f"seedflood {status.get('version', '?')}, up {status.get('uptime_s', '?')} s)",
         f"run         {status.get('run_id')}",
+        f"state       {status.get('state', '?')}",
         f"round       {status.get('round')}",
         f"peers alive {status.get('peers_alive')}",
         f"ledger      {status.get('ledger_messages')} messages",
@@ -72,6 +73,21 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(
             "peer rounds " + "  ".join(f"..{k}: {v}" for k, v in status["peer_rounds"].items())
         )
+    network = status.get("network")
+    if network:
+        line = (
+            f"network     {network.get('state', '?').upper()}: connected to "
+            f"{network.get('connected_peers')} of {network.get('known_peers')} known peers"
+        )
+        if network.get("state") == "partitioned":
+            unreachable = network.get("unreachable") or []
+            diverged = network.get("diverged") or []
+            line += f" for {network.get('for_s')} s"
+            if unreachable:
+                line += "; unreachable: " + ", ".join(f"..{p[-8:]}" for p in unreachable)
+            if diverged:
+                line += "; ledger differs from: " + ", ".join(f"..{p[-8:]}" for p in diverged)
+        lines.append(line)
     if status.get("model_sha256"):
         lines.append(f"model       sha256 {status['model_sha256']}")
     return "\n".join(lines)

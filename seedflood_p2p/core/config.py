@@ -23,7 +23,7 @@ MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite intege
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
-ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # = protocol.wire's
+ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
 # Integer settings and their bounds. The upper bounds are far past any useful value; they
 # stop a manifest's 10**30 from reaching code that allocates or converts to C integers.
 INT_RANGES = {

@@ -112,6 +112,12 @@ SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "call_timeout": (0, MAX_SECONDS, "seconds", True),
     "drop_incoming": (0, 1, "a fraction", False),
     "publish_rate": (0, 1e9, "messages per second", True),
+    "daemon_start_timeout": (0, MAX_SECONDS, "seconds", True),
+    "redial_min": (0, MAX_SECONDS, "seconds", True),
+    "redial_max": (0, MAX_SECONDS, "seconds", True),
+    "summary_interval": (0, MAX_SECONDS, "seconds", True),
+    "island_after": (0, MAX_SECONDS, "seconds", False),
+    "connect_retries": (0, 1 << 20, "a number of attempts (0: once)", False),
 }
 
 

@@ -11,6 +11,7 @@ and the bootstrap node both run a FloodNode; the bootstrap just never trains.
 Request/response protocols (msgpack over the same libp2p daemon):
 
     seedflood.manifest  b""                        -> run manifest JSON + version + clock
+                                                      (or {"not_ready": why} while syncing)
     seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, sha256], ...]
     seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
 
@@ -70,6 +71,7 @@ from seedflood_p2p.storage.ledger import Ledger
 log = logging.getLogger("seedflood.node")
 
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
+LIVE_ROUNDS = 8  # a repaired update this close to our newest round shows its sender alive
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
 MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be asked again
 BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
@@ -89,6 +91,12 @@ class NodeSettings:
     publish_rate: float = 50.0  # messages per second, paced
     auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
+    daemon_start_timeout: float = 15.0  # seconds for p2pd to start (slow disks, busy hosts)
+    redial_min: float = 1.0  # first retry of an unreachable known peer after this many s ...
+    redial_max: float = 30.0  # ... doubling up to this, for as long as the node runs
+    summary_interval: float = 5.0  # seconds between summary exchanges with connected peers
+    island_after: float = 30.0  # unreachable or diverged this long: say "partitioned"
+    allow_alone: bool = False  # start (train, serve joiners) although others are known
 
 
 @dataclass
@@ -150,6 +158,9 @@ class FloodNode:
         self._drop_rng = random.Random()
         self.last_accept = time.monotonic()
         self.fatal: Exception | None = None  # e.g. disk full: the owner must stop
+        # Why joiners are not served the manifest yet (None: they are): a node that knows
+        # others exist syncs with them first, so a joiner never starts from its stale copy.
+        self.not_ready: str | None = None
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -199,10 +210,15 @@ class FloodNode:
         return self.admission.newest_round
 
     def _track(self, verdicts: list[Verdict], heard: bool) -> None:
-        """Track each peer's progress from the updates that changed our ledger. Only gossip
-        (`heard`) shows a peer is alive: repaired history of a peer that left must not make
-        us wait for it."""
+        """Track each peer's progress from the updates that changed our ledger, and when
+        each was last alive. Gossip (`heard`) shows a peer is alive. So does a repaired
+        update of a recent round (within LIVE_ROUNDS of our newest) once this node is in
+        step with the run (`not_ready` is None): after a partition heals or a restart,
+        the other side's peers reach us by repair first, and the staleness bound must
+        wait for them rather than run ahead of peers it has not heard. Repaired history
+        of a peer that left is old, so it never makes us wait."""
         now = time.monotonic()
+        in_step = self.not_ready is None
         for verdict in verdicts:
             if not verdict.changed_ledger:
                 continue
@@ -211,7 +227,8 @@ class FloodNode:
             if message.peer != self.peer_id:
                 state = self.peers.setdefault(message.peer, PeerState(message.round, -math.inf))
                 state.round = max(state.round, message.round)
-                if heard:
+                recent = message.round >= self.newest_round - LIVE_ROUNDS
+                if heard or (in_step and recent):
                     state.last_seen = now
 
     def _forget_silent_peers(self) -> None:
@@ -276,6 +293,8 @@ class FloodNode:
 
     # -- repair -------------------------------------------------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
+        if self.not_ready is not None:
+            return msgpack.packb({"not_ready": self.not_ready})
         return msgpack.packb(
             {"manifest": self.manifest_json, "version": __version__, "time": time.time()}
         )

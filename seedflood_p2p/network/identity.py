@@ -16,6 +16,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto import p2pd_pb2 as pb
 
+from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.core.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,6 @@ def load_or_create_identity(path: Path) -> PeerID:
     return _ed25519_peer_id(public)
 
 
-_ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
 
 
 def verify_pubsub_signature(
@@ -109,7 +109,7 @@ def verify_pubsub_signature(
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    if len(sender) != 38 or not sender.startswith(_ED25519_PEER_ID_PREFIX):
+    if len(sender) != 38 or not sender.startswith(ED25519_PEER_ID_PREFIX):
         return False
     body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[topic])
     setattr(body, "from", sender)

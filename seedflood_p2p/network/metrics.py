@@ -66,6 +66,26 @@ class NodeMetrics:
         self.repaired = Counter(
             "seedflood_messages_repaired", "messages fetched by anti-entropy", registry=r
         )
+        # Reconnection and island detection (network/reconnect.py).
+        self.connected = Gauge(
+            "seedflood_connected_peers", "libp2p peers this node is connected to", registry=r
+        )
+        self.unreachable = Gauge(
+            "seedflood_unreachable_peers",
+            "peers met recently (or named by reachable peers) that cannot be dialled",
+            registry=r,
+        )
+        self.diverged = Gauge(
+            "seedflood_diverged_peers",
+            "connected peers whose settled ledger buckets differ from ours for long",
+            registry=r,
+        )
+        self.partitioned = Gauge(
+            "seedflood_partitioned", "1 while this node knows of peers it cannot reach", registry=r
+        )
+        self.redials = Counter(
+            "seedflood_redials", "dials to known peers, by result", ["result"], registry=r
+        )
         # Every update through admission, once, by where it came from and how it ended
         # (network/admission.py); `accepted` and `dropped` above are views of the same.
         self.admissions = Counter(

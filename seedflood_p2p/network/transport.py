@@ -147,7 +147,8 @@ def _check_ports(maddrs: Sequence[str], role: str, allow_any: bool) -> None:
                 )
 
 
-def _host_port(maddr: str) -> str:
+def host_port(maddr: str) -> str:
+    """HOST and PORT of a multiaddr, for `nc -vz HOST PORT` in error messages."""
     m = re.match(r"/(?:ip4|ip6|dns|dns4|dns6)/([^/]+)/(?:tcp|udp)/(\d+)", maddr)
     return f"{m.group(1)} {m.group(2)}" if m else "HOST PORT"
 
@@ -161,6 +162,7 @@ async def create_p2p(
     heartbeat_interval: float | None = None,
     startup_timeout: float = 15.0,
     nat_port_map: bool = False,
+    bootstrap_addrs: Sequence[str] = (),
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -172,14 +174,16 @@ async def create_p2p(
     (its public half matches), and private to its owner (mode 0600): else a UserError.
     `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
     with a UserError if none of them can be reached.
+    `bootstrap_addrs`: full multiaddrs checked like `initial_peers` but not handed to the
+    daemon: the caller dials them itself (network/reconnect.py), with retries.
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
     the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
     """
-    _check_ports(initial_peers, "bootstrap address", allow_any=False)
+    _check_ports([*initial_peers, *bootstrap_addrs], "bootstrap address", allow_any=False)
     _check_ports(host_maddrs, "listen address", allow_any=True)
     _check_ports(announce_maddrs or (), "announce address", allow_any=False)
-    for addr in initial_peers:
+    for addr in [*initial_peers, *bootstrap_addrs]:
         try:
             ok = "p2p" in Multiaddr(addr)
         except Exception:
@@ -222,7 +226,7 @@ async def create_p2p(
 def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):
     if "failed to connect to bootstrap peers" in msg:
         tried = ", ".join(initial_peers)
-        check = _host_port(initial_peers[0]) if initial_peers else "HOST PORT"
+        check = host_port(initial_peers[0]) if initial_peers else "HOST PORT"
         return UserError(
             f"could not reach any bootstrap peer (tried: {tried}); at least one must be running "
             f"and reachable from this machine (check with `nc -vz {check}`, and open or forward "
@@ -266,6 +270,27 @@ def remove_stale_sockets(directory: str = "/tmp", min_age: float = 60.0) -> list
         except OSError:
             pass
     return removed
+
+
+async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout: float) -> None:
+    """Dial `peer_id` at `addrs` (multiaddrs without /p2p/...): RemoteCallError if it fails.
+
+    hivemind's P2P does not expose the daemon's CONNECT request; its client does."""
+    try:
+        maddrs = [Multiaddr(a) for a in addrs]
+    except Exception as e:
+        raise RemoteCallError(f"bad address for {peer_id}: {e}") from e
+    try:
+        await asyncio.wait_for(p2p._client.connect(peer_id, maddrs), timeout)
+    except TimeoutError as e:
+        raise RemoteCallError(f"no answer within {timeout:g} s") from e
+    except Exception as e:
+        raise RemoteCallError(str(e).strip().splitlines()[0][:200] or type(e).__name__) from e
+
+
+async def connected_peer_ids(p2p: P2P) -> set[str]:
+    """Base58 ids of the peers the daemon has a connection to (any protocol)."""
+    return {info.peer_id.to_base58() for info in await p2p.list_peers()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,12 +5,20 @@ Two files in a directory: `checkpoint.safetensors` (the weights) and `checkpoint
 the base). The JSON is written after the weights, each one fsynced before and after its
 rename, so a JSON that is there names weights that are there: a crash while writing
 leaves the previous checkpoint, or none, never a JSON describing other weights.
+
+The JSON also records the cut itself, compactly (`encode_cut`: per peer, its rounds as
+ranges), and `weights_sha256`, a hash of the tensors in the file (`tensors_sha256`). A
+restart then loads the weights if the file hashes as recorded and the ledger's rows
+inside the cut still digest to `ledger_digest`, and applies only the ledger rows outside
+it (algorithm/live.py:LiveModel.restore), instead of replaying everything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -49,3 +57,48 @@ def read_checkpoint_meta(directory: Path) -> dict:
 
 def read_checkpoint_weights(directory: Path, device: str | torch.device) -> dict:
     return load_file(Path(directory) / WEIGHTS_FILE, device=str(device))
+
+
+def tensors_sha256(weights: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the tensors in name order (name, dtype, shape, bytes): a checkpoint
+    file whose tensors do not hash to its JSON's `weights_sha256` is damaged or edited."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach().cpu().contiguous()
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()
+
+
+def encode_cut(rows: Iterable[tuple[bytes, int]]) -> dict[str, list[list[int]]]:
+    """(peer, round) rows as {peer hex: [[first, last], ...]}: a peer that published
+    every round from 0 to 10,000 is one range, so the cut stays small."""
+    by_peer: dict[bytes, list[int]] = {}
+    for peer, round_ in rows:
+        by_peer.setdefault(peer, []).append(round_)
+    out = {}
+    for peer, rounds in sorted(by_peer.items()):
+        ranges: list[list[int]] = []
+        for r in sorted(set(rounds)):
+            if ranges and ranges[-1][1] == r - 1:
+                ranges[-1][1] = r
+            else:
+                ranges.append([r, r])
+        out[peer.hex()] = ranges
+    return out
+
+
+def cut_contains(cut: dict[str, list[list[int]]]) -> set[tuple[bytes, int]]:
+    """The (peer, round) rows of an `encode_cut` value; ValueError if it is malformed."""
+    rows: set[tuple[bytes, int]] = set()
+    if not isinstance(cut, dict):
+        raise ValueError("ledger_cut is not a table")
+    for peer_hex, ranges in cut.items():
+        peer = bytes.fromhex(peer_hex)
+        for first, last in ranges:
+            if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last):
+                raise ValueError(f"bad round range {first}..{last}")
+            if len(rows) + last - first > 100_000_000:
+                raise ValueError("ledger_cut too large")
+            rows.update((peer, r) for r in range(first, last + 1))
+    return rows

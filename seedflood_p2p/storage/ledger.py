@@ -271,6 +271,11 @@ class Ledger:
         row = self._db.execute(query, (self.run_id,)).fetchone()
         return -1 if row[0] is None else row[0]
 
+    def peers(self) -> set[bytes]:
+        """Every peer with at least one row: who the run is known to have."""
+        query = "SELECT DISTINCT peer FROM messages WHERE run_id = ?"
+        return {bytes(row[0]) for row in self._db.execute(query, (self.run_id,))}
+
     def has(self, peer: bytes, round_: int) -> bool:
         return self.scalars_of(peer, round_) is not None
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.rng import derive_key, portable_uniform
 from seedflood_p2p.workload import assets
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ _SMOLLM2_DIR = "smollm2-135m"
 _COMPLETE_MARKER = "SEEDFLOOD_CONVERTED"
 
 _TINY_SEED = 1234
+_TINY_STD = 0.02  # transformers' initializer_range
 
 
 def _log(msg: str) -> None:
@@ -107,8 +109,12 @@ def tiny_llama(*, tied: bool = False) -> tuple[PreTrainedModel, PreTrainedTokeni
     """A tiny random ``LlamaForCausalLM`` (about 70k parameters) and its tokenizer.
 
     Hidden size 64, 2 layers, 4 query heads over 2 key/value heads (grouped
-    like SmolLM2), MLP width 128. The weights depend only on a fixed seed
-    (drawn inside ``torch.random.fork_rng``, so the caller's RNG is untouched).
+    like SmolLM2), MLP width 128. Every 2-D weight is drawn from the project's
+    portable Philox (`core/rng.py:portable_uniform`, std 0.02 like transformers' init,
+    keyed by the parameter's name); norm scales are ones. torch's own `normal_` was used
+    before and gives other numbers under other CPU kernels (ATEN_CPU_CAPABILITY=default
+    vs avx2), so peers on other CPUs were refused with a base-weights mismatch. The
+    module is built inside ``torch.random.fork_rng``, so the caller's RNG is untouched.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -129,6 +135,14 @@ def tiny_llama(*, tied: bool = False) -> tuple[PreTrainedModel, PreTrainedTokeni
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_TINY_SEED)
         model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):  # a tied weight once
+            if param.dim() == 2:
+                key = derive_key("seedflood/tiny-llama", _TINY_SEED, name)
+                values = portable_uniform(key, param.numel(), _TINY_STD)
+                param.copy_(torch.from_numpy(values).view_as(param))
+            else:
+                param.fill_(1.0)  # RMSNorm scales, as transformers initialises them
     return model, tokenizer
 
 

@@ -7,6 +7,9 @@ cuRAND and Random123) evaluated with NumPy's unsigned integer arithmetic on the
 CPU. Results are integers or exactly representable floats (+1/-1), so they do
 not depend on the torch version, device or math library. Keys are derived with
 SHA-256 from readable domain strings, so different uses never share a stream.
+
+It sits in the core layer because both the algorithm (directions, bases, batches) and
+the workload (the built-in models' weights, `portable_uniform`) draw from it.
 """
 
 from __future__ import annotations
@@ -81,3 +84,14 @@ def random_signs(key: tuple[int, int], stream: int, count: int) -> np.ndarray:
     words = random_words(key, stream, -(-count // 32))
     bits = np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little")[:count]
     return (bits.astype(np.float32) * 2.0 - 1.0).astype(np.float32)
+
+
+def portable_uniform(key: tuple[int, int], count: int, std: float) -> np.ndarray:
+    """`count` float32 values, uniform on [-std*sqrt(3), std*sqrt(3)) (so of std `std`),
+    bit-identical on every machine: 24 random bits give u = k / 2^24 exactly, 2u - 1 is
+    exact in float32, and the one multiplication by the float32 scale is IEEE-rounded.
+    No log or cos (Box-Muller), whose last bit depends on the math library."""
+    words = random_words(key, 0, count)
+    u = (words >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
+    scale = np.float32(std * 3.0**0.5)
+    return ((u * np.float32(2.0) - np.float32(1.0)) * scale).astype(np.float32)

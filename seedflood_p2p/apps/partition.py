@@ -1,0 +1,219 @@
+"""A network partition between namespaced hosts, run for real: the scenario behind
+tests/test_partition.py (short cut) and bench/bench_partition.py (long cut).
+
+deploy/netns-testnet.sh builds HOSTS hosts on a bridge: h1 runs the bootstrap node,
+h2..hN a peer each. Once the peers train, the CUT hosts' switch ports are moved to a
+second bridge (iproute2 only, no firewall) and every TCP connection across the cut is
+aborted (`ss -K`), as a long partition ends them; new dials across it fail. After
+`partition_s` seconds the ports go back on one bridge: nothing but the nodes' own
+redialling reconnects them. Needs root, `ip` and `ss` (`skip_reason` says what is
+missing). Processes are stopped by PID and the namespaces deleted in a finally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from seedflood_p2p.apps.localnet import NodeProcess
+from seedflood_p2p.storage.ledger import Ledger
+
+SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "netns-testnet.sh"
+HOSTS = 5  # h1: bootstrap, h2..h5: peers; the cut: {h1, h2, h3} | {h4, h5}
+CUT = (4, 5)
+ROUND_INTERVAL = 0.4  # seconds: rounds can be slower, never faster
+BOOT_PORT = 31337
+METRICS_PORT = 9100  # each namespace has its own loopback
+NODE_FLAGS = ["--redial-max", "3", "--summary-interval", "1", "--island-after", "5"]
+PEER_FLAGS = [
+    "--round-interval",
+    str(ROUND_INTERVAL),
+    "--max-staleness",
+    "2",
+    "--round-deadline",
+    "3",
+    "--liveness-timeout",
+    "4",
+    "--linger",
+    "6",
+    "--repair-interval",
+    "1",
+    "--min-peers",
+    str(HOSTS - 1),
+    "--threads",
+    "1",
+    *NODE_FLAGS,
+]
+
+
+class Testnet:
+    """The namespaced hosts of one scenario (prefix unique per process)."""
+
+    def __init__(self, prefix: str, subnet: str) -> None:
+        self.prefix, self.subnet = prefix, subnet
+
+    def net(self, *args: str, check: bool = True, timeout: float = 60):
+        return subprocess.run(
+            [str(SCRIPT), "--prefix", self.prefix, "--subnet", self.subnet, *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+    def process(self, host: int, name: str, args: list[str], workdir: Path) -> NodeProcess:
+        prefix = (str(SCRIPT), "--prefix", self.prefix, "exec", f"h{host}")
+        return NodeProcess(name, args, workdir, prefix=prefix)
+
+    def status(self, host: int) -> dict:
+        code = (
+            "import urllib.request; print(urllib.request.urlopen("
+            f"'http://127.0.0.1:{METRICS_PORT}/status', timeout=5).read().decode())"
+        )
+        return json.loads(self.net("exec", f"h{host}", sys.executable, "-c", code).stdout)
+
+    def cut(self, on: bool) -> None:
+        """Move the CUT hosts' ports to bridge br1 (on) or back to br0 (off); on the way
+        in, abort every TCP connection across the cut in every host."""
+        sw = f"{self.prefix}-sw"
+        for h in CUT:
+            _ip("-n", sw, "link", "set", f"h{h}", "master", "br1" if on else "br0")
+        if not on:
+            return
+        for h in range(1, HOSTS + 1):
+            for other in (i for i in range(1, HOSTS + 1) if (i in CUT) != (h in CUT)):
+                ns = f"{self.prefix}-h{h}"
+                dst = f"{self.subnet}.{other}"
+                subprocess.run(
+                    ["ip", "netns", "exec", ns, "ss", "-K", "dst", dst],
+                    capture_output=True,
+                    timeout=30,
+                )
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def skip_reason(testnet: Testnet) -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "needs root (creating network namespaces needs CAP_SYS_ADMIN)"
+    for tool in ("ip", "ss"):
+        if shutil.which(tool) is None:
+            return f"needs iproute2's `{tool}` (apt-get install -y iproute2)"
+    check = testnet.net("check", check=False)
+    if check.returncode != 0:
+        return f"`ip netns` testnet unavailable ({(check.stdout + check.stderr).strip()})"
+    return None
+
+
+def _first_after(proc: NodeProcess, event: str, after: float) -> float | None:
+    times = [e["time"] for e in proc.events() if e.get("event") == event and e["time"] > after]
+    return min(times, default=None)
+
+
+def run_partition(
+    workdir: Path, testnet: Testnet, run_flags: list[str], partition_s: float
+) -> dict:
+    """Train, cut, heal, finish; returns what was observed (see the keys)."""
+    warmup_rounds, after_heal_s = 8, 60.0
+    # Rounds are never faster than ROUND_INTERVAL, so the run outlasts the cut by >= 60 s.
+    rounds = warmup_rounds + int((partition_s + after_heal_s) / ROUND_INTERVAL)
+    procs: list[NodeProcess] = []
+    started = time.time()
+    try:
+        testnet.net("--hosts", str(HOSTS), "up")
+        _ip("-n", f"{testnet.prefix}-sw", "link", "add", "br1", "type", "bridge")
+        _ip("-n", f"{testnet.prefix}-sw", "link", "set", "br1", "up")
+        boot_args = [
+            "bootstrap",
+            *run_flags,
+            "--listen",
+            f"/ip4/{testnet.subnet}.1/tcp/{BOOT_PORT}",
+            "--data-dir",
+            str(workdir / "bootstrap"),
+            *NODE_FLAGS,
+        ]
+        boot = testnet.process(1, "bootstrap", boot_args, workdir)
+        procs.append(boot)
+        address_file = workdir / "bootstrap" / "address.txt"
+        deadline = time.monotonic() + 120
+        while not address_file.exists():
+            if boot.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bootstrap did not start:\n{boot.tail()}")
+            time.sleep(0.2)
+        address = address_file.read_text().split()[0]
+        peers = {}
+        for i in range(2, HOSTS + 1):
+            args = [
+                "peer",
+                *("--bootstrap", address),
+                *("--listen", f"/ip4/{testnet.subnet}.{i}/tcp/0"),
+                *("--data-dir", str(workdir / f"peer{i}")),
+                *("--metrics-port", str(METRICS_PORT)),
+                *("--until-round", str(rounds)),
+                *PEER_FLAGS,
+            ]
+            peers[i] = testnet.process(i, f"peer{i}", args, workdir)
+            procs.append(peers[i])
+        peers[2].wait_round(warmup_rounds, timeout=180)
+        peers[HOSTS].wait_round(warmup_rounds, timeout=60)
+
+        testnet.cut(True)
+        cut_at = time.time()
+        partitioned_seen = {}  # host -> the status' network view when it said so
+        while time.time() - cut_at < partition_s:
+            for h in (2, HOSTS):
+                if h not in partitioned_seen:
+                    network = testnet.status(h)["network"]
+                    if network["state"] == "partitioned":
+                        partitioned_seen[h] = {**network, "after_s": time.time() - cut_at}
+            time.sleep(1)
+        rounds_at_heal = {h: p.last_round() for h, p in peers.items()}
+        testnet.cut(False)
+        healed_at = time.time()
+
+        codes = {h: p.wait_exit(timeout=240 + partition_s) for h, p in peers.items()}
+        time.sleep(3)  # the bootstrap node repairs the last rows
+        boot.stop()
+        finals = {
+            h: json.loads((workdir / f"peer{h}" / "final_status.json").read_text())
+            for h in peers
+            if (workdir / f"peer{h}" / "final_status.json").exists()
+        }
+        with Ledger.open_existing(workdir / "bootstrap" / "ledger.sqlite") as ledger:
+            boot_digest, boot_rows = ledger.digest(), len(ledger)
+        digests = {f"peer{h}": f["ledger_digest"] for h, f in finals.items()}
+        digests["bootstrap"] = boot_digest
+        reconnected = {h: _first_after(p, "reconnected", healed_at) for h, p in peers.items()}
+        heal = {h: None if t is None else round(t - healed_at, 2) for h, t in reconnected.items()}
+        return {
+            "hosts": HOSTS,
+            "cut": {"side_a": [h for h in range(1, HOSTS + 1) if h not in CUT], "side_b": CUT},
+            "partition_s": partition_s,
+            "rounds": rounds,
+            "exit_codes": codes,
+            "tails": {h: peers[h].tail(15) for h, c in codes.items() if c != 0},
+            "partitioned_seen": partitioned_seen,
+            "peer_ids": {h: f["peer_id"] for h, f in finals.items()},
+            "rounds_at_heal": rounds_at_heal,
+            "first_reconnection_after_heal_s": heal,
+            "ledger_digests": digests,
+            "ledgers_identical": len(set(digests.values())) == 1 and len(finals) == HOSTS - 1,
+            "bootstrap_rows": boot_rows,
+            "expected_rows": (HOSTS - 1) * rounds,
+            "wall_s": round(time.time() - started, 1),
+        }
+    finally:
+        for p in procs:
+            p.stop()
+        down = testnet.net("--kill", "down", check=False)
+        if down.returncode != 0:
+            print(down.stderr, file=sys.stderr)

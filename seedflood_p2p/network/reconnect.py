@@ -1,0 +1,609 @@
+"""Finding the others again: the peer book, redialling with backoff, summaries, islands.
+
+GossipSub and repair only reach peers this node has a connection to. A connection
+lost in a partition, or a restart with the bootstrap node gone, is not re-made by
+libp2p on its own: measured on main before this module, a 180 s partition never healed
+(two ledgers for good), and a restarted peer with its bootstrap dead could not join.
+So every node:
+
+- keeps the peers it has met (`PeerBook`: peer id -> the addresses it dials them at,
+  DATA_DIR/peers.json, written atomically), learnt from summaries (below);
+- redials every known peer it is not connected to, and its bootstrap list, on a
+  backoff schedule (redial_min doubling to redial_max, jittered) for as long as it
+  runs, logging each failure with what it tried (`Reconnector.run`);
+- on every new connection, runs a repair pass with that peer at once, so a healed
+  partition repairs by itself (the flood node's own anti-entropy would get there
+  too, a random peer every few seconds);
+- exchanges summaries (`seedflood.summary`, protocol/wire.py) with connected peers
+  every summary_interval: their newest round, ledger size, newest bucket digests,
+  own addresses and the peers they are connected to (with addresses: peer exchange,
+  so a node learns of peers it never met and dials them);
+- says "partitioned" (`IslandView`: log, /status, metrics) when peers it met in the
+  last ISLAND_WINDOW seconds, or that its connected peers name, cannot be dialled
+  for island_after seconds, or when a connected peer's settled ledger buckets
+  differ from ours for island_after seconds (repair should have closed them).
+
+Summaries travel over libp2p request/response: the secure channel (Noise/TLS)
+authenticates the answering peer id, which is what a direct summary needs. They are
+not signed for forwarding; a summary is never relayed, only its addresses are tried.
+A node cannot tell a partition from peers that stopped: the status says both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.transport import (
+    RemoteCallError,
+    call_bytes,
+    connect_peer,
+    connected_peer_ids,
+    serve_bytes,
+)
+from seedflood_p2p.protocol.wire import (
+    BUCKET_ROUNDS,
+    MAX_ADDRS,
+    MAX_SUMMARY_PEERS,
+    Rejected,
+    Summary,
+    decode_summary,
+    decode_summary_request,
+    encode_summary,
+    encode_summary_request,
+)
+
+log = logging.getLogger("seedflood.reconnect")
+
+BOOK_FILE = "peers.json"
+MAX_BOOK = 256  # peers kept in the book (the most recently met)
+MAX_HINTS = 256  # peers heard of (from summaries) but not met: dialled, not persisted
+FORGET_AFTER = 7 * 86400.0  # a book entry not met for a week is dropped
+ISLAND_WINDOW = 600.0  # peers met this recently and now unreachable count as "cut off"
+SAVE_EVERY = 10.0  # seconds between writes of a changed book
+LOOP_TICK = 1.0  # seconds between passes of the reconnect loop
+
+
+def split_full_addr(addr: str) -> tuple[str, str]:
+    """(peer id, address without /p2p/...) of a full multiaddr `.../p2p/<peer id>`."""
+    base, _, peer = addr.rpartition("/p2p/")
+    return peer, base
+
+
+def _dialable(addrs: Iterable[str], peer: str) -> list[str]:
+    """Addresses as the daemon dials them: /p2p/<peer> stripped, no duplicates, bounded."""
+    out: list[str] = []
+    for a in addrs:
+        a = a.split("/p2p/")[0] if "/p2p/" in a else a
+        if a and a not in out and "/p2p-circuit" not in a:
+            out.append(a)
+    return out[:MAX_ADDRS]
+
+
+class PeerBook:
+    """Peers this node has met: base58 peer id -> {"addrs": [...], "met": unix time}.
+
+    Kept in DATA_DIR/peers.json, written to a temporary file, fsynced, then renamed, so
+    a crash leaves the old book or the new one. A damaged file is moved aside with one
+    warning (the node still has its bootstrap list), never a crash."""
+
+    def __init__(self, data_dir: Path, own_id: str) -> None:
+        self.path = Path(data_dir) / BOOK_FILE
+        self.own_id = own_id
+        self.entries: dict[str, dict] = {}
+        self._dirty = self._urgent = False
+        self._saved_at = 0.0
+        self._load()
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            raw = json.loads(self.path.read_text())
+            entries = {
+                str(peer): {"addrs": _dialable(e["addrs"], peer), "met": float(e["met"])}
+                for peer, e in raw["peers"].items()
+                if isinstance(e.get("addrs"), list) and all(isinstance(a, str) for a in e["addrs"])
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            aside = self.path.with_suffix(".damaged")
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            log.warning("peer book %s is damaged (%r): moved to %s", self.path, exc, aside)
+            return
+        entries.pop(self.own_id, None)
+        self.entries = entries
+
+    def met(self, peer: str, addrs: Iterable[str]) -> None:
+        """`peer` is connected and reachable at `addrs` (its own word, or what we dialled).
+        A peer met for the first time is written at the next `save`, unthrottled: a node
+        killed seconds after joining must still find it on restart."""
+        if peer == self.own_id:
+            return
+        addrs = _dialable(addrs, peer)
+        entry = self.entries.get(peer)
+        if entry is None or (addrs and entry["addrs"] != addrs):
+            self._urgent = True
+        if self._urgent or time.time() - entry["met"] > 60:
+            old = (entry or {}).get("addrs", [])
+            self.entries[peer] = {"addrs": addrs or old, "met": time.time()}
+            self._dirty = True
+
+    def others(self) -> list[str]:
+        return [p for p in self.entries if p != self.own_id]
+
+    def save(self, force: bool = False) -> None:
+        throttled = time.monotonic() - self._saved_at < SAVE_EVERY
+        if not self._dirty or (throttled and not force and not self._urgent):
+            return
+        now = time.time()
+        keep = sorted(
+            (e["met"], p) for p, e in self.entries.items() if now - e["met"] < FORGET_AFTER
+        )[-MAX_BOOK:]
+        self.entries = {p: self.entries[p] for _, p in keep}
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"version": 1, "peers": self.entries}, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:  # a full disk must not stop the node: the book is a hint
+            log.warning("cannot write the peer book %s: %s", self.path, exc)
+            return
+        self._dirty = self._urgent = False
+        self._saved_at = time.monotonic()
+
+
+@dataclass
+class Backoff:
+    """When to dial a peer next: redial_min, doubling per failure up to redial_max."""
+
+    failures: int = 0
+    next_try: float = 0.0
+    failing_since: float | None = None
+    last_error: str = ""
+
+
+@dataclass
+class IslandView:
+    """What this node knows about the others it cannot reach (see the module docstring)."""
+
+    connected: int = 0
+    known: int = 0
+    unreachable: list[str] = field(default_factory=list)
+    diverged: list[str] = field(default_factory=list)
+    partitioned: bool = False
+    since: float | None = None  # monotonic time the current verdict began
+
+    def as_status(self) -> dict:
+        return {
+            "state": "partitioned" if self.partitioned else "connected",
+            "connected_peers": self.connected,
+            "known_peers": self.known,
+            "unreachable": self.unreachable[:16],
+            "diverged": self.diverged[:16],
+            "for_s": None if self.since is None else round(time.monotonic() - self.since, 1),
+        }
+
+    def describe(self) -> str:
+        parts = []
+        if self.unreachable:
+            parts.append(
+                f"{len(self.unreachable)} peer(s) met recently or named by others cannot be "
+                f"reached ({', '.join(p[-8:] for p in self.unreachable[:6])}): a partition, or "
+                "they stopped"
+            )
+        if self.diverged:
+            parts.append(
+                f"the ledger differs from {len(self.diverged)} connected peer(s)' "
+                f"({', '.join(p[-8:] for p in self.diverged[:6])}) and repair has not closed it"
+            )
+        return "; ".join(parts) or "every known peer reachable"
+
+
+class Reconnector:
+    """Dials the bootstrap list, the peer book and peers heard of, with backoff, forever.
+
+    Works before the run is known (the peer daemon's first contact, `dial_due`); once a
+    flood node is attached (`attach`) it also serves and exchanges summaries, repairs
+    with every new connection and keeps the island view."""
+
+    def __init__(self, p2p, data_dir: Path, bootstrap: list[str], settings, metrics: NodeMetrics):
+        self.p2p = p2p
+        self.own_id = p2p.peer_id.to_base58()
+        self.book = PeerBook(data_dir, self.own_id)
+        self.bootstrap = {}
+        for addr in bootstrap:
+            peer, base = split_full_addr(addr)
+            self.bootstrap[peer] = [base]
+        self.s = settings
+        self.metrics = metrics
+        self.hints: dict[str, list[str]] = {}  # heard of in summaries, not (yet) met
+        self.hinted_at: dict[str, float] = {}  # when a summary last named each hint
+        self.backoff: dict[str, Backoff] = {}
+        self.connected: set[str] = set()
+        self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
+        self.differs_since: dict[str, float] = {}
+        self.view = IslandView()
+        self.flood = None
+        self.own_addrs: list[str] = []
+        self._on_connect: list[Callable[[str], None]] = []
+        self._task: asyncio.Task | None = None
+        self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
+        self._last_summary = 0.0
+        self._last_island_log = 0.0
+
+    # -- candidates and dialling ---------------------------------------------------
+    def candidates(self) -> dict[str, list[str]]:
+        """Every peer to keep a connection to, with the addresses to dial it at."""
+        out: dict[str, list[str]] = {}
+        for source in (self.hints, {p: e["addrs"] for p, e in self.book.entries.items()}):
+            for peer, addrs in source.items():
+                out[peer] = addrs
+        for peer, addrs in self.bootstrap.items():  # the operator's word comes first
+            out[peer] = _dialable([*addrs, *out.get(peer, [])], peer)
+        out.pop(self.own_id, None)
+        return {p: a for p, a in out.items() if a}
+
+    def others_known(self) -> list[str]:
+        """Peers this node knows exist besides itself: the book and the bootstrap list."""
+        return sorted(set(self.book.others()) | (set(self.bootstrap) - {self.own_id}))
+
+    async def refresh_connected(self) -> set[str]:
+        try:
+            now_connected = await connected_peer_ids(self.p2p)
+        except Exception as exc:  # the daemon is gone: the flood node will say so
+            log.debug("list_peers failed: %r", exc)
+            return self.connected
+        for peer in sorted(now_connected - self.connected):
+            state = self.backoff.pop(peer, None)
+            if state is not None and state.failures:
+                log.info(
+                    "reconnected to %s after %d failed dial(s)",
+                    peer,
+                    state.failures,
+                    extra={"fields": {"event": "reconnected", "peer": peer}},
+                )
+            for callback in self._on_connect:
+                callback(peer)
+        for peer in sorted(self.connected - now_connected):
+            log.info(
+                "lost the connection to %s",
+                peer,
+                extra={"fields": {"event": "disconnected", "peer": peer}},
+            )
+        self.connected = now_connected
+        self.metrics.connected.set(len(now_connected))
+        return now_connected
+
+    async def dial_due(self, force: bool = False) -> dict[str, str]:
+        """Dial every candidate that is not connected and whose backoff has passed (all of
+        them with `force`), at once. Returns {peer: error} of the dials that failed."""
+        async with self._dialling:
+            return await self._dial_due(force)
+
+    async def _dial_due(self, force: bool) -> dict[str, str]:
+        connected = await self.refresh_connected()
+        now = time.monotonic()
+        due = {
+            p: a
+            for p, a in self.candidates().items()
+            if p not in connected and (force or self.backoff.get(p, Backoff()).next_try <= now)
+        }
+        if not due:
+            return {}
+        results = await asyncio.gather(*(self._dial(p, a) for p, a in due.items()))
+        await self.refresh_connected()
+        return {p: err for p, err in zip(due, results, strict=True) if err}
+
+    async def _dial(self, peer: str, addrs: list[str]) -> str:
+        from hivemind.p2p import PeerID
+
+        try:
+            await connect_peer(self.p2p, PeerID.from_base58(peer), addrs, self.s.call_timeout)
+        except (RemoteCallError, ValueError) as exc:
+            state = self.backoff.setdefault(peer, Backoff())
+            state.failures += 1
+            now = time.monotonic()
+            if state.failing_since is None:
+                state.failing_since = now
+            delay = min(self.s.redial_max, self.s.redial_min * 2 ** (state.failures - 1))
+            delay *= random.uniform(0.8, 1.2)
+            state.next_try = now + delay
+            state.last_error = str(exc)
+            self.metrics.redials.labels("failed").inc()
+            log.info(
+                "cannot reach %s at %s (attempt %d): %s; next try in %.0f s",
+                peer,
+                ", ".join(addrs),
+                state.failures,
+                exc,
+                delay,
+                extra={"fields": {"event": "dial_failed", "peer": peer, "attempt": state.failures}},
+            )
+            return str(exc) or type(exc).__name__
+        self.metrics.redials.labels("connected").inc()
+        return ""
+
+    # -- with a run: summaries, repair on connect, the island view --------------------------
+    async def attach(self, flood) -> None:
+        """Serve summaries for `flood`'s run, repair on every new connection, and start the
+        loop. Peers already connected get a summary exchange in the first pass."""
+        self.flood = flood
+        try:
+            self.own_addrs = _dialable(
+                (str(a) for a in await self.p2p.get_visible_maddrs()), self.own_id
+            )
+        except Exception as exc:
+            log.debug("no visible addresses yet: %r", exc)
+        await serve_bytes(self.p2p, "seedflood.summary", self._serve_summary)
+        self._on_connect.append(self._repair_new_connection)
+        self.start()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="reconnect")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        self.book.save(force=True)
+
+    def _repair_new_connection(self, peer: str) -> None:
+        if self.flood is None:
+            return
+        from hivemind.p2p import PeerID
+
+        async def repair() -> None:
+            new = await self.flood.sync_round([PeerID.from_base58(peer)])
+            if new:
+                log.info(
+                    "repair with newly connected %s: fetched %d missing messages",
+                    peer,
+                    new,
+                    extra={"fields": {"event": "repair", "count": new, "peer": peer}},
+                )
+            await self._exchange(peer)
+
+        task = asyncio.create_task(repair(), name=f"repair-on-connect:{peer[-8:]}")
+        task.add_done_callback(_log_task_failure)
+
+    def own_summary(self) -> Summary:
+        flood = self.flood
+        peers = {}
+        for peer in sorted(
+            self.connected, key=lambda p: -self.book.entries.get(p, {}).get("met", 0)
+        ):
+            addrs = self.book.entries.get(peer, {}).get("addrs") or self.hints.get(peer)
+            if addrs:
+                peers[_peer_bytes(peer)] = addrs
+            if len(peers) >= MAX_SUMMARY_PEERS:
+                break
+        live = sum(
+            1 for st in flood.peers.values() if time.monotonic() - st.last_seen < ISLAND_WINDOW
+        )
+        return Summary(
+            round=flood.ledger.max_round(),
+            rows=len(flood.ledger),
+            live=live,
+            digests=flood.ledger.bucket_digests(BUCKET_ROUNDS),
+            addrs=self.own_addrs,
+            peers=peers,
+        )
+
+    async def _serve_summary(self, peer, request: bytes) -> bytes:
+        decoded = decode_summary_request(request)
+        if decoded is None or self.flood is None or decoded[0] != self.flood.run_id:
+            return b""
+        caller = peer.to_base58()
+        if decoded[1]:
+            self.book.met(caller, decoded[1])  # connected to us, and says where it listens
+        return encode_summary(self.own_summary())
+
+    async def _exchange(self, peer: str) -> None:
+        """Ask `peer` for its summary; learn its addresses and the peers it names."""
+        from hivemind.p2p import PeerID
+
+        request = encode_summary_request(self.flood.run_id, self.own_addrs)
+        try:
+            reply = await call_bytes(
+                self.p2p,
+                PeerID.from_base58(peer),
+                "seedflood.summary",
+                request,
+                self.s.call_timeout,
+            )
+        except RemoteCallError as exc:
+            log.debug("summary from %s failed: %s", peer, exc)
+            return
+        if not reply:  # not on this run (or not started yet)
+            return
+        try:
+            summary = decode_summary(reply)
+        except Rejected as exc:
+            self.flood.admission.drop_reply(exc, _peer_bytes(peer))
+            return
+        self.summaries[peer] = (time.monotonic(), summary)
+        self.book.met(peer, summary.addrs)
+        for named, addrs in summary.peers.items():
+            if not (len(named) == 38 and named.startswith(ED25519_PEER_ID_PREFIX)):
+                continue  # seedflood peers are Ed25519 identities only
+            name = _peer_name(named)
+            if name and name != self.own_id and name not in self.book.entries and addrs:
+                if len(self.hints) < MAX_HINTS or name in self.hints:
+                    self.hints[name] = _dialable(addrs, name)
+                    self.hinted_at[name] = time.monotonic()
+
+    def _update_view(self) -> None:
+        now = time.monotonic()
+        wall = time.time()
+        # A peer no connected node has named for ISLAND_WINDOW is forgotten: it left.
+        for peer in [p for p, t in self.hinted_at.items() if now - t > ISLAND_WINDOW]:
+            self.hints.pop(peer, None)
+            self.hinted_at.pop(peer, None)
+            self.backoff.pop(peer, None)
+        unreachable = []
+        for peer, state in self.backoff.items():
+            if peer in self.connected or state.failing_since is None:
+                continue
+            if now - state.failing_since < self.s.island_after:
+                continue
+            recent = wall - self.book.entries.get(peer, {}).get("met", 0) < ISLAND_WINDOW
+            if recent or peer in self.hints:
+                unreachable.append(peer)
+        diverged = []
+        if self.flood is not None:
+            mine = self.flood.ledger.bucket_digests(BUCKET_ROUNDS)
+            our_newest = self.flood.ledger.max_round()
+            for peer, (when, summary) in list(self.summaries.items()):
+                if peer not in self.connected or now - when > 4 * self.s.summary_interval + 30:
+                    self.differs_since.pop(peer, None)
+                    continue
+                settled = min(our_newest, summary.round) // BUCKET_ROUNDS - 1  # both past it
+                differs = any(b <= settled and mine.get(b) != d for b, d in summary.digests.items())
+                if differs:
+                    since = self.differs_since.setdefault(peer, now)
+                    if now - since >= self.s.island_after:
+                        diverged.append(peer)
+                else:
+                    self.differs_since.pop(peer, None)
+        partitioned = bool(unreachable or diverged)
+        view = self.view
+        if partitioned != view.partitioned:
+            view.since = now
+        view.connected = len(self.connected)
+        view.known = len(set(self.book.entries) | set(self.hints) | set(self.bootstrap))
+        view.unreachable, view.diverged = sorted(unreachable), sorted(diverged)
+        changed = partitioned != view.partitioned
+        view.partitioned = partitioned
+        self.metrics.unreachable.set(len(unreachable))
+        self.metrics.diverged.set(len(diverged))
+        self.metrics.partitioned.set(int(partitioned))
+        fields = {"event": "island", **view.as_status()}
+        if partitioned and (changed or now - self._last_island_log > 60):
+            self._last_island_log = now
+            log.warning("partitioned: %s", view.describe(), extra={"fields": fields})
+        elif changed:
+            log.info("no longer partitioned: %s", view.describe(), extra={"fields": fields})
+
+    async def run(self) -> None:
+        """The loop: dial what is due, exchange summaries, update the island view."""
+        while True:
+            try:
+                await self.dial_due()
+                if self.flood is not None:
+                    now = time.monotonic()
+                    if now - self._last_summary >= self.s.summary_interval:
+                        self._last_summary = now
+                        await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
+                    self._update_view()
+                self.book.save()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop must outlive any one bad pass
+                log.warning("reconnect pass failed: %r", exc)
+            await asyncio.sleep(LOOP_TICK)
+
+
+def _peer_bytes(peer: str) -> bytes:
+    from hivemind.p2p import PeerID
+
+    return PeerID.from_base58(peer).to_bytes()
+
+
+def _peer_name(peer: bytes) -> str | None:
+    from hivemind.p2p import PeerID
+
+    try:
+        return PeerID(peer).to_base58()
+    except Exception:
+        return None
+
+
+def _log_task_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("repair on a new connection failed: %r", task.exception())
+
+
+async def catch_up(
+    reconnector: Reconnector,
+    flood,
+    others: list[str],
+    stopping: Callable[[], bool],
+    set_state: Callable[[str], None] = lambda state: None,
+) -> int:
+    """Before a node trains or serves joiners: if it knows others exist (`others`: peer
+    ids from its ledger, book or bootstrap list), wait until at least one of them answered
+    a full repair pass, dialling all the while. Logs why it waits every 10 s. Returns the
+    rows fetched; 0 at once when `others` is empty (the first node of a run)."""
+    from hivemind.p2p import PeerID
+
+    if not others:
+        return 0
+    waited_since = time.monotonic()
+    last_log: float | None = None
+    while not stopping():
+        # The reconnector's loop dials and keeps `connected`; all of them at once, so
+        # a peer that is leaving (a 10 s call timeout) does not hold up the others.
+        connected = sorted(reconnector.connected)
+        results = await asyncio.gather(
+            *(flood.sync_with(PeerID.from_base58(p)) for p in connected), return_exceptions=True
+        )
+        fetched, synced = 0, []
+        for peer, result in zip(connected, results, strict=True):
+            if isinstance(result, UserError):
+                raise result  # our own ledger cannot be written: stop
+            if isinstance(result, BaseException):
+                if not isinstance(result, RemoteCallError):
+                    log.warning("catch-up sync with %s failed: %r", peer, result)
+                continue
+            fetched += result
+            synced.append(peer)
+        if synced:
+            log.info(
+                "caught up with %d peer(s) (%s): fetched %d missing messages",
+                len(synced),
+                ", ".join(p[-8:] for p in synced),
+                fetched,
+                extra={"fields": {"event": "caught_up", "peers": len(synced), "count": fetched}},
+            )
+            return fetched
+        tried = reconnector.candidates()
+        reason = (
+            f"waiting: this node knows {len(others)} other node(s) of the run "
+            f"({', '.join(p[-8:] for p in others[:6])}) and has reached none of them "
+            f"(dialled {len(tried)} known address set(s)); it does not train or serve joiners "
+            "alone: start them, fix the network, or pass --allow-alone"
+        )
+        set_state(reason)
+        now = time.monotonic()
+        if now - waited_since >= 3 and (last_log is None or now - last_log >= 10):
+            last_log = now
+            log.warning(
+                "%s (waiting %.0f s)",
+                reason,
+                now - waited_since,
+                extra={"fields": {"event": "waiting", "known": len(others)}},
+            )
+        await asyncio.sleep(LOOP_TICK)
+    return 0

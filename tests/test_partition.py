@@ -1,0 +1,51 @@
+"""A network partition between namespaced hosts heals by itself to one ledger.
+
+The scenario is seedflood_p2p/apps/partition.py: 5 hosts (bootstrap + 4 peers), the
+cut {h1, h2, h3} | {h4, h5} for PARTITION seconds (second bridge + `ss -K`: every
+connection across it ends, new dials fail), then the hosts share one bridge again and
+only the nodes' own redialling can reconnect them. Both sides must say "partitioned"
+naming the other side, train on through the cut, reconnect after it, and end with one
+ledger digest holding every peer's every round. The long (180 s) cut is
+bench/bench_partition.py.
+
+Needs root, `ip netns` and `ss` (iproute2); skips naming what is missing otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from seedflood_p2p.apps.partition import CUT, HOSTS, Testnet, run_partition, skip_reason
+
+from cluster import run_toml
+
+pytestmark = pytest.mark.slow
+PARTITION = 30.0  # seconds
+
+
+def test_partition_heals_to_one_ledger(tmp_path):
+    testnet = Testnet(f"sfp{os.getpid() % 100000}", "10.78.0")
+    skip = skip_reason(testnet)
+    if skip:
+        pytest.skip(skip)
+    result = run_partition(tmp_path, testnet, ["--config", str(run_toml(tmp_path))], PARTITION)
+    assert all(c == 0 for c in result["exit_codes"].values()), result["tails"]
+    # Both sides knew they were cut off, and named the other side.
+    seen = result["partitioned_seen"]
+    assert set(seen) == {2, HOSTS}, seen
+    assert result["peer_ids"][2] in seen[HOSTS]["unreachable"], seen
+    assert result["peer_ids"][HOSTS] in seen[2]["unreachable"], seen
+    # Both sides trained on through the cut.
+    assert all(r > 8 for r in result["rounds_at_heal"].values()), result["rounds_at_heal"]
+    # One ledger, with every peer's every round, after the heal.
+    assert result["ledgers_identical"], result["ledger_digests"]
+    assert result["bootstrap_rows"] == result["expected_rows"], result
+    # The nodes reconnected on their own (nothing else dials across the healed cut).
+    heal = [t for h, t in result["first_reconnection_after_heal_s"].items() if h in CUT]
+    assert heal and all(t is not None for t in heal), result
+    print(
+        f"partition of {PARTITION:.0f} s: reconnected {min(heal):.1f}-{max(heal):.1f} s after "
+        f"the heal; {result['bootstrap_rows']} rows, one ledger digest"
+    )

@@ -1,0 +1,173 @@
+"""The pieces of reconnection that need no daemon: the peer book on disk, the summary
+wire format under hostile input, and which updates show a peer alive (staleness)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import msgpack
+import pytest
+from hivemind.p2p import PeerID
+
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.admission import Outcome, Verdict
+from seedflood_p2p.network.flood import LIVE_ROUNDS, FloodNode, NodeSettings
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.reconnect import PeerBook, split_full_addr
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.protocol.wire import (
+    MAX_ADDRS,
+    MAX_SUMMARY_PEERS,
+    Rejected,
+    Summary,
+    decode_summary,
+    decode_summary_request,
+    encode_summary,
+    encode_summary_request,
+)
+from seedflood_p2p.storage.ledger import Ledger
+
+A = "12D3KooWRez8iPgVgUa5r7mtRc9soYeqErRv2oe8yKyiXX7jv6s6"
+B = "12D3KooWLubzve29rwSb2mWMGP62ZcP3r3E9N2Yi1ALMyiEUqd4v"
+
+
+def test_peer_book_persists_met_peers_atomically_and_never_lists_itself(tmp_path):
+    book = PeerBook(tmp_path, own_id=A)
+    book.met(B, [f"/ip4/10.0.0.2/tcp/4001/p2p/{B}", "/ip4/10.0.0.2/tcp/4001"])
+    book.met(A, ["/ip4/10.0.0.1/tcp/1"])  # ourselves: never a peer to dial
+    book.save()  # a newly met peer is written at once, not after the throttle
+    assert not (tmp_path / "peers.tmp").exists()
+    stored = json.loads((tmp_path / "peers.json").read_text())
+    assert list(stored["peers"]) == [B]
+    assert stored["peers"][B]["addrs"] == ["/ip4/10.0.0.2/tcp/4001"]  # /p2p stripped, once
+    again = PeerBook(tmp_path, own_id=A)
+    assert again.others() == [B]
+    assert again.entries[B]["addrs"] == ["/ip4/10.0.0.2/tcp/4001"]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"peers": 3}', '{"peers": {"x": 1}}', "[]"])
+def test_a_damaged_peer_book_is_moved_aside_not_fatal(tmp_path, content):
+    (tmp_path / "peers.json").write_text(content)
+    book = PeerBook(tmp_path, own_id=A)
+    assert book.entries == {}
+    assert (tmp_path / "peers.damaged").read_text() == content
+
+
+def test_split_full_addr():
+    assert split_full_addr(f"/ip4/1.2.3.4/tcp/5/p2p/{B}") == (B, "/ip4/1.2.3.4/tcp/5")
+
+
+def _summary(**changes) -> Summary:
+    fields = dict(
+        round=70,
+        rows=200,
+        live=3,
+        digests={0: (120, b"12345678"), 1: (80, b"abcdefgh")},
+        addrs=["/ip4/10.0.0.2/tcp/4001"],
+        peers={PeerID.from_base58(B).to_bytes(): ["/ip4/10.0.0.3/tcp/4001"]},
+    )
+    fields.update(changes)
+    return Summary(**fields)
+
+
+def test_summary_round_trip_and_bounds():
+    summary = _summary()
+    assert decode_summary(encode_summary(summary)) == summary
+    many = {bytes([i]) * 38: ["/ip4/1.1.1.1/tcp/1"] for i in range(MAX_SUMMARY_PEERS + 5)}
+    assert len(decode_summary(encode_summary(_summary(peers=many))).peers) == MAX_SUMMARY_PEERS
+    assert decode_summary_request(encode_summary_request("run", ["/ip4/1.2.3.4/tcp/1"])) == (
+        "run",
+        ["/ip4/1.2.3.4/tcp/1"],
+    )
+
+
+HOSTILE_SUMMARIES = [
+    b"\xc1garbage",
+    msgpack.packb(None),
+    msgpack.packb([1, 2, 3]),
+    msgpack.packb([True, 1, 1, [], [], []]),  # true is no round
+    msgpack.packb([1.0, 1, 1, [], [], []]),
+    msgpack.packb([-2, 1, 1, [], [], []]),
+    msgpack.packb([1, 1, 1, [[0, 1, b"short"]], [], []]),
+    msgpack.packb([1, 1, 1, [[0, 1, b"12345678"], [0, 1, b"12345678"]], [], []]),  # twice
+    msgpack.packb([1, 1, 1, [], ["not/an/addr"], []]),
+    msgpack.packb([1, 1, 1, [], ["/" + "x" * 300], []]),
+    msgpack.packb([1, 1, 1, [], ["/ip4/1.1.1.1\n"], []]),
+    msgpack.packb([1, 1, 1, [], ["/a"] * (MAX_ADDRS + 1), []]),
+    msgpack.packb([1, 1, 1, [], [], [[b"", []]]], use_bin_type=True),
+    msgpack.packb([1, 1, 1, [], [], [[b"p" * 38, [7]]]], use_bin_type=True),
+    msgpack.packb([1, 1, 1, [], [], [[b"p" * 38, []]] * (MAX_SUMMARY_PEERS + 1)]),
+    msgpack.packb({"round": 1}),
+]
+
+
+@pytest.mark.parametrize("data", HOSTILE_SUMMARIES)
+def test_hostile_summaries_are_rejected_as_bad_reply(data):
+    with pytest.raises(Rejected) as info:
+        decode_summary(data)
+    assert info.value.reason == "bad_reply"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\xc1", msgpack.packb(["run"]), msgpack.packb(["run", "addr"]), msgpack.packb([1, []])],
+)
+def test_malformed_summary_requests_are_answered_empty(data):
+    assert decode_summary_request(data) is None
+
+
+class _StubP2P:
+    """What FloodNode reads of a daemon before it starts: an id and a socket path."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer_id = PeerID.from_base58(peer)
+        self.daemon_listen_maddr = {"unix": "/nonexistent/p2pd.sock"}
+
+
+def _node(tmp_path) -> FloodNode:
+    config = RunConfig(model="tiny-llama", dataset="synthetic-sentiment")
+    ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
+    ledger.claim(config.to_json(), "")
+    return FloodNode(_StubP2P(A), ledger, config.to_json(), NodeMetrics(), NodeSettings())
+
+
+def _accepted(peer: bytes, round_: int) -> Verdict:
+    return Verdict(Outcome.ACCEPTED, peer, UpdateMessage(round_, peer, (0.5,)))
+
+
+def test_a_recently_repaired_peer_counts_as_alive_once_the_node_is_in_step(tmp_path):
+    node = _node(tmp_path)
+    other, old = b"o" * 38, b"x" * 38
+    node.admission.newest_round = 100
+    node.not_ready = "starting"  # catching up: repaired rows show nothing about liveness
+    node._track([_accepted(other, 99)], heard=False)
+    assert node.peers[other].last_seen == -math.inf
+    node.not_ready = None  # in step: a recent repaired row is a sign of life
+    node._track([_accepted(other, 100 - LIVE_ROUNDS)], heard=False)
+    assert time.monotonic() - node.peers[other].last_seen < 5
+    node._track([_accepted(old, 100 - LIVE_ROUNDS - 1)], heard=False)  # history: no
+    assert node.peers[old].last_seen == -math.inf
+    node._track([_accepted(old, 3)], heard=True)  # gossip always is
+    assert node.peers[old].last_seen > -math.inf
+
+
+def test_status_lines_name_the_partition():
+    from seedflood_p2p.apps.status import format_status
+
+    text = format_status(
+        {
+            "peer_id": A,
+            "state": "training",
+            "network": {
+                "state": "partitioned",
+                "connected_peers": 1,
+                "known_peers": 4,
+                "unreachable": [B],
+                "diverged": [],
+                "for_s": 12.0,
+            },
+        }
+    )
+    assert "PARTITIONED" in text and B[-8:] in text
