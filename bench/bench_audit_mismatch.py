@@ -130,9 +130,7 @@ def main() -> None:
             estimates += 1
             messages.append(message)
             claims[(t, peer)] = message.scalars
-        sampled = (
-            peers if not args.samples_per_round else rng.sample(peers, args.samples_per_round)
-        )
+        sampled = peers if not args.samples_per_round else rng.sample(peers, args.samples_per_round)
         if t >= args.start:
             saved = snapshot(engine)
             for peer in sampled:
@@ -175,8 +173,10 @@ def main() -> None:
                         record(f"ahead {lag}", key, estimate(UpdateMessage(*key, claims[key])))
         live.apply(messages)
         history.append(messages)
-        print(f"round {t}: {len(samples)} samples, {time.process_time() - started:.0f} CPU-s",
-              flush=True)
+        print(
+            f"round {t}: {len(samples)} samples, {time.process_time() - started:.0f} CPU-s",
+            flush=True,
+        )
     cpu = time.process_time() - started
     result = summarize(samples, claims, rng)
     result.update(
@@ -228,8 +228,12 @@ def summarize(samples: list[dict], claims: dict, rng: random.Random) -> dict:
     pool = [tuple(v) for v in claims.values()]
     rules = []
     for rule in RULES:
-        row = {"relative": rule.relative, "absolute": rule.absolute, "false_positive": {},
-               "detect": {}}
+        row = {
+            "relative": rule.relative,
+            "absolute": rule.absolute,
+            "false_positive": {},
+            "detect": {},
+        }
         for s in SCENARIOS:
             rows = [x for x in samples if x["scenario"] == s]
             if not rows:
@@ -243,8 +247,9 @@ def summarize(samples: list[dict], claims: dict, rng: random.Random) -> dict:
                 "random": lambda c: rng.choice(pool),
             }
             row["detect"][s] = {
-                kind: float(np.mean([rule.mismatches(f(x["claimed"]), x["recomputed"])
-                                     for x in rows]))
+                kind: float(
+                    np.mean([rule.mismatches(f(x["claimed"]), x["recomputed"]) for x in rows])
+                )
                 for kind, f in cheats.items()
             }
         rules.append(row)
