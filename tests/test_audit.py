@@ -1,6 +1,7 @@
 """Audits (issue 11): who audits what, the recomputation, the verdict rule, verdicts in the
 ledger and in replay. No processes: the tiny model and SQLite files."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -257,3 +258,31 @@ def test_recompute_on_the_same_state_is_bitwise_and_catches_cheats():
         g = honest.scalars[0]
         assert rule.mismatches((-g,), again) == (abs(g) > 0.001)
         assert rule.mismatches((3 * g,), again) == (abs(g) > 0.001)
+
+
+# -- the simulator --------------------------------------------------------------------
+
+
+def test_simulated_cheaters_are_banned_and_honest_peers_never():
+    from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters
+
+    run = RunConfig(model="tiny-llama", n_ref=6, batch_size=4, max_length=16, lr=1e-3)
+    config = CheatConfig(
+        peers=6,
+        cheaters=3,
+        rounds=4,
+        settings=AuditSettings(enabled=True, cpu_share=5.0, lag=1),  # rate 1
+        eval_every=0,
+        eval_examples=8,
+        run=run,
+    )
+    result = simulate_cheaters(config)
+    assert set(result["banned"]) == set(result["cheaters"]) == {"sim-3", "sim-4", "sim-5"}
+    assert result["false_bans"] == []
+    assert result["counts"]["honest_audited"] == 3 * 4  # every honest update, every round
+    assert result["counts"]["honest_mismatches"] == 0
+    # sign flip and x3 are caught in their first round; the random scalar when it differs
+    assert result["rounds_to_ban"]["sign-flip"] == 1
+    assert result["rounds_to_ban"]["scale3"] == 1
+    off = simulate_cheaters(dataclasses.replace(config, audits=False))
+    assert off["banned"] == {} and off["counts"]["audits"] == 0
