@@ -27,11 +27,14 @@ from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters, summary_row
 OUT = Path(__file__).parent / "results"
 
 
+LR = 2e-3  # the simulator's tiny-model runs (bench/results/sim_results.md)
+
+
 def run_config(peers: int, batch_size: int) -> RunConfig:
     return RunConfig(
         model="tiny-llama",
         dataset="synthetic-sentiment",
-        lr=1e-3,
+        lr=LR,
         n_ref=peers,
         batch_size=batch_size,
         max_length=32,
@@ -108,7 +111,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--experiment", default="seven", choices=("seven", "fractions", "honest"))
     p.add_argument("--rounds", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=16)
     args = p.parse_args()
     results = []
     for label, config in experiments(args.experiment, args.rounds, args.batch_size):
