@@ -6,7 +6,7 @@ and the curves as .png):
 
     seven      4 honest peers + 3 cheaters (sign flip, random, x3), audits on and off,
                against the 4 honest peers alone: rounds until each is banned, held-out loss
-    fractions  15 peers, 2 / 3 / 5 cheaters (13% / 20% / 33%), audits on and off, and
+    fractions  10 peers, 1 / 2 / 3 cheaters (10% / 20% / 30%), audits on and off, and
                honest-only with lag 0 and lag 3 (the learning cost of the settled state)
     honest     honest peers only, every update audited (rate 1): false accusations over
                many audited updates (target 0)
@@ -62,29 +62,30 @@ def experiments(name: str, rounds: int, batch_size: int) -> list[tuple[str, Chea
             ],
         ]
     if name == "fractions":
+        peers = 10
         runs = [
             (
-                f"15 honest, lag {lag}",
+                f"{peers} honest, lag {lag}",
                 CheatConfig(
-                    peers=15,
+                    peers=peers,
                     rounds=rounds,
                     settings=AuditSettings(enabled=True, lag=lag),
-                    run=run_config(15, batch_size),
+                    run=run_config(peers, batch_size),
                 ),
             )
             for lag in (0, 3)
         ]
-        for cheaters in (2, 3, 5):
+        for cheaters in (1, 2, 3):
             for audits in (True, False):
                 runs.append(
                     (
-                        f"{cheaters}/15 cheaters, audits {'on' if audits else 'off'}",
+                        f"{cheaters}/{peers} cheaters, audits {'on' if audits else 'off'}",
                         CheatConfig(
-                            peers=15,
+                            peers=peers,
                             cheaters=cheaters,
                             rounds=rounds,
                             audits=audits,
-                            run=run_config(15, batch_size),
+                            run=run_config(peers, batch_size),
                         ),
                     )
                 )
@@ -98,8 +99,8 @@ def experiments(name: str, rounds: int, batch_size: int) -> list[tuple[str, Chea
                     peers=peers,
                     rounds=rounds,
                     settings=AuditSettings(enabled=True, cpu_share=float(peers - 1)),
-                    eval_every=0,
-                    eval_examples=40,
+                    eval_every=32,
+                    eval_examples=16,
                     run=run_config(peers, batch_size),
                 ),
             )
@@ -116,7 +117,7 @@ def main() -> None:
     results = []
     for label, config in experiments(args.experiment, args.rounds, args.batch_size):
         print(f"{label}: running", flush=True)
-        result = simulate_cheaters(config)
+        result = simulate_cheaters(config, progress=lambda _, record: print(record, flush=True))
         result["label"] = label
         results.append(result)
         row = summary_row(result)

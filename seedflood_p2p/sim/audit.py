@@ -123,7 +123,7 @@ def simulate_cheaters(config: CheatConfig, progress: Any = None) -> dict:
 
     def measure(done: int) -> None:
         loss, acc = evaluate(model, tokenizer, task, run, config.eval_examples)
-        evals.append({"round": done, "loss": loss, "accuracy": acc})
+        evals.append({"round": done, "loss": loss, "accuracy": acc, **counts})
         if progress is not None:
             progress(config, evals[-1])
 
