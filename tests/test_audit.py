@@ -286,3 +286,13 @@ def test_simulated_cheaters_are_banned_and_honest_peers_never():
     assert result["rounds_to_ban"]["scale3"] == 1
     off = simulate_cheaters(dataclasses.replace(config, audits=False))
     assert off["banned"] == {} and off["counts"]["audits"] == 0
+
+
+def test_take_settled_keeps_recent_rounds_pending():
+    model, _ = load_model("tiny-llama")
+    live = LiveModel(SubCGE(model, CONFIG))
+    updates = _updates(6, [A, B])
+    live.receive(updates)
+    settled = live.take_settled(next_round=6, lag=2)  # rounds < 4
+    assert settled == [m for m in updates if m.round < 4]
+    assert live.take() == [m for m in updates if m.round >= 4]
