@@ -296,3 +296,27 @@ def test_take_settled_keeps_recent_rounds_pending():
     settled = live.take_settled(next_round=6, lag=2)  # rounds < 4
     assert settled == [m for m in updates if m.round < 4]
     assert live.take() == [m for m in updates if m.round >= 4]
+
+
+def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.protocol.message import Envelope
+
+    ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
+    intake = AuditIntake(ledger, directions=1, clock=lambda: 0.0)
+    good = Envelope(encode_audit(RUN_ID, X, 4, (0.5,)), b"seq", b"sig")
+    fresh = intake.admit([(A, good), (A, good), (X, good), (B, Envelope(b"\xc1junk", b"", b""))])
+    assert fresh == [AuditRecord(X, 4, A, (0.5,))]
+    assert ledger.audits() == fresh
+    assert intake.admit([(A, good)]) == []
+    assert intake.counts == {
+        "accepted": 1,
+        "duplicate": 2,
+        "dropped:self_audit": 1,
+        "dropped:malformed": 1,
+    }
+    for _ in range(5):  # rate-limited: one line per reason and LOG_EVERY seconds
+        intake.admit([(X, good)])
+    assert sum("self_audit" in r.getMessage() for r in caplog.records) == 1
+    assert intake.own(AuditRecord(B, 2, A, (1.0,))) and not intake.own(AuditRecord(B, 2, A, (1.0,)))
+    ledger.close()
