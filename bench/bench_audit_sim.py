@@ -8,6 +8,8 @@ and the curves as .png):
                against the 4 honest peers alone: rounds until each is banned, held-out loss
     fractions  10 peers, 1 / 2 / 3 cheaters (10% / 20% / 30%), audits on and off, and
                honest-only with lag 0 and lag 3 (the learning cost of the settled state)
+    flip       10 peers, 3 of them sign-flippers (the cheat that hurts most), audits on and
+               off, against the 10 honest peers alone
     honest     honest peers only, every update audited (rate 1): false accusations over
                many audited updates (target 0)
 
@@ -90,6 +92,28 @@ def experiments(name: str, rounds: int, batch_size: int) -> list[tuple[str, Chea
                     )
                 )
         return runs
+    if name == "flip":
+        peers = 10
+        return [
+            (
+                f"{peers} honest",
+                CheatConfig(peers=peers, rounds=rounds, run=run_config(peers, batch_size)),
+            ),
+            *[
+                (
+                    f"3/{peers} sign-flippers, audits {'on' if audits else 'off'}",
+                    CheatConfig(
+                        peers=peers,
+                        cheaters=3,
+                        kinds=("sign-flip",),
+                        rounds=rounds,
+                        audits=audits,
+                        run=run_config(peers, batch_size),
+                    ),
+                )
+                for audits in (True, False)
+            ],
+        ]
     if name == "honest":
         peers = 16
         return [
@@ -110,7 +134,9 @@ def experiments(name: str, rounds: int, batch_size: int) -> list[tuple[str, Chea
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--experiment", default="seven", choices=("seven", "fractions", "honest"))
+    p.add_argument(
+        "--experiment", default="seven", choices=("seven", "fractions", "flip", "honest")
+    )
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=16)
     args = p.parse_args()
