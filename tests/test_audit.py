@@ -320,3 +320,35 @@ def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
     assert sum("self_audit" in r.getMessage() for r in caplog.records) == 1
     assert intake.own(AuditRecord(B, 2, A, (1.0,))) and not intake.own(AuditRecord(B, 2, A, (1.0,)))
     ledger.close()
+
+
+def test_seedflood_replay_honours_verdicts(tmp_path):
+    import subprocess
+    import sys
+
+    from seedflood_p2p.workload.models import weights_sha256
+
+    model, _ = load_model("tiny-llama")
+    config = CONFIG.replace(base_sha256=weights_sha256(model))
+    updates = _updates(6, [A, B, C, D, X], seed=1)
+    claim = next(m for m in updates if m.peer == X and m.round == 2)
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path, config.run_id) as ledger:
+        ledger.set_meta("manifest", config.to_json())
+        ledger.add(updates)
+        ledger.add_audits([AuditRecord(X, 2, a, (claim.scalars[0] + 1.0,)) for a in (A, B, C)])
+
+    def replayed(messages):
+        fresh, _ = load_model("tiny-llama")
+        replay(fresh, config, messages)
+        return weights_sha256(fresh)
+
+    out = subprocess.run(
+        [sys.executable, "-m", "seedflood_p2p.apps.cli", "replay", "--ledger", str(path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    digest = out.stdout.strip().splitlines()[-1]
+    assert digest == replayed([m for m in updates if m.peer != X])
+    assert digest != replayed(updates)
+    assert "is banned" in out.stderr
