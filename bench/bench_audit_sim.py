@@ -139,7 +139,14 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--render-only", action="store_true", help="rewrite .md and .png from the .json")
     args = p.parse_args()
+    name = f"audit_sim-{args.experiment}"
+    if args.render_only:
+        results = json.loads((OUT / f"{name}.json").read_text())
+        (OUT / f"{name}.md").write_text(markdown(results, args))
+        plot(results, OUT / f"{name}.png", args.experiment)
+        return
     results = []
     for label, config in experiments(args.experiment, args.rounds, args.batch_size):
         print(f"{label}: running", flush=True)
@@ -148,7 +155,6 @@ def main() -> None:
         results.append(result)
         row = summary_row(result)
         print(f"{label}: {row} ({result['seconds']:.0f} s)", flush=True)
-        name = f"audit_sim-{args.experiment}"
         OUT.mkdir(exist_ok=True)
         (OUT / f"{name}.json").write_text(json.dumps(results, indent=1))
         (OUT / f"{name}.md").write_text(markdown(results, args))
@@ -180,11 +186,15 @@ def markdown(results: list[dict], args) -> str:
             f"{'on' if row['audits'] else 'off'} | {row['lag']} | "
             f"{r['evals'][0]['loss']:.4f} -> {row['final_loss']:.4f} | "
             f"{'-' if acc is None else f'{acc:.3f}'} | {row['banned']} ({row['false_bans']}) | "
-            f"{row['rounds_to_ban'] or '-'} | {r['audit_rate']:.4f} | "
+            f"{_bans(row['rounds_to_ban'])} | {r['audit_rate']:.4f} | "
             f"{r['p_audited_per_update']:.3f} | {row['honest_audited']} | "
             f"{row['honest_mismatches']} | {row['audit_cpu_share']:.3f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _bans(rounds: dict) -> str:
+    return ", ".join(f"{k}: {'-' if v is None else v}" for k, v in rounds.items()) or "-"
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:

@@ -207,9 +207,11 @@ def simulate_cheaters(config: CheatConfig, progress: Any = None) -> dict:
         "cheaters": {p.decode(): k for p, k in kind_of.items()},
         "banned": {p.decode(): {"round": ban_round[p], "why": why} for p, why in banned.items()},
         "false_bans": sorted(p.decode() for p in banned if p not in kind_of),
+        # cheating from round 0: rounds it took (ban at the end of round r: r + 1); with
+        # several cheaters of one kind, the slowest (summary_row lists each)
         "rounds_to_ban": {
-            kind_of[p]: ban_round[p] + 1 for p in banned if p in kind_of
-        },  # cheating from round 0: rounds it took (ban at the end of round r: r + 1)
+            kind_of[p]: ban_round[p] + 1 for p in sorted(banned, key=ban_round.get) if p in kind_of
+        },
         "audit_rate": rate,
         "p_audited_per_update": p_audited(rate, n_honest_auditors),
         "counts": counts,
@@ -231,7 +233,12 @@ def summary_row(result: dict) -> dict:
         "final_accuracy": result["final"]["accuracy"],
         "banned": len(result["banned"]),
         "false_bans": len(result["false_bans"]),
-        "rounds_to_ban": result["rounds_to_ban"],
+        "rounds_to_ban": {  # per cheater, in peer order: several may share a kind
+            f"{peer} {kind}": result["banned"][peer]["round"] + 1
+            if peer in result["banned"]
+            else None
+            for peer, kind in sorted(result["cheaters"].items())
+        },
         "honest_audited": result["counts"]["honest_audited"],
         "honest_mismatches": result["counts"]["honest_mismatches"],
         "audit_cpu_share": result["audit_cpu_share"],
