@@ -79,6 +79,15 @@ class LiveModel:
         incoming, self.pending = self.pending, []
         return incoming
 
+    def take_settled(self, next_round: int, lag: int) -> list[UpdateMessage]:
+        """The received updates that belong to the settled model of `next_round` (rounds
+        < next_round - lag: the state audits recompute on, `audit.AuditSettings.lag`);
+        later rounds stay pending. With lag 0 and lockstep rounds this is `take`."""
+        limit = next_round - lag
+        settled = [m for m in self.pending if m.round < limit]
+        self.pending = [m for m in self.pending if m.round >= limit]
+        return settled
+
     def cut(self) -> LedgerCut:
         """The ledger now, plus the pending updates (which the ledger already holds)."""
         if self.ledger is None:

@@ -139,9 +139,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.network.identity import verify_pubsub_signature
-    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.storage.ledger import Ledger, peer_name
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
     ledger = Ledger.open_existing(args.ledger)
@@ -172,7 +173,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def progress(done: int, epoch: int) -> None:
         log.info("replayed %d/%d messages (epoch %d)", done, total, epoch)
 
-    count = replay(model, config, ledger.messages(), progress=progress if total > 50_000 else None)
+    # Verdicts first: a banned peer's updates are void (algorithm/audit.py:judge).
+    messages, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
+    for peer, why in sorted(judgement.banned.items()):
+        log.warning("peer %s is banned (%s): its updates are void", peer_name(peer), why)
+    count = replay(model, config, messages, progress=progress if total > 50_000 else None)
     save_model(model, tokenizer, args.out)
     digest = weights_sha256(model)
     log.info(

@@ -62,3 +62,22 @@ class Envelope:
     data: bytes
     seqno: bytes
     signature: bytes
+
+
+@dataclass(frozen=True, order=True)
+class AuditRecord:
+    """One audit published to the run: `auditor` recomputed the update (accused, round) and
+    got `scalars`. Against the claimed scalars it is an accusation (a mismatch) or a
+    vouching re-check (a match); `algorithm/audit.py:judge` decides what a set of them
+    means. The auditor is the signer of the envelope it travels in, not in the payload."""
+
+    accused: bytes
+    round: int
+    auditor: bytes
+    scalars: tuple[float, ...]  # the auditor's recomputation, float16-exact
+
+    def __post_init__(self) -> None:
+        if self.round < 0:
+            raise ValueError(f"round must be >= 0, got {self.round}")
+        if not self.scalars or not all(math.isfinite(s) for s in self.scalars):
+            raise ValueError("an audit carries at least one finite scalar")

@@ -108,7 +108,13 @@ from dataclasses import dataclass
 import msgpack
 
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
-from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
+from seedflood_p2p.protocol.message import (
+    AuditRecord,
+    Envelope,
+    UpdateMessage,
+    pack_scalars,
+    unpack_scalars,
+)
 
 PROTOCOL_VERSION = 2
 MAX_SCALARS = 16  # directions per message (config.MAX_DIRECTIONS)
@@ -581,3 +587,81 @@ def decode_summary(data: bytes) -> Summary:
             raise Rejected("bad_reply", "bad summary peer")
         named[item[0]] = item[1]
     return Summary(round_, rows, live, buckets, addrs, named)
+
+
+# ------------------------------------------------------------------------------ audits
+#
+# Audit record (issue 11), GossipSub payload on the run's audit topic, msgpack array:
+#
+#     [version: int = 2, run_tag: bin(4), accused: bin(1..64), round: uint, scalars: bin(2k)]
+#
+# `scalars` are the auditor's recomputation of the accused's update for `round`, as
+# float16. The auditor is the envelope's signer (strict signing), never in the payload.
+# 54 + 2k bytes for a 38-byte Ed25519 peer id and rounds below 2^16. A record is dropped
+# for the update's reasons (oversized past MAX_AUDIT_BYTES, malformed, bad_version,
+# wrong_run, non_finite, out_of_window for a round past MAX_ROUND) and one more:
+#
+#     self_audit     the auditor names itself as the accused (it would vote on its own case)
+#
+# What records decide (bans, voided updates) is `algorithm/audit.py:judge`.
+
+MAX_AUDIT_BYTES = 128
+AUDIT_DROP_REASONS = ("self_audit",)
+
+
+def audit_topic_for(run_id: str) -> str:
+    return topic_for(run_id) + "/audit"
+
+
+def encode_audit(run_id: str, accused: bytes, round_: int, scalars: Sequence[float]) -> bytes:
+    packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(
+        [PROTOCOL_VERSION, run_tag(run_id), accused, round_, pack_scalars(tuple(scalars))]
+    )
+
+
+def decode_audit(
+    data: bytes, run_id: str, auditor: bytes, directions: int | None = None
+) -> AuditRecord:
+    """Parse and check an audit payload signed by `auditor`; raises Rejected only."""
+    if len(data) > MAX_AUDIT_BYTES:
+        raise Rejected("oversized", f"{len(data)} bytes > {MAX_AUDIT_BYTES}")
+    try:
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=MAX_PEER_ID_BYTES,
+            max_str_len=64,
+            max_array_len=8,
+            max_map_len=0,
+        )
+    except Exception as exc:
+        raise Rejected("malformed", f"not msgpack ({type(exc).__name__})") from None
+    if not isinstance(body, list) or len(body) < 1 or not _is_int(body[0]):
+        raise Rejected("malformed", "not a versioned array")
+    if body[0] != PROTOCOL_VERSION:
+        raise Rejected("bad_version", f"version {body[0]}, expected {PROTOCOL_VERSION}")
+    if len(body) != 5:
+        raise Rejected("malformed", f"{len(body)} fields, expected 5")
+    _, tag, accused, round_, packed = body
+    if not isinstance(tag, bytes) or len(tag) != RUN_TAG_BYTES:
+        raise Rejected("malformed", "bad run tag")
+    if tag != run_tag(run_id):
+        raise Rejected("wrong_run", f"run tag {tag.hex()} is not {run_tag(run_id).hex()}")
+    if not isinstance(accused, bytes) or not 0 < len(accused) <= MAX_PEER_ID_BYTES:
+        raise Rejected("malformed", "accused is not a peer id")
+    if not _is_int(round_):
+        raise Rejected("malformed", "round is not an integer")
+    if not isinstance(packed, bytes) or not 2 <= len(packed) <= 2 * MAX_SCALARS or len(packed) % 2:
+        raise Rejected("malformed", "scalars are not 1..16 float16 values")
+    scalars = unpack_scalars(packed)
+    if directions is not None and len(scalars) != directions:
+        raise Rejected("malformed", f"{len(scalars)} scalars, the run sends {directions}")
+    if not all(math.isfinite(x) for x in scalars):
+        raise Rejected("non_finite")
+    if not 0 <= round_ <= MAX_ROUND:
+        raise Rejected("out_of_window", f"round {round_} outside 0..MAX_ROUND")
+    if accused == auditor:
+        raise Rejected("self_audit")
+    return AuditRecord(accused, round_, auditor, scalars)

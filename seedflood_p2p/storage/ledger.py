@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars, unpack_scalars
+from seedflood_p2p.protocol.message import (
+    AuditRecord,
+    Envelope,
+    UpdateMessage,
+    pack_scalars,
+    unpack_scalars,
+)
 from seedflood_p2p.protocol.wire import (
     MAX_PEER_ID_BYTES,
     MAX_ROUND,
@@ -43,6 +49,19 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (run_id, round, peer)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- Audit records (issue 11): auditor recomputed (accused, round) and got scalars; what
+-- they decide is algorithm/audit.py:judge, a pure function of this table and messages.
+CREATE TABLE IF NOT EXISTS audits (
+    run_id TEXT NOT NULL,
+    accused BLOB NOT NULL,
+    round INTEGER NOT NULL,
+    auditor BLOB NOT NULL,
+    scalars BLOB NOT NULL,
+    data BLOB,          -- the auditor's signed GossipSub envelope (NULL: not yet echoed)
+    seqno BLOB,
+    signature BLOB,
+    PRIMARY KEY (run_id, accused, round, auditor, scalars)
+) WITHOUT ROWID;
 """
 
 
@@ -194,6 +213,40 @@ class Ledger:
                 ) from None
             raise
         return new
+
+    def add_audits(
+        self,
+        records: Iterable[AuditRecord],
+        envelopes: Sequence[Envelope | None] | None = None,
+    ) -> list[AuditRecord]:
+        """Log audit records in one committed transaction; returns those that were new."""
+        records = list(records)
+        envelopes = list(envelopes) if envelopes is not None else [None] * len(records)
+        new = []
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for r, env in zip(records, envelopes, strict=True):
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO audits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (self.run_id, r.accused, r.round, r.auditor, pack_scalars(r.scalars))
+                    + _envelope_columns(env),
+                )
+                if cur.rowcount:
+                    new.append(r)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return new
+
+    def audits(self) -> list[AuditRecord]:
+        """Every audit record of this run, in (accused, round, auditor, scalars) order."""
+        rows = self._db.execute(
+            "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? "
+            "ORDER BY accused, round, auditor, scalars",
+            (self.run_id,),
+        )
+        return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
 
     def replace(self, message: UpdateMessage, envelope: Envelope | None) -> tuple[float, ...]:
         """Hold `message` instead of the update logged for its (peer, round): the

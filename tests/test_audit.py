@@ -1,0 +1,354 @@
+"""Audits (issue 11): who audits what, the recomputation, the verdict rule, verdicts in the
+ledger and in replay. No processes: the tiny model and SQLite files."""
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from seedflood_p2p.algorithm.audit import (
+    AuditRule,
+    AuditSettings,
+    audit_draw,
+    audit_rate,
+    judge,
+    judge_ledger,
+    judge_messages,
+    p_audited,
+    recompute,
+    rounds_to_catch,
+    selects,
+    verdict_changes,
+)
+from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import SubCGE
+from seedflood_p2p.algorithm.trainer import zo_step
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
+from seedflood_p2p.protocol.wire import Rejected, decode_audit, encode_audit
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.data import load_task
+from seedflood_p2p.workload.models import load_model
+
+SETTINGS = AuditSettings(enabled=True, quorum=3)
+CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=4, batch_size=8)
+RUN_ID = CONFIG.run_id
+A, B, C, D, E, X = (f"peer-{c}".encode() for c in "ABCDEX")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- who audits what ------------------------------------------------------------------
+
+
+def test_audit_rate_keeps_cpu_share_and_states_the_probability():
+    q = audit_rate(16, 0.10)
+    assert q == pytest.approx(0.1 / 15)
+    assert q * 15 == pytest.approx(0.10)  # audits per round = 10% of one training step
+    assert p_audited(q, 15) == pytest.approx(1 - (1 - 0.1 / 15) ** 15)
+    assert 0.09 < p_audited(q, 15) < 0.1
+    assert rounds_to_catch(q, 15, 0.99) == 46  # ln(0.01) / ln(1 - 0.0953)
+    assert audit_rate(2, 5.0) == 1.0  # a rate, never above 1
+
+
+def test_selection_is_secret_and_near_the_rate():
+    run = CONFIG.run_key
+    draws = [audit_draw(b"secret-1", run, X, t) for t in range(20_000)]
+    assert all(0 <= d < 1 for d in draws)
+    share = np.mean([d < 0.05 for d in draws])
+    assert 0.04 < share < 0.06
+    other = [audit_draw(b"secret-2", run, X, t) for t in range(20_000)]
+    # another secret draws another set: the sender cannot tell who will audit it
+    chosen_1 = {t for t, d in enumerate(draws) if d < 0.05}
+    chosen_2 = {t for t, d in enumerate(other) if d < 0.05}
+    assert len(chosen_1 & chosen_2) < 0.2 * len(chosen_1)
+    assert selects(b"secret-1", run, X, 3, 1.0) and not selects(b"secret-1", run, X, 3, 0.0)
+
+
+def test_rule_tolerance():
+    rule = AuditRule(relative=0.01, absolute=0.002)
+    assert not rule.mismatches((1.0,), (1.0,))
+    assert not rule.mismatches((1.0,), (1.0 + 2**-10,))  # one float16 ulp at 1.0
+    assert rule.mismatches((1.0,), (-1.0,))  # sign flip
+    assert rule.mismatches((3.0,), (1.0,))  # scaled
+    assert not rule.mismatches((0.001,), (-0.0005,))  # both near zero: absolute floor
+    assert rule.mismatches((1.0, 2.0), (1.0,))  # wrong k
+
+
+def test_settings_from_manifest_extra():
+    assert not AuditSettings.of({}).enabled
+    assert AuditSettings.of({"audit": True}).enabled
+    s = AuditSettings.of({"audit": {"quorum": 2, "lag": 1}})
+    assert s.enabled and s.quorum == 2 and s.lag == 1
+    with pytest.raises(UserError, match="unknown keys"):
+        AuditSettings.of({"audit": {"qourum": 2}})
+    with pytest.raises(UserError, match="quorum"):
+        AuditSettings.of({"audit": {"quorum": 0}})
+
+
+# -- the verdict rule -----------------------------------------------------------------
+
+
+def _claims():
+    return {(5, X): (1.0,), (5, A): (0.5,), (6, X): (2.0,)}
+
+
+def _rec(auditor, scalars, accused=X, round_=5):
+    return AuditRecord(accused, round_, auditor, scalars)
+
+
+def test_quorum_of_mismatches_bans_the_accused():
+    records = [_rec(A, (-1.0,)), _rec(B, (-1.0,)), _rec(C, (-0.99,))]
+    j = judge(_claims(), records, SETTINGS)
+    assert set(j.banned) == {X}
+    assert j.cases[0].outcome == "confirmed"
+
+
+def test_below_quorum_changes_nothing():
+    j = judge(_claims(), [_rec(A, (-1.0,)), _rec(B, (-1.0,))], SETTINGS)
+    assert j.banned == {} and j.cases[0].outcome == "open"
+
+
+def test_refuted_accusation_bans_the_accuser():
+    records = [_rec(A, (-1.0,)), _rec(B, (1.0,)), _rec(C, (1.0,)), _rec(D, (1.0,))]
+    j = judge(_claims(), records, SETTINGS)
+    assert set(j.banned) == {A}
+    assert j.cases[0].outcome == "refuted"
+
+
+def test_matches_alone_open_no_case_and_self_votes_do_not_count():
+    assert judge(_claims(), [_rec(A, (1.0,))], SETTINGS).cases == []
+    # the accused vouching for itself three times is not a vote
+    records = [_rec(A, (-1.0,)), _rec(B, (-1.0,)), _rec(C, (-1.0,)), _rec(X, (1.0,))]
+    records += [AuditRecord(X, 5, X, (1.0,))]
+    assert set(judge(_claims(), records, SETTINGS).banned) == {X}
+
+
+def test_one_vote_per_auditor_and_case():
+    records = [_rec(A, (-1.0,)), _rec(A, (-2.0,)), _rec(A, (-3.0,)), _rec(B, (-1.0,))]
+    assert judge(_claims(), records, SETTINGS).banned == {}
+
+
+def test_no_claim_in_the_ledger_keeps_the_case_open():
+    records = [_rec(a, (-1.0,), round_=9) for a in (A, B, C)]
+    j = judge(_claims(), records, SETTINGS)
+    assert j.banned == {}
+
+
+def test_judgement_does_not_depend_on_arrival_order():
+    records = [_rec(A, (-1.0,)), _rec(B, (-1.0,)), _rec(C, (-1.0,)), _rec(D, (1.0,))]
+    records += [_rec(B, (9.0,), accused=A), _rec(C, (9.0,), accused=A)]
+    records += [_rec(D, (-2.0,), round_=6), _rec(E, (2.0,), round_=6)]
+    first = judge(_claims(), records, SETTINGS)
+    for seed in range(10):
+        shuffled = records[:]
+        random.Random(seed).shuffle(shuffled)
+        again = judge(_claims(), shuffled, SETTINGS)
+        assert again.banned == first.banned
+        assert [(c.accused, c.round, c.outcome) for c in again.cases] == [
+            (c.accused, c.round, c.outcome) for c in first.cases
+        ]
+
+
+# -- wire -----------------------------------------------------------------------------
+
+
+def test_audit_wire_round_trip_and_rejections():
+    data = encode_audit(RUN_ID, X, 7, (0.25,))
+    assert len(data) <= 64
+    assert decode_audit(data, RUN_ID, A, 1) == AuditRecord(X, 7, A, (0.25,))
+    with pytest.raises(Rejected) as exc:
+        decode_audit(data, RUN_ID, X)
+    assert exc.value.reason == "self_audit"
+    other = RunConfig(model="tiny-llama", salt="other").run_id
+    with pytest.raises(Rejected) as exc:
+        decode_audit(data, other, A)
+    assert exc.value.reason == "wrong_run"
+    with pytest.raises(Rejected) as exc:
+        decode_audit(data, RUN_ID, A, directions=2)
+    assert exc.value.reason == "malformed"
+    rng = random.Random(0)
+    for _ in range(2000):  # garbage: Rejected, never anything else
+        junk = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            junk[rng.randrange(len(junk))] = rng.randrange(256)
+        try:
+            decode_audit(bytes(junk[: rng.randint(0, len(junk))]), RUN_ID, A)
+        except Rejected:
+            pass
+
+
+# -- ledger, live model, replay -------------------------------------------------------
+
+
+def _updates(rounds, peers, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        UpdateMessage(t, p, quantize_scalars(rng.normal(size=1)))
+        for t in range(rounds)
+        for p in peers
+    ]
+
+
+def test_ledger_keeps_audits_and_replay_voids_the_banned(tmp_path):
+    updates = _updates(6, [A, B, C, D, X])
+    claim = next(m for m in updates if m.peer == X and m.round == 3)
+    wrong = (-claim.scalars[0] - 1.0,)
+    records = [AuditRecord(X, 3, a, wrong) for a in (A, B, C)]
+    ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
+    ledger.add(updates)
+    assert ledger.add_audits(records) == records
+    assert ledger.add_audits(records) == []  # idempotent
+    assert sorted(ledger.audits()) == sorted(records)
+    counted, j = judge_ledger(ledger, SETTINGS)
+    assert set(j.banned) == {X}
+    assert counted == [m for m in updates if m.peer != X]
+
+    model, _ = load_model("tiny-llama")
+    replay(model, CONFIG, counted)
+    reference = [p.detach().clone() for p in model.parameters()]
+    # a live peer that applied everything, then the verdict arrived
+    live_model, _ = load_model("tiny-llama")
+    live = LiveModel(SubCGE(live_model, CONFIG))
+    for t in range(6):
+        live.apply([m for m in updates if m.round == t])
+    live.apply(verdict_changes({}, j.banned, updates))
+    for ref, got in zip(reference, live_model.parameters()):
+        assert torch.allclose(ref, got, atol=1e-5)
+    ledger.close()
+
+
+def test_verdict_changes_take_back_and_restore():
+    updates = _updates(2, [A, X])
+    out = verdict_changes({}, {X: "cheat"}, updates)
+    assert out == [m.negated() for m in updates if m.peer == X]
+    assert verdict_changes({X: "cheat"}, {}, updates) == [m for m in updates if m.peer == X]
+    assert verdict_changes({X: "a"}, {X: "b"}, updates) == []
+    counted, _ = judge_messages(updates, [], SETTINGS)
+    assert counted == updates
+
+
+# -- the recomputation ----------------------------------------------------------------
+
+
+def test_recompute_on_the_same_state_is_bitwise_and_catches_cheats():
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    engine = SubCGE(model, CONFIG)
+    live = LiveModel(engine)
+    live.apply(_updates(3, [A, B]))
+    rule = AuditSettings().rule
+    for peer in (A, X):
+        honest, _ = zo_step(engine, tokenizer, task, peer, 3)
+        torch.set_num_threads(2)  # another thread count on the auditor's side
+        again = recompute(engine, tokenizer, task, honest)
+        torch.set_num_threads(1)
+        assert again == honest.scalars
+        assert not rule.mismatches(honest.scalars, again)
+        g = honest.scalars[0]
+        assert rule.mismatches((-g,), again) == (abs(g) > 0.001)
+        assert rule.mismatches((3 * g,), again) == (abs(g) > 0.001)
+
+
+# -- the simulator --------------------------------------------------------------------
+
+
+def test_simulated_cheaters_are_banned_and_honest_peers_never():
+    from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters
+
+    run = RunConfig(model="tiny-llama", n_ref=6, batch_size=4, max_length=16, lr=1e-3)
+    config = CheatConfig(
+        peers=6,
+        cheaters=3,
+        rounds=4,
+        settings=AuditSettings(enabled=True, cpu_share=5.0, lag=1),  # rate 1
+        eval_every=0,
+        eval_examples=8,
+        run=run,
+    )
+    result = simulate_cheaters(config)
+    assert set(result["banned"]) == set(result["cheaters"]) == {"sim-3", "sim-4", "sim-5"}
+    assert result["false_bans"] == []
+    assert result["counts"]["honest_audited"] == 3 * 4  # every honest update, every round
+    assert result["counts"]["honest_mismatches"] == 0
+    # sign flip and x3 are caught in their first round; the random scalar when it differs
+    assert result["rounds_to_ban"]["sign-flip"] == 1
+    assert result["rounds_to_ban"]["scale3"] == 1
+    off = simulate_cheaters(dataclasses.replace(config, audits=False))
+    assert off["banned"] == {} and off["counts"]["audits"] == 0
+
+
+def test_take_settled_keeps_recent_rounds_pending():
+    model, _ = load_model("tiny-llama")
+    live = LiveModel(SubCGE(model, CONFIG))
+    updates = _updates(6, [A, B])
+    live.receive(updates)
+    settled = live.take_settled(next_round=6, lag=2)  # rounds < 4
+    assert settled == [m for m in updates if m.round < 4]
+    assert live.take() == [m for m in updates if m.round >= 4]
+
+
+def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.protocol.message import Envelope
+
+    ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
+    intake = AuditIntake(ledger, directions=1, clock=lambda: 0.0)
+    good = Envelope(encode_audit(RUN_ID, X, 4, (0.5,)), b"seq", b"sig")
+    fresh = intake.admit([(A, good), (A, good), (X, good), (B, Envelope(b"\xc1junk", b"", b""))])
+    assert fresh == [AuditRecord(X, 4, A, (0.5,))]
+    assert ledger.audits() == fresh
+    assert intake.admit([(A, good)]) == []
+    assert intake.counts == {
+        "accepted": 1,
+        "duplicate": 2,
+        "dropped:self_audit": 1,
+        "dropped:malformed": 1,
+    }
+    for _ in range(5):  # rate-limited: one line per reason and LOG_EVERY seconds
+        intake.admit([(X, good)])
+    assert sum("self_audit" in r.getMessage() for r in caplog.records) == 1
+    assert intake.own(AuditRecord(B, 2, A, (1.0,))) and not intake.own(AuditRecord(B, 2, A, (1.0,)))
+    ledger.close()
+
+
+def test_seedflood_replay_honours_verdicts(tmp_path):
+    import subprocess
+    import sys
+
+    from seedflood_p2p.workload.models import weights_sha256
+
+    model, _ = load_model("tiny-llama")
+    config = CONFIG.replace(base_sha256=weights_sha256(model))
+    updates = _updates(6, [A, B, C, D, X], seed=1)
+    claim = next(m for m in updates if m.peer == X and m.round == 2)
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path, config.run_id) as ledger:
+        ledger.set_meta("manifest", config.to_json())
+        ledger.add(updates)
+        ledger.add_audits([AuditRecord(X, 2, a, (claim.scalars[0] + 1.0,)) for a in (A, B, C)])
+
+    def replayed(messages):
+        fresh, _ = load_model("tiny-llama")
+        replay(fresh, config, messages)
+        return weights_sha256(fresh)
+
+    out = subprocess.run(
+        [sys.executable, "-m", "seedflood_p2p.apps.cli", "replay", "--ledger", str(path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    digest = out.stdout.strip().splitlines()[-1]
+    assert digest == replayed([m for m in updates if m.peer != X])
+    assert digest != replayed(updates)
+    assert "is banned" in out.stderr
