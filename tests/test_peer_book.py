@@ -64,7 +64,7 @@ def _summary(**changes) -> Summary:
         round=70,
         rows=200,
         live=3,
-        digests={0: (120, b"12345678"), 1: (80, b"abcdefgh")},
+        digests={0: (120, bytes(range(32))), 1: (80, bytes(32))},  # SHA-256 per bucket
         addrs=["/ip4/10.0.0.2/tcp/4001"],
         peers={PeerID.from_base58(B).to_bytes(): ["/ip4/10.0.0.3/tcp/4001"]},
     )

@@ -85,7 +85,7 @@ who else exists and whether its ledger agrees with theirs, and carry the address
 peers are dialled at:
 
     request  [run_id: str, addrs: [str]]             the caller's dialable addresses
-    reply    [round: int, rows: int, live: int, digests: [[bucket, count, hash8]],
+    reply    [round: int, rows: int, live: int, digests: [[bucket, count, sha256]],
               addrs: [str], peers: [[peer_id: bin, [str]]]]
 
 At most MAX_SUMMARY_DIGESTS digests (the newest buckets), MAX_ADDRS addresses per
@@ -469,7 +469,7 @@ class Summary:
     round: int  # the newest round its ledger holds (-1: none)
     rows: int  # rows in its ledger
     live: int  # training peers it hears
-    digests: dict[int, tuple[int, bytes]]  # its newest buckets: {bucket: (count, hash8)}
+    digests: dict[int, tuple[int, bytes]]  # its newest buckets: {bucket: (count, SHA-256)}
     addrs: list[str]  # its own dialable multiaddrs
     peers: dict[bytes, list[str]]  # peers it is connected to, with their addresses
 
@@ -571,7 +571,7 @@ def decode_summary(data: bytes) -> Summary:
             and item[0] not in buckets
             and _is_round(item[1])
             and isinstance(item[2], bytes)
-            and len(item[2]) == 8
+            and len(item[2]) == BUCKET_HASH_BYTES
         ):
             raise Rejected("bad_reply", "bad summary digest")
         buckets[item[0]] = (item[1], item[2])
