@@ -61,6 +61,10 @@ def main() -> None:
         f"({result['bootstrap_rows']} rows at the bootstrap node, "
         f"{result['expected_rows']} expected); exit codes {result['exit_codes']}.",
         "",
+        "said partitioned: seconds from the cut until /status showed it (polled on h2 and",
+        "the last host only); reconnected: the host's first `reconnected` line after the",
+        "heal (each starts a repair pass at once). Ledgers are compared when the run ends.",
+        "",
     ]
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
