@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from seedflood_p2p.apps.partition import Testnet, run_partition, skip_reason  # noqa: E402
+from seedflood_p2p.apps.partition import NamespaceNet, run_partition, skip_reason  # noqa: E402
 
 from cluster import run_toml  # noqa: E402
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     out = Path(args.out or ROOT / "bench" / "results" / f"partition-{args.partition:g}s")
-    testnet = Testnet(f"sfb{os.getpid() % 100000}", "10.79.0")
+    testnet = NamespaceNet(f"sfb{os.getpid() % 100000}", "10.79.0")
     if reason := skip_reason(testnet):
         sys.exit(f"cannot run: {reason}")
     with tempfile.TemporaryDirectory(prefix="sf-partition-") as work:
@@ -62,6 +62,10 @@ def main() -> None:
         f"Ledgers identical: {'yes' if result['ledgers_identical'] else 'NO'} "
         f"({result['bootstrap_rows']} rows at the bootstrap node, "
         f"{result['expected_rows']} expected); exit codes {result['exit_codes']}.",
+        "",
+        "said partitioned: seconds from the cut until /status showed it (polled on h2 and",
+        "the last host only); reconnected: the host's first `reconnected` line after the",
+        "heal (each starts a repair pass at once). Ledgers are compared when the run ends.",
         "",
     ]
     out.with_suffix(".md").write_text("\n".join(lines))

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from seedflood_p2p.apps.partition import CUT, HOSTS, Testnet, run_partition, skip_reason
+from seedflood_p2p.apps.partition import CUT, HOSTS, NamespaceNet, run_partition, skip_reason
 
 from cluster import run_toml
 
@@ -26,7 +26,7 @@ PARTITION = 30.0  # seconds
 
 
 def test_partition_heals_to_one_ledger(tmp_path):
-    testnet = Testnet(f"sfp{os.getpid() % 100000}", "10.78.0")
+    testnet = NamespaceNet(f"sfp{os.getpid() % 100000}", "10.78.0")
     skip = skip_reason(testnet)
     if skip:
         pytest.skip(skip)

@@ -20,7 +20,10 @@ TINY = dict(
     dataset="synthetic-sentiment",
     rank=4,
     refresh_period=10,
-    lr=2e-3,  # as tests/cluster.py's run; the portable tiny-llama weights learn slower at 1e-3
+    # 2e-3 since tiny-llama's weights come from Philox (tests/test_portable.py): at 1e-3
+    # the new weights moved 0.692 -> 0.674 in 150 rounds (accuracy 0.545 -> 0.61), at
+    # 2e-3 0.692 -> 0.639 (0.545 -> 0.675), as the old torch-drawn weights did at 1e-3.
+    lr=2e-3,
     n_ref=4,
     batch_size=16,
     max_length=32,

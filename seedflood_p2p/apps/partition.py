@@ -51,7 +51,7 @@ PEER_FLAGS = [
 ]
 
 
-class Testnet:
+class NamespaceNet:
     """The namespaced hosts of one scenario (prefix unique per process)."""
 
     def __init__(self, prefix: str, subnet: str) -> None:
@@ -100,7 +100,7 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
-def skip_reason(testnet: Testnet) -> str | None:
+def skip_reason(testnet: NamespaceNet) -> str | None:
     if not sys.platform.startswith("linux"):
         return "network namespaces need Linux"
     if os.geteuid() != 0:
@@ -120,7 +120,7 @@ def _first_after(proc: NodeProcess, event: str, after: float) -> float | None:
 
 
 def run_partition(
-    workdir: Path, testnet: Testnet, run_flags: list[str], partition_s: float
+    workdir: Path, testnet: NamespaceNet, run_flags: list[str], partition_s: float
 ) -> dict:
     """Train, cut, heal, finish; returns what was observed (see the keys)."""
     warmup_rounds, after_heal_s = 8, 60.0
