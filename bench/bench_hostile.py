@@ -30,8 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from cluster import start_bootstrap, start_peer  # noqa: E402
 from hostile import Hostile  # noqa: E402
+
+from cluster import start_bootstrap, start_peer  # noqa: E402
 
 PHASES = {"flood": ["flood", "walk", "equivocate"], "tarpit": ["tarpit"], "stall": ["stall"]}
 ROUND_DEADLINE = 3.0
