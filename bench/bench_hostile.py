@@ -15,7 +15,7 @@ Recorded per run: the honest peers' held-out loss after the last round (200 exam
 their final rounds, whether their ledgers are identical, the replay hash of one honest
 ledger (base weights + ledger, canonical replay), the attacker's rows in it, the round
 deadlines honest peers waited out, the late joiner's ready round, and the attacker's
-ban. Writes bench/results/hostile.{json,md}.
+ban. Writes bench/results/hostile.{json,md} (`--name` for another file name).
 """
 
 from __future__ import annotations
@@ -161,6 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--attacks", default="none,flood,tarpit,stall")
+    parser.add_argument("--name", default="hostile", help="results file name (no suffix)")
     args = parser.parse_args()
     runs = []
     for attack in args.attacks.split(","):
@@ -176,9 +177,9 @@ def main() -> None:
         "runs": runs,
     }
     out = ROOT / "bench" / "results"
-    (out / "hostile.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, out / "hostile.md")
-    print((out / "hostile.md").read_text())
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, out / f"{args.name}.md")
+    print((out / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":
