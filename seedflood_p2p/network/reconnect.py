@@ -49,7 +49,8 @@ from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     connect_peer,
-    connected_peer_ids,
+    is_relayed,
+    peer_connections,
     serve_bytes,
 )
 from seedflood_p2p.protocol.wire import (
@@ -276,11 +277,28 @@ class Reconnector:
 
     async def refresh_connected(self) -> set[str]:
         try:
-            now_connected = await connected_peer_ids(self.p2p)
+            connections = await peer_connections(self.p2p)
         except Exception as exc:  # the daemon is gone: the flood node will say so
             log.debug("list_peers failed: %r", exc)
             return self.connected
+        now_connected = set(connections)
         for peer in sorted(now_connected - self.connected):
+            addrs = connections[peer]
+            relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
+            log.info(
+                "connected to %s at %s%s",
+                peer,
+                ", ".join(addrs) or "?",
+                " (through a relay)" if relayed else "",
+                extra={
+                    "fields": {
+                        "event": "connected",
+                        "peer": peer,
+                        "addrs": addrs,
+                        "relayed": relayed,
+                    }
+                },
+            )
             state = self.backoff.pop(peer, None)
             if state is not None and state.failures:
                 log.info(

@@ -288,9 +288,17 @@ async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout:
         raise RemoteCallError(str(e).strip().splitlines()[0][:200] or type(e).__name__) from e
 
 
-async def connected_peer_ids(p2p: P2P) -> set[str]:
-    """Base58 ids of the peers the daemon has a connection to (any protocol)."""
-    return {info.peer_id.to_base58() for info in await p2p.list_peers()}
+async def peer_connections(p2p: P2P) -> dict[str, list[str]]:
+    """Base58 id -> the remote addresses of the daemon's connections to that peer. A relayed
+    connection's address contains ``/p2p-circuit`` (see `is_relayed`)."""
+    return {
+        info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await p2p.list_peers()
+    }
+
+
+def is_relayed(addr: str) -> bool:
+    """Whether a connection address goes through a circuit relay (not a direct connection)."""
+    return "/p2p-circuit" in addr
 
 
 # ---------------------------------------------------------------------------------------------
