@@ -7,7 +7,7 @@
 #   netns-nat-testnet.sh [options] exec HOST CMD...   run CMD inside HOST (pub1, priv1, nat1, ...)
 #   netns-nat-testnet.sh [options] check    can this machine build it (netns, veth, bridge, nft)
 #
-# Layout (PREFIX defaults to "sfnat", PUBLIC to 10.78.0):
+# Layout (PREFIX defaults to "sfnat", PUBLIC to 11.78.0):
 #
 #   PREFIX-pub1 (PUBLIC.1) --+
 #   PREFIX-pub2 (PUBLIC.2) --+-- br0 in PREFIX-sw ("the internet")
@@ -15,6 +15,11 @@
 #        |                              (forwarding on; no port forwarding, so nothing from
 #   PREFIX-priv1 (192.168.1.2)          outside reaches priv1 unless priv1 opened it)
 #   ... one nat/priv pair per --private host
+#
+# The public side uses addresses outside the private ranges on purpose: libp2p treats
+# 10/8, 172.16/12 and 192.168/16 as private, so AutoNAT servers would not dial them back
+# and auto-relay would not announce a relay that has only such addresses. The namespaces
+# have no route to the machine's own network, so nothing is ever sent to the real 11.78.0.x.
 #
 # Public hosts have no route to any 192.168.x.0/24, so a private host can only be reached
 # through a connection it opened itself (or a relay it holds a reservation on). Every
@@ -24,7 +29,7 @@
 set -euo pipefail
 
 PREFIX="${SEEDFLOOD_NAT_PREFIX:-sfnat}"
-PUBLIC="10.78.0"
+PUBLIC="11.78.0"
 PUBLIC_HOSTS=2
 PRIVATE_HOSTS=2
 KILL=0
