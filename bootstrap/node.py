@@ -75,6 +75,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         host_maddrs=settings.listen,
         announce_maddrs=settings.announce or None,
         use_auto_relay=settings.node.auto_relay,
+        reachability=settings.node.reachability,
         nat_port_map=settings.node.nat_port_map,
         startup_timeout=settings.node.daemon_start_timeout,
         bootstrap_addrs=settings.bootstrap,

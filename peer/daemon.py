@@ -474,6 +474,7 @@ class PeerDaemon:
             host_maddrs=s.listen,
             announce_maddrs=s.announce or None,
             use_auto_relay=s.node.auto_relay,
+            reachability=s.node.reachability,
             nat_port_map=s.node.nat_port_map,
             startup_timeout=s.node.daemon_start_timeout,
             bootstrap_addrs=s.bootstrap,

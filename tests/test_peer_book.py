@@ -15,9 +15,11 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.admission import Outcome, Verdict
 from seedflood_p2p.network.flood import LIVE_ROUNDS, FloodNode, NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.reconnect import PeerBook, split_full_addr
+from seedflood_p2p.network.reconnect import PeerBook, _dialable, split_full_addr
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
+    BUCKET_HASH_BYTES,
+    BUCKET_ROUNDS,
     MAX_ADDRS,
     MAX_SUMMARY_PEERS,
     Rejected,
@@ -64,7 +66,7 @@ def _summary(**changes) -> Summary:
         round=70,
         rows=200,
         live=3,
-        digests={0: (120, bytes(range(32))), 1: (80, bytes(32))},  # SHA-256 per bucket
+        digests={0: (120, b"1" * BUCKET_HASH_BYTES), 1: (80, b"a" * BUCKET_HASH_BYTES)},  # SHA-256
         addrs=["/ip4/10.0.0.2/tcp/4001"],
         peers={PeerID.from_base58(B).to_bytes(): ["/ip4/10.0.0.3/tcp/4001"]},
     )
@@ -83,6 +85,25 @@ def test_summary_round_trip_and_bounds():
     )
 
 
+def test_a_summary_of_a_real_ledger_decodes(tmp_path):
+    """The digests a ledger hands out are the size a summary accepts (they were once
+    SHA-256 on one side and 8 bytes on the other, so every live summary was dropped and
+    its sender banned)."""
+    ledger = Ledger(tmp_path / "ledger.sqlite", "run")
+    ledger.add([UpdateMessage(r, b"o" * 38, (0.5,)) for r in range(3)])
+    summary = _summary(digests=ledger.bucket_digests(BUCKET_ROUNDS))
+    assert decode_summary(encode_summary(summary)) == summary
+
+
+def test_relay_addresses_stay_dialable_and_name_their_relay():
+    relayed = f"/ip4/10.78.0.1/tcp/31337/p2p/{B}/p2p-circuit"
+    assert _dialable([f"{relayed}/p2p/{A}", f"/ip4/192.168.1.2/tcp/4001/p2p/{A}"], A) == [
+        relayed,
+        "/ip4/192.168.1.2/tcp/4001",
+    ]
+    assert _dialable(["/p2p-circuit", "/ip4/1.2.3.4/tcp/1/p2p-circuit"], A) == []  # no relay
+
+
 HOSTILE_SUMMARIES = [
     b"\xc1garbage",
     msgpack.packb(None),
@@ -91,7 +112,8 @@ HOSTILE_SUMMARIES = [
     msgpack.packb([1.0, 1, 1, [], [], []]),
     msgpack.packb([-2, 1, 1, [], [], []]),
     msgpack.packb([1, 1, 1, [[0, 1, b"short"]], [], []]),
-    msgpack.packb([1, 1, 1, [[0, 1, b"12345678"], [0, 1, b"12345678"]], [], []]),  # twice
+    msgpack.packb([1, 1, 1, [[0, 1, b"1" * 32], [0, 1, b"1" * 32]], [], []]),  # twice
+    msgpack.packb([1, 1, 1, [[0, 1, b"12345678"]], [], []]),  # 8 bytes: not a SHA-256
     msgpack.packb([1, 1, 1, [], ["not/an/addr"], []]),
     msgpack.packb([1, 1, 1, [], ["/" + "x" * 300], []]),
     msgpack.packb([1, 1, 1, [], ["/ip4/1.1.1.1\n"], []]),

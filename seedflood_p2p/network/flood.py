@@ -32,7 +32,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
@@ -91,6 +91,10 @@ class NodeSettings:
     publish_rate: float = 50.0  # messages per second, paced
     auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
+    # Reachability as auto-relay sees it: "auto" asks AutoNAT (other peers dial us back; it
+    # needs public addresses on both sides), "private" skips the wait and reserves relay
+    # slots at once (a peer that knows it is behind NAT), "public" never uses relays.
+    reachability: str = field(default="auto", metadata={"choices": ("auto", "private", "public")})
     daemon_start_timeout: float = 15.0  # seconds for p2pd to start (slow disks, busy hosts)
     redial_min: float = 1.0  # first retry of an unreachable known peer after this many s ...
     redial_max: float = 30.0  # ... doubling up to this, for as long as the node runs

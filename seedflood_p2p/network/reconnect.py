@@ -49,7 +49,8 @@ from seedflood_p2p.network.transport import (
     RemoteCallError,
     call_bytes,
     connect_peer,
-    connected_peer_ids,
+    is_relayed,
+    peer_connections,
     serve_bytes,
 )
 from seedflood_p2p.protocol.wire import (
@@ -82,11 +83,19 @@ def split_full_addr(addr: str) -> tuple[str, str]:
 
 
 def _dialable(addrs: Iterable[str], peer: str) -> list[str]:
-    """Addresses as the daemon dials them: /p2p/<peer> stripped, no duplicates, bounded."""
+    """Addresses as the daemon dials them: a trailing /p2p/<peer> stripped, no duplicates,
+    bounded. A relay address ``/ip4/R/tcp/P/p2p/<relay>/p2p-circuit`` is kept whole: it is
+    how a peer behind NAT is reached (through its reservation on the relay)."""
     out: list[str] = []
     for a in addrs:
-        a = a.split("/p2p/")[0] if "/p2p/" in a else a
-        if a and a not in out and "/p2p-circuit" not in a:
+        head, circuit, _ = a.partition("/p2p-circuit")
+        if circuit:  # relay address: keep the relay's /p2p/<id>, drop what follows the circuit
+            a = head + circuit
+            if "/p2p/" not in head:
+                continue  # a circuit needs to name its relay
+        elif "/p2p/" in a:
+            a = a.split("/p2p/")[0]
+        if a and a not in out:
             out.append(a)
     return out[:MAX_ADDRS]
 
@@ -268,11 +277,28 @@ class Reconnector:
 
     async def refresh_connected(self) -> set[str]:
         try:
-            now_connected = await connected_peer_ids(self.p2p)
+            connections = await peer_connections(self.p2p)
         except Exception as exc:  # the daemon is gone: the flood node will say so
             log.debug("list_peers failed: %r", exc)
             return self.connected
+        now_connected = set(connections)
         for peer in sorted(now_connected - self.connected):
+            addrs = connections[peer]
+            relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
+            log.info(
+                "connected to %s at %s%s",
+                peer,
+                ", ".join(addrs) or "?",
+                " (through a relay)" if relayed else "",
+                extra={
+                    "fields": {
+                        "event": "connected",
+                        "peer": peer,
+                        "addrs": addrs,
+                        "relayed": relayed,
+                    }
+                },
+            )
             state = self.backoff.pop(peer, None)
             if state is not None and state.failures:
                 log.info(
@@ -347,15 +373,28 @@ class Reconnector:
         """Serve summaries for `flood`'s run, repair on every new connection, and start the
         loop. Peers already connected get a summary exchange in the first pass."""
         self.flood = flood
-        try:
-            self.own_addrs = _dialable(
-                (str(a) for a in await self.p2p.get_visible_maddrs()), self.own_id
-            )
-        except Exception as exc:
-            log.debug("no visible addresses yet: %r", exc)
+        await self._refresh_own_addrs()
         await serve_bytes(self.p2p, "seedflood.summary", self._serve_summary)
         self._on_connect.append(self._repair_new_connection)
         self.start()
+
+    async def _refresh_own_addrs(self) -> None:
+        """Our addresses as the daemon announces them. Re-read every summary pass: behind
+        NAT, a relay address appears only once AutoNAT says "private" and auto-relay has a
+        reservation, tens of seconds after start."""
+        try:
+            visible = await self.p2p.get_visible_maddrs(latest=True)
+            addrs = _dialable((str(a) for a in visible), self.own_id)
+        except Exception as exc:
+            log.debug("no visible addresses yet: %r", exc)
+            return
+        if addrs != self.own_addrs:
+            log.info(
+                "own addresses: %s",
+                ", ".join(addrs),
+                extra={"fields": {"event": "own_addrs", "addrs": addrs}},
+            )
+        self.own_addrs = addrs
 
     def start(self) -> None:
         if self._task is None:
@@ -515,6 +554,7 @@ class Reconnector:
                     now = time.monotonic()
                     if now - self._last_summary >= self.s.summary_interval:
                         self._last_summary = now
+                        await self._refresh_own_addrs()
                         await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
                     self._update_view()
                 self.book.save()

@@ -163,6 +163,8 @@ async def create_p2p(
     startup_timeout: float = 15.0,
     nat_port_map: bool = False,
     bootstrap_addrs: Sequence[str] = (),
+    use_auto_relay: bool = False,
+    reachability: str = "auto",
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -176,6 +178,11 @@ async def create_p2p(
     with a UserError if none of them can be reached.
     `bootstrap_addrs`: full multiaddrs checked like `initial_peers` but not handed to the
     daemon: the caller dials them itself (network/reconnect.py), with retries.
+    `use_auto_relay`: behind NAT, reserve a slot on a circuit relay and announce the
+    relay address; the relays are the bootstrap addresses (p2pd's static "trusted relays":
+    every p2pd serves as a relay by default, and we hand the daemon no bootstrap peers of
+    its own, so without this it would know of no relay). `reachability` ("auto", "private",
+    "public") overrides AutoNAT's verdict, which gates auto-relay.
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
     the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
@@ -211,6 +218,9 @@ async def create_p2p(
             check_if_identity_free=False,
             startup_timeout=startup_timeout,
             nat_port_map=nat_port_map,
+            use_auto_relay=use_auto_relay,
+            trusted_relays=[*initial_peers, *bootstrap_addrs] if use_auto_relay else None,
+            force_reachability=None if reachability == "auto" else reachability,
             **p2p_kwargs,
         )
     except P2PDaemonError as e:
@@ -288,9 +298,17 @@ async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout:
         raise RemoteCallError(str(e).strip().splitlines()[0][:200] or type(e).__name__) from e
 
 
-async def connected_peer_ids(p2p: P2P) -> set[str]:
-    """Base58 ids of the peers the daemon has a connection to (any protocol)."""
-    return {info.peer_id.to_base58() for info in await p2p.list_peers()}
+async def peer_connections(p2p: P2P) -> dict[str, list[str]]:
+    """Base58 id -> the remote addresses of the daemon's connections to that peer. A relayed
+    connection's address contains ``/p2p-circuit`` (see `is_relayed`)."""
+    return {
+        info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await p2p.list_peers()
+    }
+
+
+def is_relayed(addr: str) -> bool:
+    """Whether a connection address goes through a circuit relay (not a direct connection)."""
+    return "/p2p-circuit" in addr
 
 
 # ---------------------------------------------------------------------------------------------
