@@ -214,3 +214,64 @@ async def test_a_peer_that_made_us_wait_out_the_deadline_is_not_waited_for_again
     await asyncio.wait_for(daemon.wait_ready(12), timeout=60)
     assert daemon.laggards == set()
     daemon._model_thread.shutdown(wait=False)
+
+
+# -- repair against a bucket that grows ----------------------------------------------------
+
+
+class _Id:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def to_bytes(self) -> bytes:
+        return self.raw
+
+
+def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_server(
+    tmp_path, monkeypatch
+):
+    """In a live run, gossip lands in an honest server's bucket between its digest reply
+    and our fetch. The client takes what the digest claimed, blames no one, and fetches the
+    rest next time (blaming it got honest peers banned in a 0.4 s-round run)."""
+    from seedflood_p2p.network import flood
+    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+
+    alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
+    manifest = RunConfig().to_json()
+
+    def make(who: Peer, name: str) -> FloodNode:
+        # No daemon: repair calls are routed below; the pubsub client is never opened.
+        p2p = types.SimpleNamespace(peer_id=_Id(who.id), daemon_listen_maddr={"unix": "unused"})
+        return FloodNode(
+            p2p,
+            Ledger(tmp_path / name / "ledger.sqlite", RUN),
+            manifest,
+            NodeMetrics(),
+            NodeSettings(),
+        )
+
+    (tmp_path / "server").mkdir()
+    (tmp_path / "client").mkdir()
+    server, client = make(server_id, "server"), make(client_id, "client")
+    early = [p.row(r, (0.5,)) for r in range(4) for p in (alice, bob)]
+    server.ledger.add([m for m, _ in early], [e for _, e in early])
+    late = [p.row(4, (0.25,)) for p in (alice, bob)]
+
+    async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
+        caller = _Id(client_id.id)
+        if name == "seedflood.digest":
+            reply = await server._serve_digest(caller, request)
+            server.ledger.add([m for m, _ in late], [e for _, e in late])  # gossip arrives
+            return reply
+        return await server._serve_fetch(caller, request)
+
+    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+
+    async def sync() -> int:
+        return await client.sync_with(_Id(server_id.id))
+
+    assert asyncio.run(sync()) == len(early)  # what the digest claimed, no more
+    assert client.reputation.score(server_id.id) == 0.0
+    assert not client.bans.is_banned(server_id.id)
+    assert asyncio.run(sync()) == len(late)  # the rest, with the next exchange
+    assert client.ledger.digest() == server.ledger.digest()

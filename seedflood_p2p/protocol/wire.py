@@ -64,13 +64,14 @@ is dropped whole, counted as `bad_reply`, and that peer is not asked further thi
     bad_reply      digest reply not a list of [bucket, count, 32-byte hash] with buckets in
                    range, each listed once; fetch reply not a list of well-formed rows;
                    rows not strictly after the requested cursor, not ascending, or past
-                   the requested round; more rows for a bucket than its digest claimed;
-                   a page holding a row with a bad signature or payload (the whole
-                   exchange ends, the peer is backed off)
+                   the requested round; a page holding a row with a bad signature or
+                   payload (the whole exchange ends, the peer is backed off)
 
 Repair budgets (network/flood.py applies them): an exchange with one peer fetches at most
 `MAX_EXCHANGE_PAGES` pages, stops after `exchange_deadline(pages claimed)` seconds, and
-takes at most the rows the digest claimed per bucket; a fetch reply is at most
+takes at most the rows the digest claimed per bucket (more is not an offence: an honest
+server's bucket grows while the run goes on; the rest waits for the next exchange); a
+fetch reply is at most
 `MAX_FETCH_REPLY_BYTES`. A server answers each requester at most `SERVE_BYTES_RATE` bytes
 per second (burst `SERVE_BYTES_BURST`), so an 82-byte request cannot buy unbounded replies.
 A bucket's digest is SHA-256 over its rows' sorted SHA-256 hashes (storage/ledger.py), so
