@@ -41,7 +41,7 @@ from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
 
-MAX_REWIND = 20  # rounds: an update older than this (behind our model) is not audited
+MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
 CHEATS = ("", "flip")  # --test-cheat values (a test hook: "flip" negates our own scalars)
 
 
@@ -70,6 +70,7 @@ class PeerAudits:
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         self.verdicts = 0  # cases decided (confirmed or refuted)
         self.rate = 0.0
+        self.delay = settings.lag + 3  # rounds an audit waits (see `ready`)
 
     # -- where updates are accepted (event loop) -----------------------------------
     def on_accept(self, messages: list[UpdateMessage], peers: int) -> None:
@@ -114,19 +115,31 @@ class PeerAudits:
         self.verdicts = sum(1 for c in judgement.cases if c.outcome != "open")
         return dict(judgement.banned)
 
-    def ready(self, trained_round: int) -> list[tuple[bytes, int, str, tuple]]:
-        """Audits the model can do now: updates of rounds <= the round it holds S of."""
+    def ready(self, trained_round: int) -> list[tuple]:
+        """Audits to do now: updates of rounds <= trained_round - `delay` (the model holds S
+        of trained_round), each (peer, round, why, claimed scalars, banned peers' updates of
+        the rounds below its settled state).
+
+        Why wait: the sender's settled state counts the updates it held and the bans it knew
+        when it trained. After `delay` rounds we hold what it held, and the bans it could
+        have known; one it did not know yet is the second state `audit` tries."""
         out = []
         for (peer, round_), why in sorted(self.due.items(), key=lambda kv: kv[0][1]):
-            if round_ > trained_round:
+            if round_ > trained_round - self.delay:
                 continue
             del self.due[(peer, round_)]
             if trained_round - round_ > MAX_REWIND or peer in self.banned:
                 self.counts["skipped"] += 1
                 continue
             claimed = self.ledger.scalars_of(peer, round_)
-            if claimed is not None:
-                out.append((peer, round_, why, claimed))
+            if claimed is None:
+                continue
+            voided = [
+                m
+                for m in self.ledger.messages(max_round=round_ - self.settings.lag - 1)
+                if m.peer in self.banned
+            ]
+            out.append((peer, round_, why, claimed, voided))
         return out
 
     # -- where the model lives (model thread) ---------------------------------------
@@ -159,30 +172,39 @@ class PeerAudits:
         returns the records to publish, (record, mismatch), for a mismatch or a re-check
         (a vote either way)."""
         out = []
-        for peer, round_, why, claimed in jobs:
+        rule = self.settings.rule
+        for peer, round_, why, claimed, voided in jobs:
             if peer in self.banned:
                 continue
             message = UpdateMessage(round_, peer, claimed)
             recomputed = self._on_settled(
-                round_, lambda m=message: recompute(engine, tokenizer, task, m)
+                round_, [], lambda m=message: recompute(engine, tokenizer, task, m)
             )
+            if voided and rule.mismatches(claimed, recomputed):
+                # The sender may have trained before it knew of a ban we know: its state
+                # then still counted the banned peers' updates.
+                before_bans = self._on_settled(
+                    round_, voided, lambda m=message: recompute(engine, tokenizer, task, m)
+                )
+                if not rule.mismatches(claimed, before_bans):
+                    recomputed = before_bans
             self.done.add((peer, round_))
-            mismatch = self.settings.rule.mismatches(claimed, recomputed)
+            mismatch = rule.mismatches(claimed, recomputed)
             self.counts["audits"] += 1
             self.counts["mismatches"] += mismatch
             if mismatch or why == "recheck":
                 out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
         return out
 
-    def _on_settled(self, round_: int, compute):
-        """`compute()` on S_round: take back the applied updates of rounds >= round_ - lag,
-        compute, put the exact weights back."""
+    def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
+        """`compute()` on S_round (plus `counted_too`): take back the applied updates of
+        rounds >= round_ - lag, compute, put the exact weights back."""
         newer = [m for m in self.applied if m.round >= round_ - self.settings.lag]
-        if not newer:
+        if not newer and not counted_too:
             return compute()
         saved = {name: w.clone() for name, w in self.live.weights().items()}
         try:
-            self.live.apply([m.negated() for m in newer])
+            self.live.apply([m.negated() for m in newer] + counted_too)
             return compute()
         finally:
             self.live.load_weights(saved)
