@@ -455,6 +455,11 @@ class PeerDaemon:
             if peer != self.peer_id:
                 self.node.reputation.ban(peer, "audit verdict: " + after[peer])
 
+    async def apply_pending(self) -> None:
+        """Apply every update received and not applied yet (a banned peer's: not)."""
+        incoming = self.live.take()
+        await self.in_model_thread(self.audits.apply if self.audits else self.live.apply, incoming)
+
     def catch_up(self) -> None:
         """A peer far behind the run (slow, or paused) jumps to the round a quorum of
         distinct peers reached: its updates would otherwise fall below every peer's window.
@@ -700,8 +705,7 @@ class PeerDaemon:
                     await self.train()
                     continue
                 if s.eval_every and self.last_eval_round != self.round:
-                    incoming = self.live.take()  # score the final model
-                    await self.in_model_thread(self.live.apply, incoming)
+                    await self.apply_pending()  # score the final model
                     await self.evaluate()
                 break
             self.done_training = True
@@ -709,6 +713,7 @@ class PeerDaemon:
             # No accepts after this: the checkpoint then covers the whole ledger on disk, so
             # a restart loads it instead of replaying everything.
             await self.node.stop()
+            await self.apply_pending()  # without a banned peer's updates (audits)
             meta = await self.checkpoint()
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))
