@@ -571,7 +571,7 @@ def decode_summary(data: bytes) -> Summary:
             and item[0] not in buckets
             and _is_round(item[1])
             and isinstance(item[2], bytes)
-            and len(item[2]) == 8
+            and len(item[2]) == BUCKET_HASH_BYTES
         ):
             raise Rejected("bad_reply", "bad summary digest")
         buckets[item[0]] = (item[1], item[2])
