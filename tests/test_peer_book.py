@@ -18,6 +18,7 @@ from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reconnect import PeerBook, split_full_addr
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
+    BUCKET_ROUNDS,
     MAX_ADDRS,
     MAX_SUMMARY_PEERS,
     Rejected,
@@ -64,7 +65,7 @@ def _summary(**changes) -> Summary:
         round=70,
         rows=200,
         live=3,
-        digests={0: (120, b"12345678"), 1: (80, b"abcdefgh")},
+        digests={0: (120, b"1" * 32), 1: (80, b"a" * 32)},  # SHA-256 set digests
         addrs=["/ip4/10.0.0.2/tcp/4001"],
         peers={PeerID.from_base58(B).to_bytes(): ["/ip4/10.0.0.3/tcp/4001"]},
     )
@@ -81,6 +82,17 @@ def test_summary_round_trip_and_bounds():
         "run",
         ["/ip4/1.2.3.4/tcp/1"],
     )
+
+
+def test_a_summary_of_a_real_ledger_s_buckets_decodes():
+    """The digests a node sends are its ledger's own (SHA-256, 32 bytes): a decoder that
+    expected another size made every honest summary a bad_reply, and honest peers banned
+    each other for it."""
+    ledger = Ledger(":memory:", "run")
+    ledger.add([UpdateMessage(r, bytes([p]) * 38, (0.5,)) for r in range(40) for p in (1, 2)])
+    digests = ledger.bucket_digests(BUCKET_ROUNDS)
+    summary = _summary(digests=digests)
+    assert decode_summary(encode_summary(summary)).digests == digests
 
 
 HOSTILE_SUMMARIES = [
