@@ -41,7 +41,7 @@ from seedflood_p2p.network.transport import (
     remove_stale_sockets,
 )
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
-from seedflood_p2p.storage.ledger import Ledger, peer_name
+from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
 
 log = logging.getLogger("seedflood.peer")
 
@@ -455,6 +455,22 @@ class PeerDaemon:
             if peer != self.peer_id:
                 self.node.reputation.ban(peer, "audit verdict: " + after[peer])
 
+    async def restore_settled(self, first_round: int) -> str:
+        """Audited runs: weights = base + the counted updates of rounds < first_round - lag
+        (the state round `first_round` trains on); the later ones stay pending. From a
+        checkpoint of exactly that cut, else by replay."""
+        self.audits.banned = self.audits.judge()  # nothing applied yet: nothing to undo
+        cut = self.live.cut()
+        limit = first_round - self.audits.settings.lag
+        settled = [m for m in cut.messages if m.round < limit and m.peer not in self.audits.banned]
+        later = [m for m in cut.messages if m.round >= limit]
+        how = await self.in_model_thread(
+            self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
+        )
+        self.audits.applied = list(settled)
+        self.live.receive(later)
+        return how + f" (settled state of round {first_round})"
+
     async def apply_pending(self) -> None:
         """Apply every update received and not applied yet (a banned peer's: not)."""
         incoming = self.live.take()
@@ -670,7 +686,10 @@ class PeerDaemon:
             synced = await self.node.sync_round(peers)
             # The cut is taken here, on the event loop (see algorithm/live.py); updates
             # accepted while the model thread restores it stay pending for round one.
-            how = await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+            if self.audits is None:
+                how = await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+            else:  # the model of our first round is its settled state, not the whole ledger
+                how = await self.restore_settled(start_round(self.ledger, self.peer_id))
             if republished := await self.node.republish_unsigned():
                 log.info("published again %d own update(s) never sent signed", republished)
             await self.in_model_thread(self.set_model_hash)

@@ -30,7 +30,7 @@ from seedflood_p2p.workload.models import load_model, weights_sha256
 from cluster import RUN, start_peer
 
 pytestmark = pytest.mark.slow
-ROUNDS = 24
+ROUNDS = 18
 # lag 2: round t trains on base + counted updates of rounds < t - 2, which a peer holds
 # when peers may be at most one round apart (--max-staleness 1). cpu_share 1.5 among 4
 # peers: each update audited by each other peer with probability 0.5 (a test, not a cost
@@ -41,7 +41,7 @@ PEER_FLAGS = [
     "--until-round",
     str(ROUNDS),
     "--round-interval",
-    "0.8",
+    "0.6",
     "--max-staleness",
     "1",
     "--round-deadline",
