@@ -23,7 +23,9 @@ from pathlib import Path
 import msgpack
 import torch
 
+from peer.audits import CHEATS, PeerAudits
 from seedflood_p2p import __version__
+from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -38,8 +40,8 @@ from seedflood_p2p.network.transport import (
     host_port,
     remove_stale_sockets,
 )
-from seedflood_p2p.protocol.wire import quorum_round
-from seedflood_p2p.storage.ledger import Ledger, peer_name
+from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
+from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
 
 log = logging.getLogger("seedflood.peer")
 
@@ -69,6 +71,9 @@ class PeerSettings:
     metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port
     device: str = "cpu"
     threads: int = 0  # torch threads for this peer (0: torch's default, all cores)
+    # TEST HOOK, not a feature: "flip" makes this peer a cheater that publishes its
+    # scalars negated, so tests can show audits catch it (tests/test_audit_daemon.py).
+    test_cheat: str = ""
     node: NodeSettings = field(default_factory=NodeSettings)
 
 
@@ -114,6 +119,9 @@ class PeerDaemon:
         self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
         self.state = "starting"  # what the peer is doing, or why it waits (/status, logs)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self.audits: PeerAudits | None = None  # the run's audits (manifest extra.audit)
+        if settings.test_cheat not in CHEATS:
+            raise UserError(f"--test-cheat must be one of {list(CHEATS)[1:]} (a test hook)")
 
     # -- helpers ------------------------------------------------------------
     async def in_model_thread(self, fn, *args):
@@ -141,6 +149,7 @@ class PeerDaemon:
             "dropped": self.metrics.drop_counts(),
             "admissions": self.metrics.admission_counts(),
             "banned": node.bans.status() if node else [],
+            "audits": self.audit_status(),
             "laggards": len(self.laggards),
             "bytes_out": int(value(self.metrics.bytes_out)),
             "bytes_in": int(value(self.metrics.bytes_in)),
@@ -149,6 +158,27 @@ class PeerDaemon:
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
             "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
+        }
+
+    def audit_status(self) -> dict | None:
+        """Audits done, mismatches found, verdicts in the ledger, peers it bans (None: the
+        run has no audits)."""
+        audits = getattr(self, "audits", None)
+        if audits is None:
+            return None
+        m = self.metrics
+        m.audits_done.set(audits.counts["audits"])
+        m.audit_mismatches.set(audits.counts["mismatches"])
+        m.audit_verdicts.set(audits.verdicts)
+        m.audit_banned.set(len(audits.banned))
+        return {
+            "done": audits.counts["audits"],
+            "mismatches": audits.counts["mismatches"],
+            "published": audits.counts["published"],
+            "records": dict(audits.intake.counts),
+            "verdicts": audits.verdicts,
+            "banned": sorted(peer_name(p) for p in audits.banned),
+            "rate": audits.rate,
         }
 
     def _live_peers(self, now: float) -> dict:
@@ -342,14 +372,23 @@ class PeerDaemon:
             self.node.admission.own_round = self.round
             await self.wait_ready(self.round)
             t0 = time.perf_counter()
-            incoming = self.live.take()
+            if self.audits is None:
+                incoming = self.live.take()
+                apply = self.live.apply
+            else:  # round t trains on the settled state: counted updates of rounds < t - lag
+                incoming = self.audits.take_settled(self.round)
+                apply = self.audits.apply
             with timed(self.metrics.apply_seconds):
-                await self.in_model_thread(self.live.apply, incoming)
+                await self.in_model_thread(apply, incoming)
             message, loss = await self.in_model_thread(
                 zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round
             )
+            if self.s.test_cheat == "flip":  # the test hook: a sign-flipping cheater
+                message = message.negated()
             # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message)
+            if self.audits is not None:
+                await self.run_audits()
             self.metrics.loss.set(loss)
             self.metrics.rounds.set(self.round)
             line = {
@@ -379,6 +418,63 @@ class PeerDaemon:
             self.in_round = False
             if self.s.eval_every and self.round % self.s.eval_every == 0:
                 await self.evaluate()
+
+    async def run_audits(self) -> None:
+        """Recompute the updates due for audit (the model holds S of this round), publish
+        our mismatches and re-check votes, and act on what the ledger now decides."""
+        jobs = self.audits.ready(self.round)
+        if not jobs:
+            return
+        results = await self.in_model_thread(
+            self.audits.audit, jobs, self.live.engine, self.tokenizer, self.task
+        )
+        for record, _mismatch in results:
+            self.audits.intake.own(record)
+            data = encode_audit(self.config.run_id, record.accused, record.round, record.scalars)
+            await self.node.publish_on(audit_topic_for(self.config.run_id), data)
+            self.audits.counts["published"] += 1
+        if results:
+            await self.apply_judgement()
+        self.audit_status()  # the /metrics gauges
+
+    async def admit_audit_records(self, arrivals: list) -> None:
+        """Audit records from the audit topic: logged and counted, then judged."""
+        if self.audits.admit_records(arrivals):
+            await self.apply_judgement()
+
+    async def apply_judgement(self) -> None:
+        """Judge the ledger (here, where the ledger is written); take back a newly banned
+        peer's updates (model thread) and tell the ban store, so the admission drops its
+        updates from now on."""
+        after = self.audits.judge()
+        if after == self.audits.banned:
+            return
+        newly = await self.in_model_thread(self.audits.set_banned, after)
+        self.audit_status()  # the /metrics gauges
+        for peer in newly:
+            if peer != self.peer_id:
+                self.node.reputation.ban(peer, "audit verdict: " + after[peer])
+
+    async def restore_settled(self, first_round: int) -> str:
+        """Audited runs: weights = base + the counted updates of rounds < first_round - lag
+        (the state round `first_round` trains on); the later ones stay pending. From a
+        checkpoint of exactly that cut, else by replay."""
+        self.audits.banned = self.audits.judge()  # nothing applied yet: nothing to undo
+        cut = self.live.cut()
+        limit = first_round - self.audits.settings.lag
+        settled = [m for m in cut.messages if m.round < limit and m.peer not in self.audits.banned]
+        later = [m for m in cut.messages if m.round >= limit]
+        how = await self.in_model_thread(
+            self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
+        )
+        self.audits.applied = list(settled)
+        self.live.receive(later)
+        return how + f" (settled state of round {first_round})"
+
+    async def apply_pending(self) -> None:
+        """Apply every update received and not applied yet (a banned peer's: not)."""
+        incoming = self.live.take()
+        await self.in_model_thread(self.audits.apply if self.audits else self.live.apply, incoming)
 
     def catch_up(self) -> None:
         """A peer far behind the run (slow, or paused) jumps to the round a quorum of
@@ -539,6 +635,17 @@ class PeerDaemon:
                 s.node,
                 on_accept=self.live.receive,
             )
+            audit_settings = AuditSettings.of(self.config.extra)
+            if audit_settings.enabled:
+                self.audits = PeerAudits(
+                    audit_settings,
+                    (s.data_dir / "identity.key").read_bytes(),  # our secret audit draws
+                    self.peer_id,
+                    self.ledger,
+                    self.live,
+                    self.config.directions,
+                )
+                self.node.on_accept = self._accept_audited
             self.node.not_ready = "starting: syncing with the run first"
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
@@ -547,6 +654,10 @@ class PeerDaemon:
                 await self.evaluate()
                 base_scored = True
             await self.node.start()
+            if self.audits is not None:
+                await self.node.serve_topic(
+                    audit_topic_for(self.config.run_id), self.admit_audit_records
+                )
             await self.reconnector.attach(self.node)
             # No lonely start: a peer that knows others exist (its ledger's rows, its peer
             # book, its bootstrap list) trains only after one of them answered a repair pass.
@@ -576,7 +687,10 @@ class PeerDaemon:
             synced = await self.node.sync_round(peers)
             # The cut is taken here, on the event loop (see algorithm/live.py); updates
             # accepted while the model thread restores it stay pending for round one.
-            how = await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+            if self.audits is None:
+                how = await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+            else:  # the model of our first round is its settled state, not the whole ledger
+                how = await self.restore_settled(start_round(self.ledger, self.peer_id))
             if republished := await self.node.republish_unsigned():
                 log.info("published again %d own update(s) never sent signed", republished)
             await self.in_model_thread(self.set_model_hash)
@@ -611,8 +725,7 @@ class PeerDaemon:
                     await self.train()
                     continue
                 if s.eval_every and self.last_eval_round != self.round:
-                    incoming = self.live.take()  # score the final model
-                    await self.in_model_thread(self.live.apply, incoming)
+                    await self.apply_pending()  # score the final model
                     await self.evaluate()
                 break
             self.done_training = True
@@ -620,6 +733,7 @@ class PeerDaemon:
             # No accepts after this: the checkpoint then covers the whole ledger on disk, so
             # a restart loads it instead of replaying everything.
             await self.node.stop()
+            await self.apply_pending()  # without a banned peer's updates (audits)
             meta = await self.checkpoint()
             status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
             (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))
@@ -639,6 +753,10 @@ class PeerDaemon:
                 await self.node.stop()
             await self.p2p.shutdown()
             self._model_thread.shutdown(wait=False)
+
+    def _accept_audited(self, messages: list) -> None:
+        self.live.receive(messages)
+        self.audits.on_accept(messages, len(self._live_peers(time.monotonic())) + 1)
 
     def _set_state(self, state: str) -> None:
         self.state = state

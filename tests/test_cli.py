@@ -307,6 +307,26 @@ def test_run_settings_written_as_toml_read_back_to_the_same_run(tmp_path):
     assert back == config and back.to_json() == config.to_json()
 
 
+def test_run_extra_audit_settings_survive_the_toml_a_daemon_is_handed(tmp_path):
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.core.flags import to_toml
+
+    config = RunConfig(model="tiny-llama", extra={"audit": {"lag": 2, "quorum": 2}})
+    toml = tmp_path / "run.toml"
+    toml.write_text(to_toml(config))
+    back = run_config_from_args(build_parser().parse_args(["train", "--config", str(toml)]))
+    assert back.extra == config.extra and back.run_id == config.run_id
+
+
+def test_status_shows_audits():
+    from seedflood_p2p.apps.status import format_status
+
+    audits = {"done": 7, "mismatches": 2, "published": 3, "verdicts": 1, "banned": ["12D3x"]}
+    text = format_status({"audits": audits})
+    assert "audits      done 7  mismatches 2  published 3  verdicts 1  banned 12D3x" in text
+    assert "audits" not in format_status({"audits": None})
+
+
 def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
     from seedflood_p2p.sim.simulator import sim_config_from_args
 

@@ -177,7 +177,7 @@ class LiveModel:
                 meta.get("round"),
             )
             return None
-        self._load(weights)
+        self.load_weights(weights)
         self.apply(tail)
         how = f"checkpoint of round {meta['round']}"
         return how + (f" + {len(tail)} ledger messages after it" if tail else "")
@@ -186,7 +186,7 @@ class LiveModel:
         return self.engine.matrices[0].weight.device
 
     @torch.no_grad()
-    def _load(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         # Check every tensor before writing any: a bad file must leave the base weights
         # untouched, since the replay that follows starts from them.
         for matrix in self.engine.matrices:

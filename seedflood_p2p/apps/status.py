@@ -57,6 +57,13 @@ def format_status(status: dict[str, Any]) -> str:
         + ("  ".join(f"..{b['peer'][-8:]} ({b['reason']})" for b in banned[:8]) or "none")
         + (f"  and {len(banned) - 8} more" if len(banned) > 8 else "")
     )
+    audits = status.get("audits")
+    if audits:  # a run with audits (manifest extra.audit)
+        lines.append(
+            f"audits      done {audits['done']}  mismatches {audits['mismatches']}  "
+            f"published {audits['published']}  verdicts {audits['verdicts']}  "
+            f"banned {'  '.join(audits['banned']) or 'none'}"
+        )
     if status.get("laggards"):
         lines.append(f"laggards    {status['laggards']} live peer(s) not waited for")
     if "bytes_out" in status:

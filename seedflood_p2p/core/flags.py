@@ -260,7 +260,21 @@ def to_toml(config: RunConfig) -> str:
         # JSON's strings, integers and finite floats are valid TOML values; bools are lower
         # case in both. RunConfig refuses non-finite floats.
         lines.append(f"{s.name} = {json.dumps(getattr(config, s.name))}")
+    if config.extra:  # e.g. the run's audit settings (extra.audit)
+        lines.append(f"extra = {_toml_inline(config.extra)}")
     return "\n".join(lines) + "\n"
+
+
+def _toml_inline(value: Any) -> str:
+    """A JSON-shaped value (RunConfig.extra) as a TOML inline value: tables with quoted
+    keys, arrays, and JSON's scalars (valid TOML as they are)."""
+    if isinstance(value, dict):
+        return (
+            "{" + ", ".join(f"{json.dumps(k)} = {_toml_inline(v)}" for k, v in value.items()) + "}"
+        )
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_inline(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def check_unknown(table: dict[str, Any], fields: list[Setting], args: argparse.Namespace) -> None:
@@ -281,8 +295,11 @@ def run_config_from_args(
 ) -> RunConfig:
     """Settings from `RunConfig` defaults, then `defaults`, the TOML file, flags; validated."""
     table = read_toml(args)
+    extra = table.pop("extra", {})  # free-form run settings (a table), e.g. extra.audit
     check_unknown(table, RUN_FIELDS + list(extra_fields), args)
-    return RunConfig(**settings_values(args, RUN_FIELDS, table, defaults or {}))
+    if not isinstance(extra, dict):
+        raise UserError(f"config file {args.config}: extra must be a table")
+    return RunConfig(**settings_values(args, RUN_FIELDS, table, defaults or {}), extra=extra)
 
 
 def _check_range(name: str, value: int | float) -> None:

@@ -5,8 +5,7 @@ record that breaks a rule is counted under its reason, logged (at most once per
 `LOG_EVERY` seconds per reason) and dropped, never raised; a new record is logged to
 the ledger's `audits` table. What the records decide (bans, voided updates) is
 `algorithm/audit.py:judge`, which the network layer does not import: the caller (a
-daemon) judges the ledger after `admit` returns new records. Not wired into the peer
-daemon yet (README, "What is not built yet").
+daemon, `peer/audits.py`) judges the ledger after `admit` returns new records.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,6 +259,34 @@ class FloodNode:
         await self._pubsub.publish(self.topic, data)
         self.metrics.published.inc()
         self.metrics.bytes_out.inc(len(data))
+
+    async def publish_on(self, topic: str, data: bytes) -> None:
+        """Publish `data` on another topic of the run (the audit topic)."""
+        await self._pubsub.publish(topic, data)
+        self.metrics.bytes_out.inc(len(data))
+
+    async def serve_topic(
+        self, topic: str, admit: Callable[[list[tuple[bytes, Envelope]]], Awaitable[None]]
+    ) -> None:
+        """Subscribe to another topic of the run; arrivals go to `admit` in batches, each
+        (signer, envelope). `admit` must count and drop bad payloads, never raise."""
+        subscription = await self._pubsub.subscribe(topic, include_own=False)
+
+        async def receive() -> None:
+            batch: list[tuple[bytes, Envelope]] = []
+            async for item in subscription:
+                self.metrics.bytes_in.inc(len(item.data))
+                if self.reputation.is_banned(item.sender):
+                    continue
+                batch.append((item.sender, Envelope(item.data, item.seqno_bytes, item.signature)))
+                if subscription.pending == 0 or len(batch) >= GOSSIP_BATCH:
+                    try:
+                        await admit(batch)
+                    except Exception:  # never let one batch stop the receiver
+                        log.exception("records on %s failed to be admitted", topic)
+                    batch = []
+
+        self._tasks.append(asyncio.create_task(receive(), name=f"receive {topic}"))
 
     async def republish_unsigned(self) -> int:
         """Publish our own updates that were logged but never came back signed (killed

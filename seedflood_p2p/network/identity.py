@@ -96,8 +96,6 @@ def load_or_create_identity(path: Path) -> PeerID:
     return _ed25519_peer_id(public)
 
 
-
-
 def verify_pubsub_signature(
     sender: bytes, data: bytes, seqno: bytes, topic: str, signature: bytes
 ) -> bool:

@@ -60,6 +60,17 @@ class NodeMetrics:
             "seedflood_staleness_rounds", "own round minus slowest live peer's", registry=r
         )
         self.ledger_size = Gauge("seedflood_ledger_messages", "messages in the ledger", registry=r)
+        # Audits (issue 11; stay 0 in a run without extra.audit)
+        self.audits_done = Gauge("seedflood_audits_done", "updates recomputed", registry=r)
+        self.audit_mismatches = Gauge(
+            "seedflood_audit_mismatches", "own audits that contradicted the claim", registry=r
+        )
+        self.audit_verdicts = Gauge(
+            "seedflood_audit_verdicts", "audit cases the ledger decides", registry=r
+        )
+        self.audit_banned = Gauge(
+            "seedflood_audit_banned", "peers the ledger's audit records ban", registry=r
+        )
         # SHA-256 of the live weights, updated when the peer is ready, at each eval and at
         # the checkpoint (hashing every round would cost ~0.5 s on SmolLM2).
         self.model = Info("seedflood_model", "live model weights hash", registry=r)

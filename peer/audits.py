@@ -1,0 +1,210 @@
+"""The peer daemon's audits (issue 11), on when the run's manifest sets `extra.audit`.
+
+What the daemon does with `algorithm/audit.py` and `network/audit.py`:
+
+    train round t on the settled state S_t = base + counted updates of rounds < t - lag
+    an accepted update (p, t) of another peer -> audited if our secret draw selects it
+    an audit record from the audit topic -> ledger (AuditIntake, counted); a mismatch
+        record on (p, t) makes us re-check (p, t) ourselves and publish our vote
+    after new records: judge the ledger -> newly banned peers: their applied updates
+        taken back (negated), their pending ones dropped, and the ban store told, so the
+        admission drops their updates from then on
+
+An audit of (p, t) recomputes on S_t. The model holds S_r for the round r we trained
+last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are taken
+back for the recomputation, and the exact weights put back afterwards (a copy, not a
+re-addition: the live model must not drift by rounding).
+
+Limits (README, "What is not built yet"): audit records travel by gossip only (no
+repair of the audit table), a restarted peer restores base + its whole ledger (not S_t)
+so its first rounds are not on the settled state, and an update older than MAX_REWIND
+rounds is not audited.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from seedflood_p2p.algorithm.audit import (
+    AuditSettings,
+    audit_rate,
+    judge,
+    recompute,
+    selects,
+    verdict_changes,
+)
+from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.network.audit import AuditIntake
+from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
+from seedflood_p2p.storage.ledger import Ledger, peer_name
+
+log = logging.getLogger("seedflood.audit")
+
+MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
+CHEATS = ("", "flip")  # --test-cheat values (a test hook: "flip" negates our own scalars)
+
+
+class PeerAudits:
+    """One peer's audit state: what to audit, what it applied, whom the ledger bans."""
+
+    def __init__(
+        self,
+        settings: AuditSettings,
+        secret: bytes,
+        peer_id: bytes,
+        ledger: Ledger,
+        live: LiveModel,
+        directions: int,
+    ) -> None:
+        self.settings = settings
+        self.secret = secret  # our private draw: a sender cannot predict its auditors
+        self.peer_id = peer_id
+        self.ledger = ledger
+        self.live = live
+        self.intake = AuditIntake(ledger, directions)
+        self.applied: list[UpdateMessage] = []  # what the weights hold, in order applied
+        self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
+        self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
+        self.done: set[tuple[bytes, int]] = set()
+        self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
+        self.verdicts = 0  # cases decided (confirmed or refuted)
+        self.rate = 0.0
+        self.delay = settings.lag + 3  # rounds an audit waits (see `ready`)
+
+    # -- where updates are accepted (event loop) -----------------------------------
+    def on_accept(self, messages: list[UpdateMessage], peers: int) -> None:
+        """Draw audits among just-accepted updates of others (`peers`: the run's size
+        as we see it, for the sampling rate)."""
+        self.rate = audit_rate(peers, self.settings.cpu_share)
+        for m in messages:
+            key = (m.peer, m.round)
+            if m.peer == self.peer_id or m.peer in self.banned or key in self.done:
+                continue
+            if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
+                self.due.setdefault(key, "draw")
+
+    def take_settled(self, round_: int) -> list[UpdateMessage]:
+        """The pending updates that belong to S_round, without banned peers' ones."""
+        return [
+            m
+            for m in self.live.take_settled(round_, self.settings.lag)
+            if m.peer not in self.banned
+        ]
+
+    def admit_records(self, arrivals: list[tuple[bytes, Envelope]]) -> list[AuditRecord]:
+        """Records from the audit topic: logged (counted); a mismatch we did not vote on yet
+        makes us re-check the update. Returns the new ones."""
+        fresh = self.intake.admit(arrivals)
+        rule = self.settings.rule
+        for record in fresh:
+            key = (record.accused, record.round)
+            if record.auditor == self.peer_id or record.accused == self.peer_id:
+                continue
+            if key in self.done or record.accused in self.banned:
+                continue
+            claimed = self.ledger.scalars_of(record.accused, record.round)
+            if claimed is None or rule.mismatches(claimed, record.scalars):
+                self.due[key] = "recheck"
+        return fresh
+
+    def judge(self) -> dict[bytes, str]:
+        """Who the ledger bans (a pure function of its updates and audit records)."""
+        claims = {(m.round, m.peer): m.scalars for m in self.ledger.messages()}
+        judgement = judge(claims, self.ledger.audits(), self.settings)
+        self.verdicts = sum(1 for c in judgement.cases if c.outcome != "open")
+        return dict(judgement.banned)
+
+    def ready(self, trained_round: int) -> list[tuple]:
+        """Audits to do now: updates of rounds <= trained_round - `delay` (the model holds S
+        of trained_round), each (peer, round, why, claimed scalars, banned peers' updates of
+        the rounds below its settled state).
+
+        Why wait: the sender's settled state counts the updates it held and the bans it knew
+        when it trained. After `delay` rounds we hold what it held, and the bans it could
+        have known; one it did not know yet is the second state `audit` tries."""
+        out = []
+        for (peer, round_), why in sorted(self.due.items(), key=lambda kv: kv[0][1]):
+            if round_ > trained_round - self.delay:
+                continue
+            del self.due[(peer, round_)]
+            if trained_round - round_ > MAX_REWIND or peer in self.banned:
+                self.counts["skipped"] += 1
+                continue
+            claimed = self.ledger.scalars_of(peer, round_)
+            if claimed is None:
+                continue
+            voided = [
+                m
+                for m in self.ledger.messages(max_round=round_ - self.settings.lag - 1)
+                if m.peer in self.banned
+            ]
+            out.append((peer, round_, why, claimed, voided))
+        return out
+
+    # -- where the model lives (model thread) ---------------------------------------
+    def apply(self, messages: list[UpdateMessage]) -> None:
+        """Apply updates, except a banned peer's (banned since they were taken)."""
+        messages = [m for m in messages if m.peer not in self.banned]
+        self.live.apply(messages)
+        self.applied.extend(messages)
+
+    def set_banned(self, after: dict[bytes, str]) -> list[bytes]:
+        """Move to the judgement `after`: a newly banned peer's applied updates are taken
+        back (negated), an unbanned one's applied again. Returns the newly banned peers."""
+        changes = verdict_changes(self.banned, after, self.applied)
+        newly = sorted(p for p in after if p not in self.banned)
+        for peer in newly:
+            log.warning(
+                "audit verdict: peer %s banned (%s); %d applied update(s) taken back",
+                peer_name(peer),
+                after[peer],
+                sum(1 for m in changes if m.peer == peer),
+                extra={"fields": {"event": "audit_ban", "peer": peer_name(peer)}},
+            )
+        self.banned = dict(after)
+        self.live.apply(changes)
+        self.applied.extend(changes)
+        return newly
+
+    def audit(self, jobs: list[tuple[bytes, int, str, tuple]], engine, tokenizer, task) -> list:
+        """Recompute each job (peer, round, why, claimed scalars) on its settled state;
+        returns the records to publish, (record, mismatch), for a mismatch or a re-check
+        (a vote either way)."""
+        out = []
+        rule = self.settings.rule
+        for peer, round_, why, claimed, voided in jobs:
+            if peer in self.banned:
+                continue
+            message = UpdateMessage(round_, peer, claimed)
+            recomputed = self._on_settled(
+                round_, [], lambda m=message: recompute(engine, tokenizer, task, m)
+            )
+            if voided and rule.mismatches(claimed, recomputed):
+                # The sender may have trained before it knew of a ban we know: its state
+                # then still counted the banned peers' updates.
+                before_bans = self._on_settled(
+                    round_, voided, lambda m=message: recompute(engine, tokenizer, task, m)
+                )
+                if not rule.mismatches(claimed, before_bans):
+                    recomputed = before_bans
+            self.done.add((peer, round_))
+            mismatch = rule.mismatches(claimed, recomputed)
+            self.counts["audits"] += 1
+            self.counts["mismatches"] += mismatch
+            if mismatch or why == "recheck":
+                out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
+        return out
+
+    def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
+        """`compute()` on S_round (plus `counted_too`): take back the applied updates of
+        rounds >= round_ - lag, compute, put the exact weights back."""
+        newer = [m for m in self.applied if m.round >= round_ - self.settings.lag]
+        if not newer and not counted_too:
+            return compute()
+        saved = {name: w.clone() for name, w in self.live.weights().items()}
+        try:
+            self.live.apply([m.negated() for m in newer] + counted_too)
+            return compute()
+        finally:
+            self.live.load_weights(saved)
