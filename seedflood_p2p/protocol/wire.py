@@ -214,10 +214,23 @@ def decode_update(
     if len(body) != 4:
         raise Rejected("malformed", f"{len(body)} fields, expected 4")
     _, tag, round_, packed = body
+    _check_run_tag(tag, run_id)
+    scalars = _check_round_and_scalars(round_, packed, directions)
+    return UpdateMessage(round_, sender, scalars)
+
+
+def _check_run_tag(tag: object, run_id: str) -> None:
+    """An update's or audit record's run tag: 4 bytes, this run's."""
     if not isinstance(tag, bytes) or len(tag) != RUN_TAG_BYTES:
         raise Rejected("malformed", "bad run tag")
     if tag != run_tag(run_id):
         raise Rejected("wrong_run", f"run tag {tag.hex()} is not {run_tag(run_id).hex()}")
+
+
+def _check_round_and_scalars(
+    round_: object, packed: object, directions: int | None
+) -> tuple[float, ...]:
+    """The round and float16 scalars an update and an audit record share; the scalars."""
     if not _is_int(round_):
         raise Rejected("malformed", "round is not an integer")
     if not isinstance(packed, bytes) or not 2 <= len(packed) <= 2 * MAX_SCALARS or len(packed) % 2:
@@ -229,7 +242,7 @@ def decode_update(
         raise Rejected("non_finite")
     if not 0 <= round_ <= MAX_ROUND:
         raise Rejected("out_of_window", f"round {round_} outside 0..MAX_ROUND")
-    return UpdateMessage(round_, sender, scalars)
+    return scalars
 
 
 @dataclass
@@ -646,23 +659,10 @@ def decode_audit(
     if len(body) != 5:
         raise Rejected("malformed", f"{len(body)} fields, expected 5")
     _, tag, accused, round_, packed = body
-    if not isinstance(tag, bytes) or len(tag) != RUN_TAG_BYTES:
-        raise Rejected("malformed", "bad run tag")
-    if tag != run_tag(run_id):
-        raise Rejected("wrong_run", f"run tag {tag.hex()} is not {run_tag(run_id).hex()}")
+    _check_run_tag(tag, run_id)
     if not isinstance(accused, bytes) or not 0 < len(accused) <= MAX_PEER_ID_BYTES:
         raise Rejected("malformed", "accused is not a peer id")
-    if not _is_int(round_):
-        raise Rejected("malformed", "round is not an integer")
-    if not isinstance(packed, bytes) or not 2 <= len(packed) <= 2 * MAX_SCALARS or len(packed) % 2:
-        raise Rejected("malformed", "scalars are not 1..16 float16 values")
-    scalars = unpack_scalars(packed)
-    if directions is not None and len(scalars) != directions:
-        raise Rejected("malformed", f"{len(scalars)} scalars, the run sends {directions}")
-    if not all(math.isfinite(x) for x in scalars):
-        raise Rejected("non_finite")
-    if not 0 <= round_ <= MAX_ROUND:
-        raise Rejected("out_of_window", f"round {round_} outside 0..MAX_ROUND")
+    scalars = _check_round_and_scalars(round_, packed, directions)
     if accused == auditor:
         raise Rejected("self_audit")
     return AuditRecord(accused, round_, auditor, scalars)
