@@ -274,7 +274,7 @@ async def flood_worker(a: dict) -> None:
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.network.metrics import NodeMetrics
-    from seedflood_p2p.network.transport import create_p2p
+    from seedflood_p2p.network.p2pd import create_p2p
     from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -529,7 +529,8 @@ def analyze_flood(
 async def bytes_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.transport import PubSubClient, create_p2p
+    from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.pubsub import PubSubClient
     from seedflood_p2p.protocol.wire import encode_update, topic_for
 
     n_msgs, rate = a["messages"], a["rate"]
@@ -769,7 +770,7 @@ async def donor_worker(a: dict) -> None:
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.network.metrics import NodeMetrics
-    from seedflood_p2p.network.transport import create_p2p
+    from seedflood_p2p.network.p2pd import create_p2p
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])
@@ -803,7 +804,7 @@ async def joiner_worker(a: dict) -> None:
 
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.network.metrics import NodeMetrics, value
-    from seedflood_p2p.network.transport import create_p2p
+    from seedflood_p2p.network.p2pd import create_p2p
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])

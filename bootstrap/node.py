@@ -23,8 +23,8 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http
+from seedflood_p2p.network.p2pd import create_p2p
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
-from seedflood_p2p.network.transport import create_p2p
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.bootstrap")

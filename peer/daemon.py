@@ -32,14 +32,9 @@ from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
+from seedflood_p2p.network.p2pd import create_p2p, host_port, remove_stale_sockets
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
-from seedflood_p2p.network.transport import (
-    RemoteCallError,
-    call_bytes,
-    create_p2p,
-    host_port,
-    remove_stale_sockets,
-)
+from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
 from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
 

@@ -146,7 +146,7 @@ def check_p2pd(timeout: float) -> Check:
 
 
 def check_listen(maddr: str) -> Check:
-    from seedflood_p2p.network.transport import probe_listen_addrs
+    from seedflood_p2p.network.p2pd import probe_listen_addrs
 
     try:
         probe_listen_addrs([maddr])
@@ -240,7 +240,8 @@ async def check_network(bootstrap: list[str], timeout: float) -> list[Check]:
     from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
-    from seedflood_p2p.network.transport import RemoteCallError, call_bytes, create_p2p
+    from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
 
     checks: list[Check] = []
     dialable = []

@@ -4,7 +4,7 @@ target) and bench/bench_fuzz.py (>= 1,000,000 inputs in all).
 Targets: the five decoders of protocol/wire.py (decode_update, decode_rows,
 decode_digests, decode_digest_request, decode_fetch_request), RunConfig.from_json, the
 TOML settings loader (core/flags.py, for the run commands and for `seedflood peer`) and
-the identity key file loader (network/transport.py).
+the identity key file loader (network/identity.py).
 
 A property gets one input and returns "accepted" or "rejected". It raises `Violation`
 when the target accepted what it must refuse ("wrong_accept"), refused what it must

@@ -14,17 +14,14 @@ from hivemind.proto import crypto_pb2
 
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.identity import load_or_create_identity
-from seedflood_p2p.network.transport import (
-    PubSubClient,
+from seedflood_p2p.network.p2pd import (
     PubSubP2P,
-    RemoteCallError,
-    TokenBucket,
     TransportError,
     _daemon_user_error,
-    call_bytes,
     remove_stale_sockets,
-    serve_bytes,
 )
+from seedflood_p2p.network.pubsub import PubSubClient, TokenBucket
+from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 
 LOCAL = "/ip4/127.0.0.1/tcp/0"
 TOPIC = "seedflood-test"

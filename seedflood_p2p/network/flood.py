@@ -42,8 +42,9 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.metrics import NodeMetrics, timed
+from seedflood_p2p.network.pubsub import PubSubClient
 from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
-from seedflood_p2p.network.transport import PubSubClient, RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,

@@ -1,0 +1,273 @@
+"""The go-libp2p daemon (``p2pd``, shipped inside hivemind): start it, dial, list connections.
+
+`create_p2p` starts the daemon with GossipSub switched on and a persistent Ed25519
+identity (`network/identity.py`: the key file, and the signature check of a received
+message). Pubsub over the daemon is `network/pubsub.py`; request/response is
+`network/rpc.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import errno
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.control import P2PDaemonError
+from hivemind.utils.multiaddr import Multiaddr
+
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.identity import load_or_create_identity
+
+logger = logging.getLogger(__name__)
+
+
+class TransportError(Exception):
+    """The daemon connection failed or the daemon refused a request."""
+
+
+class RemoteCallError(TransportError):
+    """A call to another peer failed: unreachable, timeout, handler error or size limit."""
+
+
+# Per-launch settings for PubSubP2P._make_process_args, which hivemind calls inside create().
+_launch: contextvars.ContextVar[dict] = contextvars.ContextVar("p2pd_launch")
+
+
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+
+
+class PubSubP2P(P2P):
+    """hivemind's P2P with GossipSub enabled in the daemon; start it with `create_p2p`."""
+
+    def _make_process_args(self, *args, **kwargs) -> list[str]:
+        kwargs.update(pubsub=True, pubsubRouter="gossipsub", pubsubSign=True, pubsubSignStrict=True)
+        launch = _launch.get({})
+        kwargs.update(launch.get("flags", {}))
+        launch["p2p"] = self  # lets create_p2p clean up if the daemon fails to start
+        argv = P2P._make_process_args(*args, **kwargs)
+        # If our process is SIGKILLed, take the daemon down too: an orphaned p2pd would keep
+        # our identity (and a stale socket) alive next to the restarted peer.
+        if _SETPRIV is not None:
+            argv = [_SETPRIV, "--pdeathsig", "TERM", *argv]
+        return argv
+
+
+def probe_listen_addrs(host_maddrs: Sequence[str]) -> None:
+    """Fail early if a listen address is taken: go-libp2p binds with SO_REUSEPORT, so a second
+    daemon on the same port would start without error and share (split) the connections."""
+    for maddr in host_maddrs:
+        m = re.match(r"/(ip4|ip6)/([^/]+)/(tcp|udp)/(\d+)", str(maddr))
+        if not m:
+            continue
+        family = socket.AF_INET if m.group(1) == "ip4" else socket.AF_INET6
+        kind = socket.SOCK_STREAM if m.group(3) == "tcp" else socket.SOCK_DGRAM
+        try:
+            with socket.socket(family, kind) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT
+                probe.bind((m.group(2), int(m.group(4))))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UserError(
+                    f"cannot listen on {maddr}: the port is already in use; pick another port "
+                    "(tcp/0 picks a free one) or stop the process using it (`ss -ltnp`)"
+                ) from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise UserError(
+                    f"cannot listen on {maddr}: {m.group(2)} is not an address of this machine; "
+                    "listen on 0.0.0.0 and give the public address in announce_maddrs"
+                ) from None
+            if e.errno == errno.EACCES:
+                raise UserError(
+                    f"cannot listen on {maddr}: ports below 1024 need root; use a port >= 1024"
+                ) from None
+            raise UserError(f"cannot listen on {maddr}: {e.strerror}; fix the address") from None
+
+
+def _check_ports(maddrs: Sequence[str], role: str, allow_any: bool) -> None:
+    """Every tcp/udp port in `maddrs` within 1..65535 (0, "any free port", where allowed)."""
+    for maddr in maddrs:
+        for port in re.findall(r"/(?:tcp|udp)/([^/]*)", str(maddr)):
+            low = 0 if allow_any else 1
+            if not (
+                port.isascii() and port.isdigit() and len(port) <= 5 and low <= int(port) <= 65535
+            ):
+                hint = " (0: any free port)" if allow_any else ""
+                raise UserError(
+                    f"{role} {maddr} has port {port[:20]!r}, outside {low}..65535{hint}; "
+                    "fix the address"
+                )
+
+
+def host_port(maddr: str) -> str:
+    """HOST and PORT of a multiaddr, for `nc -vz HOST PORT` in error messages."""
+    m = re.match(r"/(?:ip4|ip6|dns|dns4|dns6)/([^/]+)/(?:tcp|udp)/(\d+)", maddr)
+    return f"{m.group(1)} {m.group(2)}" if m else "HOST PORT"
+
+
+async def create_p2p(
+    *,
+    identity_path: Path | None,
+    host_maddrs: Sequence[str],
+    initial_peers: Sequence[str] = (),
+    announce_maddrs: Sequence[str] | None = None,
+    heartbeat_interval: float | None = None,
+    startup_timeout: float = 15.0,
+    nat_port_map: bool = False,
+    bootstrap_addrs: Sequence[str] = (),
+    use_auto_relay: bool = False,
+    reachability: str = "auto",
+    **p2p_kwargs,
+) -> PubSubP2P:
+    """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
+
+    `identity_path`: libp2p key file; created (Ed25519, mode 0600) if missing, so a restarted
+    peer keeps its peer id. None means a fresh random Ed25519 identity (the daemon's default),
+    lost on restart. A key file must be Ed25519 (RSA, hivemind's format, would add ~500
+    bytes to every signed message, and repair verifies Ed25519 senders only), consistent
+    (its public half matches), and private to its owner (mode 0600): else a UserError.
+    `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
+    with a UserError if none of them can be reached.
+    `bootstrap_addrs`: full multiaddrs checked like `initial_peers` but not handed to the
+    daemon: the caller dials them itself (network/reconnect.py), with retries.
+    `use_auto_relay`: behind NAT, reserve a slot on a circuit relay and announce the
+    relay address; the relays are the bootstrap addresses (p2pd's static "trusted relays":
+    every p2pd serves as a relay by default, and we hand the daemon no bootstrap peers of
+    its own, so without this it would know of no relay). `reachability` ("auto", "private",
+    "public") overrides AutoNAT's verdict, which gates auto-relay.
+    `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
+    the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
+    Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
+    """
+    _check_ports([*initial_peers, *bootstrap_addrs], "bootstrap address", allow_any=False)
+    _check_ports(host_maddrs, "listen address", allow_any=True)
+    _check_ports(announce_maddrs or (), "announce address", allow_any=False)
+    for addr in [*initial_peers, *bootstrap_addrs]:
+        try:
+            ok = "p2p" in Multiaddr(addr)
+        except Exception:
+            ok = False
+        if not ok:
+            raise UserError(
+                f"bootstrap address {addr!r} is not a full multiaddr ending in /p2p/<peer id>; "
+                "copy the address the bootstrap node prints at startup"
+            )
+    probe_listen_addrs(host_maddrs)
+    if identity_path is not None:
+        load_or_create_identity(Path(identity_path))
+    flags = {}
+    if heartbeat_interval is not None:
+        flags["gossipsubHeartbeatInterval"] = f"{max(1, round(heartbeat_interval * 1000))}ms"
+    launch = {"flags": flags}
+    token = _launch.set(launch)
+    try:
+        return await PubSubP2P.create(
+            initial_peers=list(initial_peers) or None,
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) if announce_maddrs else None,
+            identity_path=None if identity_path is None else str(identity_path),
+            # hivemind's check spawns a second daemon and only understands RSA keys
+            check_if_identity_free=False,
+            startup_timeout=startup_timeout,
+            nat_port_map=nat_port_map,
+            use_auto_relay=use_auto_relay,
+            trusted_relays=[*initial_peers, *bootstrap_addrs] if use_auto_relay else None,
+            force_reachability=None if reachability == "auto" else reachability,
+            **p2p_kwargs,
+        )
+    except P2PDaemonError as e:
+        if (failed := launch.get("p2p")) is not None:
+            await failed.shutdown()
+            with contextlib.suppress(OSError, KeyError):  # a daemon that exited leaves its socket
+                os.remove(failed.daemon_listen_maddr["unix"])
+        raise _daemon_user_error(str(e), host_maddrs, initial_peers) from e
+    finally:
+        _launch.reset(token)
+
+
+def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):
+    if "failed to connect to bootstrap peers" in msg:
+        tried = ", ".join(initial_peers)
+        check = host_port(initial_peers[0]) if initial_peers else "HOST PORT"
+        return UserError(
+            f"could not reach any bootstrap peer (tried: {tried}); at least one must be running "
+            f"and reachable from this machine (check with `nc -vz {check}`, and open or forward "
+            "its port if it is behind a firewall or NAT)"
+        )
+    if "listen unix" in msg and "address already in use" in msg:
+        return UserError(
+            f"the daemon's control socket already exists ({msg.rsplit('listen unix ', 1)[-1]}); "
+            "a crashed daemon left it behind: delete the file and retry"
+        )
+    if "address already in use" in msg:
+        return UserError(
+            f"cannot listen on {', '.join(host_maddrs)}: the port is already in use; pick another "
+            "port (tcp/0 picks a free one) or stop the process using it (`ss -ltnp`)"
+        )
+    if "permission denied" in msg:
+        return UserError(f"the libp2p daemon could not listen ({msg}); use a port >= 1024")
+    if "failed to start in" in msg:
+        return UserError(
+            f"the libp2p daemon did not start in time ({msg}); retry or raise the timeout"
+        )
+    return UserError(f"the libp2p daemon failed to start ({msg}); check the addresses and flags")
+
+
+def remove_stale_sockets(directory: str = "/tmp", min_age: float = 60.0) -> list[str]:
+    """Delete hivemind control sockets in `directory` that nothing listens on any more.
+
+    SIGKILLed daemons leave ``hivemind-p2p*.sock`` files behind. Sockets younger than
+    `min_age` seconds are kept (a daemon that is starting may not be listening yet).
+    """
+    removed = []
+    for entry in Path(directory).glob("hivemind-p2p*.sock"):
+        try:
+            if time.time() - entry.lstat().st_mtime < min_age:
+                continue
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(entry))
+        except ConnectionRefusedError:
+            entry.unlink(missing_ok=True)
+            removed.append(str(entry))
+        except OSError:
+            pass
+    return removed
+
+
+async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout: float) -> None:
+    """Dial `peer_id` at `addrs` (multiaddrs without /p2p/...): RemoteCallError if it fails.
+
+    hivemind's P2P does not expose the daemon's CONNECT request; its client does."""
+    try:
+        maddrs = [Multiaddr(a) for a in addrs]
+    except Exception as e:
+        raise RemoteCallError(f"bad address for {peer_id}: {e}") from e
+    try:
+        await asyncio.wait_for(p2p._client.connect(peer_id, maddrs), timeout)
+    except TimeoutError as e:
+        raise RemoteCallError(f"no answer within {timeout:g} s") from e
+    except Exception as e:
+        raise RemoteCallError(str(e).strip().splitlines()[0][:200] or type(e).__name__) from e
+
+
+async def peer_connections(p2p: P2P) -> dict[str, list[str]]:
+    """Base58 id -> the remote addresses of the daemon's connections to that peer. A relayed
+    connection's address contains ``/p2p-circuit`` (see `is_relayed`)."""
+    return {
+        info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await p2p.list_peers()
+    }
+
+
+def is_relayed(addr: str) -> bool:
+    """Whether a connection address goes through a circuit relay (not a direct connection)."""
+    return "/p2p-circuit" in addr
