@@ -21,6 +21,7 @@ import base58
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.flags import bounded
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http
 from seedflood_p2p.network.p2pd import create_p2p
@@ -39,7 +40,7 @@ class BootstrapSettings:
     # peers met are remembered in DATA_DIR/peers.json and redialled as well.
     bootstrap: list[str] = field(default_factory=list)
     metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
+    metrics_port: int | None = bounded(None, 0, 65535, "a TCP port (0: any free port)")
     node: NodeSettings = field(default_factory=NodeSettings)
 
 

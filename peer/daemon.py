@@ -29,6 +29,7 @@ from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
@@ -46,26 +47,36 @@ MAX_CLOCK_SKEW = 300.0  # seconds; beyond this the peer refuses to join
 @dataclass
 class PeerSettings:
     bootstrap: list[str] = field(default_factory=list)  # full multiaddrs of bootstrap nodes
-    connect_retries: int = 5  # a new peer gives up after this many rounds of dials (backoff)
+    # a new peer gives up after this many rounds of dials (backoff)
+    connect_retries: int = bounded(5, 0, 1 << 20, "a number of attempts (0: once)")
     data_dir: Path = Path("seedflood-peer")
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce: list[str] = field(default_factory=list)
-    until_round: int = 0  # rounds to train, then leave (0: the run's total_rounds, or never)
-    max_staleness: int = 2  # may start round t once live peers published t - 1 - this
-    round_deadline: float = 30.0  # seconds to wait for slow peers before going on (once: a
-    # peer that made us wait it out is not waited for again until it keeps pace)
-    liveness_timeout: float = 60.0  # a peer unheard this long is not waited for
-    min_peers: int = 0  # wait (up to startup_wait) for this many topic peers before round 1
-    startup_wait: float = 30.0
-    round_interval: float = 0.0  # minimum seconds per round (pacing for demos and tests)
-    linger: float = 5.0  # after the last round: quiet this long, stragglers done ...
-    linger_max: float = 120.0  # ... or give up waiting for them after this long
-    eval_every: int = 0
-    eval_examples: int = 200
+    # rounds to train, then leave
+    until_round: int = bounded(0, 0, MAX_INT, "a round (0: the run's total_rounds, or never)")
+    # may start round t once live peers published t - 1 - this
+    max_staleness: int = bounded(2, 0, MAX_INT, "a number of rounds")
+    # seconds to wait for slow peers before going on (once: a peer that made us wait it out
+    # is not waited for again until it keeps pace)
+    round_deadline: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
+    # a peer unheard this long is not waited for
+    liveness_timeout: float = bounded(60.0, 0, MAX_SECONDS, "seconds")
+    # wait (up to startup_wait) for this many topic peers before round 1
+    min_peers: int = bounded(0, 0, 1 << 20, "a number of peers")
+    startup_wait: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
+    # minimum seconds per round (pacing for demos and tests)
+    round_interval: float = bounded(0.0, 0, MAX_SECONDS, "seconds")
+    # after the last round: quiet this long, stragglers done, or give up after linger_max
+    linger: float = bounded(5.0, 0, MAX_SECONDS, "seconds")
+    linger_max: float = bounded(120.0, 0, MAX_SECONDS, "seconds")
+    eval_every: int = bounded(0, 0, MAX_INT, "a number of rounds (0: never)")
+    eval_examples: int = bounded(200, 1, 1 << 30, "a number of examples")
     metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port
+    # None: no HTTP endpoint
+    metrics_port: int | None = bounded(None, 0, 65535, "a TCP port (0: any free port)")
     device: str = "cpu"
-    threads: int = 0  # torch threads for this peer (0: torch's default, all cores)
+    # torch threads for this peer (0: torch's default, all cores)
+    threads: int = bounded(0, 0, 4096, "a number of threads (0: torch's default)")
     # TEST HOOK, not a feature: "flip" makes this peer a cheater that publishes its
     # scalars negated, so tests can show audits catch it (tests/test_audit_daemon.py).
     test_cheat: str = ""

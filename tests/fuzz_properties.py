@@ -43,7 +43,6 @@ from seedflood_p2p.core.config import INT_RANGES, MAX_EXTRA_DEPTH, MAX_MANIFEST_
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import (
     RUN_FIELDS,
-    SETTING_RANGES,
     check_unknown,
     parse_toml,
     settings_values,
@@ -730,7 +729,8 @@ def settings_problems(settings, fields) -> list[str]:
             ):
                 problems.append(f"{f.name} has type {type(value).__name__}")
                 continue
-            low, high, _, open_low = SETTING_RANGES[f.name]
+            b = f.field.metadata["bounds"]
+            low, high, open_low = b.low, b.high, b.open_low
             if not (
                 math.isfinite(value)
                 and (value > low if open_low else value >= low)

@@ -6,7 +6,7 @@ name (`--refresh-period`), a key of the same name in a TOML file (`--config`,
 `refresh_period = 20`) and an environment variable (`SEEDFLOOD_REFRESH_PERIOD=20`).
 Values come from the dataclass defaults, then the command's own defaults, the file, the
 environment, the flags, and are checked against the field's type (resolved by
-`typing.get_type_hints`, never parsed from text) and bounds: anything wrong is one
+`typing.get_type_hints`, never parsed from text) and bounds (`bounded`): anything wrong is one
 `UserError` line, not a traceback. A field's `metadata` may add `help`, `choices` and
 `flag` (another flag name). Nested dataclasses (`node`) are loaded on their own.
 """
@@ -53,6 +53,10 @@ class Setting:
         return ENV_PREFIX + self.name.upper()
 
     @property
+    def bounds(self) -> Bounds | None:
+        return self.field.metadata.get("bounds")
+
+    @property
     def default(self) -> Any:
         f = self.field
         if f.default is not dataclasses.MISSING:
@@ -86,39 +90,25 @@ RUN_FIELDS = settings_of(RunConfig, exclude=("extra", "base_sha256"))
 
 MAX_INT = MAX_ROUND  # no integer setting means anything beyond a round number
 MAX_SECONDS = 1e9  # ~31 years: beyond this, sleeps and deadlines overflow C conversions
-# Bounds of the daemons' numeric settings (PeerSettings, NodeSettings, BootstrapSettings), by
-# name: (low, high, what it is, low excluded); NaN and infinities are refused. Run settings
-# are checked by RunConfig itself. tests/test_cli.py checks that every numeric daemon
-# setting is listed here.
-SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
-    # peer
-    "until_round": (0, MAX_INT, "a round (0: the run's total_rounds, or never)", False),
-    "max_staleness": (0, MAX_INT, "a number of rounds", False),
-    "round_deadline": (0, MAX_SECONDS, "seconds", False),
-    "liveness_timeout": (0, MAX_SECONDS, "seconds", False),
-    "min_peers": (0, 1 << 20, "a number of peers", False),
-    "startup_wait": (0, MAX_SECONDS, "seconds", False),
-    "round_interval": (0, MAX_SECONDS, "seconds", False),
-    "linger": (0, MAX_SECONDS, "seconds", False),
-    "linger_max": (0, MAX_SECONDS, "seconds", False),
-    "eval_every": (0, MAX_INT, "a number of rounds (0: never)", False),
-    "eval_examples": (1, 1 << 30, "a number of examples", False),
-    "metrics_port": (0, 65535, "a TCP port (0: any free port)", False),
-    "threads": (0, 4096, "a number of threads (0: torch's default)", False),
-    # network
-    "max_ahead": (0, MAX_INT, "a number of rounds", False),
-    "max_behind": (0, MAX_INT, "a number of rounds", False),
-    "repair_interval": (0, MAX_SECONDS, "seconds", True),
-    "call_timeout": (0, MAX_SECONDS, "seconds", True),
-    "drop_incoming": (0, 1, "a fraction", False),
-    "publish_rate": (0, 1e9, "messages per second", True),
-    "daemon_start_timeout": (0, MAX_SECONDS, "seconds", True),
-    "redial_min": (0, MAX_SECONDS, "seconds", True),
-    "redial_max": (0, MAX_SECONDS, "seconds", True),
-    "summary_interval": (0, MAX_SECONDS, "seconds", True),
-    "island_after": (0, MAX_SECONDS, "seconds", False),
-    "connect_retries": (0, 1 << 20, "a number of attempts (0: once)", False),
-}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """Where a numeric setting's value may lie: `low` to `high` (above `low` if `open_low`);
+    `what` says what the number is, for the error line. NaN and infinities are refused."""
+
+    low: float
+    high: float
+    what: str
+    open_low: bool = False
+
+
+def bounded(default: Any, low: float, high: float, what: str, *, open_low: bool = False) -> Any:
+    """A numeric settings field whose bounds sit next to its default (run settings are checked
+    by `RunConfig` itself; tests/test_cli.py checks every numeric daemon setting has bounds)."""
+    return dataclasses.field(
+        default=default, metadata={"bounds": Bounds(low, high, what, open_low)}
+    )
 
 
 def add_flags(
@@ -216,8 +206,8 @@ def settings_values(
         if not _has_type(s, value):
             expected = f"a list of {s.kind.__name__}" if s.is_list else s.kind.__name__
             raise UserError(f"setting '{name}' must be {expected}, got {_short(value)}")
-        if name in SETTING_RANGES and value is not None:
-            _check_range(name, value)
+        if s.bounds is not None and value is not None:
+            _check_range(name, s.bounds, value)
         if s.kind is Path and value is not None:
             values[name] = [Path(v) for v in value] if s.is_list else Path(value)
     return values
@@ -302,9 +292,9 @@ def run_config_from_args(
     return RunConfig(**settings_values(args, RUN_FIELDS, table, defaults or {}), extra=extra)
 
 
-def _check_range(name: str, value: int | float) -> None:
-    """A daemon setting within its bounds (SETTING_RANGES): a number, finite."""
-    low, high, what, open_low = SETTING_RANGES[name]
+def _check_range(name: str, bounds: Bounds, value: int | float) -> None:
+    """A daemon setting within its bounds: a number, finite."""
+    low, high, what, open_low = bounds.low, bounds.high, bounds.what, bounds.open_low
     try:
         ok = math.isfinite(value) and (low < value if open_low else low <= value) and value <= high
     except OverflowError:  # an int beyond float's range

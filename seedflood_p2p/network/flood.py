@@ -40,6 +40,7 @@ import msgpack
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.pubsub import PubSubClient
@@ -84,23 +85,33 @@ BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest p
 
 @dataclass
 class NodeSettings:
-    max_ahead: int = 10  # round window: rounds past the reference round (wire.WindowRule)
-    max_behind: int = 30  # ... and rounds before it (gossip; repair relays older rows)
-    repair_interval: float = 3.0  # seconds between anti-entropy exchanges
-    call_timeout: float = 10.0
-    drop_incoming: float = 0.0  # test hook: discard this fraction of incoming gossip
-    publish_rate: float = 50.0  # messages per second, paced
+    # round window: rounds past the reference round (wire.WindowRule) and rounds before it
+    # (gossip; repair relays older rows)
+    max_ahead: int = bounded(10, 0, MAX_INT, "a number of rounds")
+    max_behind: int = bounded(30, 0, MAX_INT, "a number of rounds")
+    # seconds between anti-entropy exchanges
+    repair_interval: float = bounded(3.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    call_timeout: float = bounded(10.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # test hook: discard this fraction of incoming gossip
+    drop_incoming: float = bounded(0.0, 0, 1, "a fraction")
+    # publishes are paced to this rate
+    publish_rate: float = bounded(50.0, 0, 1e9, "messages per second", open_low=True)
     auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
     # Reachability as auto-relay sees it: "auto" asks AutoNAT (other peers dial us back; it
     # needs public addresses on both sides), "private" skips the wait and reserves relay
     # slots at once (a peer that knows it is behind NAT), "public" never uses relays.
     reachability: str = field(default="auto", metadata={"choices": ("auto", "private", "public")})
-    daemon_start_timeout: float = 15.0  # seconds for p2pd to start (slow disks, busy hosts)
-    redial_min: float = 1.0  # first retry of an unreachable known peer after this many s ...
-    redial_max: float = 30.0  # ... doubling up to this, for as long as the node runs
-    summary_interval: float = 5.0  # seconds between summary exchanges with connected peers
-    island_after: float = 30.0  # unreachable or diverged this long: say "partitioned"
+    # seconds for p2pd to start (slow disks, busy hosts)
+    daemon_start_timeout: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # an unreachable known peer is retried after redial_min s, doubling up to redial_max,
+    # for as long as the node runs
+    redial_min: float = bounded(1.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    redial_max: float = bounded(30.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # seconds between summary exchanges with connected peers
+    summary_interval: float = bounded(5.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # unreachable or diverged this long: say "partitioned"
+    island_after: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
     allow_alone: bool = False  # start (train, serve joiners) although others are known
 
 
