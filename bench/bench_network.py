@@ -13,7 +13,7 @@ round trips and answers) come from the nodes' own timing histograms (network/met
              runs its own p2pd (via `create_p2p`) and a real `FloodNode` (decode, validate,
              SQLite ledger with synchronous=FULL, gossip committed in groups) with anti-entropy
              switched off while measuring, so the delivery ratio is GossipSub alone. Every
-             process publishes one real 18-byte update per round (`FloodNode.publish` ->
+             process publishes one real 17-byte update per round (`FloodNode.publish` ->
              `encode_update`) at a random moment of the round, and timestamps (CLOCK_REALTIME,
              shared on one machine) its publishes and each update's ledger commit (the node's
              `on_accept` callback). The parent computes delivery (received / expected) and
@@ -23,7 +23,7 @@ round trips and answers) come from the nodes' own timing histograms (network/met
              tmpfs (/dev/shm, --no-tmpfs skips it), and for N = 8 on disk with 80,000 old rows
              in every ledger, as late in a long run (--no-prefill).
 2. bytes     Two daemons connected through a byte-counting TCP proxy; one publishes N updates
-             (18-byte real payload, and 30 bytes for comparison with the transport docstring).
+             (the 17-byte real payload: one float16 scalar, and 30 bytes for comparison with the transport docstring).
              Bytes per message per hop = (bytes during the publish window - idle rate x window)
              / messages received.
 3. latejoin  A synthetic SQLite ledger of 10,000 (--late-rounds) rounds x 8 peers (80,000
@@ -69,6 +69,7 @@ if str(ROOT) not in sys.path:
 
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 DOWNLOAD_MBIT = 100.0
+UPDATE_BYTES = 17  # encode_update with one float16 scalar (checked when the bytes part sends it)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,13 +576,15 @@ async def bytes_worker(a: dict) -> None:
             return (u1 - u0) / seconds, (d1 - d0) / seconds
 
         def payload_of(size: int, k: int) -> bytes:
-            if size == 18:
-                return encode_update(run_id, 100000 + k, 0.123456)
+            if size == UPDATE_BYTES:  # a real update: one float16 scalar
+                payload = encode_update(run_id, 100000 + k, (0.123456,))
+                assert len(payload) == size, "the update encoding changed: fix UPDATE_BYTES"
+                return payload
             return bytes([k % 251]) * size
 
         windows = []
         idle_before = await idle(a["idle_s"])
-        cases = [(size, topic) for size in a["sizes"]] + [(18, old_topic)]
+        cases = [(size, topic) for size in a["sizes"]] + [(UPDATE_BYTES, old_topic)]
         for size, case_topic in cases:
             got0 = len(received)
             u0, d0 = proxy.counters()
@@ -650,7 +653,7 @@ def run_bytes(base: Path, quick: bool) -> dict:
         "out": str(out),
         "messages": 100 if quick else 300,
         "rate": 30.0,
-        "sizes": [18, 30],
+        "sizes": [UPDATE_BYTES, 30],
         "idle_s": 4.0 if quick else 8.0,
     }
     load_start = _loadavg()
@@ -676,7 +679,7 @@ LATE_ROUNDS, LATE_PEERS = 10_000, 8
 def build_ledger_worker(a: dict) -> None:
     """Torch process: hash SmolLM2's base weights and write the synthetic source ledger.
 
-    Each row carries a real signed envelope, as FloodNode stores gossip: the 18-byte update
+    Each row carries a real signed envelope, as FloodNode stores gossip: the 17-byte update
     payload, an 8-byte seqno and the Ed25519 signature go-libp2p-pubsub makes ("libp2p-pubsub:"
     + PSMessage{from, data, seqno, topic}) by one of 8 generated peer keys.
     """
