@@ -69,6 +69,7 @@ if str(ROOT) not in sys.path:
 
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 DOWNLOAD_MBIT = 100.0
+MAX_SYNC_EXCHANGES = 50  # late join: repair exchanges before the joiner gives up
 UPDATE_BYTES = 17  # encode_update with one float16 scalar (checked when the bytes part sends it)
 
 
@@ -813,7 +814,7 @@ async def joiner_worker(a: dict) -> None:
     work = Path(a["work"])
     donor = json.loads((work / "donor.json").read_text())
     with Ledger.open_existing(a["source"]) as src:
-        manifest, run_id = src.get_meta("manifest"), src.run_id
+        manifest, run_id, source_rows = src.get_meta("manifest"), src.run_id, len(src)
     donor_id = PeerID.from_base58(donor["peer"])
     results = {}
     proxy = None
@@ -837,8 +838,12 @@ async def joiner_worker(a: dict) -> None:
         # What the peer daemon does with the default min_peers=0: sync_round() right away.
         topic_peers_immediately = len(await node.connected_peers())
         bytes0 = proxy.counters() if proxy else (0, 0)
-        t = time.perf_counter()
-        new = await node.sync_with(donor_id)
+        # Repair takes at most a budget of rows per exchange (and an exchange may time out
+        # on a busy donor), so a long history takes several: exchange until complete.
+        t, new, exchanges = time.perf_counter(), 0, 0
+        while len(ledger) < source_rows and exchanges < MAX_SYNC_EXCHANGES:
+            new += await node.sync_with(donor_id)
+            exchanges += 1
         sync_s = time.perf_counter() - t
         bytes1 = proxy.counters() if proxy else (0, 0)
         stages = _stage_totals(node.metrics)  # of the first sync only
@@ -852,6 +857,7 @@ async def joiner_worker(a: dict) -> None:
             "daemon_start_s": round(daemon_s, 3),
             "topic_peers_right_after_start": topic_peers_immediately,
             "synced_messages": new,
+            "sync_exchanges": exchanges,
             "sync_s": round(sync_s, 3),
             "messages_per_s": round(new / sync_s, 1) if sync_s else None,
             "fetch_calls": stages["repair_call"]["fetch"]["count"],
@@ -925,9 +931,8 @@ def replay_worker(a: dict) -> None:
     """
     import torch
 
-    import seedflood_p2p.algorithm.subcge as subcge
     from seedflood_p2p.algorithm.replay import replay
-    from seedflood_p2p.algorithm.subcge import trainable_tensors
+    from seedflood_p2p.algorithm.subcge import StageTimes, layer_basis, trainable_tensors
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256
@@ -952,45 +957,11 @@ def replay_worker(a: dict) -> None:
     n_read = sum(1 for _ in ledger.messages(0, max_round))
     out["ledger_read_s"] = round(time.perf_counter() - t, 3)
 
-    timers = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0, "basis_calls": 0}
-    cpu = {"accumulate": 0.0, "commit": 0.0, "basis": 0.0}
-    per_commit: list[float] = []
-    orig = (subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases)
-
-    def acc(self, messages):
-        t, c = time.perf_counter(), time.process_time()
-        n = orig[0](self, messages)
-        timers["accumulate"] += time.perf_counter() - t
-        cpu["accumulate"] += time.process_time() - c
-        return n
-
-    def commit_grouped(self, group=25):
-        t, c = time.perf_counter(), time.process_time()
-        orig[1](self, group)
-        per_commit.append(time.perf_counter() - t)
-        timers["commit"] += per_commit[-1]
-        cpu["commit"] += time.process_time() - c
-
-    def bases(run_key, epochs, shapes, rank):
-        t, c = time.perf_counter(), time.process_time()
-        out = orig[2](run_key, epochs, shapes, rank)
-        timers["basis"] += time.perf_counter() - t
-        cpu["basis"] += time.process_time() - c
-        timers["basis_calls"] += len(epochs)
-        return out
-
-    def matrices_of(m):
-        return trainable_tensors(m, config)
-
-    subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases = (
-        acc,
-        commit_grouped,
-        bases,
-    )
+    times = StageTimes()
     t, c = time.perf_counter(), time.process_time()
-    count = replay(model, config, ledger.messages(0, max_round))
+    count = replay(model, config, ledger.messages(0, max_round), times=times)
     replay_s, replay_cpu = time.perf_counter() - t, time.process_time() - c
-    subcge.SubCGE.accumulate, subcge.SubCGE.commit_grouped, subcge.epoch_bases = orig
+    per_commit = times.merge_calls
     epochs = len({config.epoch_of(m.round) for m in ledger.messages(0, max_round)})
     full_epochs = a.get("rounds", LATE_ROUNDS) // config.refresh_period
     out.update(
@@ -1000,24 +971,23 @@ def replay_worker(a: dict) -> None:
             "epochs": epochs,
             "rank": config.rank,
             "refresh_period": config.refresh_period,
-            "trainable_matrices": len(matrices_of(model)),
-            "trainable_params": sum(m.weight.numel() for m in matrices_of(model)),
+            "trainable_matrices": len(trainable_tensors(model, config)),
+            "trainable_params": sum(m.weight.numel() for m in trainable_tensors(model, config)),
             "replay_s": round(replay_s, 2),
             "replay_cpu_s": round(replay_cpu, 2),
-            "accumulate_s": round(timers["accumulate"], 2),
-            "merge_total_s": round(timers["commit"], 2),
-            "merge_basis_generation_s": round(timers["basis"], 2),
-            "merge_matmul_s": round(timers["commit"] - timers["basis"], 2),
-            "other_s": round(replay_s - timers["accumulate"] - timers["commit"], 2),
-            "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
-            "bases_generated": timers["basis_calls"],
+            "accumulate_s": round(times.wall["accumulate"], 2),
+            "merge_total_s": round(times.wall["merge"], 2),
+            "merge_basis_generation_s": round(times.wall["basis"], 2),
+            "merge_matmul_s": round(times.wall["merge"] - times.wall["basis"], 2),
+            "other_s": round(replay_s - times.wall["accumulate"] - times.wall["merge"], 2),
+            "cpu_s": {k: round(v, 2) for k, v in times.cpu.items()},
             "merge_ms_first_epoch": round(1000 * per_commit[0], 1) if per_commit else None,
             "merge_calls": len(per_commit),
             "merge_ms_per_call_median": round(1000 * statistics.median(per_commit), 1),
             "merge_ms_per_call_p90": round(1000 * _pct(per_commit, 0.9), 1),
         }
     )
-    if epochs < full_epochs:
+    if 0 < epochs < full_epochs:
         out["extrapolated_full_replay_s"] = round(replay_s * full_epochs / epochs, 1)
     else:
         out["replayed_weights_sha256"] = weights_sha256(model)
@@ -1026,7 +996,7 @@ def replay_worker(a: dict) -> None:
     if a.get("probes"):
         t = time.perf_counter()
         for _ in range(20):
-            subcge.layer_basis(config.run_key, 0, 0, 1536, 576, config.rank)
+            layer_basis(config.run_key, 0, 0, 1536, 576, config.rank)
         layer_basis_ms = (time.perf_counter() - t) / 20 * 1000
         w = torch.randn(1536, 576)
         uv = torch.randint(0, 2, (1536 + 576, config.rank)).float() * 2 - 1
@@ -1310,7 +1280,8 @@ def write_markdown(res: dict, path: Path) -> None:
         L.append("| step | wall s | notes |")
         L.append("|---|---|---|")
         L.append(
-            f"| sync (repair protocol, loopback) | {sd['sync_s']} | {sd['synced_messages']:,} msgs, "
+            f"| sync (repair protocol, loopback) | {sd['sync_s']} | {sd['synced_messages']:,} msgs "
+            f"in {sd.get('sync_exchanges', 1)} repair exchange(s), "
             f"{sd['messages_per_s']:,} msg/s, {sd['fetch_calls']} fetch RPCs ({sd['fetch_rpc_s']} s incl. "
             f"donor), signature + payload checks {sd['check_envelope_s']} s, local validate + ledger "
             f"write {sd['accept_s']} s, digest RPC {sd['digest_rpc_s']} s; "
@@ -1341,14 +1312,14 @@ def write_markdown(res: dict, path: Path) -> None:
             f"| - accumulate (fold into r x r cores) | {rp['accumulate_s']} | CPU {rp['cpu_s']['accumulate']} s |"
         )
         L.append(
-            f"| - epoch merges ({rp['epochs']} epochs) | {rp['merge_total_s']} | CPU {rp['cpu_s']['commit']} s; "
+            f"| - epoch merges ({rp['epochs']} epochs) | {rp['merge_total_s']} | CPU {rp['cpu_s']['merge']} s; "
             f"{rp['merge_calls']} merge calls: first {rp['merge_ms_first_epoch']} ms (copy-on-write faults on "
             f"the mmapped weights), median {rp['merge_ms_per_call_median']} ms, p90 "
             f"{rp['merge_ms_per_call_p90']} ms |"
         )
         L.append(
             f"| -- of which basis generation (Philox) | {rp['merge_basis_generation_s']} | "
-            f"CPU {rp['cpu_s']['basis']} s, {rp['bases_generated']} epoch bases |"
+            f"CPU {rp['cpu_s']['basis']} s, {rp['epochs']} epoch bases |"
         )
         L.append(
             f"| -- of which low-rank updates of W (rank {bld['rank']} per epoch) | {rp['merge_matmul_s']} | |"

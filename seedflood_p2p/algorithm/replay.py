@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 from torch import nn
 
-from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.algorithm.subcge import StageTimes, make_estimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage
 
@@ -28,9 +28,13 @@ def replay(
     config: RunConfig,
     messages: Iterable[UpdateMessage],
     progress: Callable[[int, int], None] | None = None,
+    times: StageTimes | None = None,
 ) -> int:
-    """Apply `messages` (canonical order required) to `model` in place; returns the count."""
+    """Apply `messages` (canonical order required) to `model` in place; returns the count.
+    `times`, if given, collects the seconds spent per stage (accumulate, basis, merge)."""
     engine = make_estimator(model, config)
+    if times is not None:
+        engine.times = times
     buffer: list[UpdateMessage] = []
     epoch, count, last = None, 0, None
     for message in messages:

@@ -16,9 +16,11 @@ of messages. Everything here is pure computation on tensors: no I/O.
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -136,6 +138,28 @@ def trainable_tensors(model: nn.Module, config: RunConfig) -> list[TrainableMatr
     )
 
 
+@dataclass
+class StageTimes:
+    """Wall and CPU seconds an engine spent per stage of applying updates ("accumulate",
+    "basis", "merge"; a merge includes its basis generation), and each merge call's wall
+    seconds. For benchmarks and metrics: timing never changes what is computed."""
+
+    wall: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    merge_calls: list[float] = field(default_factory=list)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.wall[name] += time.perf_counter() - wall
+            self.cpu[name] += time.process_time() - cpu
+            if name == "merge":
+                self.merge_calls.append(time.perf_counter() - wall)
+
+
 class ZerothOrderEstimator:
     """What SubCGE and the naive baseline share: the two-point estimate.
 
@@ -149,6 +173,7 @@ class ZerothOrderEstimator:
         self.run_key = config.run_key
         self.matrices: list[TrainableMatrix] = trainable_tensors(model, config)
         self.prefix = SharedPrefix(model, self.matrices)
+        self.times = StageTimes()
         if not self.matrices:
             raise UserError(
                 "the model has no trainable weights (2-D weights of a Linear, Embedding or "
@@ -322,11 +347,13 @@ class SubCGE(ZerothOrderEstimator):
         if not messages:
             return 0
         L, r = len(self.matrices), self.config.rank
-        epochs, index, value = self.core_entries(messages)
-        for epoch in np.unique(epochs):
-            rows = epochs == epoch
-            core = self._pending.setdefault(int(epoch), np.zeros((L, r * r), dtype=np.float64))
-            np.add.at(core.reshape(-1), index[rows].ravel(), value[rows].ravel())
+        with self.times.stage("accumulate"):
+            epochs, index, value = self.core_entries(messages)
+            for epoch in np.unique(epochs):
+                rows = epochs == epoch
+                shape = (L, r * r)
+                core = self._pending.setdefault(int(epoch), np.zeros(shape, dtype=np.float64))
+                np.add.at(core.reshape(-1), index[rows].ravel(), value[rows].ravel())
         return len(messages)
 
     @property
@@ -365,23 +392,27 @@ class SubCGE(ZerothOrderEstimator):
         compute-bound. Bases come from `epoch_bases` (one Philox call per group).
         Memory: group x (m + k) x r float32 per layer, ~250 MB for SmolLM2 at group 25.
         """
-        r = self.config.rank
         shapes = [tuple(m.shape) for m in self.matrices]
         epochs = sorted(self._pending)
         for g in range(0, len(epochs), group):
-            chunk = epochs[g : g + group]
-            cores = [self._pending.pop(e) for e in chunk]
+            with self.times.stage("merge"):
+                self._merge_group(epochs[g : g + group], shapes)
+
+    def _merge_group(self, chunk: list[int], shapes: list[tuple[int, int]]) -> None:
+        r = self.config.rank
+        cores = [self._pending.pop(e) for e in chunk]
+        with self.times.stage("basis"):
             signs = epoch_bases(self.run_key, chunk, shapes, r)
-            for i, matrix in enumerate(self.matrices):
-                m, k = shapes[i]
-                w = matrix.as_2d()
-                uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
-                c = np.stack([core[i].reshape(r, r) for core in cores])
-                c = torch.from_numpy(c).to(w.device, w.dtype)
-                uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(chunk) * r)
-                vv = uv[:, m:].permute(1, 0, 2).reshape(k, len(chunk) * r)
-                w.addmm_(uc, vv.T, alpha=-1.0)
-            del signs
+        for i, matrix in enumerate(self.matrices):
+            m, k = shapes[i]
+            w = matrix.as_2d()
+            uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
+            c = np.stack([core[i].reshape(r, r) for core in cores])
+            c = torch.from_numpy(c).to(w.device, w.dtype)
+            uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(chunk) * r)
+            vv = uv[:, m:].permute(1, 0, 2).reshape(k, len(chunk) * r)
+            w.addmm_(uc, vv.T, alpha=-1.0)
+        del signs
 
 
 class NaiveSeedReplay(ZerothOrderEstimator):
