@@ -690,7 +690,7 @@ class PeerDaemon:
                     peers.append(PeerID.from_base58(peer))
             # Sync first, then replay: overlapping the two was measured to gain nothing on
             # 2 cores (bench/results/latejoin_overlap.md).
-            synced = await self.node.sync_round(peers)
+            synced = await self.node.sync_until_complete(peers)
             # The cut is taken here, on the event loop (see algorithm/live.py); updates
             # accepted while the model thread restores it stay pending for round one.
             if self.audits is None:

@@ -275,3 +275,37 @@ def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_se
     assert not client.bans.is_banned(server_id.id)
     assert asyncio.run(sync()) == len(late)  # the rest, with the next exchange
     assert client.ledger.digest() == server.ledger.digest()
+
+
+def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, monkeypatch):
+    """Repair fetches at most MAX_EXCHANGE_PAGES pages per exchange, so one pass leaves a
+    long history partly behind; the joiner's catch-up (`sync_until_complete`) goes on
+    until nothing was left out (a joiner once became ready with 32,768 of 80,000 rows)."""
+    from seedflood_p2p.network import flood
+    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
+
+    monkeypatch.setattr(flood, "MAX_EXCHANGE_PAGES", 1)  # one bucket's page per exchange
+    alice, server_id, client_id = Peer(), Peer(), Peer()
+    manifest = RunConfig().to_json()
+
+    def make(who: Peer, name: str) -> FloodNode:
+        p2p = types.SimpleNamespace(peer_id=_Id(who.id), daemon_listen_maddr={"unix": "unused"})
+        (tmp_path / name).mkdir()
+        ledger = Ledger(tmp_path / name / "ledger.sqlite", RUN)
+        return FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings())
+
+    server, client = make(server_id, "server"), make(client_id, "client")
+    rows = [alice.row(r, (0.5,)) for r in range(0, 3 * BUCKET_ROUNDS, BUCKET_ROUNDS // 2)]
+    server.ledger.add([m for m, _ in rows], [e for _, e in rows])  # 6 rows in 3 buckets
+
+    async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
+        handler = server._serve_digest if name == "seedflood.digest" else server._serve_fetch
+        return await handler(_Id(client_id.id), request)
+
+    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+    first = asyncio.run(client.sync_with(_Id(server_id.id)))
+    assert first == 2 and client.behind == {server_id.id}  # one bucket, the rest left out
+    rest = asyncio.run(client.sync_until_complete([_Id(server_id.id)]))
+    assert first + rest == len(rows) and client.behind == set()
+    assert client.ledger.digest() == server.ledger.digest()

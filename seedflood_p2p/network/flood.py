@@ -82,6 +82,10 @@ BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest p
 # so 4096 rows stay below the 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB:
 # every fetch of a bucket with more than ~7,500 rows, i.e. ~118+ peers per round, failed).
 
+# A joiner's catch-up: at most this many anti-entropy passes (each bounded by the page
+# budget and deadline of `sync_with`) before it starts; the rest arrives by repair later.
+MAX_SYNC_PASSES = 100
+
 
 @dataclass
 class NodeSettings:
@@ -118,11 +122,12 @@ class NodeSettings:
 @dataclass
 class _Exchange:
     """One repair exchange with one peer: its deadline (grown by what the digest claimed),
-    the rows it brought, whether it ended early."""
+    the rows it brought, whether it ended early, whether its page budget left rows out."""
 
     deadline: float
     new: int = 0
     aborted: bool = False
+    left_out: bool = False
 
 
 @dataclass
@@ -168,6 +173,7 @@ class FloodNode:
         )
         self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
         self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
+        self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
         self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
@@ -382,6 +388,7 @@ class FloodNode:
         which is then backed off. Its rows go through admission like gossip does.
         `sole_server`: the peer is the only one we could ask (repair's old-row rule)."""
         server = peer_id.to_bytes()
+        self.behind.discard(server)
         if self.refuses(server) or time.monotonic() < self._backoff.get(server, (0.0, 0))[0]:
             return 0
         loop = asyncio.get_running_loop()
@@ -395,7 +402,21 @@ class FloodNode:
         else:
             if not exchange.aborted:
                 self._backoff.pop(server, None)
+                if exchange.left_out:
+                    self.behind.add(server)
         return exchange.new
+
+    async def sync_until_complete(self, peers: list, max_passes: int = MAX_SYNC_PASSES) -> int:
+        """Anti-entropy passes with `peers` until no exchange had rows left out by its page
+        budget (a late joiner's long history takes several), a pass brings nothing, or
+        `max_passes`; returns the new rows. Each pass is bounded as `sync_with` is."""
+        total = 0
+        for _ in range(max_passes):
+            new = await self.sync_round(peers)
+            total += new
+            if not new or not self.behind:
+                break
+        return total
 
     async def _exchange(
         self, peer_id, server: bytes, sole_server: bool, exchange: _Exchange
@@ -447,6 +468,7 @@ class FloodNode:
             budget.append((bucket, count))
             pages += need
         exchange.deadline += PAGE_SECONDS * min(pages, MAX_EXCHANGE_PAGES)
+        exchange.left_out = len(budget) < len(wanted)
         pages = 0
         for bucket, claimed in budget:
             lo = bucket * BUCKET_ROUNDS
@@ -482,6 +504,8 @@ class FloodNode:
                     break
                 last = rows[-1][0]  # rows are (message, envelope) pairs
                 cursor = (last.round, last.peer)
+            else:  # the page budget ran out inside this bucket
+                exchange.left_out = True
 
     def _abort(
         self,
