@@ -171,7 +171,6 @@ def run(attack: str, rounds: int, work: Path, seed: int, keys: Path, examples: i
         "replay_loss_se": statistics.stdev(losses) / math.sqrt(len(losses)),
         "example_losses": losses,
         "held_out_loss": {n: f["eval"][0] if f.get("eval") else None for n, f in finals.items()},
-        "model_sha256": {n: f["model_sha256"] for n, f in finals.items()},
         "final_rounds": {n: f["round"] for n, f in finals.items()},
         "ledger_digests": {n: f["ledger_digest"] for n, f in finals.items()},
         "ledgers_identical": len({f["ledger_digest"] for f in finals.values()}) == 1,
@@ -228,9 +227,6 @@ def summarize(runs: list[dict], attacks: list[str]) -> list[dict]:
                 "late_joiner_ready_rounds": [r["late_joiner_ready_round"] for r in rows],
                 "final_rounds": sorted({x for r in rows for x in r["final_rounds"].values()}),
                 "ledgers_identical": all(r["ledgers_identical"] for r in rows),
-                "replay_matches_live_models": [
-                    set(r["model_sha256"].values()) == {r["replay_sha256"]} for r in rows
-                ],
                 "attacker_rows": [r["attacker_rows"] for r in rows],
                 "attacker_banned_by": [r["attacker_banned_by"] for r in rows],
             }
@@ -270,16 +266,15 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         f"| attack | held-out loss (mean +- SE over {result['seeds']} seeds) | paired "
         "difference vs none (mean +- SE over seeds) | stall for the attacker, worst peer "
-        "(s) | late joiner ready at round | ledgers identical | replay = live models |",
-        "|---|---|---|---|---|---|---|",
+        "(s) | late joiner ready at round | ledgers identical |",
+        "|---|---|---|---|---|---|",
     ]
     for a in result["summary"]:
         lines.append(
             f"| {a['attack']} | {_pm(a['loss_mean'], a['loss_se'])} | "
             f"{_pm(a['paired_diff_mean'], a['paired_diff_se'], True)} | "
             f"{a['stall_for_attacker_s_max_peer']:g} | {a['late_joiner_ready_rounds']} | "
-            f"{'yes' if a['ledgers_identical'] else 'NO'} | "
-            f"{_yes_or_list(a['replay_matches_live_models'])} |"
+            f"{'yes' if a['ledgers_identical'] else 'NO'} |"
         )
     example_se = [se for a in result["summary"] for se in a["eval_example_se"]]
     diff_se = [se for a in result["summary"] for se in a["paired_diff_example_se"]]
@@ -324,10 +319,6 @@ def write_markdown(result: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _yes_or_list(flags: list[bool]) -> str:
-    return "yes" if all(flags) else str(flags)
-
-
 def _load(load: list[float]) -> str:
     return "/".join(f"{x:.2f}" for x in load)
 
@@ -339,10 +330,30 @@ def main() -> None:
     parser.add_argument("--attacks", default="none,flood,tarpit,stall")
     parser.add_argument("--eval-examples", type=int, default=400, help="held-out examples")
     parser.add_argument("--name", default="hostile", help="results file name (no suffix)")
+    parser.add_argument(
+        "--render", action="store_true", help="only rewrite NAME.md from NAME.json (no runs)"
+    )
     args = parser.parse_args()
+    out = ROOT / "bench" / "results"
+    if args.render:
+        result = json.loads((out / f"{args.name}.json").read_text())
+        result["summary"] = summarize(result["runs"], result["attacks"])
+        write_markdown(result, out / f"{args.name}.md")
+        print((out / f"{args.name}.md").read_text())
+        return
     attacks = args.attacks.split(",")
     started, load_start = time.time(), os.getloadavg()
-    runs = []
+    result = {
+        "command": "nice -n 19 python bench/bench_hostile.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} shared cores",
+        "loadavg_start": load_start,
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "attacks": attacks,
+        "runs": [],
+    }
+    runs = result["runs"]
     with tempfile.TemporaryDirectory(prefix="hostile-keys-") as keys_dir:
         for seed in range(args.seeds):
             keys = Path(keys_dir) / f"seed{seed}"
@@ -353,20 +364,12 @@ def main() -> None:
                     runs.append(run(attack, args.rounds, Path(tmp), seed, keys, args.eval_examples))
                     shown = {k: v for k, v in runs[-1].items() if k != "example_losses"}
                     print(json.dumps(shown, indent=1), flush=True)
-    result = {
-        "command": "nice -n 19 python bench/bench_hostile.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} shared cores",
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-        "wall_s": round(time.time() - started),
-        "rounds": args.rounds,
-        "seeds": args.seeds,
-        "eval_examples": len(runs[0]["example_losses"]) if runs else 0,
-        "summary": summarize(runs, attacks),
-        "runs": runs,
-    }
-    out = ROOT / "bench" / "results"
+                # every run is kept at once: a session that ends early keeps what it measured
+                result["loadavg_end"] = os.getloadavg()
+                result["wall_s"] = round(time.time() - started)
+                result["eval_examples"] = len(runs[0]["example_losses"])
+                (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    result["summary"] = summarize(runs, attacks)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     write_markdown(result, out / f"{args.name}.md")
     print((out / f"{args.name}.md").read_text())
