@@ -38,6 +38,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,14 +67,31 @@ def peer_flags(rounds: int) -> list[str]:
     ]
 
 
-def make_identities(keys: Path) -> dict[str, str]:
-    """One Ed25519 key file per honest node under KEYS/NODE/identity.key; {node: peer id}."""
+def make_identities(keys: Path, seed: int) -> dict[str, str]:
+    """One Ed25519 key file per honest node under KEYS/NODE/identity.key, derived from
+    (seed, node) so that a re-run of one attack meets the same honest peers; {node: id}."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from hivemind.proto import crypto_pb2
+
     from seedflood_p2p.network.identity import load_or_create_identity
 
     ids = {}
     for node in NODES:
-        (keys / node).mkdir(parents=True, exist_ok=True)
-        ids[node] = load_or_create_identity(keys / node / "identity.key").to_base58()
+        path = keys / node / "identity.key"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        secret = hashlib.sha256(f"bench_hostile/{seed}/{node}".encode()).digest()
+        public = (
+            Ed25519PrivateKey.from_private_bytes(secret)
+            .public_key()
+            .public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+        )  # the key file format of network/identity.py (libp2p crypto.pb.PrivateKey)
+        blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=secret + public)
+        path.write_bytes(blob.SerializeToString())
+        path.chmod(0o600)
+        ids[node] = load_or_create_identity(path).to_base58()  # checks the file as a peer does
     return ids
 
 
@@ -333,6 +351,11 @@ def main() -> None:
     parser.add_argument(
         "--render", action="store_true", help="only rewrite NAME.md from NAME.json (no runs)"
     )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep NAME.json's runs, replacing those of the same seed and attack",
+    )
     args = parser.parse_args()
     out = ROOT / "bench" / "results"
     if args.render:
@@ -343,6 +366,14 @@ def main() -> None:
         return
     attacks = args.attacks.split(",")
     started, load_start = time.time(), os.getloadavg()
+    kept = []
+    if args.append:
+        before = json.loads((out / f"{args.name}.json").read_text())
+        kept = [r for r in before["runs"] if r["attack"] not in attacks]
+        attacks = [a for a in before["attacks"] if a not in attacks] + attacks
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     result = {
         "command": "nice -n 19 python bench/bench_hostile.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -351,23 +382,24 @@ def main() -> None:
         "rounds": args.rounds,
         "seeds": args.seeds,
         "attacks": attacks,
-        "runs": [],
+        "runs": kept,
     }
     runs = result["runs"]
     with tempfile.TemporaryDirectory(prefix="hostile-keys-") as keys_dir:
         for seed in range(args.seeds):
             keys = Path(keys_dir) / f"seed{seed}"
-            print(f"seed {seed}: honest identities {make_identities(keys)}", flush=True)
-            for attack in attacks:
+            print(f"seed {seed}: honest identities {make_identities(keys, seed)}", flush=True)
+            for attack in args.attacks.split(","):
                 with tempfile.TemporaryDirectory(prefix=f"hostile-{attack}-") as tmp:
                     print(f"running: seed {seed}, {attack}", flush=True)
                     runs.append(run(attack, args.rounds, Path(tmp), seed, keys, args.eval_examples))
+                    runs[-1]["commit"] = commit
                     shown = {k: v for k, v in runs[-1].items() if k != "example_losses"}
                     print(json.dumps(shown, indent=1), flush=True)
                 # every run is kept at once: a session that ends early keeps what it measured
                 result["loadavg_end"] = os.getloadavg()
                 result["wall_s"] = round(time.time() - started)
-                result["eval_examples"] = len(runs[0]["example_losses"])
+                result["eval_examples"] = len(runs[-1]["example_losses"])
                 (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     result["summary"] = summarize(runs, attacks)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
