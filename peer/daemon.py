@@ -317,13 +317,19 @@ class PeerDaemon:
 
         Liveness rule: a peer still behind when the deadline passes is a laggard and is not
         waited for again until it catches up, so one identity publishing a low round now
-        and then costs every honest peer one deadline in all, not one per round."""
+        and then costs every honest peer one deadline in all, not one per round.
+
+        Caught up means in step with us (it has published our previous round), not merely
+        back inside the staleness bound: a peer hovering at the bound's edge (a staller a
+        few rounds behind, seen one round closer whenever we are a little late) would
+        otherwise cost a deadline each time it dipped below the edge again (measured: two
+        deadlines for one peer in bench_hostile's stall row)."""
         deadline = time.monotonic() + self.s.round_deadline
         while not self.stopping:
             now = time.monotonic()
             live = self._live_peers(now)
             oldest = round_ - 1 - self.s.max_staleness  # a peer must have published this
-            self.laggards = {p for p in self.laggards if p in live and live[p].round < oldest}
+            self.laggards = {p for p in self.laggards if p in live and live[p].round < round_ - 1}
             behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
             slowest = min((st.round for st in live.values()), default=round_)
             self.metrics.staleness.set(round_ - slowest)

@@ -148,13 +148,14 @@ def test_the_flooder_and_the_tarpit_are_banned(scenario):
         assert not any(m.peer == scenario["attackers"]["m2"].peer_id for m in ledger.messages())
 
 
-def test_a_peer_that_never_keeps_pace_costs_a_deadline_only_now_and_then(scenario):
+def test_a_peer_that_never_keeps_pace_costs_one_deadline_in_all(scenario):
     m3 = base58.b58encode(scenario["attackers"]["m3"].peer_id).decode()
     assert scenario["attackers"]["m3"].report["published"] >= 3
     for name in HONEST:
         waits = [e for e in scenario["peers"][name].events() if e.get("event") == "deadline"]
         for_m3 = [e for e in waits if m3 in e["slow"]]
-        # Once per falling behind: a laggard that is momentarily in pace (an honest peer
-        # a round late) is waited for again the next time (bench: 1-2 per peer).
-        assert len(for_m3) <= 2, (name, for_m3)
+        # Once in all: a laggard is waited for again only once it is in step with us,
+        # which a staller a few rounds behind never is (the looser rule, "back inside
+        # the staleness bound", cost a peer two deadlines in bench_hostile's stall row).
+        assert len(for_m3) <= 1, (name, for_m3)
         assert len(waits) <= 3, (name, waits)  # before: one 30 s wait every round

@@ -45,7 +45,11 @@ def test_partition_heals_to_one_ledger(tmp_path):
     # The nodes reconnected on their own (nothing else dials across the healed cut).
     heal = [t for h, t in result["first_reconnection_after_heal_s"].items() if h in CUT]
     assert heal and all(t is not None for t in heal), result
+    # ... and every ledger held every row made before the heal while the run went on.
+    identical = result["identical_through_heal_round_after_s"]
+    assert identical is not None, result["prefix_poll_last"]
     print(
         f"partition of {PARTITION:.0f} s: reconnected {min(heal):.1f}-{max(heal):.1f} s after "
-        f"the heal; {result['bootstrap_rows']} rows, one ledger digest"
+        f"the heal, ledgers identical through the heal round {identical:.1f} s after it; "
+        f"{result['bootstrap_rows']} rows, one ledger digest"
     )

@@ -12,16 +12,19 @@ missing). Processes are stopped by PID and the namespaces deleted in a finally.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from seedflood_p2p.apps.localnet import NodeProcess
-from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.protocol.message import UpdateMessage, unpack_scalars
+from seedflood_p2p.storage.ledger import Ledger, digest_of
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "netns-testnet.sh"
 HOSTS = 5  # h1: bootstrap, h2..h5: peers; the cut: {h1, h2, h3} | {h4, h5}
@@ -114,6 +117,22 @@ def skip_reason(testnet: NamespaceNet) -> str | None:
     return None
 
 
+def ledger_prefix(path: Path, through_round: int) -> tuple[int, str] | None:
+    """(rows, digest) of a running node's ledger file over rounds <= through_round, read
+    through a read-only SQLite connection (WAL: the node keeps writing); None while the
+    file is missing or busy. The digest is `Ledger.digest`'s, over that prefix."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            rows = db.execute(
+                "SELECT round, peer, scalars FROM messages WHERE round <= ? ORDER BY round, peer",
+                (through_round,),
+            ).fetchall()
+    except sqlite3.Error:
+        return None
+    messages = [UpdateMessage(r, bytes(p), unpack_scalars(s)) for r, p, s in rows]
+    return len(messages), digest_of(messages)
+
+
 def _first_after(proc: NodeProcess, event: str, after: float) -> float | None:
     times = [e["time"] for e in proc.events() if e.get("event") == event and e["time"] > after]
     return min(times, default=None)
@@ -180,6 +199,21 @@ def run_partition(
         testnet.cut(False)
         healed_at = time.time()
 
+        # Every row made before the heal has a round <= heal_round: poll each ledger's
+        # prefix through it until all five agree (compared with the final ledgers below).
+        heal_round = max(rounds_at_heal.values())
+        ledger_files = {f"peer{h}": workdir / f"peer{h}" / "ledger.sqlite" for h in peers}
+        ledger_files["bootstrap"] = workdir / "bootstrap" / "ledger.sqlite"
+        prefix_polls = []  # (seconds after the heal, {node: (rows, digest)})
+        while any(p.alive for p in peers.values()):
+            now = time.time()
+            seen = {node: ledger_prefix(path, heal_round) for node, path in ledger_files.items()}
+            prefix_polls.append((round(now - healed_at, 2), seen))
+            complete = (HOSTS - 1) * (heal_round + 1)  # one row per peer and round from 0
+            if len(set(seen.values())) == 1 and None not in seen.values():
+                if next(iter(seen.values()))[0] == complete:
+                    break  # identical everywhere and complete (checked against the end below)
+            time.sleep(max(0.0, 0.5 - (time.time() - now)))
         codes = {h: p.wait_exit(timeout=240 + partition_s) for h, p in peers.items()}
         time.sleep(3)  # the bootstrap node repairs the last rows
         boot.stop()
@@ -190,6 +224,10 @@ def run_partition(
         }
         with Ledger.open_existing(workdir / "bootstrap" / "ledger.sqlite") as ledger:
             boot_digest, boot_rows = ledger.digest(), len(ledger)
+        final_prefix = ledger_prefix(ledger_files["bootstrap"], heal_round)
+        identical_at = next(
+            (t for t, seen in prefix_polls if set(seen.values()) == {final_prefix}), None
+        )
         digests = {f"peer{h}": f["ledger_digest"] for h, f in finals.items()}
         digests["bootstrap"] = boot_digest
         reconnected = {h: _first_after(p, "reconnected", healed_at) for h, p in peers.items()}
@@ -205,6 +243,14 @@ def run_partition(
             "peer_ids": {h: f["peer_id"] for h, f in finals.items()},
             "rounds_at_heal": rounds_at_heal,
             "first_reconnection_after_heal_s": heal,
+            "heal_round": heal_round,
+            "final_prefix_rows": final_prefix[0] if final_prefix else None,
+            "expected_prefix_rows": (HOSTS - 1) * (heal_round + 1),
+            # seconds from the heal until all ledgers (4 peers + bootstrap) held the final
+            # rows through heal_round; None: not seen before the peers exited
+            "identical_through_heal_round_after_s": identical_at,
+            "prefix_polls": len(prefix_polls),
+            "prefix_poll_last": prefix_polls[-1] if prefix_polls else None,
             "ledger_digests": digests,
             "ledgers_identical": len(set(digests.values())) == 1 and len(finals) == HOSTS - 1,
             "bootstrap_rows": boot_rows,
