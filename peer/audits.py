@@ -24,17 +24,22 @@ rounds is not audited.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections import Counter
+from collections.abc import Mapping
 
 from seedflood_p2p.algorithm.audit import (
     AuditSettings,
     audit_rate,
+    cheat,
     judge,
     recompute,
     selects,
     verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger, peer_name
@@ -42,7 +47,42 @@ from seedflood_p2p.storage.ledger import Ledger, peer_name
 log = logging.getLogger("seedflood.audit")
 
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
-CHEATS = ("", "flip")  # --test-cheat values (a test hook: "flip" negates our own scalars)
+
+# `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
+# (algorithm/audit.py:cheat) so tests and bench/bench_audit_daemon.py can show audits catch
+# it. Refused unless the environment sets TEST_HOOKS_ENV=1: a flag alone, e.g. copied from
+# a test into a config file, must not turn a volunteer into a cheater.
+TEST_CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3"}
+TEST_HOOKS_ENV = "SEEDFLOOD_TEST_HOOKS"
+RANDOM_POOL_ROUNDS = 4  # "random" draws among others' claims of this many recent rounds
+
+
+def check_test_cheat(value: str, environ: Mapping[str, str]) -> None:
+    """A readable refusal of a bad `--test-cheat` (unknown, or test hooks not switched on)."""
+    if not value:
+        return
+    if value not in TEST_CHEATS:
+        raise UserError(f"--test-cheat must be one of {sorted(TEST_CHEATS)} (a test hook)")
+    if environ.get(TEST_HOOKS_ENV) != "1":
+        raise UserError(
+            f"--test-cheat is a test hook (it makes this peer cheat): set {TEST_HOOKS_ENV}=1 "
+            "in the environment of a test run to use it, never in a real run"
+        )
+
+
+def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
+    """The test hook's update: `message` (the honest one) as the `--test-cheat` HOW cheater
+    sends it. "random" picks one of the other peers' claims of the last few rounds (the
+    size of an honest scalar), seeded by (peer, round) so a rerun cheats the same way."""
+    pool = [
+        m.scalars
+        for m in ledger.messages(max(0, message.round - RANDOM_POOL_ROUNDS), message.round - 1)
+        if m.peer != message.peer
+    ]
+    rng = random.Random(f"{message.peer.hex()}/{message.round}")
+    return UpdateMessage(
+        message.round, message.peer, cheat(TEST_CHEATS[how], message.scalars, pool, rng)
+    )
 
 
 class PeerAudits:
@@ -68,6 +108,10 @@ class PeerAudits:
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
         self.done: set[tuple[bytes, int]] = set()
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
+        # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
+        # work) spent training ("train": our own zo_step) and auditing ("audit"): the cost
+        # the audit rate is set to keep at `cpu_share` of training.
+        self.cpu_seconds: Counter[str] = Counter()
         self.verdicts = 0  # cases decided (confirmed or refuted)
         self.rate = 0.0
         self.delay = settings.lag + 3  # rounds an audit waits (see `ready`)
@@ -143,6 +187,22 @@ class PeerAudits:
         return out
 
     # -- where the model lives (model thread) ---------------------------------------
+    def timed_step(self, step, *args):
+        """`step(*args)` (our own training step), its CPU time counted as "train"."""
+        started = time.thread_time()
+        try:
+            return step(*args)
+        finally:
+            self.cpu_seconds["train"] += time.thread_time() - started
+
+    def _recompute(self, message: UpdateMessage, engine, tokenizer, task) -> tuple[float, ...]:
+        """One recomputation, its CPU time counted as "audit"."""
+        started = time.thread_time()
+        try:
+            return recompute(engine, tokenizer, task, message)
+        finally:
+            self.cpu_seconds["audit"] += time.thread_time() - started
+
     def apply(self, messages: list[UpdateMessage]) -> None:
         """Apply updates, except a banned peer's (banned since they were taken)."""
         messages = [m for m in messages if m.peer not in self.banned]
@@ -178,13 +238,13 @@ class PeerAudits:
                 continue
             message = UpdateMessage(round_, peer, claimed)
             recomputed = self._on_settled(
-                round_, [], lambda m=message: recompute(engine, tokenizer, task, m)
+                round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
             )
             if voided and rule.mismatches(claimed, recomputed):
                 # The sender may have trained before it knew of a ban we know: its state
                 # then still counted the banned peers' updates.
                 before_bans = self._on_settled(
-                    round_, voided, lambda m=message: recompute(engine, tokenizer, task, m)
+                    round_, voided, lambda m=message: self._recompute(m, engine, tokenizer, task)
                 )
                 if not rule.mismatches(claimed, before_bans):
                     recomputed = before_bans

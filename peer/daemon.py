@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from pathlib import Path
 import msgpack
 import torch
 
-from peer.audits import CHEATS, PeerAudits
+from peer.audits import PeerAudits, cheated, check_test_cheat
 from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
@@ -71,8 +72,9 @@ class PeerSettings:
     metrics_port: int | None = None  # None: no HTTP endpoint; 0: any free port
     device: str = "cpu"
     threads: int = 0  # torch threads for this peer (0: torch's default, all cores)
-    # TEST HOOK, not a feature: "flip" makes this peer a cheater that publishes its
-    # scalars negated, so tests can show audits catch it (tests/test_audit_daemon.py).
+    # TEST HOOK, not a feature (peer/audits.py:check_test_cheat; refused unless the
+    # environment sets SEEDFLOOD_TEST_HOOKS=1): "flip", "random" or "x3" makes this peer a
+    # cheater, so tests can show audits catch it (tests/test_audit_daemon.py).
     test_cheat: str = ""
     node: NodeSettings = field(default_factory=NodeSettings)
 
@@ -120,8 +122,7 @@ class PeerDaemon:
         self.state = "starting"  # what the peer is doing, or why it waits (/status, logs)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
         self.audits: PeerAudits | None = None  # the run's audits (manifest extra.audit)
-        if settings.test_cheat not in CHEATS:
-            raise UserError(f"--test-cheat must be one of {list(CHEATS)[1:]} (a test hook)")
+        check_test_cheat(settings.test_cheat, os.environ)
 
     # -- helpers ------------------------------------------------------------
     async def in_model_thread(self, fn, *args):
@@ -171,6 +172,8 @@ class PeerDaemon:
         m.audit_mismatches.set(audits.counts["mismatches"])
         m.audit_verdicts.set(audits.verdicts)
         m.audit_banned.set(len(audits.banned))
+        for work in ("audit", "train"):
+            m.audit_cpu_seconds.labels(work).set(audits.cpu_seconds[work])
         return {
             "done": audits.counts["audits"],
             "mismatches": audits.counts["mismatches"],
@@ -179,6 +182,7 @@ class PeerDaemon:
             "verdicts": audits.verdicts,
             "banned": sorted(peer_name(p) for p in audits.banned),
             "rate": audits.rate,
+            "cpu_seconds": {k: round(v, 3) for k, v in sorted(audits.cpu_seconds.items())},
         }
 
     def _live_peers(self, now: float) -> dict:
@@ -380,11 +384,13 @@ class PeerDaemon:
                 apply = self.audits.apply
             with timed(self.metrics.apply_seconds):
                 await self.in_model_thread(apply, incoming)
-            message, loss = await self.in_model_thread(
-                zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round
-            )
-            if self.s.test_cheat == "flip":  # the test hook: a sign-flipping cheater
-                message = message.negated()
+            step = (zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round)
+            if self.audits is None:
+                message, loss = await self.in_model_thread(*step)
+            else:  # its CPU time counted, against the audits' (audit CPU share)
+                message, loss = await self.in_model_thread(self.audits.timed_step, *step)
+            if self.s.test_cheat:  # the test hook: a cheater (peer/audits.py)
+                message = cheated(self.s.test_cheat, message, self.ledger)
             # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message)
             if self.audits is not None:

@@ -352,3 +352,40 @@ def test_seedflood_replay_honours_verdicts(tmp_path):
     assert digest == replayed([m for m in updates if m.peer != X])
     assert digest != replayed(updates)
     assert "is banned" in out.stderr
+
+
+# -- the daemon's test hook: --test-cheat ---------------------------------------------
+
+
+def test_test_cheats_send_what_their_name_says(tmp_path):
+    from peer.audits import cheated
+
+    rule = SETTINGS.rule
+    with Ledger(tmp_path / "l.sqlite", RUN_ID) as ledger:
+        others = [UpdateMessage(r, p, quantize_scalars([0.5 + r + i])) for r in range(6)
+                  for i, p in enumerate((A, B))]  # fmt: skip
+        ledger.add(others)
+        honest = UpdateMessage(6, X, quantize_scalars([0.75]))
+        assert cheated("flip", honest, ledger).scalars == (-0.75,)
+        assert cheated("x3", honest, ledger).scalars == (2.25,)
+        random_claim = cheated("random", honest, ledger)
+        recent = {m.scalars for m in others if m.round >= 2}
+        assert random_claim.scalars in recent  # an honest size: someone's recent claim ...
+        assert rule.mismatches(honest.scalars, random_claim.scalars)  # ... not its own
+        assert cheated("random", honest, ledger) == random_claim  # seeded by (peer, round)
+        assert all(cheated(h, honest, ledger).round == 6 for h in ("flip", "x3", "random"))
+
+
+def test_test_cheat_needs_the_test_hook_switch(capsys, tmp_path, monkeypatch):
+    from peer.audits import TEST_HOOKS_ENV, check_test_cheat
+    from seedflood_p2p.apps.cli import main
+
+    check_test_cheat("", {})  # an honest peer needs no switch
+    check_test_cheat("x3", {TEST_HOOKS_ENV: "1"})
+    with pytest.raises(UserError, match="one of"):
+        check_test_cheat("double", {TEST_HOOKS_ENV: "1"})
+    monkeypatch.delenv(TEST_HOOKS_ENV, raising=False)
+    argv = ["peer", "--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/Qm", "--data-dir", str(tmp_path)]
+    assert main([*argv, "--test-cheat", "random"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: --test-cheat is a test hook") and TEST_HOOKS_ENV in line

@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from peer.audits import TEST_HOOKS_ENV
 from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -61,6 +62,8 @@ LIVE_VS_REPLAY_ATOL = 1e-5  # float32 rounding of another apply order (as tests/
 def scenario(tmp_path_factory):
     work = tmp_path_factory.mktemp("audit_daemon")
     procs = []
+    switch = pytest.MonkeyPatch()
+    switch.setenv(TEST_HOOKS_ENV, "1")  # --test-cheat is refused without it
     try:
         boot, address = start_bootstrap(work, AUDITED_RUN)
         procs.append(boot)
@@ -78,6 +81,7 @@ def scenario(tmp_path_factory):
     finally:
         for p in procs:
             p.stop()
+        switch.undo()
 
 
 def _cheater(scenario) -> str:
