@@ -666,3 +666,24 @@ def decode_audit(
     if accused == auditor:
         raise Rejected("self_audit")
     return AuditRecord(accused, round_, auditor, scalars)
+
+
+def check_audit_envelope(
+    record: AuditRecord,
+    envelope: Envelope,
+    run_id: str,
+    verify: Callable[[bytes, bytes, bytes, str, bytes], bool],
+) -> None:
+    """A stored or repaired audit record must carry its auditor's valid signature, on the
+    audit topic, over exactly this record: `bad_signature` or `mismatch` otherwise."""
+    if not verify(
+        record.auditor, envelope.data, envelope.seqno, audit_topic_for(run_id), envelope.signature
+    ):
+        raise Rejected("bad_signature", f"audit of round {record.round}")
+    decoded = decode_audit(envelope.data, run_id, record.auditor)
+    if (
+        decoded.accused != record.accused
+        or decoded.round != record.round
+        or not same_scalars(decoded.scalars, record.scalars)
+    ):
+        raise Rejected("mismatch", f"audit of round {record.round}")

@@ -29,11 +29,13 @@ from seedflood_p2p.protocol.message import (
     unpack_scalars,
 )
 from seedflood_p2p.protocol.wire import (
+    MAX_AUDIT_BYTES,
     MAX_PEER_ID_BYTES,
     MAX_ROUND,
     MAX_SCALARS,
     MAX_UPDATE_BYTES,
     Rejected,
+    check_audit_envelope,
     check_envelope,
 )
 
@@ -94,12 +96,16 @@ def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
 
 @dataclass(frozen=True)
 class LedgerCheck:
-    """What `Ledger.verify` checked: rows with a signed envelope, rows without, seconds."""
+    """What `Ledger.verify` checked: update rows with a signed envelope, rows without, the
+    peers with unsigned rows (updates or audit records), seconds, and audit records signed
+    and unsigned."""
 
     signed: int
     unsigned: int
     unsigned_peers: int
     seconds: float
+    audits_signed: int = 0
+    audits_unsigned: int = 0
 
 
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
@@ -418,12 +424,33 @@ class Ledger:
         writer's own updates not yet echoed, or a local `seedflood train` ledger. So with
         `own_peer` (a daemon restoring its own ledger) only that peer's rows may lack one;
         without it, a ledger holding signed rows may have unsigned rows of one peer only
-        (its writer). A row that fails stops everything: a UserError naming the row
-        (round, peer), what is wrong, and `fix`.
+        (its writer). Audit records (the `audits` table) are checked the same way against
+        their auditor's signature on the audit topic (`wire.check_audit_envelope`); the
+        writer's own records may lack one (not echoed yet), nobody else's. A row that fails
+        stops everything: a UserError naming the row (round, peer; for a record, round,
+        accused and auditor), what is wrong, and `fix`.
         """
         started = time.perf_counter()
         signed = unsigned = 0
-        unsigned_peers: dict[bytes, int] = {}
+        unsigned_peers: dict[bytes, int] = {}  # peer -> first round it has an unsigned row
+
+        def refuse(where: str, what: str) -> UserError:
+            return UserError(
+                f"ledger {self.path}: row ({where}) {what}: the file was altered or damaged; {fix}"
+            )
+
+        def unsigned_row(where: str, writer: bytes, round_: int, kind: str) -> None:
+            if own_peer is not None and writer != own_peer:
+                raise refuse(where, f"is another peer's {kind} without its signed envelope")
+            unsigned_peers.setdefault(writer, round_)
+
+        def bad_envelope(exc: Rejected, signer: str) -> str:
+            return {
+                "bad_signature": f"does not carry its {signer}'s valid signature",
+                "mismatch": f"differs from the {'update' if signer == 'sender' else 'record'} "
+                f"its {signer} signed",
+            }.get(exc.reason, f"carries a bad envelope ({exc.reason})")
+
         rows = self._db.execute(
             "SELECT round, peer, scalars, data, seqno, signature FROM messages "
             "WHERE run_id = ? ORDER BY round, peer",
@@ -431,33 +458,50 @@ class Ledger:
         )
         for round_, peer, packed, *envelope in rows:
             where = f"round {round_!r:.24}, peer {_peer_label(peer)}"
-
-            def refuse(what: str, where: str = where) -> UserError:
-                return UserError(
-                    f"ledger {self.path}: row ({where}) {what}: the file was altered or "
-                    f"damaged; {fix}"
-                )
-
             problem = _row_problem(round_, peer, packed, envelope, directions)
             if problem:
-                raise refuse(problem)
+                raise refuse(where, problem)
             message = _message(round_, peer, packed)
             if envelope[0] is None:
                 unsigned += 1
-                if own_peer is not None and peer != own_peer:
-                    raise refuse("is another peer's update without its signed envelope")
-                unsigned_peers.setdefault(peer, round_)
+                unsigned_row(where, peer, round_, "update")
                 continue
             try:
                 check_envelope(message, Envelope(*envelope), self.run_id, check_signature)
             except Rejected as exc:
-                what = {
-                    "bad_signature": "does not carry its sender's valid signature",
-                    "mismatch": "differs from the update its sender signed",
-                }.get(exc.reason, f"carries a bad envelope ({exc.reason})")
-                raise refuse(what) from None
+                raise refuse(where, bad_envelope(exc, "sender")) from None
             signed += 1
-        if signed and len(unsigned_peers) > 1:
+        # Audit records (issue 11): the same checks, against the auditor's signature on the
+        # audit topic. A forged record could ban an honest peer in every replay.
+        audits_signed = audits_unsigned = 0
+        rows = self._db.execute(
+            "SELECT accused, round, auditor, scalars, data, seqno, signature FROM audits "
+            "WHERE run_id = ? ORDER BY round, accused, auditor, scalars",
+            (self.run_id,),
+        )
+        for accused, round_, auditor, packed, *envelope in rows:
+            where = (
+                f"audit of round {round_!r:.24}, accused {_peer_label(accused)}, "
+                f"auditor {_peer_label(auditor)}"
+            )
+            problem = _row_problem(round_, auditor, packed, envelope, directions, MAX_AUDIT_BYTES)
+            if not problem and not (
+                isinstance(accused, bytes) and 0 < len(accused) <= MAX_PEER_ID_BYTES
+            ):
+                problem = "has no valid accused peer id"
+            if problem:
+                raise refuse(where, problem)
+            record = AuditRecord(accused, round_, auditor, unpack_scalars(packed))
+            if envelope[0] is None:
+                audits_unsigned += 1
+                unsigned_row(where, auditor, round_, "audit record")
+                continue
+            try:
+                check_audit_envelope(record, Envelope(*envelope), self.run_id, check_signature)
+            except Rejected as exc:
+                raise refuse(where, bad_envelope(exc, "auditor")) from None
+            audits_signed += 1
+        if signed + audits_signed and len(unsigned_peers) > 1:
             peer, round_ = sorted(unsigned_peers.items(), key=lambda kv: (kv[1], kv[0]))[1]
             raise UserError(
                 f"ledger {self.path}: row (round {round_}, peer {peer_name(peer)}) has no "
@@ -465,7 +509,14 @@ class Ledger:
                 "ledger of signed rows: only its writer's own rows may lack one; the file was "
                 f"altered or damaged; {fix}"
             )
-        return LedgerCheck(signed, unsigned, len(unsigned_peers), time.perf_counter() - started)
+        return LedgerCheck(
+            signed,
+            unsigned,
+            len(unsigned_peers),
+            time.perf_counter() - started,
+            audits_signed,
+            audits_unsigned,
+        )
 
 
 def _peer_label(peer: object) -> str:
@@ -475,9 +526,15 @@ def _peer_label(peer: object) -> str:
 
 
 def _row_problem(
-    round_: object, peer: object, packed: object, envelope: list, directions: int | None
+    round_: object,
+    peer: object,
+    packed: object,
+    envelope: list,
+    directions: int | None,
+    max_payload: int = MAX_UPDATE_BYTES,
 ) -> str | None:
-    """Why a ledger row (as SQLite returns it) is not a well-formed update, or None."""
+    """Why a ledger row (as SQLite returns it) is not a well-formed update (or, with the
+    audit payload bound, audit record: `peer` its auditor), or None."""
     if not isinstance(round_, int) or not 0 <= round_ <= MAX_ROUND:
         return "has a round outside 0..2^62-1"
     if not isinstance(peer, bytes) or not 0 < len(peer) <= MAX_PEER_ID_BYTES:
@@ -492,7 +549,7 @@ def _row_problem(
     if not (
         all(x is None for x in envelope)
         or all(isinstance(x, bytes) for x in envelope)
-        and len(envelope[0]) <= MAX_UPDATE_BYTES
+        and len(envelope[0]) <= max_payload
     ):
         return "has a partial or malformed envelope"
     return None
