@@ -15,10 +15,10 @@ last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are ta
 back for the recomputation, and the exact weights put back afterwards (a copy, not a
 re-addition: the live model must not drift by rounding).
 
-Limits (README, "What is not built yet"): audit records travel by gossip only (no
-repair of the audit table), a restarted peer restores base + its whole ledger (not S_t)
-so its first rounds are not on the settled state, and an update older than MAX_REWIND
-rounds is not audited.
+Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
+`note_records` here), so a late joiner ends with the others' audit table and verdicts.
+Limits (README, "What is not built yet"): an update older than MAX_REWIND rounds is not
+audited.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from seedflood_p2p.algorithm.audit import (
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
-from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
@@ -95,14 +95,14 @@ class PeerAudits:
         peer_id: bytes,
         ledger: Ledger,
         live: LiveModel,
-        directions: int,
+        intake: AuditIntake,
     ) -> None:
         self.settings = settings
         self.secret = secret  # our private draw: a sender cannot predict its auditors
         self.peer_id = peer_id
         self.ledger = ledger
         self.live = live
-        self.intake = AuditIntake(ledger, directions)
+        self.intake = intake  # the flood node's: gossip and repair of audit records
         self.applied: list[UpdateMessage] = []  # what the weights hold, in order applied
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
@@ -136,10 +136,9 @@ class PeerAudits:
             if m.peer not in self.banned
         ]
 
-    def admit_records(self, arrivals: list[tuple[bytes, Envelope]]) -> list[AuditRecord]:
-        """Records from the audit topic: logged (counted); a mismatch we did not vote on yet
-        makes us re-check the update. Returns the new ones."""
-        fresh = self.intake.admit(arrivals)
+    def note_records(self, fresh: list[AuditRecord]) -> None:
+        """Records new to the ledger (gossip or repair, admitted by the flood node's
+        intake): a mismatch we did not vote on yet makes us re-check the update."""
         rule = self.settings.rule
         for record in fresh:
             key = (record.accused, record.round)
@@ -150,7 +149,6 @@ class PeerAudits:
             claimed = self.ledger.scalars_of(record.accused, record.round)
             if claimed is None or rule.mismatches(claimed, record.scalars):
                 self.due[key] = "recheck"
-        return fresh
 
     def judge(self) -> dict[bytes, str]:
         """Who the ledger bans (a pure function of its updates and audit records)."""

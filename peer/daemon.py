@@ -443,10 +443,11 @@ class PeerDaemon:
             await self.apply_judgement()
         self.audit_status()  # the /metrics gauges
 
-    async def admit_audit_records(self, arrivals: list) -> None:
-        """Audit records from the audit topic: logged and counted, then judged."""
-        if self.audits.admit_records(arrivals):
-            await self.apply_judgement()
+    async def on_audit_records(self, fresh: list) -> None:
+        """Audit records new to the ledger, from gossip or repair (the flood node admitted
+        and counted them): re-checks queued, then the ledger judged."""
+        self.audits.note_records(fresh)
+        await self.apply_judgement()
 
     async def apply_judgement(self) -> None:
         """Judge the ledger (here, where the ledger is written); take back a newly banned
@@ -649,9 +650,10 @@ class PeerDaemon:
                     self.peer_id,
                     self.ledger,
                     self.live,
-                    self.config.directions,
+                    self.node.audits,
                 )
                 self.node.on_accept = self._accept_audited
+                self.node.on_audit_records = self.on_audit_records
             self.node.not_ready = "starting: syncing with the run first"
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
@@ -659,11 +661,7 @@ class PeerDaemon:
                 # zero-shot point. Peers waiting for --min-peers wait for this too.
                 await self.evaluate()
                 base_scored = True
-            await self.node.start()
-            if self.audits is not None:
-                await self.node.serve_topic(
-                    audit_topic_for(self.config.run_id), self.admit_audit_records
-                )
+            await self.node.start()  # with the audit topic and audit repair, if the run has them
             await self.reconnector.attach(self.node)
             # No lonely start: a peer that knows others exist (its ledger's rows, its peer
             # book, its bootstrap list) trains only after one of them answered a repair pass.
@@ -698,7 +696,10 @@ class PeerDaemon:
             else:  # the model of our first round is its settled state, not the whole ledger
                 how = await self.restore_settled(start_round(self.ledger, self.peer_id))
             if republished := await self.node.republish_unsigned():
-                log.info("published again %d own update(s) never sent signed", republished)
+                log.info(
+                    "published again %d own update(s) or audit record(s) never sent signed",
+                    republished,
+                )
             await self.in_model_thread(self.set_model_hash)
             self.node.not_ready = None
             self.state = "training"

@@ -64,6 +64,8 @@ CREATE TABLE IF NOT EXISTS audits (
     signature BLOB,
     PRIMARY KEY (run_id, accused, round, auditor, scalars)
 ) WITHOUT ROWID;
+-- Audit repair serves and digests records in (round, accused, auditor, scalars) order.
+CREATE INDEX IF NOT EXISTS audits_by_round ON audits (run_id, round, accused, auditor, scalars);
 """
 
 
@@ -88,6 +90,19 @@ def _set_member_hash(m: UpdateMessage) -> bytes:
     """Full SHA-256 of one message, as a member of a bucket's set digest."""
     body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
     return hashlib.sha256(body + pack_scalars(m.scalars)).digest()
+
+
+def _audit_member_hash(r: AuditRecord) -> bytes:
+    """Full SHA-256 of one audit record, as a member of an audit bucket's set digest."""
+    body = r.round.to_bytes(8, "little")
+    for peer in (r.accused, r.auditor):
+        body += len(peer).to_bytes(2, "little") + peer
+    return hashlib.sha256(body + pack_scalars(r.scalars)).digest()
+
+
+def _set_digest(member_hashes: Iterable[bytes]) -> bytes:
+    """SHA-256 over sorted member hashes: a set digest, independent of order."""
+    return hashlib.sha256(b"".join(sorted(member_hashes))).digest()
 
 
 def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
@@ -127,6 +142,7 @@ class Ledger:
         self.path = Path(path)
         self.run_id = run_id
         self._bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self._audit_bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -245,14 +261,74 @@ class Ledger:
             raise
         return new
 
-    def audits(self) -> list[AuditRecord]:
-        """Every audit record of this run, in (accused, round, auditor, scalars) order."""
+    def audits(self, min_round: int = 0, max_round: int | None = None) -> list[AuditRecord]:
+        """The audit records of this run (of accused updates in rounds min..max), in
+        (accused, round, auditor, scalars) order."""
+        upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
             "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? "
-            "ORDER BY accused, round, auditor, scalars",
-            (self.run_id,),
+            "AND round BETWEEN ? AND ? ORDER BY accused, round, auditor, scalars",
+            (self.run_id, min_round, upper),
         )
         return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
+
+    def has_audit(self, record: AuditRecord) -> bool:
+        query = (
+            "SELECT 1 FROM audits WHERE run_id = ? AND accused = ? AND round = ? AND "
+            "auditor = ? AND scalars = ?"
+        )
+        key = (record.accused, record.round, record.auditor, pack_scalars(record.scalars))
+        return self._db.execute(query, (self.run_id, *key)).fetchone() is not None
+
+    def signed_audits_after(
+        self, cursor: tuple[int, bytes, bytes, bytes], max_round: int, limit: int
+    ) -> list[tuple[AuditRecord, Envelope]]:
+        """Up to `limit` signed audit records after `cursor` (round, accused, auditor,
+        packed scalars), in that order, through `max_round`: what audit repair serves."""
+        rows = self._db.execute(
+            "SELECT round, accused, auditor, scalars, data, seqno, signature FROM audits "
+            "WHERE run_id = ? AND (round, accused, auditor, scalars) > (?, ?, ?, ?) "
+            "AND round <= ? AND signature IS NOT NULL "
+            "ORDER BY round, accused, auditor, scalars LIMIT ?",
+            (self.run_id, *cursor, max_round, limit),
+        ).fetchall()
+        return [
+            (
+                AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)),
+                Envelope(bytes(d), bytes(q), bytes(g)),
+            )
+            for r, a, b, s, d, q, g in rows
+        ]
+
+    def unsigned_audits(self, auditor: bytes) -> list[AuditRecord]:
+        """`auditor`'s records logged without a signed envelope (our own, not yet echoed)."""
+        rows = self._db.execute(
+            "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? AND "
+            "auditor = ? AND signature IS NULL ORDER BY round, accused, scalars",
+            (self.run_id, auditor),
+        )
+        return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
+
+    def set_audit_envelopes(self, items: Iterable[tuple[AuditRecord, Envelope]]) -> int:
+        """Attach signed envelopes to our own records logged before they were signed (their
+        echo from the daemon); returns how many rows got one. Then others can fetch them."""
+        changed = 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for r, envelope in items:
+                cur = self._db.execute(
+                    "UPDATE audits SET data = ?, seqno = ?, signature = ? WHERE run_id = ? "
+                    "AND accused = ? AND round = ? AND auditor = ? AND scalars = ? "
+                    "AND signature IS NULL",
+                    (*_envelope_columns(envelope), self.run_id, r.accused, r.round, r.auditor,
+                     pack_scalars(r.scalars)),
+                )  # fmt: skip
+                changed += cur.rowcount
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return changed
 
     def replace(self, message: UpdateMessage, envelope: Envelope | None) -> tuple[float, ...]:
         """Hold `message` instead of the update logged for its (peer, round): the
@@ -348,21 +424,35 @@ class Ledger:
         (peer, round), so an unchanged count means an unchanged set (`replace` clears the
         cache): hashes are cached per (bucket, count).
         """
+        return self._bucket_digests(
+            "messages",
+            bucket_rounds,
+            self._bucket_cache,
+            lambda lo, hi: (_set_member_hash(m) for m in self.messages(lo, hi)),
+        )
+
+    def audit_bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
+        """`bucket_digests` of the audit records, bucketed by their accused update's round:
+        what audit repair compares (the table only grows, so the same cache rule holds)."""
+        return self._bucket_digests(
+            "audits",
+            bucket_rounds,
+            self._audit_bucket_cache,
+            lambda lo, hi: (_audit_member_hash(r) for r in self.audits(lo, hi)),
+        )
+
+    def _bucket_digests(self, table: str, bucket_rounds: int, cache: dict, members) -> dict:
         rows = self._db.execute(
-            "SELECT round / ?, COUNT(*) FROM messages WHERE run_id = ? GROUP BY round / ?",
+            f"SELECT round / ?, COUNT(*) FROM {table} WHERE run_id = ? GROUP BY round / ?",
             (bucket_rounds, self.run_id, bucket_rounds),
         ).fetchall()
-        cache = self._bucket_cache
         out = {}
         for bucket, count in rows:
             key = (bucket_rounds, bucket)
             cached = cache.get(key)
             if cached is None or cached[0] != count:
                 lo = bucket * bucket_rounds
-                hashes = sorted(
-                    _set_member_hash(m) for m in self.messages(lo, lo + bucket_rounds - 1)
-                )
-                cached = cache[key] = (count, hashlib.sha256(b"".join(hashes)).digest())
+                cached = cache[key] = (count, _set_digest(members(lo, lo + bucket_rounds - 1)))
             out[bucket] = cached
         return out
 
