@@ -66,7 +66,9 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
             node.admission.own_round = 70  # peers training round 70: records up to 80 admitted
             await node.start()
         for node in nodes.values():
+            deadline = time.monotonic() + 60
             while not await node.connected_peers():
+                assert time.monotonic() < deadline, "the nodes never saw each other's topic"
                 await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)  # the audit topic's mesh
         accused = b.peer_id.to_bytes()
