@@ -299,24 +299,28 @@ def test_take_settled_keeps_recent_rounds_pending():
 
 
 def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
+    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
     from seedflood_p2p.network.audit import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
 
+    a, b, x = (ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2, 3))  # Ed25519 ids
     ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
     intake = AuditIntake(ledger, directions=1, clock=lambda: 0.0)
-    good = Envelope(encode_audit(RUN_ID, X, 4, (0.5,)), b"seq", b"sig")
-    fresh = intake.admit([(A, good), (A, good), (X, good), (B, Envelope(b"\xc1junk", b"", b""))])
-    assert fresh == [AuditRecord(X, 4, A, (0.5,))]
+    good = Envelope(encode_audit(RUN_ID, x, 4, (0.5,)), b"seq", b"sig")
+    junk = Envelope(b"\xc1junk", b"", b"")
+    fresh = intake.admit([(a, good), (a, good), (x, good), (b, junk), (A, good)])
+    assert fresh == [AuditRecord(x, 4, a, (0.5,))]
     assert ledger.audits() == fresh
-    assert intake.admit([(A, good)]) == []
+    assert intake.admit([(a, good)]) == []
     assert intake.counts == {
         "accepted": 1,
         "duplicate": 2,
         "dropped:self_audit": 1,
         "dropped:malformed": 1,
+        "dropped:bad_key": 1,  # an auditor whose key cannot sign (as for updates)
     }
     for _ in range(5):  # rate-limited: one line per reason and LOG_EVERY seconds
-        intake.admit([(X, good)])
+        intake.admit([(x, good)])
     assert sum("self_audit" in r.getMessage() for r in caplog.records) == 1
     assert intake.own(AuditRecord(B, 2, A, (1.0,))) and not intake.own(AuditRecord(B, 2, A, (1.0,)))
     ledger.close()
