@@ -8,6 +8,8 @@ import asyncio
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network import flood
@@ -16,7 +18,7 @@ from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.protocol.message import AuditRecord, pack_scalars
-from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
+from seedflood_p2p.protocol.wire import Rejected, audit_topic_for, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
 
 CONFIG = RunConfig(salt="test-audit-repair", extra={"audit": {"lag": 0}})
@@ -132,3 +134,50 @@ def test_the_network_layer_knows_which_runs_have_audits(extra):
     from seedflood_p2p.algorithm.audit import AuditSettings
 
     assert audits_on(extra) == AuditSettings.of(extra).enabled
+
+
+def test_audit_repair_messages_round_trip():
+    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+    from seedflood_p2p.protocol.message import Envelope
+    from seedflood_p2p.protocol.wire import (
+        audit_row_key,
+        check_audit_rows_follow,
+        decode_audit_fetch_request,
+        decode_audit_rows,
+        encode_audit_fetch_request,
+        encode_audit_rows,
+        first_audit_cursor,
+    )
+
+    a, x = (ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2))
+    rows = [
+        (AuditRecord(x, t, a, (0.5, -1.0)), Envelope(b"d" * 60, b"s" * 8, b"g" * 64))
+        for t in (64, 65)
+    ]
+    assert decode_audit_rows(encode_audit_rows(rows), 2) == rows
+    check_audit_rows_follow(rows, first_audit_cursor(64), 127)
+    with pytest.raises(Rejected, match="bad_reply"):
+        check_audit_rows_follow(rows[::-1], first_audit_cursor(64), 127)  # not ascending
+    with pytest.raises(Rejected, match="bad_reply"):
+        check_audit_rows_follow(rows, audit_row_key(rows[0][0]), 127)  # not after the cursor
+    with pytest.raises(Rejected, match="bad_reply"):
+        decode_audit_rows(encode_audit_rows(rows), 1)  # more rows than asked for
+    request = encode_audit_fetch_request("run", audit_row_key(rows[0][0]), 127, 5)
+    assert decode_audit_fetch_request(request) == ("run", audit_row_key(rows[0][0]), 127, 5)
+    too_many = encode_audit_fetch_request("run", first_audit_cursor(0), 127, 5000)
+    assert decode_audit_fetch_request(too_many) is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=600), st.integers(1, 8))
+def test_audit_repair_decoders_on_any_bytes(data, max_rows):
+    """Whatever the bytes: Rejected (or None for a request), never another exception."""
+    from seedflood_p2p.protocol.wire import decode_audit_fetch_request, decode_audit_rows
+
+    try:
+        rows = decode_audit_rows(data, max_rows)
+        assert isinstance(rows, list) and len(rows) <= max_rows
+    except Rejected:
+        pass
+    request = decode_audit_fetch_request(data)
+    assert request is None or (isinstance(request, tuple) and len(request) == 4)
