@@ -27,6 +27,7 @@ import logging
 import random
 import time
 from collections import Counter
+from itertools import combinations, islice
 from collections.abc import Mapping
 
 from seedflood_p2p.algorithm.audit import (
@@ -47,6 +48,7 @@ from seedflood_p2p.storage.ledger import Ledger, peer_name
 log = logging.getLogger("seedflood.audit")
 
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
+MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
 # (algorithm/audit.py:cheat) so tests and bench/bench_audit_daemon.py can show audits catch
@@ -238,11 +240,18 @@ class PeerAudits:
             recomputed = self._on_settled(
                 round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
             )
-            if voided and rule.mismatches(claimed, recomputed):
-                # The sender may have trained before it knew of a ban we know: its state
-                # then still counted the banned peers' updates.
+            # The sender may have trained before it knew of bans we know: its state then
+            # still counted those peers' updates (all of a peer's, or none: a peer that learns
+            # of a ban takes back all its applied updates at once). Each set of banned peers
+            # it may not have known of is tried, smallest first; one match is a match.
+            for unknown in _ban_sets(voided):
+                if not rule.mismatches(claimed, recomputed):
+                    break
+                self.counts["ban_state_retries"] += 1
                 before_bans = self._on_settled(
-                    round_, voided, lambda m=message: self._recompute(m, engine, tokenizer, task)
+                    round_,
+                    [m for m in voided if m.peer in unknown],
+                    lambda m=message: self._recompute(m, engine, tokenizer, task),
                 )
                 if not rule.mismatches(claimed, before_bans):
                     recomputed = before_bans
@@ -266,3 +275,11 @@ class PeerAudits:
             return compute()
         finally:
             self.live.load_weights(saved)
+
+
+def _ban_sets(voided: list[UpdateMessage]) -> list[frozenset[bytes]]:
+    """The non-empty sets of banned peers whose updates `voided` holds, smallest first (a
+    sender most likely missed one recent ban), at most MAX_BAN_SETS of them."""
+    peers = sorted({m.peer for m in voided})
+    sets = (frozenset(c) for k in range(1, len(peers) + 1) for c in combinations(peers, k))
+    return list(islice(sets, MAX_BAN_SETS))

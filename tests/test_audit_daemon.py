@@ -147,7 +147,10 @@ def test_the_cheater_s_updates_are_void_and_honest_replays_agree(scenario):
             torch.testing.assert_close(
                 live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
             )
-    assert len(set(hashes.values())) == 1, hashes
+    # The peers there from the start end with one ledger; the late joiner, finishing last,
+    # may hold its own last update alone (others stopped first): its live model was
+    # compared with its own ledger's replay above.
+    assert len({hashes[n] for n in HONEST[:3]}) == 1, hashes
 
 
 def test_the_late_joiner_ends_with_the_others_audit_table_and_verdicts(scenario):
