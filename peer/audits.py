@@ -27,8 +27,8 @@ import logging
 import random
 import time
 from collections import Counter
-from itertools import combinations, islice
 from collections.abc import Mapping
+from itertools import combinations, islice
 
 from seedflood_p2p.algorithm.audit import (
     AuditSettings,
