@@ -393,3 +393,42 @@ def test_test_cheat_needs_the_test_hook_switch(capsys, tmp_path, monkeypatch):
     assert main([*argv, "--test-cheat", "random"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: --test-cheat is a test hook") and TEST_HOOKS_ENV in line
+
+
+def test_daemon_audit_tries_each_set_of_bans_the_sender_may_not_have_known(tmp_path):
+    """An honest sender trained after it learned that X2 was banned but before it learned
+    of X1: its state counted X1's updates and not X2's. An auditor that knows both bans
+    must match it (the bench's 3-cheater run once accused every honest peer here)."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    X1, X2 = b"peer-X1", b"peer-X2"
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.5)  # cheats that move the model visibly
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    history = _updates(3, [B, X1, X2], seed=3)
+    ledger.add(history)
+    base = {k: w.clone() for k, w in live.weights().items()}
+    # The sender's state: base + B's + X1's updates (X2 known banned, X1 not yet).
+    live.apply([m for m in history if m.peer in (B, X1)])
+    claim, _ = zo_step(live.engine, tokenizer, task, A, 3)
+    live.load_weights(base)
+    ledger.add([claim])
+    settings = AuditSettings(enabled=True, lag=0)
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    audits.banned = {X1: "verdict", X2: "verdict"}
+    audits.apply(history)  # the auditor's state: base + B's only
+    # Both bans unknown to the sender would not do: that state mismatches.
+    on_all = audits._on_settled(
+        3,
+        [m for m in history if m.peer != B],
+        lambda: recompute(live.engine, tokenizer, task, claim),
+    )
+    assert settings.rule.mismatches(claim.scalars, on_all)
+    audits.due[(A, 3)] = "recheck"
+    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    assert not mismatch and not settings.rule.mismatches(claim.scalars, record.scalars)
+    assert audits.counts["ban_state_retries"] >= 1
+    ledger.close()
