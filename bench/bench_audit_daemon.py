@@ -25,6 +25,7 @@ Writes bench/results/audit_daemon.{json,md} (`--name` for another file name).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -256,6 +257,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--rates", default="default,high")
     parser.add_argument("--name", default="audit_daemon", help="results file name (no suffix)")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' directories")
     args = parser.parse_args()
     from seedflood_p2p.algorithm.audit import AuditSettings, audit_rate
 
@@ -270,7 +272,12 @@ def main() -> None:
     }
     out = ROOT / "bench" / "results"
     for rate in args.rates.split(","):
-        with tempfile.TemporaryDirectory(prefix=f"audit-{rate}-") as tmp:
+        with contextlib.ExitStack() as stack:
+            if args.keep:
+                tmp = tempfile.mkdtemp(prefix=f"audit-{rate}-")
+                print("work dir", tmp)
+            else:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"audit-{rate}-"))
             honest_dir, cheat_dir = Path(tmp) / "honest", Path(tmp) / "cheat"
             honest_dir.mkdir()
             cheat_dir.mkdir()
