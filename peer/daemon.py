@@ -451,16 +451,18 @@ class PeerDaemon:
 
     async def apply_judgement(self) -> None:
         """Judge the ledger (here, where the ledger is written); take back a newly banned
-        peer's updates (model thread) and tell the ban store, so the admission drops its
-        updates from now on."""
+        peer's updates (model thread); its later ones are never applied.
+
+        The ban store is NOT told: the admission keeps logging a convicted peer's updates
+        (void in every judgement). A sender that had not learned of the verdict yet still
+        counted them in its settled state, and an auditor must hold them to rebuild that
+        state: when verdicts went to the ban store, auditors dropped them and convicted
+        every honest peer that trained around the bans (bench/results/audit_daemon.md)."""
         after = self.audits.judge()
         if after == self.audits.banned:
             return
-        newly = await self.in_model_thread(self.audits.set_banned, after)
+        await self.in_model_thread(self.audits.set_banned, after)
         self.audit_status()  # the /metrics gauges
-        for peer in newly:
-            if peer != self.peer_id:
-                self.node.reputation.ban(peer, "audit verdict: " + after[peer])
 
     async def restore_settled(self, first_round: int) -> str:
         """Audited runs: weights = base + the counted updates of rounds < first_round - lag

@@ -116,8 +116,8 @@ def test_the_cheater_is_banned_by_every_honest_peer(scenario):
     for name in HONEST:
         final = scenario["finals"][name]
         assert final["audits"]["banned"] == [cheater], (name, final["audits"])
-        bans = {b["peer"]: b["reason"] for b in final["banned"]}
-        assert bans.get(cheater, "").startswith("audit verdict"), (name, bans)
+        # Void in the model, not refused at the door: its updates are still logged.
+        assert cheater not in {b["peer"] for b in final["banned"]}, (name, final["banned"])
         assert final["audits"]["done"] > 0 and final["audits"]["verdicts"] >= 1
 
 
