@@ -7,8 +7,8 @@ What the daemon does with `algorithm/audit.py` and `network/audit.py`:
     an audit record from the audit topic -> ledger (AuditIntake, counted); a mismatch
         record on (p, t) makes us re-check (p, t) ourselves and publish our vote
     after new records: judge the ledger -> newly banned peers: their applied updates
-        taken back (negated), their pending ones dropped, and the ban store told, so the
-        admission drops their updates from then on
+        taken back (negated), their pending ones dropped (still logged, void: auditors
+        need them to rebuild the state of senders that had not learned of the verdict)
 
 An audit of (p, t) recomputes on S_t. The model holds S_r for the round r we trained
 last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are taken
