@@ -7,42 +7,84 @@ What the daemon does with `algorithm/audit.py` and `network/audit.py`:
     an audit record from the audit topic -> ledger (AuditIntake, counted); a mismatch
         record on (p, t) makes us re-check (p, t) ourselves and publish our vote
     after new records: judge the ledger -> newly banned peers: their applied updates
-        taken back (negated), their pending ones dropped, and the ban store told, so the
-        admission drops their updates from then on
+        taken back (negated), their pending ones dropped (still logged, void: auditors
+        need them to rebuild the state of senders that had not learned of the verdict)
 
 An audit of (p, t) recomputes on S_t. The model holds S_r for the round r we trained
 last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are taken
 back for the recomputation, and the exact weights put back afterwards (a copy, not a
 re-addition: the live model must not drift by rounding).
 
-Limits (README, "What is not built yet"): audit records travel by gossip only (no
-repair of the audit table), a restarted peer restores base + its whole ledger (not S_t)
-so its first rounds are not on the settled state, and an update older than MAX_REWIND
-rounds is not audited.
+Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
+`note_records` here), so a late joiner ends with the others' audit table and verdicts.
+Limits (README, "What is not built yet"): an update older than MAX_REWIND rounds is not
+audited.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections import Counter
+from collections.abc import Mapping
+from itertools import combinations, islice
 
 from seedflood_p2p.algorithm.audit import (
     AuditSettings,
     audit_rate,
+    cheat,
     judge,
     recompute,
     selects,
     verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
-from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
 
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
-CHEATS = ("", "flip")  # --test-cheat values (a test hook: "flip" negates our own scalars)
+MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
+
+# `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
+# (algorithm/audit.py:cheat) so tests and bench/bench_audit_daemon.py can show audits catch
+# it. Refused unless the environment sets TEST_HOOKS_ENV=1: a flag alone, e.g. copied from
+# a test into a config file, must not turn a volunteer into a cheater.
+TEST_CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3"}
+TEST_HOOKS_ENV = "SEEDFLOOD_TEST_HOOKS"
+RANDOM_POOL_ROUNDS = 4  # "random" draws among others' claims of this many recent rounds
+
+
+def check_test_cheat(value: str, environ: Mapping[str, str]) -> None:
+    """A readable refusal of a bad `--test-cheat` (unknown, or test hooks not switched on)."""
+    if not value:
+        return
+    if value not in TEST_CHEATS:
+        raise UserError(f"--test-cheat must be one of {sorted(TEST_CHEATS)} (a test hook)")
+    if environ.get(TEST_HOOKS_ENV) != "1":
+        raise UserError(
+            f"--test-cheat is a test hook (it makes this peer cheat): set {TEST_HOOKS_ENV}=1 "
+            "in the environment of a test run to use it, never in a real run"
+        )
+
+
+def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
+    """The test hook's update: `message` (the honest one) as the `--test-cheat` HOW cheater
+    sends it. "random" picks one of the other peers' claims of the last few rounds (the
+    size of an honest scalar), seeded by (peer, round) so a rerun cheats the same way."""
+    pool = [
+        m.scalars
+        for m in ledger.messages(max(0, message.round - RANDOM_POOL_ROUNDS), message.round - 1)
+        if m.peer != message.peer
+    ]
+    rng = random.Random(f"{message.peer.hex()}/{message.round}")
+    return UpdateMessage(
+        message.round, message.peer, cheat(TEST_CHEATS[how], message.scalars, pool, rng)
+    )
 
 
 class PeerAudits:
@@ -55,19 +97,23 @@ class PeerAudits:
         peer_id: bytes,
         ledger: Ledger,
         live: LiveModel,
-        directions: int,
+        intake: AuditIntake,
     ) -> None:
         self.settings = settings
         self.secret = secret  # our private draw: a sender cannot predict its auditors
         self.peer_id = peer_id
         self.ledger = ledger
         self.live = live
-        self.intake = AuditIntake(ledger, directions)
+        self.intake = intake  # the flood node's: gossip and repair of audit records
         self.applied: list[UpdateMessage] = []  # what the weights hold, in order applied
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
         self.done: set[tuple[bytes, int]] = set()
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
+        # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
+        # work) spent training ("train": our own zo_step) and auditing ("audit"): the cost
+        # the audit rate is set to keep at `cpu_share` of training.
+        self.cpu_seconds: Counter[str] = Counter()
         self.verdicts = 0  # cases decided (confirmed or refuted)
         self.rate = 0.0
         self.delay = settings.lag + 3  # rounds an audit waits (see `ready`)
@@ -92,10 +138,9 @@ class PeerAudits:
             if m.peer not in self.banned
         ]
 
-    def admit_records(self, arrivals: list[tuple[bytes, Envelope]]) -> list[AuditRecord]:
-        """Records from the audit topic: logged (counted); a mismatch we did not vote on yet
-        makes us re-check the update. Returns the new ones."""
-        fresh = self.intake.admit(arrivals)
+    def note_records(self, fresh: list[AuditRecord]) -> None:
+        """Records new to the ledger (gossip or repair, admitted by the flood node's
+        intake): a mismatch we did not vote on yet makes us re-check the update."""
         rule = self.settings.rule
         for record in fresh:
             key = (record.accused, record.round)
@@ -106,7 +151,6 @@ class PeerAudits:
             claimed = self.ledger.scalars_of(record.accused, record.round)
             if claimed is None or rule.mismatches(claimed, record.scalars):
                 self.due[key] = "recheck"
-        return fresh
 
     def judge(self) -> dict[bytes, str]:
         """Who the ledger bans (a pure function of its updates and audit records)."""
@@ -143,6 +187,22 @@ class PeerAudits:
         return out
 
     # -- where the model lives (model thread) ---------------------------------------
+    def timed_step(self, step, *args):
+        """`step(*args)` (our own training step), its CPU time counted as "train"."""
+        started = time.thread_time()
+        try:
+            return step(*args)
+        finally:
+            self.cpu_seconds["train"] += time.thread_time() - started
+
+    def _recompute(self, message: UpdateMessage, engine, tokenizer, task) -> tuple[float, ...]:
+        """One recomputation, its CPU time counted as "audit"."""
+        started = time.thread_time()
+        try:
+            return recompute(engine, tokenizer, task, message)
+        finally:
+            self.cpu_seconds["audit"] += time.thread_time() - started
+
     def apply(self, messages: list[UpdateMessage]) -> None:
         """Apply updates, except a banned peer's (banned since they were taken)."""
         messages = [m for m in messages if m.peer not in self.banned]
@@ -178,13 +238,20 @@ class PeerAudits:
                 continue
             message = UpdateMessage(round_, peer, claimed)
             recomputed = self._on_settled(
-                round_, [], lambda m=message: recompute(engine, tokenizer, task, m)
+                round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
             )
-            if voided and rule.mismatches(claimed, recomputed):
-                # The sender may have trained before it knew of a ban we know: its state
-                # then still counted the banned peers' updates.
+            # The sender may have trained before it knew of bans we know: its state then
+            # still counted those peers' updates (all of a peer's, or none: a peer that learns
+            # of a ban takes back all its applied updates at once). Each set of banned peers
+            # it may not have known of is tried, smallest first; one match is a match.
+            for unknown in _ban_sets(voided):
+                if not rule.mismatches(claimed, recomputed):
+                    break
+                self.counts["ban_state_retries"] += 1
                 before_bans = self._on_settled(
-                    round_, voided, lambda m=message: recompute(engine, tokenizer, task, m)
+                    round_,
+                    [m for m in voided if m.peer in unknown],
+                    lambda m=message: self._recompute(m, engine, tokenizer, task),
                 )
                 if not rule.mismatches(claimed, before_bans):
                     recomputed = before_bans
@@ -208,3 +275,11 @@ class PeerAudits:
             return compute()
         finally:
             self.live.load_weights(saved)
+
+
+def _ban_sets(voided: list[UpdateMessage]) -> list[frozenset[bytes]]:
+    """The non-empty sets of banned peers whose updates `voided` holds, smallest first (a
+    sender most likely missed one recent ban), at most MAX_BAN_SETS of them."""
+    peers = sorted({m.peer for m in voided})
+    sets = (frozenset(c) for k in range(1, len(peers) + 1) for c in combinations(peers, k))
+    return list(islice(sets, MAX_BAN_SETS))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from pathlib import Path
 import msgpack
 import torch
 
-from peer.audits import CHEATS, PeerAudits
+from peer.audits import PeerAudits, cheated, check_test_cheat
 from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
@@ -77,8 +78,9 @@ class PeerSettings:
     device: str = "cpu"
     # torch threads for this peer (0: torch's default, all cores)
     threads: int = bounded(0, 0, 4096, "a number of threads (0: torch's default)")
-    # TEST HOOK, not a feature: "flip" makes this peer a cheater that publishes its
-    # scalars negated, so tests can show audits catch it (tests/test_audit_daemon.py).
+    # TEST HOOK, not a feature (peer/audits.py:check_test_cheat; refused unless the
+    # environment sets SEEDFLOOD_TEST_HOOKS=1): "flip", "random" or "x3" makes this peer a
+    # cheater, so tests can show audits catch it (tests/test_audit_daemon.py).
     test_cheat: str = ""
     node: NodeSettings = field(default_factory=NodeSettings)
 
@@ -126,8 +128,7 @@ class PeerDaemon:
         self.state = "starting"  # what the peer is doing, or why it waits (/status, logs)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
         self.audits: PeerAudits | None = None  # the run's audits (manifest extra.audit)
-        if settings.test_cheat not in CHEATS:
-            raise UserError(f"--test-cheat must be one of {list(CHEATS)[1:]} (a test hook)")
+        check_test_cheat(settings.test_cheat, os.environ)
 
     # -- helpers ------------------------------------------------------------
     async def in_model_thread(self, fn, *args):
@@ -177,6 +178,8 @@ class PeerDaemon:
         m.audit_mismatches.set(audits.counts["mismatches"])
         m.audit_verdicts.set(audits.verdicts)
         m.audit_banned.set(len(audits.banned))
+        for work in ("audit", "train"):
+            m.audit_cpu_seconds.labels(work).set(audits.cpu_seconds[work])
         return {
             "done": audits.counts["audits"],
             "mismatches": audits.counts["mismatches"],
@@ -185,6 +188,7 @@ class PeerDaemon:
             "verdicts": audits.verdicts,
             "banned": sorted(peer_name(p) for p in audits.banned),
             "rate": audits.rate,
+            "cpu_seconds": {k: round(v, 3) for k, v in sorted(audits.cpu_seconds.items())},
         }
 
     def _live_peers(self, now: float) -> dict:
@@ -392,11 +396,13 @@ class PeerDaemon:
                 apply = self.audits.apply
             with timed(self.metrics.apply_seconds):
                 await self.in_model_thread(apply, incoming)
-            message, loss = await self.in_model_thread(
-                zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round
-            )
-            if self.s.test_cheat == "flip":  # the test hook: a sign-flipping cheater
-                message = message.negated()
+            step = (zo_step, self.live.engine, self.tokenizer, self.task, self.peer_id, self.round)
+            if self.audits is None:
+                message, loss = await self.in_model_thread(*step)
+            else:  # its CPU time counted, against the audits' (audit CPU share)
+                message, loss = await self.in_model_thread(self.audits.timed_step, *step)
+            if self.s.test_cheat:  # the test hook: a cheater (peer/audits.py)
+                message = cheated(self.s.test_cheat, message, self.ledger)
             # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message)
             if self.audits is not None:
@@ -449,23 +455,26 @@ class PeerDaemon:
             await self.apply_judgement()
         self.audit_status()  # the /metrics gauges
 
-    async def admit_audit_records(self, arrivals: list) -> None:
-        """Audit records from the audit topic: logged and counted, then judged."""
-        if self.audits.admit_records(arrivals):
-            await self.apply_judgement()
+    async def on_audit_records(self, fresh: list) -> None:
+        """Audit records new to the ledger, from gossip or repair (the flood node admitted
+        and counted them): re-checks queued, then the ledger judged."""
+        self.audits.note_records(fresh)
+        await self.apply_judgement()
 
     async def apply_judgement(self) -> None:
         """Judge the ledger (here, where the ledger is written); take back a newly banned
-        peer's updates (model thread) and tell the ban store, so the admission drops its
-        updates from now on."""
+        peer's updates (model thread); its later ones are never applied.
+
+        The ban store is NOT told: the admission keeps logging a convicted peer's updates
+        (void in every judgement). A sender that had not learned of the verdict yet still
+        counted them in its settled state, and an auditor must hold them to rebuild that
+        state: when verdicts went to the ban store, auditors dropped them and convicted
+        every honest peer that trained around the bans (bench/results/audit_daemon.md)."""
         after = self.audits.judge()
         if after == self.audits.banned:
             return
-        newly = await self.in_model_thread(self.audits.set_banned, after)
+        await self.in_model_thread(self.audits.set_banned, after)
         self.audit_status()  # the /metrics gauges
-        for peer in newly:
-            if peer != self.peer_id:
-                self.node.reputation.ban(peer, "audit verdict: " + after[peer])
 
     async def restore_settled(self, first_round: int) -> str:
         """Audited runs: weights = base + the counted updates of rounds < first_round - lag
@@ -655,9 +664,10 @@ class PeerDaemon:
                     self.peer_id,
                     self.ledger,
                     self.live,
-                    self.config.directions,
+                    self.node.audits,
                 )
                 self.node.on_accept = self._accept_audited
+                self.node.on_audit_records = self.on_audit_records
             self.node.not_ready = "starting: syncing with the run first"
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
@@ -665,11 +675,7 @@ class PeerDaemon:
                 # zero-shot point. Peers waiting for --min-peers wait for this too.
                 await self.evaluate()
                 base_scored = True
-            await self.node.start()
-            if self.audits is not None:
-                await self.node.serve_topic(
-                    audit_topic_for(self.config.run_id), self.admit_audit_records
-                )
+            await self.node.start()  # with the audit topic and audit repair, if the run has them
             await self.reconnector.attach(self.node)
             # No lonely start: a peer that knows others exist (its ledger's rows, its peer
             # book, its bootstrap list) trains only after one of them answered a repair pass.
@@ -704,7 +710,10 @@ class PeerDaemon:
             else:  # the model of our first round is its settled state, not the whole ledger
                 how = await self.restore_settled(start_round(self.ledger, self.peer_id))
             if republished := await self.node.republish_unsigned():
-                log.info("published again %d own update(s) never sent signed", republished)
+                log.info(
+                    "published again %d own update(s) or audit record(s) never sent signed",
+                    republished,
+                )
             await self.in_model_thread(self.set_model_hash)
             self.node.not_ready = None
             self.state = "training"

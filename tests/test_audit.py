@@ -299,24 +299,28 @@ def test_take_settled_keeps_recent_rounds_pending():
 
 
 def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
+    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
     from seedflood_p2p.network.audit import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
 
+    a, b, x = (ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2, 3))  # Ed25519 ids
     ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
     intake = AuditIntake(ledger, directions=1, clock=lambda: 0.0)
-    good = Envelope(encode_audit(RUN_ID, X, 4, (0.5,)), b"seq", b"sig")
-    fresh = intake.admit([(A, good), (A, good), (X, good), (B, Envelope(b"\xc1junk", b"", b""))])
-    assert fresh == [AuditRecord(X, 4, A, (0.5,))]
+    good = Envelope(encode_audit(RUN_ID, x, 4, (0.5,)), b"seq", b"sig")
+    junk = Envelope(b"\xc1junk", b"", b"")
+    fresh = intake.admit([(a, good), (a, good), (x, good), (b, junk), (A, good)])
+    assert fresh == [AuditRecord(x, 4, a, (0.5,))]
     assert ledger.audits() == fresh
-    assert intake.admit([(A, good)]) == []
+    assert intake.admit([(a, good)]) == []
     assert intake.counts == {
         "accepted": 1,
         "duplicate": 2,
         "dropped:self_audit": 1,
         "dropped:malformed": 1,
+        "dropped:bad_key": 1,  # an auditor whose key cannot sign (as for updates)
     }
     for _ in range(5):  # rate-limited: one line per reason and LOG_EVERY seconds
-        intake.admit([(X, good)])
+        intake.admit([(x, good)])
     assert sum("self_audit" in r.getMessage() for r in caplog.records) == 1
     assert intake.own(AuditRecord(B, 2, A, (1.0,))) and not intake.own(AuditRecord(B, 2, A, (1.0,)))
     ledger.close()
@@ -352,3 +356,79 @@ def test_seedflood_replay_honours_verdicts(tmp_path):
     assert digest == replayed([m for m in updates if m.peer != X])
     assert digest != replayed(updates)
     assert "is banned" in out.stderr
+
+
+# -- the daemon's test hook: --test-cheat ---------------------------------------------
+
+
+def test_test_cheats_send_what_their_name_says(tmp_path):
+    from peer.audits import cheated
+
+    rule = SETTINGS.rule
+    with Ledger(tmp_path / "l.sqlite", RUN_ID) as ledger:
+        others = [UpdateMessage(r, p, quantize_scalars([0.5 + r + i])) for r in range(6)
+                  for i, p in enumerate((A, B))]  # fmt: skip
+        ledger.add(others)
+        honest = UpdateMessage(6, X, quantize_scalars([0.75]))
+        assert cheated("flip", honest, ledger).scalars == (-0.75,)
+        assert cheated("x3", honest, ledger).scalars == (2.25,)
+        random_claim = cheated("random", honest, ledger)
+        recent = {m.scalars for m in others if m.round >= 2}
+        assert random_claim.scalars in recent  # an honest size: someone's recent claim ...
+        assert rule.mismatches(honest.scalars, random_claim.scalars)  # ... not its own
+        assert cheated("random", honest, ledger) == random_claim  # seeded by (peer, round)
+        assert all(cheated(h, honest, ledger).round == 6 for h in ("flip", "x3", "random"))
+
+
+def test_test_cheat_needs_the_test_hook_switch(capsys, tmp_path, monkeypatch):
+    from peer.audits import TEST_HOOKS_ENV, check_test_cheat
+    from seedflood_p2p.apps.cli import main
+
+    check_test_cheat("", {})  # an honest peer needs no switch
+    check_test_cheat("x3", {TEST_HOOKS_ENV: "1"})
+    with pytest.raises(UserError, match="one of"):
+        check_test_cheat("double", {TEST_HOOKS_ENV: "1"})
+    monkeypatch.delenv(TEST_HOOKS_ENV, raising=False)
+    argv = ["peer", "--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/Qm", "--data-dir", str(tmp_path)]
+    assert main([*argv, "--test-cheat", "random"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: --test-cheat is a test hook") and TEST_HOOKS_ENV in line
+
+
+def test_daemon_audit_tries_each_set_of_bans_the_sender_may_not_have_known(tmp_path):
+    """An honest sender trained after it learned that X2 was banned but before it learned
+    of X1: its state counted X1's updates and not X2's. An auditor that knows both bans
+    must match it (the bench's 3-cheater run once accused every honest peer here)."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    X1, X2 = b"peer-X1", b"peer-X2"
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.5)  # cheats that move the model visibly
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    history = _updates(3, [B, X1, X2], seed=3)
+    ledger.add(history)
+    base = {k: w.clone() for k, w in live.weights().items()}
+    # The sender's state: base + B's + X1's updates (X2 known banned, X1 not yet).
+    live.apply([m for m in history if m.peer in (B, X1)])
+    claim, _ = zo_step(live.engine, tokenizer, task, A, 3)
+    live.load_weights(base)
+    ledger.add([claim])
+    settings = AuditSettings(enabled=True, lag=0)
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    audits.banned = {X1: "verdict", X2: "verdict"}
+    audits.apply(history)  # the auditor's state: base + B's only
+    # Both bans unknown to the sender would not do: that state mismatches.
+    on_all = audits._on_settled(
+        3,
+        [m for m in history if m.peer != B],
+        lambda: recompute(live.engine, tokenizer, task, claim),
+    )
+    assert settings.rule.mismatches(claim.scalars, on_all)
+    audits.due[(A, 3)] = "recheck"
+    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    assert not mismatch and not settings.rule.mismatches(claim.scalars, record.scalars)
+    assert audits.counts["ban_state_retries"] >= 1
+    ledger.close()

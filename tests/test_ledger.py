@@ -126,7 +126,22 @@ def _signer(key):
         signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
         return UpdateMessage(round_, peer, scalars), Envelope(data, seqno, signature)
 
+    def sign_audit(run_id: str, accused: bytes, round_: int, scalars: tuple[float, ...]):
+        """An audit record by this key, signed on the run's audit topic."""
+        from seedflood_p2p.protocol.message import AuditRecord
+        from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
+
+        data, seqno = encode_audit(run_id, accused, round_, scalars), round_.to_bytes(8, "big")
+        body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[audit_topic_for(run_id)])
+        setattr(body, "from", peer)
+        signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+        return AuditRecord(accused, round_, peer, scalars), Envelope(data, seqno, signature)
+
+    sign.audit = sign_audit
     return peer, sign
+
+
+_SIGNERS: dict = {}  # peer id -> its `_signer` function (sign.audit signs audit records)
 
 
 def _network_ledger(path, rounds=6):
@@ -137,6 +152,7 @@ def _network_ledger(path, rounds=6):
 
     config = RunConfig(salt="ledger-verify", directions=2)
     signers = [_signer(Ed25519PrivateKey.generate()) for _ in range(3)]
+    _SIGNERS.update(signers)  # each peer's signer, to sign audit records with its key
     own = signers[0][0]
     ledger = Ledger(path, config.run_id)
     ledger.claim(config.to_json(), "")
@@ -228,3 +244,80 @@ def test_replay_refuses_a_tampered_ledger_with_one_line(capsys, tmp_path, monkey
     assert len(err) == 1 and err[0].startswith("error: ledger ")
     assert "row (round 2, peer 12D3KooW" in err[0] and "differs from the update" in err[0]
     assert "replay a copy from a peer" in err[0]
+
+
+def _audited_ledger(path):
+    """`_network_ledger` plus audit records: two other auditors' signed ones on round 1 of
+    the writer, and one of the writer's own, logged before it was published (unsigned)."""
+    from seedflood_p2p.protocol.message import AuditRecord
+
+    ledger, config, own, peers = _network_ledger(path)
+    for peer in peers[1:]:
+        record, envelope = _SIGNERS[peer].audit(config.run_id, own, 1, (0.25, -1.0))
+        ledger.add_audits([record], [envelope])
+
+    ledger.add_audits([AuditRecord(peers[1], 2, own, (1.5, -1.0))])
+    return ledger, config, own, peers
+
+
+def test_verify_checks_audit_records_signatures_and_names_a_tampered_one(tmp_path):
+    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+    from seedflood_p2p.storage.ledger import peer_name
+
+    ledger, config, own, peers = _audited_ledger(tmp_path / "l.sqlite")
+    result = ledger.verify(check, "FIX", config.directions, own_peer=own)
+    assert (result.audits_signed, result.audits_unsigned, result.unsigned_peers) == (2, 1, 1)
+    db = ledger._db
+
+    def refused(match: str, **kwargs) -> str:
+        with pytest.raises(UserError, match=match) as info:
+            ledger.verify(check, "FIX", config.directions, **kwargs)
+        line = str(info.value)
+        assert "\n" not in line and line.endswith("; FIX") and str(ledger.path) in line
+        return line
+
+    where = "WHERE round = 1 AND auditor = ?"
+    original = db.execute(f"SELECT scalars, signature FROM audits {where}", (peers[1],)).fetchone()
+    # A changed scalar: a match vote turned into an accusation.
+    db.execute(f"UPDATE audits SET scalars = ? {where}", (pack_scalars((9.0, -1.0)), peers[1]))
+    line = refused("differs from the record its auditor signed", own_peer=own)
+    assert (
+        f"row (audit of round 1, accused {peer_name(own)}, auditor {peer_name(peers[1])})" in line
+    )
+    db.execute(f"UPDATE audits SET scalars = ? {where}", (original[0], peers[1]))
+    # A flipped signature bit.
+    bad = bytes([original[1][0] ^ 1]) + original[1][1:]
+    db.execute(f"UPDATE audits SET signature = ? {where}", (bad, peers[1]))
+    refused(r"row \(audit of round 1, .*\) does not carry its auditor's valid signature")
+    db.execute(f"UPDATE audits SET signature = ? {where}", (original[1], peers[1]))
+    ledger.verify(check, "FIX", config.directions, own_peer=own)  # restored: fine again
+    # A record forged in another auditor's name: no envelope, and not the writer's.
+    db.execute(
+        f"UPDATE audits SET data = NULL, seqno = NULL, signature = NULL {where}", (peers[2],)
+    )
+    refused("is another peer's audit record without its signed envelope", own_peer=own)
+    refused("has no signed envelope, like rows of 1 other peer")  # replay: two unsigned
+    db.execute(f"DELETE FROM audits {where}", (peers[2],))
+    db.execute(f"UPDATE audits SET scalars = ? {where}", (b"\0\0\0", peers[1]))
+    refused("does not hold 1..16 float16 scalars")
+    ledger.close()
+
+
+def test_replay_refuses_a_forged_audit_record_with_one_line(capsys, tmp_path, monkeypatch):
+    from seedflood_p2p.apps.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ledger, _, own, peers = _audited_ledger(tmp_path / "l.sqlite")
+    ledger.close()
+    argv = ["replay", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(tmp_path / "model")]
+    assert main(argv) == 0  # genuine: replayed
+    capsys.readouterr()
+    with Ledger.open_existing(tmp_path / "l.sqlite") as ledger:
+        ledger._db.execute(
+            "UPDATE audits SET scalars = ? WHERE auditor = ?",
+            (pack_scalars((-3.0, -1.0)), peers[2]),
+        )
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ledger ")
+    assert "(audit of round 1, accused 12D3KooW" in err[0] and "differs from the record" in err[0]

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seedflood_p2p.core.rng import derive_key
-from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
 
 # ------------------------------------------------------------------------ who audits what
 
@@ -78,6 +78,25 @@ def rounds_to_catch(rate: float, honest_auditors: int, confidence: float = 0.99)
     if p >= 1:
         return 1
     return math.ceil(math.log(1 - confidence) / math.log(1 - p))
+
+
+# ------------------------------------------------------------------ cheaters (test hooks)
+
+CHEATS = ("sign-flip", "random", "scale3")  # what a cheater sends instead of its scalars g
+
+
+def cheat(kind: str, scalars: tuple[float, ...], pool: list[tuple[float, ...]], rng) -> tuple:
+    """What a cheater of `kind` sends instead of its honest `scalars` (float16 as on the
+    wire): "sign-flip" -g, "scale3" 3 g, "random" one of the honest claims in `pool`
+    (chosen with `rng`): the size of an honest scalar, pointing nowhere it computed. For
+    the simulator and the daemon's test hook (`--test-cheat`), never a feature."""
+    if kind == "sign-flip":
+        return quantize_scalars([-x for x in scalars])
+    if kind == "scale3":
+        return quantize_scalars([3 * x for x in scalars])
+    if kind != "random":
+        raise ValueError(f"unknown cheat {kind!r}: one of {CHEATS}")
+    return rng.choice(pool) if pool else scalars
 
 
 # ---------------------------------------------------------------------- the recomputation

@@ -115,11 +115,13 @@ def start_bootstrap(
         workdir,
     )
     deadline = time.monotonic() + timeout
-    while not (data / "address.txt").exists():
+    address = data / "address.txt"
+    # The file can exist before its text is written (seen on a loaded machine): wait for it.
+    while not (address.exists() and address.read_text().split()):
         if not proc.alive or time.monotonic() > deadline:
             raise RuntimeError(f"the bootstrap node did not start:\n{proc.tail()}")
         time.sleep(0.2)
-    return proc, (data / "address.txt").read_text().split()[0]
+    return proc, address.read_text().split()[0]
 
 
 def start_peer(

@@ -14,6 +14,12 @@ Request/response protocols (msgpack over the same libp2p daemon):
                                                       (or {"not_ready": why} while syncing)
     seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, sha256], ...]
     seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
+    seedflood.audit_digest, seedflood.audit_fetch: the same for audit records (runs with
+                        audits, issue 11; protocol/wire.py, "audit repair")
+
+A run with audits (the manifest's `extra.audit`) has a second topic for audit records,
+and a repair exchange pulls the audit table's differing buckets after the updates', with
+the same budgets and the same penalties (`network/audit.py:AuditIntake` admits them).
 
 Against hostile peers (protocol/wire.py states the budgets, network/reputation.py the
 scores): a repair exchange is bounded in pages, rows and time by what the peer's digest
@@ -42,12 +48,14 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
+from seedflood_p2p.network.audit import AuditIntake, audits_on
 from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.pubsub import PubSubClient
 from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
-from seedflood_p2p.protocol.message import Envelope, UpdateMessage
+from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
+    AUDIT_FETCH_LIMIT,
     BUCKET_ROUNDS,
     EXCHANGE_BASE_SECONDS,
     FETCH_LIMIT,
@@ -57,13 +65,22 @@ from seedflood_p2p.protocol.wire import (
     SERVE_BYTES_BURST,
     SERVE_BYTES_RATE,
     Rejected,
+    audit_row_key,
+    audit_topic_for,
+    check_audit_rows_follow,
     check_rows_follow,
+    decode_audit_fetch_request,
+    decode_audit_rows,
     decode_digest_request,
     decode_digests,
     decode_fetch_request,
     decode_rows,
+    encode_audit,
+    encode_audit_fetch_request,
+    encode_audit_rows,
     encode_rows,
     encode_update,
+    first_audit_cursor,
     quorum_round,
     topic_for,
 )
@@ -126,8 +143,37 @@ class _Exchange:
 
     deadline: float
     new: int = 0
+    new_audits: int = 0  # audit records it brought (runs with audits)
     aborted: bool = False
     left_out: bool = False
+
+
+def _budget(
+    theirs: dict[int, tuple[int, bytes]],
+    mine: dict[int, tuple[int, bytes]],
+    last_round: int,
+    rows_per_page: int,
+    exchange: _Exchange,
+) -> list[tuple[int, int]]:
+    """The buckets to fetch, (bucket, rows claimed): those whose (count, hash) differ from
+    ours and start by `last_round`, as many as MAX_EXCHANGE_PAGES pages of what the digest
+    claimed allow (at least one). The exchange's deadline grows by PAGE_SECONDS a page;
+    buckets left for a later exchange mark it `left_out`."""
+    wanted = [
+        (bucket, count)
+        for bucket, (count, digest) in sorted(theirs.items())
+        if mine.get(bucket) != (count, digest) and bucket * BUCKET_ROUNDS <= last_round
+    ]
+    pages, budget = 0, []
+    for bucket, count in wanted:
+        need = max(1, math.ceil(count / rows_per_page))
+        if pages + need > MAX_EXCHANGE_PAGES and budget:
+            break
+        budget.append((bucket, count))
+        pages += need
+    exchange.deadline += PAGE_SECONDS * min(pages, MAX_EXCHANGE_PAGES)
+    exchange.left_out |= len(budget) < len(wanted)
+    return budget
 
 
 @dataclass
@@ -171,6 +217,12 @@ class FloodNode:
             reputation=self.reputation,
             allowed=RunConfig.from_json(manifest_json).allowed_peer_ids(),
         )
+        # Audit records (issue 11), in a run whose manifest has them: gossip on their own
+        # topic and repair, through the same sender rules. New records go to
+        # `on_audit_records` (the peer daemon judges them; the bootstrap keeps and serves).
+        with_audits = audits_on(RunConfig.from_json(manifest_json).extra)
+        self.audits = AuditIntake(ledger, self.directions, self.admission) if with_audits else None
+        self.on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None
         self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
         self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
         self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
@@ -192,6 +244,13 @@ class FloodNode:
         # Our own messages come back too: their signed envelopes make them repairable.
         subscription = await self._pubsub.subscribe(self.topic, include_own=True)
         self._tasks.append(asyncio.create_task(self._receive(subscription), name="receive"))
+        if self.audits is not None:
+            await serve_bytes(self.p2p, "seedflood.audit_digest", self._serve_audit_digest)
+            await serve_bytes(self.p2p, "seedflood.audit_fetch", self._serve_audit_fetch)
+            # Our own records come back too: signed, they become repairable (AuditIntake).
+            await self.serve_topic(
+                audit_topic_for(self.run_id), self._admit_audit_gossip, include_own=True
+            )
         self._tasks.append(asyncio.create_task(self._anti_entropy(), name="anti-entropy"))
         self.metrics.ledger_size.set(len(self.ledger))
 
@@ -284,11 +343,14 @@ class FloodNode:
         self.metrics.bytes_out.inc(len(data))
 
     async def serve_topic(
-        self, topic: str, admit: Callable[[list[tuple[bytes, Envelope]]], Awaitable[None]]
+        self,
+        topic: str,
+        admit: Callable[[list[tuple[bytes, Envelope]]], Awaitable[None]],
+        include_own: bool = False,
     ) -> None:
         """Subscribe to another topic of the run; arrivals go to `admit` in batches, each
         (signer, envelope). `admit` must count and drop bad payloads, never raise."""
-        subscription = await self._pubsub.subscribe(topic, include_own=False)
+        subscription = await self._pubsub.subscribe(topic, include_own=include_own)
 
         async def receive() -> None:
             batch: list[tuple[bytes, Envelope]] = []
@@ -306,6 +368,15 @@ class FloodNode:
 
         self._tasks.append(asyncio.create_task(receive(), name=f"receive {topic}"))
 
+    async def _admit_audit_gossip(self, arrivals: list[tuple[bytes, Envelope]]) -> None:
+        fresh = self.audits.admit(arrivals)
+        if fresh:
+            await self._new_audit_records(fresh)
+
+    async def _new_audit_records(self, fresh: list[AuditRecord]) -> None:
+        if self.on_audit_records is not None:
+            await self.on_audit_records(fresh)
+
     async def republish_unsigned(self) -> int:
         """Publish our own updates that were logged but never came back signed (killed
         between logging and publishing, or the echo was lost): without a signed envelope no
@@ -316,7 +387,11 @@ class FloodNode:
             data = encode_update(self.run_id, message.round, message.scalars)
             await self._pubsub.publish(self.topic, data)
             self.metrics.bytes_out.inc(len(data))
-        return len(missing)
+        records = self.ledger.unsigned_audits(self.peer_id) if self.audits is not None else []
+        for record in records:  # our audit records likewise (their echo signs them)
+            data = encode_audit(self.run_id, record.accused, record.round, record.scalars)
+            await self.publish_on(audit_topic_for(self.run_id), data)
+        return len(missing) + len(records)
 
     async def _receive(self, subscription) -> None:
         try:
@@ -365,6 +440,23 @@ class FloodNode:
         with timed(self.metrics.repair_serve_seconds.labels("fetch")):
             reply = encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
         return reply if self._may_serve(peer, len(reply)) else encode_rows([])
+
+    async def _serve_audit_digest(self, peer, request: bytes) -> bytes:
+        if decode_digest_request(request) != self.run_id or not self._may_serve(peer, 0):
+            return msgpack.packb([])
+        with timed(self.metrics.repair_serve_seconds.labels("audit_digest")):
+            digests = self.ledger.audit_bucket_digests(BUCKET_ROUNDS)
+            reply = msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
+        return reply if self._may_serve(peer, len(reply)) else msgpack.packb([])
+
+    async def _serve_audit_fetch(self, peer, request: bytes) -> bytes:
+        fields = decode_audit_fetch_request(request)
+        if fields is None or fields[0] != self.run_id or not self._may_serve(peer, 0):
+            return encode_audit_rows([])
+        _, cursor, max_round, limit = fields
+        with timed(self.metrics.repair_serve_seconds.labels("audit_fetch")):
+            reply = encode_audit_rows(self.ledger.signed_audits_after(cursor, max_round, limit))
+        return reply if self._may_serve(peer, len(reply)) else encode_audit_rows([])
 
     def _may_serve(self, peer, size: int) -> bool:
         """Refuse banned and unlisted requesters, and any requester past its byte rate
@@ -454,21 +546,7 @@ class FloodNode:
         admission = self.admission
         upper = max(admission.reference_round(), quorum_round(admission.bucket_claims.values()))
         last_round = upper + admission.window.max_ahead
-        wanted = [
-            (bucket, count)
-            for bucket, (count, digest) in sorted(theirs.items())
-            if mine.get(bucket) != (count, digest) and bucket * BUCKET_ROUNDS <= last_round
-        ]
-        pages = 0
-        budget = []
-        for bucket, count in wanted:  # what the digest claimed, at most MAX_EXCHANGE_PAGES
-            need = max(1, math.ceil(count / FETCH_LIMIT))
-            if pages + need > MAX_EXCHANGE_PAGES and budget:
-                break
-            budget.append((bucket, count))
-            pages += need
-        exchange.deadline += PAGE_SECONDS * min(pages, MAX_EXCHANGE_PAGES)
-        exchange.left_out = len(budget) < len(wanted)
+        budget = _budget(theirs, mine, last_round, FETCH_LIMIT, exchange)
         pages = 0
         for bucket, claimed in budget:
             lo = bucket * BUCKET_ROUNDS
@@ -506,6 +584,52 @@ class FloodNode:
                 cursor = (last.round, last.peer)
             else:  # the page budget ran out inside this bucket
                 exchange.left_out = True
+        if self.audits is not None:
+            await self._exchange_audits(call, server, exchange, last_round)
+
+    async def _exchange_audits(
+        self, call, server: bytes, exchange: _Exchange, last_round: int
+    ) -> None:
+        """The audit table's part of a repair exchange: its differing buckets, with the
+        update part's budgets (pages, the digest's claimed counts, the deadline) and
+        penalties (a bad reply, a page with a row no honest server serves)."""
+        reply = await call("audit_digest", msgpack.packb([self.run_id, BUCKET_ROUNDS]))
+        try:
+            theirs = decode_digests(reply)
+        except Rejected as exc:
+            self._abort(server, "bad_reply", exchange)
+            self.admission.drop_reply(exc, server)
+            return
+        mine = self.ledger.audit_bucket_digests(BUCKET_ROUNDS)
+        pages = 0
+        for bucket, claimed in _budget(theirs, mine, last_round, AUDIT_FETCH_LIMIT, exchange):
+            lo = bucket * BUCKET_ROUNDS
+            hi = min(lo + BUCKET_ROUNDS - 1, last_round)
+            cursor, taken = first_audit_cursor(lo), 0
+            while pages < MAX_EXCHANGE_PAGES:
+                request = encode_audit_fetch_request(self.run_id, cursor, hi, AUDIT_FETCH_LIMIT)
+                data = await call("audit_fetch", request)
+                pages += 1
+                try:
+                    rows = decode_audit_rows(data, AUDIT_FETCH_LIMIT)
+                    check_audit_rows_follow(rows, cursor, hi)
+                except Rejected as exc:
+                    self._abort(server, "bad_reply", exchange)
+                    self.admission.drop_reply(exc, server)
+                    return
+                claim_reached = taken + len(rows) >= claimed
+                rows = rows[: claimed - taken]
+                taken += len(rows)
+                fresh, bad = self.audits.repair(rows)
+                if fresh:
+                    exchange.new_audits += len(fresh)
+                    await self._new_audit_records(fresh)
+                if bad:  # as for updates: no honest peer serves such a row
+                    self._abort(server, "bad_page", exchange, "bad_page")
+                    return
+                if claim_reached or len(rows) < AUDIT_FETCH_LIMIT:
+                    break
+                cursor = audit_row_key(rows[-1][0])
 
     def _abort(
         self,

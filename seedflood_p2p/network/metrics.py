@@ -71,6 +71,12 @@ class NodeMetrics:
         self.audit_banned = Gauge(
             "seedflood_audit_banned", "peers the ledger's audit records ban", registry=r
         )
+        self.audit_cpu_seconds = Gauge(
+            "seedflood_audit_cpu_seconds",
+            "CPU seconds of the model thread spent on audits and on our own training steps",
+            ["work"],
+            registry=r,
+        )
         # SHA-256 of the live weights, updated when the peer is ready, at each eval and at
         # the checkpoint (hashing every round would cost ~0.5 s on SmolLM2).
         self.model = Info("seedflood_model", "live model weights hash", registry=r)

@@ -35,8 +35,10 @@ import numpy as np
 import torch
 
 from seedflood_p2p.algorithm.audit import (
+    CHEATS,
     AuditSettings,
     audit_rate,
+    cheat,
     judge,
     p_audited,
     recompute,
@@ -48,11 +50,9 @@ from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import evaluate, zo_step
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
-
-CHEATS = ("sign-flip", "random", "scale3")
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,6 @@ class CheatConfig:
         unknown = sorted(set(self.kinds) - set(CHEATS))
         if unknown or not self.kinds:
             raise UserError(f"unknown cheat kinds {unknown}: choose from {CHEATS}")
-
-
-def cheat(kind: str, scalars: tuple[float, ...], pool: list[tuple[float, ...]], rng) -> tuple:
-    """What a cheater of `kind` sends instead of its honest `scalars` (float16 as on the wire)."""
-    if kind == "sign-flip":
-        return quantize_scalars([-x for x in scalars])
-    if kind == "scale3":
-        return quantize_scalars([3 * x for x in scalars])
-    return rng.choice(pool) if pool else scalars  # "random": an honest-looking scalar
 
 
 def simulate_cheaters(config: CheatConfig, progress: Any = None) -> dict:

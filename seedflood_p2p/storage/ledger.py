@@ -29,11 +29,13 @@ from seedflood_p2p.protocol.message import (
     unpack_scalars,
 )
 from seedflood_p2p.protocol.wire import (
+    MAX_AUDIT_BYTES,
     MAX_PEER_ID_BYTES,
     MAX_ROUND,
     MAX_SCALARS,
     MAX_UPDATE_BYTES,
     Rejected,
+    check_audit_envelope,
     check_envelope,
 )
 
@@ -62,6 +64,8 @@ CREATE TABLE IF NOT EXISTS audits (
     signature BLOB,
     PRIMARY KEY (run_id, accused, round, auditor, scalars)
 ) WITHOUT ROWID;
+-- Audit repair serves and digests records in (round, accused, auditor, scalars) order.
+CREATE INDEX IF NOT EXISTS audits_by_round ON audits (run_id, round, accused, auditor, scalars);
 """
 
 
@@ -88,18 +92,35 @@ def _set_member_hash(m: UpdateMessage) -> bytes:
     return hashlib.sha256(body + pack_scalars(m.scalars)).digest()
 
 
+def _audit_member_hash(r: AuditRecord) -> bytes:
+    """Full SHA-256 of one audit record, as a member of an audit bucket's set digest."""
+    body = r.round.to_bytes(8, "little")
+    for peer in (r.accused, r.auditor):
+        body += len(peer).to_bytes(2, "little") + peer
+    return hashlib.sha256(body + pack_scalars(r.scalars)).digest()
+
+
+def _set_digest(member_hashes: Iterable[bytes]) -> bytes:
+    """SHA-256 over sorted member hashes: a set digest, independent of order."""
+    return hashlib.sha256(b"".join(sorted(member_hashes))).digest()
+
+
 def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
     return UpdateMessage(round_, bytes(peer), unpack_scalars(scalars))
 
 
 @dataclass(frozen=True)
 class LedgerCheck:
-    """What `Ledger.verify` checked: rows with a signed envelope, rows without, seconds."""
+    """What `Ledger.verify` checked: update rows with a signed envelope, rows without, the
+    peers with unsigned rows (updates or audit records), seconds, and audit records signed
+    and unsigned."""
 
     signed: int
     unsigned: int
     unsigned_peers: int
     seconds: float
+    audits_signed: int = 0
+    audits_unsigned: int = 0
 
 
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
@@ -121,6 +142,7 @@ class Ledger:
         self.path = Path(path)
         self.run_id = run_id
         self._bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self._audit_bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -239,14 +261,74 @@ class Ledger:
             raise
         return new
 
-    def audits(self) -> list[AuditRecord]:
-        """Every audit record of this run, in (accused, round, auditor, scalars) order."""
+    def audits(self, min_round: int = 0, max_round: int | None = None) -> list[AuditRecord]:
+        """The audit records of this run (of accused updates in rounds min..max), in
+        (accused, round, auditor, scalars) order."""
+        upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
             "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? "
-            "ORDER BY accused, round, auditor, scalars",
-            (self.run_id,),
+            "AND round BETWEEN ? AND ? ORDER BY accused, round, auditor, scalars",
+            (self.run_id, min_round, upper),
         )
         return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
+
+    def has_audit(self, record: AuditRecord) -> bool:
+        query = (
+            "SELECT 1 FROM audits WHERE run_id = ? AND accused = ? AND round = ? AND "
+            "auditor = ? AND scalars = ?"
+        )
+        key = (record.accused, record.round, record.auditor, pack_scalars(record.scalars))
+        return self._db.execute(query, (self.run_id, *key)).fetchone() is not None
+
+    def signed_audits_after(
+        self, cursor: tuple[int, bytes, bytes, bytes], max_round: int, limit: int
+    ) -> list[tuple[AuditRecord, Envelope]]:
+        """Up to `limit` signed audit records after `cursor` (round, accused, auditor,
+        packed scalars), in that order, through `max_round`: what audit repair serves."""
+        rows = self._db.execute(
+            "SELECT round, accused, auditor, scalars, data, seqno, signature FROM audits "
+            "WHERE run_id = ? AND (round, accused, auditor, scalars) > (?, ?, ?, ?) "
+            "AND round <= ? AND signature IS NOT NULL "
+            "ORDER BY round, accused, auditor, scalars LIMIT ?",
+            (self.run_id, *cursor, max_round, limit),
+        ).fetchall()
+        return [
+            (
+                AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)),
+                Envelope(bytes(d), bytes(q), bytes(g)),
+            )
+            for r, a, b, s, d, q, g in rows
+        ]
+
+    def unsigned_audits(self, auditor: bytes) -> list[AuditRecord]:
+        """`auditor`'s records logged without a signed envelope (our own, not yet echoed)."""
+        rows = self._db.execute(
+            "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? AND "
+            "auditor = ? AND signature IS NULL ORDER BY round, accused, scalars",
+            (self.run_id, auditor),
+        )
+        return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
+
+    def set_audit_envelopes(self, items: Iterable[tuple[AuditRecord, Envelope]]) -> int:
+        """Attach signed envelopes to our own records logged before they were signed (their
+        echo from the daemon); returns how many rows got one. Then others can fetch them."""
+        changed = 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for r, envelope in items:
+                cur = self._db.execute(
+                    "UPDATE audits SET data = ?, seqno = ?, signature = ? WHERE run_id = ? "
+                    "AND accused = ? AND round = ? AND auditor = ? AND scalars = ? "
+                    "AND signature IS NULL",
+                    (*_envelope_columns(envelope), self.run_id, r.accused, r.round, r.auditor,
+                     pack_scalars(r.scalars)),
+                )  # fmt: skip
+                changed += cur.rowcount
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return changed
 
     def replace(self, message: UpdateMessage, envelope: Envelope | None) -> tuple[float, ...]:
         """Hold `message` instead of the update logged for its (peer, round): the
@@ -342,21 +424,35 @@ class Ledger:
         (peer, round), so an unchanged count means an unchanged set (`replace` clears the
         cache): hashes are cached per (bucket, count).
         """
+        return self._bucket_digests(
+            "messages",
+            bucket_rounds,
+            self._bucket_cache,
+            lambda lo, hi: (_set_member_hash(m) for m in self.messages(lo, hi)),
+        )
+
+    def audit_bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
+        """`bucket_digests` of the audit records, bucketed by their accused update's round:
+        what audit repair compares (the table only grows, so the same cache rule holds)."""
+        return self._bucket_digests(
+            "audits",
+            bucket_rounds,
+            self._audit_bucket_cache,
+            lambda lo, hi: (_audit_member_hash(r) for r in self.audits(lo, hi)),
+        )
+
+    def _bucket_digests(self, table: str, bucket_rounds: int, cache: dict, members) -> dict:
         rows = self._db.execute(
-            "SELECT round / ?, COUNT(*) FROM messages WHERE run_id = ? GROUP BY round / ?",
+            f"SELECT round / ?, COUNT(*) FROM {table} WHERE run_id = ? GROUP BY round / ?",
             (bucket_rounds, self.run_id, bucket_rounds),
         ).fetchall()
-        cache = self._bucket_cache
         out = {}
         for bucket, count in rows:
             key = (bucket_rounds, bucket)
             cached = cache.get(key)
             if cached is None or cached[0] != count:
                 lo = bucket * bucket_rounds
-                hashes = sorted(
-                    _set_member_hash(m) for m in self.messages(lo, lo + bucket_rounds - 1)
-                )
-                cached = cache[key] = (count, hashlib.sha256(b"".join(hashes)).digest())
+                cached = cache[key] = (count, _set_digest(members(lo, lo + bucket_rounds - 1)))
             out[bucket] = cached
         return out
 
@@ -418,12 +514,33 @@ class Ledger:
         writer's own updates not yet echoed, or a local `seedflood train` ledger. So with
         `own_peer` (a daemon restoring its own ledger) only that peer's rows may lack one;
         without it, a ledger holding signed rows may have unsigned rows of one peer only
-        (its writer). A row that fails stops everything: a UserError naming the row
-        (round, peer), what is wrong, and `fix`.
+        (its writer). Audit records (the `audits` table) are checked the same way against
+        their auditor's signature on the audit topic (`wire.check_audit_envelope`); the
+        writer's own records may lack one (not echoed yet), nobody else's. A row that fails
+        stops everything: a UserError naming the row (round, peer; for a record, round,
+        accused and auditor), what is wrong, and `fix`.
         """
         started = time.perf_counter()
         signed = unsigned = 0
-        unsigned_peers: dict[bytes, int] = {}
+        unsigned_peers: dict[bytes, int] = {}  # peer -> first round it has an unsigned row
+
+        def refuse(where: str, what: str) -> UserError:
+            return UserError(
+                f"ledger {self.path}: row ({where}) {what}: the file was altered or damaged; {fix}"
+            )
+
+        def unsigned_row(where: str, writer: bytes, round_: int, kind: str) -> None:
+            if own_peer is not None and writer != own_peer:
+                raise refuse(where, f"is another peer's {kind} without its signed envelope")
+            unsigned_peers.setdefault(writer, round_)
+
+        def bad_envelope(exc: Rejected, signer: str) -> str:
+            return {
+                "bad_signature": f"does not carry its {signer}'s valid signature",
+                "mismatch": f"differs from the {'update' if signer == 'sender' else 'record'} "
+                f"its {signer} signed",
+            }.get(exc.reason, f"carries a bad envelope ({exc.reason})")
+
         rows = self._db.execute(
             "SELECT round, peer, scalars, data, seqno, signature FROM messages "
             "WHERE run_id = ? ORDER BY round, peer",
@@ -431,33 +548,50 @@ class Ledger:
         )
         for round_, peer, packed, *envelope in rows:
             where = f"round {round_!r:.24}, peer {_peer_label(peer)}"
-
-            def refuse(what: str, where: str = where) -> UserError:
-                return UserError(
-                    f"ledger {self.path}: row ({where}) {what}: the file was altered or "
-                    f"damaged; {fix}"
-                )
-
             problem = _row_problem(round_, peer, packed, envelope, directions)
             if problem:
-                raise refuse(problem)
+                raise refuse(where, problem)
             message = _message(round_, peer, packed)
             if envelope[0] is None:
                 unsigned += 1
-                if own_peer is not None and peer != own_peer:
-                    raise refuse("is another peer's update without its signed envelope")
-                unsigned_peers.setdefault(peer, round_)
+                unsigned_row(where, peer, round_, "update")
                 continue
             try:
                 check_envelope(message, Envelope(*envelope), self.run_id, check_signature)
             except Rejected as exc:
-                what = {
-                    "bad_signature": "does not carry its sender's valid signature",
-                    "mismatch": "differs from the update its sender signed",
-                }.get(exc.reason, f"carries a bad envelope ({exc.reason})")
-                raise refuse(what) from None
+                raise refuse(where, bad_envelope(exc, "sender")) from None
             signed += 1
-        if signed and len(unsigned_peers) > 1:
+        # Audit records (issue 11): the same checks, against the auditor's signature on the
+        # audit topic. A forged record could ban an honest peer in every replay.
+        audits_signed = audits_unsigned = 0
+        rows = self._db.execute(
+            "SELECT accused, round, auditor, scalars, data, seqno, signature FROM audits "
+            "WHERE run_id = ? ORDER BY round, accused, auditor, scalars",
+            (self.run_id,),
+        )
+        for accused, round_, auditor, packed, *envelope in rows:
+            where = (
+                f"audit of round {round_!r:.24}, accused {_peer_label(accused)}, "
+                f"auditor {_peer_label(auditor)}"
+            )
+            problem = _row_problem(round_, auditor, packed, envelope, directions, MAX_AUDIT_BYTES)
+            if not problem and not (
+                isinstance(accused, bytes) and 0 < len(accused) <= MAX_PEER_ID_BYTES
+            ):
+                problem = "has no valid accused peer id"
+            if problem:
+                raise refuse(where, problem)
+            record = AuditRecord(accused, round_, auditor, unpack_scalars(packed))
+            if envelope[0] is None:
+                audits_unsigned += 1
+                unsigned_row(where, auditor, round_, "audit record")
+                continue
+            try:
+                check_audit_envelope(record, Envelope(*envelope), self.run_id, check_signature)
+            except Rejected as exc:
+                raise refuse(where, bad_envelope(exc, "auditor")) from None
+            audits_signed += 1
+        if signed + audits_signed and len(unsigned_peers) > 1:
             peer, round_ = sorted(unsigned_peers.items(), key=lambda kv: (kv[1], kv[0]))[1]
             raise UserError(
                 f"ledger {self.path}: row (round {round_}, peer {peer_name(peer)}) has no "
@@ -465,7 +599,14 @@ class Ledger:
                 "ledger of signed rows: only its writer's own rows may lack one; the file was "
                 f"altered or damaged; {fix}"
             )
-        return LedgerCheck(signed, unsigned, len(unsigned_peers), time.perf_counter() - started)
+        return LedgerCheck(
+            signed,
+            unsigned,
+            len(unsigned_peers),
+            time.perf_counter() - started,
+            audits_signed,
+            audits_unsigned,
+        )
 
 
 def _peer_label(peer: object) -> str:
@@ -475,9 +616,15 @@ def _peer_label(peer: object) -> str:
 
 
 def _row_problem(
-    round_: object, peer: object, packed: object, envelope: list, directions: int | None
+    round_: object,
+    peer: object,
+    packed: object,
+    envelope: list,
+    directions: int | None,
+    max_payload: int = MAX_UPDATE_BYTES,
 ) -> str | None:
-    """Why a ledger row (as SQLite returns it) is not a well-formed update, or None."""
+    """Why a ledger row (as SQLite returns it) is not a well-formed update (or, with the
+    audit payload bound, audit record: `peer` its auditor), or None."""
     if not isinstance(round_, int) or not 0 <= round_ <= MAX_ROUND:
         return "has a round outside 0..2^62-1"
     if not isinstance(peer, bytes) or not 0 < len(peer) <= MAX_PEER_ID_BYTES:
@@ -492,7 +639,7 @@ def _row_problem(
     if not (
         all(x is None for x in envelope)
         or all(isinstance(x, bytes) for x in envelope)
-        and len(envelope[0]) <= MAX_UPDATE_BYTES
+        and len(envelope[0]) <= max_payload
     ):
         return "has a partial or malformed envelope"
     return None
