@@ -364,9 +364,10 @@ class Discovery:
         return out
 
     def status(self) -> dict:
+        table = self.node.protocol.routing_table.uid_to_peer_id if self.node else {}
         return {
             "dht": self.node is not None,
-            "routing_table": len(self.node.protocol.routing_table.uid_to_peer_id) if self.node else 0,
+            "routing_table": len(table),
             "records_stored": dict(self.stored),
             "writers_found": {k: len(v) for k, v in self.found.items()},
             "rejected": self.metrics.discovery_rejected_counts() if self.metrics else {},
