@@ -29,6 +29,7 @@ from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.discovery import Discovery, run_discovery
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
@@ -158,6 +159,7 @@ class PeerDaemon:
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
             "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
+            "discovery": self.discovery.status() if getattr(self, "discovery", None) else None,
         }
 
     def audit_status(self) -> dict | None:
@@ -577,8 +579,13 @@ class PeerDaemon:
         )
         self.peer_id = self.p2p.peer_id.to_bytes()
         self.reconnector = Reconnector(self.p2p, s.data_dir, s.bootstrap, s.node, self.metrics)
+        self.discovery: Discovery | None = None
+        discovering: asyncio.Task | None = None
         http = None
         try:
+            if s.node.discovery:
+                self.discovery = Discovery(self.p2p, s.data_dir / "identity.key", self.metrics)
+                await self.discovery.start()
             if s.metrics_port is not None:  # early, so /status says why the peer waits
                 http = await serve_http(
                     s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
@@ -659,6 +666,17 @@ class PeerDaemon:
                     audit_topic_for(self.config.run_id), self.admit_audit_records
                 )
             await self.reconnector.attach(self.node)
+            if self.discovery is not None:  # finds the run's other peers while we sync
+                discovering = asyncio.create_task(
+                    run_discovery(
+                        self.discovery,
+                        self.reconnector,
+                        self.node,
+                        lambda: self.round,
+                        s.node.discovery_interval,
+                    ),
+                    name="discovery",
+                )
             # No lonely start: a peer that knows others exist (its ledger's rows, its peer
             # book, its bootstrap list) trains only after one of them answered a repair pass.
             self.state = "syncing"
@@ -748,6 +766,11 @@ class PeerDaemon:
         finally:
             if http is not None:
                 await http.close()
+            if discovering is not None:
+                discovering.cancel()
+                await asyncio.gather(discovering, return_exceptions=True)
+            if self.discovery is not None:
+                await self.discovery.stop()
             await self.reconnector.stop()
             if hasattr(self, "node"):
                 await self.node.stop()

@@ -117,6 +117,7 @@ SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "redial_max": (0, MAX_SECONDS, "seconds", True),
     "summary_interval": (0, MAX_SECONDS, "seconds", True),
     "island_after": (0, MAX_SECONDS, "seconds", False),
+    "discovery_interval": (0, MAX_SECONDS, "seconds", True),
     "connect_retries": (0, 1 << 20, "a number of attempts (0: once)", False),
 }
 

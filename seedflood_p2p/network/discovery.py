@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,9 +42,10 @@ from pathlib import Path
 
 import msgpack
 
+from seedflood_p2p import __version__
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.protocol.wire import MAX_ADDRS
+from seedflood_p2p.protocol.wire import BUCKET_ROUNDS, MAX_ADDRS
 
 log = logging.getLogger("seedflood.discovery")
 
@@ -283,6 +286,7 @@ class Discovery:
         self.found: dict[str, set[str]] = {k: set() for k in KINDS}  # writers seen, by kind
         self.stored = dict.fromkeys(KINDS, 0)  # own records stored (accepted by >= 1 node)
         self._pinged: set[str] = set()
+        self._published_at: dict[str, float] = {}
 
     async def start(self) -> None:
         """Start the DHT node on our daemon; peers join its routing table via `add_peers`."""
@@ -363,6 +367,29 @@ class Discovery:
         self.found[kind].update(_b58(w) for w in out)
         return out
 
+    async def refresh(
+        self, run_id: str, records: dict[str, dict], connected: Iterable[str]
+    ) -> dict[str, list[str]]:
+        """One pass of a running peer: ping new connections into the routing table, store our
+        records (the manifest only when half its life has passed), and read the run's "peer"
+        records. Returns {peer id (base58): addresses} of the other live peers found."""
+        connected = set(connected)
+        self._pinged &= connected  # a peer that left is pinged again when it returns
+        await self.add_peers(sorted(connected))
+        now = time.time()
+        for kind, body in records.items():
+            fresh = now - self._published_at.get(kind, -math.inf) < RECORD_TTL[kind] / 2
+            if kind == "manifest" and fresh:
+                continue  # the manifest never changes: store it again before it lapses
+            if await self.publish(run_id, kind, body, now):
+                self._published_at[kind] = now
+        found = await self.lookup(run_id, "peer")
+        return {
+            _b58(writer): list(record.body["addrs"])
+            for writer, record in found.items()
+            if writer != self.writer and record.body["addrs"]
+        }
+
     def status(self) -> dict:
         table = self.node.protocol.routing_table.uid_to_peer_id if self.node else {}
         return {
@@ -372,6 +399,48 @@ class Discovery:
             "writers_found": {k: len(v) for k, v in self.found.items()},
             "rejected": self.metrics.discovery_rejected_counts() if self.metrics else {},
         }
+
+
+def node_records(flood, own_addrs: list[str], round_: int) -> dict[str, dict]:
+    """The three records a node of the run writes: its run's manifest, where it listens and
+    its round, and its ledger's size, set digest and newest round (`flood`: its FloodNode)."""
+    ledger = flood.ledger
+    return {
+        "manifest": {"manifest": flood.manifest_json, "version": __version__},
+        "peer": {"addrs": list(own_addrs)[:MAX_ADDRS], "round": int(round_)},
+        "ledger": {
+            "rows": len(ledger),
+            "digest": ledger_set_digest(ledger.bucket_digests(BUCKET_ROUNDS)),
+            "round": ledger.max_round(),
+        },
+    }
+
+
+async def run_discovery(
+    discovery: Discovery, reconnector, flood, round_of: Callable[[], int], interval: float
+) -> None:
+    """For as long as the node runs: every `interval` seconds write our records, read the
+    run's live peers and hand them to `reconnector` (a Reconnector), which dials them."""
+    while True:
+        try:
+            records = node_records(flood, reconnector.own_addrs, round_of())
+            found = await discovery.refresh(flood.run_id, records, reconnector.connected)
+            reconnector.add_hints(found, "dht")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a DHT hiccup must not end discovery for good
+            log.warning("discovery pass failed: %r", exc)
+        await asyncio.sleep(interval)
+
+
+def ledger_set_digest(bucket_digests: dict[int, tuple[int, bytes]]) -> str:
+    """One digest of a whole ledger from its bucket set digests (`Ledger.bucket_digests`,
+    cached per bucket, so this costs little on a long ledger): equal digests, equal ledgers."""
+    h = hashlib.sha256()
+    for bucket in sorted(bucket_digests):
+        count, digest = bucket_digests[bucket]
+        h.update(bucket.to_bytes(8, "little") + count.to_bytes(8, "little") + digest)
+    return h.hexdigest()
 
 
 def _b58(peer: bytes) -> str:

@@ -101,6 +101,10 @@ class NodeSettings:
     summary_interval: float = 5.0  # seconds between summary exchanges with connected peers
     island_after: float = 30.0  # unreachable or diverged this long: say "partitioned"
     allow_alone: bool = False  # start (train, serve joiners) although others are known
+    # Signed discovery records in hivemind's DHT on our own daemon (network/discovery.py):
+    # the run's manifest, live peers and ledger summaries, written and read this often.
+    discovery: bool = True
+    discovery_interval: float = 15.0
 
 
 @dataclass
