@@ -397,6 +397,7 @@ class Discovery:
             "routing_table": len(table),
             "records_stored": dict(self.stored),
             "writers_found": {k: len(v) for k, v in self.found.items()},
+            "peers_found": sorted(self.found["peer"])[:64],  # writers of valid "peer" records
             "rejected": self.metrics.discovery_rejected_counts() if self.metrics else {},
         }
 

@@ -1,0 +1,123 @@
+"""Join through any live peer after the bootstrap node is gone, with real daemons on 127.0.0.1.
+
+Shared by tests/test_join_any_peer.py (asserts) and bench/bench_join.py (times):
+
+    bootstrap + A, B, C train; the bootstrap node is SIGKILLed; D starts with
+    `--bootstrap <A's address>` only, gets the manifest from A, finds B and C through the
+    signed "peer" records in the DHT (network/discovery.py), dials them, trains; every
+    peer then finishes at the same round and writes its final status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from seedflood_p2p.apps.demo import finish_all
+from seedflood_p2p.apps.localnet import NodeProcess
+
+from cluster import start_bootstrap, start_peer
+
+PEER_FLAGS = [
+    "--metrics-port",
+    "0",
+    "--round-interval",
+    "0.4",
+    "--max-staleness",
+    "2",
+    "--round-deadline",
+    "3",
+    "--liveness-timeout",
+    "10",
+    "--linger",
+    "4",
+    "--repair-interval",
+    "1",
+    "--redial-max",
+    "3",
+    "--summary-interval",
+    "1",
+    "--discovery-interval",
+    "2",
+]
+NODE_FLAGS = ["--redial-max", "3", "--summary-interval", "1", "--discovery-interval", "2"]
+
+
+def events(proc: NodeProcess, event: str) -> list[dict]:
+    return [e for e in proc.events() if e.get("event") == event]
+
+
+def wait_event(proc: NodeProcess, event: str, timeout: float = 180, **match) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in events(proc, event) if all(e.get(k) == v for k, v in match.items())]
+        if found:
+            return found[0]
+        if not proc.alive or time.monotonic() > deadline:
+            raise AssertionError(f"{proc.name}: no {event!r} event {match}:\n{proc.tail()}")
+        time.sleep(0.2)
+
+
+def full_address(proc: NodeProcess) -> str:
+    """The peer's own (loopback) address with its peer id, as another peer's --bootstrap."""
+    peer_id = wait_event(proc, "join")["peer_id"]
+    addrs = wait_event(proc, "own_addrs")["addrs"]
+    local = next(a for a in addrs if a.startswith("/ip4/127.0.0.1/"))
+    return f"{local}/p2p/{peer_id}"
+
+
+def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join: int = 4) -> dict:
+    """Run the scenario in `work`; returns what happened (times in seconds)."""
+    procs: list[NodeProcess] = []
+    try:
+        boot, address = start_bootstrap(work, NODE_FLAGS)
+        procs.append(boot)
+        peers = {}
+        for name in "abc":
+            peers[name] = start_peer(work, name, address, [*PEER_FLAGS, "--min-peers", "3"])
+            procs.append(peers[name])
+        for name in "abc":
+            peers[name].wait_round(rounds_before_kill)
+        ids = {name: wait_event(p, "join")["peer_id"] for name, p in peers.items()}
+        entry = full_address(peers["a"])
+        os.kill(boot.proc.pid, signal.SIGKILL)
+        boot.proc.wait()
+        run_round_at_join = peers["a"].last_round()
+        started = time.monotonic()
+        d = start_peer(work, "d", entry, PEER_FLAGS)
+        procs.append(d)
+        peers["d"] = d
+        ready = wait_event(d, "ready")
+        ready_s = time.monotonic() - started
+        connected = {}
+        for name in "bc":  # peers D was not given: found through discovery
+            wait_event(d, "connected", peer=ids[name])
+            connected[name] = time.monotonic() - started
+        d.wait_round(ready["round"] + rounds_after_join)
+        first_rounds = [e for e in events(d, "round")]
+        trained_s = time.monotonic() - started
+        finish_all(peers, work)
+        codes = {name: p.wait_exit() for name, p in peers.items()}
+        finals = {
+            name: json.loads((work / name / "final_status.json").read_text()) for name in peers
+        }
+        return {
+            "ids": ids,
+            "entry": entry,
+            "codes": codes,
+            "run_round_at_join": run_round_at_join,
+            "ready": ready,
+            "ready_s": round(ready_s, 2),
+            "connected_s": {k: round(v, 2) for k, v in connected.items()},
+            "trained_rounds_s": round(trained_s, 2),
+            "first_round": first_rounds[0]["round"] if first_rounds else None,
+            "discovered": events(d, "discovered"),
+            "d_connected": [e["peer"] for e in events(d, "connected")],
+            "finals": finals,
+        }
+    finally:
+        for p in procs:
+            p.stop()
