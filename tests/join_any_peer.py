@@ -2,10 +2,10 @@
 
 Shared by tests/test_join_any_peer.py (asserts) and bench/bench_join.py (times):
 
-    bootstrap + A, B, C train; the bootstrap node is SIGKILLed; D starts with
-    `--bootstrap <A's address>` only, gets the manifest from A, finds B and C through the
-    signed "peer" records in the DHT (network/discovery.py), dials them, trains; every
-    peer then finishes at the same round and writes its final status.
+    bootstrap + A, B, C train; the bootstrap node is SIGKILLed; D starts with the TOML
+    list `bootstrap = [<dead bootstrap>, <A>]` only, gets the manifest from A, finds B
+    and C through the signed "peer" records in the DHT (network/discovery.py), dials
+    them, trains; every peer then finishes at the same round and writes its final status.
 """
 
 from __future__ import annotations
@@ -87,7 +87,26 @@ def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join
         boot.proc.wait()
         run_round_at_join = peers["a"].last_round()
         started = time.monotonic()
-        d = start_peer(work, "d", entry, PEER_FLAGS)
+        # D's bootstrap list is a TOML list: the dead bootstrap node first, then A.
+        d_toml = work / "d.toml"
+        d_toml.write_text(f"bootstrap = {json.dumps([address, entry])}\n")
+        d = NodeProcess(
+            "d",
+            [
+                "peer",
+                "--config",
+                str(d_toml),
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--data-dir",
+                str(work / "d"),
+                "--threads",
+                "1",
+                *PEER_FLAGS,
+            ],
+            work,
+            1,
+        )
         procs.append(d)
         peers["d"] = d
         ready = wait_event(d, "ready")
@@ -107,6 +126,7 @@ def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join
         return {
             "ids": ids,
             "entry": entry,
+            "bootstrap": address,
             "codes": codes,
             "run_round_at_join": run_round_at_join,
             "ready": ready,

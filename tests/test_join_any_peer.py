@@ -5,7 +5,6 @@ the DHT's signed peer records, connect to them, train, and end with the same led
 from __future__ import annotations
 
 import pytest
-
 from join_any_peer import run_join_any_peer
 
 pytestmark = pytest.mark.slow
@@ -35,3 +34,9 @@ def test_the_new_peer_connects_to_peers_it_was_not_given_found_in_the_dht(joined
 def test_every_ledger_ends_identical(joined):
     digests = {name: final["ledger_digest"] for name, final in joined["finals"].items()}
     assert len(set(digests.values())) == 1, digests
+
+
+def test_a_toml_bootstrap_list_with_a_dead_first_entry_is_used(joined):
+    # D's only addresses came from `bootstrap = [dead bootstrap, A]` in its TOML file.
+    assert joined["bootstrap"] != joined["entry"]
+    assert joined["ids"]["a"] in joined["d_connected"]
