@@ -69,15 +69,30 @@ def full_address(proc: NodeProcess) -> str:
     return f"{local}/p2p/{peer_id}"
 
 
-def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join: int = 4) -> dict:
-    """Run the scenario in `work`; returns what happened (times in seconds)."""
+def _first_time(proc: NodeProcess, event: str, peer: str, since: float) -> float | None:
+    times = [e["time"] for e in events(proc, event) if e.get("peer") == peer]
+    return round(min(times) - since, 2) if times else None
+
+
+def run_join_any_peer(
+    work: Path,
+    rounds_before_kill: int = 4,
+    rounds_after_join: int = 4,
+    discovery: bool = True,
+    connect_timeout: float = 180,
+) -> dict:
+    """Run the scenario in `work`; returns what happened (times in seconds). `discovery`
+    False runs every node with --no-discovery (the control: no DHT records), and a peer D
+    never connects to within `connect_timeout` s is reported as None, not an error."""
     procs: list[NodeProcess] = []
+    switch = [] if discovery else ["--no-discovery"]
     try:
-        boot, address = start_bootstrap(work, NODE_FLAGS)
+        boot, address = start_bootstrap(work, [*NODE_FLAGS, *switch])
         procs.append(boot)
         peers = {}
         for name in "abc":
-            peers[name] = start_peer(work, name, address, [*PEER_FLAGS, "--min-peers", "3"])
+            flags = [*PEER_FLAGS, *switch, "--min-peers", "3"]
+            peers[name] = start_peer(work, name, address, flags)
             procs.append(peers[name])
         for name in "abc":
             peers[name].wait_round(rounds_before_kill)
@@ -86,7 +101,7 @@ def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join
         os.kill(boot.proc.pid, signal.SIGKILL)
         boot.proc.wait()
         run_round_at_join = peers["a"].last_round()
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         # D's bootstrap list is a TOML list: the dead bootstrap node first, then A.
         d_toml = work / "d.toml"
         d_toml.write_text(f"bootstrap = {json.dumps([address, entry])}\n")
@@ -103,6 +118,7 @@ def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join
                 "--threads",
                 "1",
                 *PEER_FLAGS,
+                *switch,
             ],
             work,
             1,
@@ -113,8 +129,11 @@ def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join
         ready_s = time.monotonic() - started
         connected = {}
         for name in "bc":  # peers D was not given: found through discovery
-            wait_event(d, "connected", peer=ids[name])
-            connected[name] = time.monotonic() - started
+            try:
+                wait_event(d, "connected", connect_timeout, peer=ids[name])
+                connected[name] = round(time.monotonic() - started, 2)
+            except AssertionError:
+                connected[name] = None
         d.wait_round(ready["round"] + rounds_after_join)
         first_rounds = [e for e in events(d, "round")]
         trained_s = time.monotonic() - started
@@ -131,10 +150,24 @@ def run_join_any_peer(work: Path, rounds_before_kill: int = 4, rounds_after_join
             "run_round_at_join": run_round_at_join,
             "ready": ready,
             "ready_s": round(ready_s, 2),
-            "connected_s": {k: round(v, 2) for k, v in connected.items()},
+            "discovery": discovery,
+            "connected_s": connected,
             "trained_rounds_s": round(trained_s, 2),
             "first_round": first_rounds[0]["round"] if first_rounds else None,
             "discovered": events(d, "discovered"),
+            # seconds after D's start, from D's log: when it first saw each peer connected,
+            # and when it first heard of it (source "dht": signed records; "summary": a peer)
+            "timeline": {
+                name: {
+                    "connected": _first_time(d, "connected", ids[name], started_wall),
+                    "heard_of": _first_time(d, "discovered", ids[name], started_wall),
+                    "heard_from": next(
+                        (e["source"] for e in events(d, "discovered") if e["peer"] == ids[name]),
+                        None,
+                    ),
+                }
+                for name in "abc"
+            },
             "d_connected": [e["peer"] for e in events(d, "connected")],
             "finals": finals,
         }
