@@ -137,3 +137,48 @@ async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_an
         await hostile.shutdown()
         await d1.stop()
         await d2.stop()
+
+
+async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_the_dht(
+    spawn, tmp_path
+):
+    """A real node's not-ready `seedflood.manifest` reply goes through the joiner's decoder
+    (`PeerDaemon.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
+    from peer.daemon import NotReady, PeerDaemon, PeerSettings
+    from seedflood_p2p.network.discovery import node_records
+    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.storage.ledger import Ledger
+
+    from cluster import RUN
+
+    server, server_discovery = await _joined(spawn, tmp_path, "server")
+    node = FloodNode(
+        server,
+        Ledger(tmp_path / "server.sqlite", RUN.run_id),
+        RUN.to_json(),
+        NodeMetrics(),
+        NodeSettings(),
+    )
+    node.not_ready = "restarted: syncing with the run's other nodes first"
+    joiner, joiner_discovery = await _joined(spawn, tmp_path, "joiner")
+    daemon = PeerDaemon(PeerSettings(data_dir=tmp_path / "joiner"))
+    daemon.p2p, daemon.discovery = joiner, joiner_discovery
+    try:
+        await node.start()
+        records = node_records(node, [], 0)
+        assert await server_discovery.publish(RUN.run_id, "manifest", records["manifest"])
+        await _connect(joiner, server)
+        server_id = server.peer_id.to_base58()
+        with pytest.raises(NotReady) as caught:
+            await daemon.ask_manifest(server_id)
+        assert caught.value.run_id == RUN.run_id
+        config = await daemon.manifest_from_dht(RUN.run_id, [server_id])
+        assert config is not None and config.to_json() == RUN.to_json()
+        assert await daemon.manifest_from_dht(OTHER_RUN, [server_id]) is None
+        node.not_ready = None  # in step: the reply is the manifest itself
+        assert (await daemon.ask_manifest(server_id)).run_id == RUN.run_id
+    finally:
+        await node.stop()
+        await server_discovery.stop()
+        await joiner_discovery.stop()
+        daemon._model_thread.shutdown(wait=False)
