@@ -33,8 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out or ROOT / "bench" / "results" / "join")
     runs = []
-    for discovery in (True, False):
-        for _ in range(args.repeats):
+    for _ in range(args.repeats):
+        for discovery in (True, False):  # interleaved: the machine's load drifts
             with tempfile.TemporaryDirectory(prefix="sf-join-") as work:
                 began = time.monotonic()
                 result = run_join_any_peer(Path(work), discovery=discovery, connect_timeout=90)
@@ -47,6 +47,7 @@ def main() -> None:
                         "run_round_at_join": result["run_round_at_join"],
                         "connected_s": result["connected_s"],
                         "timeline": result["timeline"],
+                        "phases": result["phases"],
                         "peers_found_in_dht": len(
                             (result["finals"]["d"].get("discovery") or {}).get("peers_found", [])
                         ),
@@ -71,8 +72,9 @@ def main() -> None:
         f"{report['load_average_at_end'][0]:.1f}): the times are dominated by process start "
         "and model loading under that load.",
         "",
-        "| discovery | ready (s) | ready at round / run round | connected to B, C (s) | "
-        "heard of B, C (s, from) | DHT peer records read | ledgers identical |",
+        "| discovery | ready (s) | daemon up / manifest / attached / synced (s) | "
+        "connected to A; B, C (s) | heard of B, C (s, from) | DHT peer records read | "
+        "ledgers identical |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -81,9 +83,12 @@ def main() -> None:
             for name, t in r["timeline"].items()
             if name in "bc"
         )
+        phases = " / ".join(
+            str(r["phases"].get(p, "-")) for p in ("http", "join", "own_addrs", "caught_up")
+        )
         lines.append(
-            f"| {'on' if r['discovery'] else 'off (control)'} | {r['ready_s']} | "
-            f"{r['ready_round']} / {r['run_round_at_join']} | "
+            f"| {'on' if r['discovery'] else 'off (control)'} | {r['ready_s']} | {phases} | "
+            f"{r['timeline']['a']['connected']}; "
             f"{r['connected_s']['b']}, {r['connected_s']['c']} | {heard} | "
             f"{r['peers_found_in_dht']} | {r['ledgers_identical']} |"
         )

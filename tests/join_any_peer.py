@@ -155,6 +155,13 @@ def run_join_any_peer(
             "trained_rounds_s": round(trained_s, 2),
             "first_round": first_rounds[0]["round"] if first_rounds else None,
             "discovered": events(d, "discovered"),
+            # seconds after D's start of its phases: daemon up, manifest in hand, flood node
+            # attached, first sync done, ready
+            "phases": {
+                event: round(min(e["time"] for e in found) - started_wall, 2)
+                for event in ("http", "join", "own_addrs", "caught_up", "ready")
+                if (found := events(d, event))
+            },
             # seconds after D's start, from D's log: when it first saw each peer connected,
             # and when it first heard of it (source "dht": signed records; "summary": a peer)
             "timeline": {
