@@ -237,8 +237,13 @@ class PeerDaemon:
         time a node answers `seedflood.manifest` (a restart). None: no such record."""
         if self.discovery is None:
             return None
-        await self.discovery.add_peers(connected)
-        records = await self.discovery.lookup(run_id, "manifest")
+        try:
+            await self.discovery.add_peers(connected)
+            records = await self.discovery.lookup(run_id, "manifest")
+        except Exception as exc:  # a DHT failure: go on dialling as without discovery
+            log.warning("reading the manifest from the DHT failed: %r", exc)
+            return None
+        other_versions = []
         for record in records.values():
             try:
                 config = RunConfig.from_json(record.body["manifest"])
@@ -246,7 +251,11 @@ class PeerDaemon:
                 continue
             if config.run_id != run_id:
                 continue
-            check_version(record.body["version"], __version__)
+            try:  # one writer's odd version must not stop us if another's matches
+                check_version(record.body["version"], __version__)
+            except UserError as exc:
+                other_versions.append(exc)
+                continue
             log.info(
                 "manifest of run %s from the DHT (%d signed record(s)): the node(s) reached "
                 "are still syncing",
@@ -255,6 +264,8 @@ class PeerDaemon:
                 extra={"fields": {"event": "manifest_from_dht", "records": len(records)}},
             )
             return config
+        if other_versions:
+            raise other_versions[0]
         return None
 
     def stored_manifest(self) -> RunConfig | None:
