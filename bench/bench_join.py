@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,27 +36,32 @@ def main() -> None:
     runs = []
     for _ in range(args.repeats):
         for discovery in (True, False):  # interleaved: the machine's load drifts
-            with tempfile.TemporaryDirectory(prefix="sf-join-") as work:
-                began = time.monotonic()
+            work = tempfile.mkdtemp(prefix="sf-join-")  # kept if the run fails, for its logs
+            began = time.monotonic()
+            try:
                 result = run_join_any_peer(Path(work), discovery=discovery, connect_timeout=90)
-                digests = {n: f["ledger_digest"] for n, f in result["finals"].items()}
-                runs.append(
-                    {
-                        "discovery": discovery,
-                        "ready_s": result["ready_s"],
-                        "ready_round": result["ready"]["round"],
-                        "run_round_at_join": result["run_round_at_join"],
-                        "connected_s": result["connected_s"],
-                        "timeline": result["timeline"],
-                        "phases": result["phases"],
-                        "peers_found_in_dht": len(
-                            (result["finals"]["d"].get("discovery") or {}).get("peers_found", [])
-                        ),
-                        "codes": result["codes"],
-                        "ledgers_identical": len(set(digests.values())) == 1,
-                        "wall_s": round(time.monotonic() - began, 1),
-                    }
-                )
+            except Exception as exc:  # one failed run is a result too, not the end of the bench
+                runs.append({"discovery": discovery, "failed": repr(exc)[:2000], "work": work})
+                continue
+            shutil.rmtree(work, ignore_errors=True)
+            digests = {n: f["ledger_digest"] for n, f in result["finals"].items()}
+            runs.append(
+                {
+                    "discovery": discovery,
+                    "ready_s": result["ready_s"],
+                    "ready_round": result["ready"]["round"],
+                    "run_round_at_join": result["run_round_at_join"],
+                    "connected_s": result["connected_s"],
+                    "timeline": result["timeline"],
+                    "phases": result["phases"],
+                    "peers_found_in_dht": len(
+                        (result["finals"]["d"].get("discovery") or {}).get("peers_found", [])
+                    ),
+                    "codes": result["codes"],
+                    "ledgers_identical": len(set(digests.values())) == 1,
+                    "wall_s": round(time.monotonic() - began, 1),
+                }
+            )
     report = {
         "command": "nice -n 19 python bench/bench_join.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
@@ -78,6 +84,10 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
+        if "failed" in r:
+            first_line = r["failed"].splitlines()[0][:200]
+            lines.append(f"| {'on' if r['discovery'] else 'off'} | FAILED: {first_line} |")
+            continue
         heard = ", ".join(
             f"{t['heard_of']} ({t['heard_from']})" if t["heard_of"] is not None else "-"
             for name, t in r["timeline"].items()

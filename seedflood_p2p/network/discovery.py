@@ -52,13 +52,18 @@ log = logging.getLogger("seedflood.discovery")
 RECORD_VERSION = 1
 SIGNING_CONTEXT = b"seedflood-discovery-v1:"
 KINDS = ("manifest", "peer", "ledger")
+CLOCK_SLACK = 300.0  # writers' clocks may differ this much (MAX_CLOCK_SKEW of the peer)
 # Seconds a record lives. A writer refreshes its records every `interval` (NodeSettings.
-# discovery_interval, default 15 s), so a live peer's records never lapse; a peer that stops
-# disappears from "peer" and "ledger" within a minute. The manifest never changes for a run,
-# hence the longer life.
-RECORD_TTL = {"manifest": 600.0, "peer": 60.0, "ledger": 60.0}
+# discovery_interval, default 15 s), so a live peer's records never lapse. Each life is
+# CLOCK_SLACK longer than it needs to be: a writer whose clock runs behind by up to the
+# skew a join allows must not see its records refused as expired. So a peer that stops
+# stays in "peer" records for up to 6 minutes (readers just fail to dial it, with backoff).
+RECORD_TTL = {
+    "manifest": 600.0 + CLOCK_SLACK,
+    "peer": 60.0 + CLOCK_SLACK,
+    "ledger": 60.0 + CLOCK_SLACK,
+}
 MAX_TTL = 3600.0  # a record expiring later than this is refused: nobody pins stale entries
-CLOCK_SLACK = 300.0  # a writer's clock may run this far ahead (MAX_CLOCK_SKEW of the peer)
 MAX_RECORD_BYTES = 64 << 10  # a manifest is ~1 KB; anything near this is hostile
 REJECT_REASONS = (
     "malformed",
