@@ -178,11 +178,8 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     finally:
         if http is not None:
             await http.close()
-        if discovering is not None:
-            discovering.cancel()
-            await asyncio.gather(discovering, return_exceptions=True)
         if discovery is not None:
-            await discovery.stop()
+            await discovery.stop(discovering)
         await reconnector.stop()
         if node is not None:
             await node.stop()

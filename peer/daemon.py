@@ -828,11 +828,8 @@ class PeerDaemon:
         finally:
             if http is not None:
                 await http.close()
-            if discovering is not None:
-                discovering.cancel()
-                await asyncio.gather(discovering, return_exceptions=True)
             if self.discovery is not None:
-                await self.discovery.stop()
+                await self.discovery.stop(discovering)
             await self.reconnector.stop()
             if hasattr(self, "node"):
                 await self.node.stop()
