@@ -22,6 +22,7 @@ import base58
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import bounded
+from seedflood_p2p.network.discovery import Discovery, run_discovery
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http
 from seedflood_p2p.network.p2pd import create_p2p
@@ -83,9 +84,13 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     )
     metrics = NodeMetrics()
     reconnector = Reconnector(p2p, settings.data_dir, settings.bootstrap, settings.node, metrics)
-    node = http = None
+    node = http = discovering = None
+    discovery = None
     state = {"state": "starting"}
     try:
+        if settings.node.discovery:  # the DHT's first node: peers that join through us find it
+            discovery = Discovery(p2p, settings.data_dir / "identity.key", metrics)
+            await discovery.start()
         ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
         ledger.claim(config.to_json(), "use a new --data-dir for a new run")
         node = FloodNode(p2p, ledger, config.to_json(), metrics, settings.node)
@@ -100,6 +105,17 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             node.not_ready = "restarted: syncing with the run's other nodes first"
         await node.start()
         await reconnector.attach(node)
+        if discovery is not None:
+            discovering = asyncio.create_task(
+                run_discovery(
+                    discovery,
+                    reconnector,
+                    node,
+                    lambda: node.newest_round,
+                    settings.node.discovery_interval,
+                ),
+                name="discovery",
+            )
         suffix = f"/p2p/{p2p.peer_id.to_base58()}"
         addresses = [
             str(a) if str(a).endswith(suffix) else f"{a}{suffix}"
@@ -122,6 +138,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                     "dropped": metrics.drop_counts(),
                     "admissions": metrics.admission_counts(),
                     "banned": node.bans.status(),
+                    "discovery": discovery.status() if discovery else None,
                 }
 
             http = await serve_http(settings.metrics_host, settings.metrics_port, metrics, status)
@@ -162,6 +179,8 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     finally:
         if http is not None:
             await http.close()
+        if discovery is not None:
+            await discovery.stop(discovering)
         await reconnector.stop()
         if node is not None:
             await node.stop()

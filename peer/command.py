@@ -30,13 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, NODE_FIELDS, "network settings")
 
 
-def run(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> PeerSettings:
+    """The peer's settings from its flags and `--config` TOML file (e.g. the bootstrap list
+    as `bootstrap = ["/ip4/.../p2p/A", "/ip4/.../p2p/B"]`; a --bootstrap flag replaces it)."""
     table = read_toml(args)
     check_unknown(table, PEER_FIELDS + NODE_FIELDS, args)
-    settings = PeerSettings(
+    return PeerSettings(
         **settings_values(args, PEER_FIELDS, table, {}),
         node=NodeSettings(**settings_values(args, NODE_FIELDS, table, {})),
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
     if not settings.bootstrap:
         raise UserError(
             "no bootstrap address: pass --bootstrap /ip4/HOST/tcp/PORT/p2p/PEER_ID "

@@ -31,6 +31,7 @@ from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
+from seedflood_p2p.network.discovery import Discovery, run_discovery
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
@@ -93,12 +94,26 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
             f"this machine's clock differs from the bootstrap node's by {skew:+.0f} s: "
             "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
         )
-    if reply["version"].split(".")[:2] != version.split(".")[:2]:
-        raise UserError(
-            f"the run uses seedflood-p2p {reply['version']}, this is {version}: "
-            f"install the run's version (pip install seedflood-p2p=={reply['version']})"
-        )
+    check_version(reply["version"], version)
     return RunConfig.from_json(reply["manifest"])
+
+
+def check_version(run_version: str, version: str) -> None:
+    """Refuse a run made with another seedflood major.minor version, naming the fix."""
+    if run_version.split(".")[:2] != version.split(".")[:2]:
+        raise UserError(
+            f"the run uses seedflood-p2p {run_version}, this is {version}: "
+            f"install the run's version (pip install seedflood-p2p=={run_version})"
+        )
+
+
+class NotReady(RemoteCallError):
+    """A node of the run that does not serve joiners yet (it is syncing); `run_id` is its
+    run, so the manifest can be read from the DHT's signed records instead."""
+
+    def __init__(self, why: str, run_id: str | None) -> None:
+        super().__init__(f"not serving joiners yet ({why[:120]})")
+        self.run_id = run_id
 
 
 def start_round(ledger: Ledger, peer_id: bytes) -> int:
@@ -128,6 +143,7 @@ class PeerDaemon:
         self.state = "starting"  # what the peer is doing, or why it waits (/status, logs)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
         self.audits: PeerAudits | None = None  # the run's audits (manifest extra.audit)
+        self.discovery: Discovery | None = None  # DHT records (NodeSettings.discovery)
         check_test_cheat(settings.test_cheat, os.environ)
 
     # -- helpers ------------------------------------------------------------
@@ -165,6 +181,7 @@ class PeerDaemon:
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
             "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
+            "discovery": self.discovery.status() if self.discovery else None,
         }
 
     def audit_status(self) -> dict | None:
@@ -210,7 +227,9 @@ class PeerDaemon:
         try:
             reply = msgpack.unpackb(reply)
             if isinstance(reply, dict) and isinstance(reply.get("not_ready"), str):
-                raise RemoteCallError(f"not serving joiners yet ({reply['not_ready'][:120]})")
+                run_id = reply.get("run_id")
+                valid = isinstance(run_id, str) and len(run_id) == 64
+                raise NotReady(reply["not_ready"], run_id if valid else None)
             fields = (reply["time"], reply["version"], reply["manifest"])
         except RemoteCallError:
             raise
@@ -219,6 +238,45 @@ class PeerDaemon:
         if not all(isinstance(f, t) for f, t in zip(fields, (float, str, str), strict=True)):
             raise RemoteCallError("malformed manifest reply")
         return check_manifest_reply(reply, time.time(), __version__)
+
+    async def manifest_from_dht(self, run_id: str, connected: list[str]) -> RunConfig | None:
+        """The manifest of `run_id` from the run's signed "manifest" records in the DHT, when
+        the nodes we reached are still syncing (a restarted bootstrap node). The record
+        must hash to `run_id` (a manifest's run id is its hash) and come from our version.
+        No clock check here (a record carries no "now"): the clock is checked the next
+        time a node answers `seedflood.manifest` (a restart). None: no such record."""
+        if self.discovery is None:
+            return None
+        try:
+            await self.discovery.add_peers(connected)
+            records = await self.discovery.lookup(run_id, "manifest")
+        except Exception as exc:  # a DHT failure: go on dialling as without discovery
+            log.warning("reading the manifest from the DHT failed: %r", exc)
+            return None
+        other_versions = []
+        for record in records.values():
+            try:
+                config = RunConfig.from_json(record.body["manifest"])
+            except UserError:
+                continue
+            if config.run_id != run_id:
+                continue
+            try:  # one writer's odd version must not stop us if another's matches
+                check_version(record.body["version"], __version__)
+            except UserError as exc:
+                other_versions.append(exc)
+                continue
+            log.info(
+                "manifest of run %s from the DHT (%d signed record(s)): the node(s) reached "
+                "are still syncing",
+                run_id[:12],
+                len(records),
+                extra={"fields": {"event": "manifest_from_dht", "records": len(records)}},
+            )
+            return config
+        if other_versions:
+            raise other_versions[0]
+        return None
 
     def stored_manifest(self) -> RunConfig | None:
         """The run this data dir already belongs to (its ledger's manifest), if any."""
@@ -245,11 +303,18 @@ class PeerDaemon:
             order = [p for p in self.reconnector.bootstrap if p in connected]
             order += sorted(p for p in connected if p not in order)
             errors = {p: f"dial failed: {e}" for p, e in dial_errors.items()}
+            syncing_runs = set()
             for peer in order:
                 try:
                     return await self.ask_manifest(peer)
+                except NotReady as exc:
+                    errors[peer] = str(exc)
+                    syncing_runs.add(exc.run_id)
                 except RemoteCallError as exc:
                     errors[peer] = str(exc)
+            for run_id in sorted(syncing_runs - {None}):
+                if (config := await self.manifest_from_dht(run_id, order)) is not None:
+                    return config
             tried = (
                 "; ".join(
                     f"{p}{' at ' + ', '.join(a) if a else ''}: {errors.get(p, 'not connected')}"
@@ -598,8 +663,12 @@ class PeerDaemon:
         )
         self.peer_id = self.p2p.peer_id.to_bytes()
         self.reconnector = Reconnector(self.p2p, s.data_dir, s.bootstrap, s.node, self.metrics)
+        discovering: asyncio.Task | None = None
         http = None
         try:
+            if s.node.discovery:
+                self.discovery = Discovery(self.p2p, s.data_dir / "identity.key", self.metrics)
+                await self.discovery.start()
             if s.metrics_port is not None:  # early, so /status says why the peer waits
                 http = await serve_http(
                     s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
@@ -677,6 +746,17 @@ class PeerDaemon:
                 base_scored = True
             await self.node.start()  # with the audit topic and audit repair, if the run has them
             await self.reconnector.attach(self.node)
+            if self.discovery is not None:  # finds the run's other peers while we sync
+                discovering = asyncio.create_task(
+                    run_discovery(
+                        self.discovery,
+                        self.reconnector,
+                        self.node,
+                        lambda: self.round,
+                        s.node.discovery_interval,
+                    ),
+                    name="discovery",
+                )
             # No lonely start: a peer that knows others exist (its ledger's rows, its peer
             # book, its bootstrap list) trains only after one of them answered a repair pass.
             self.state = "syncing"
@@ -769,6 +849,8 @@ class PeerDaemon:
         finally:
             if http is not None:
                 await http.close()
+            if self.discovery is not None:
+                await self.discovery.stop(discovering)
             await self.reconnector.stop()
             if hasattr(self, "node"):
                 await self.node.stop()

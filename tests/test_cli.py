@@ -341,3 +341,21 @@ def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
     (tmp_path / "bad.toml").write_text("minutes = -1\n")
     line = _error_line(capsys, ["demo", "--config", str(tmp_path / "bad.toml")])
     assert "--minutes > 0" in line
+
+
+def test_peer_bootstrap_list_from_toml_and_a_flag_replaces_it(tmp_path, capsys):
+    from peer.command import settings_from_args
+
+    a = "/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWA"
+    b = "/ip4/10.0.0.2/tcp/4001/p2p/12D3KooWB"
+    toml = tmp_path / "peer.toml"
+    toml.write_text(f'bootstrap = ["{a}", "{b}"]\ndiscovery_interval = 5.0\n')
+    parser = build_parser()
+    settings = settings_from_args(parser.parse_args(["peer", "--config", str(toml)]))
+    assert settings.bootstrap == [a, b]
+    assert settings.node.discovery and settings.node.discovery_interval == 5.0
+    flagged = parser.parse_args(["peer", "--config", str(toml), "--bootstrap", b])
+    assert settings_from_args(flagged).bootstrap == [b]
+    toml.write_text(f'bootstrap = "{a}"\n')  # a string, not a list: one readable line
+    line = _error_line(capsys, ["peer", "--config", str(toml)])
+    assert "bootstrap" in line and "list" in line

@@ -11,7 +11,8 @@ and the bootstrap node both run a FloodNode; the bootstrap just never trains.
 Request/response protocols (msgpack over the same libp2p daemon):
 
     seedflood.manifest  b""                        -> run manifest JSON + version + clock
-                                                      (or {"not_ready": why} while syncing)
+                                                      (or {"not_ready": why, "run_id"} while
+                                                       syncing)
     seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, sha256], ...]
     seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
     seedflood.audit_digest, seedflood.audit_fetch: the same for audit records (runs with
@@ -134,6 +135,10 @@ class NodeSettings:
     # unreachable or diverged this long: say "partitioned"
     island_after: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
     allow_alone: bool = False  # start (train, serve joiners) although others are known
+    # Signed discovery records in hivemind's DHT on our own daemon (network/discovery.py):
+    # the run's manifest, live peers and ledger summaries, written and read this often.
+    discovery: bool = True
+    discovery_interval: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
 
 
 @dataclass
@@ -419,7 +424,8 @@ class FloodNode:
     # -- repair -------------------------------------------------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
         if self.not_ready is not None:
-            return msgpack.packb({"not_ready": self.not_ready})
+            # The run id lets the joiner read the manifest from the DHT's signed records.
+            return msgpack.packb({"not_ready": self.not_ready, "run_id": self.run_id})
         return msgpack.packb(
             {"manifest": self.manifest_json, "version": __version__, "time": time.time()}
         )

@@ -96,6 +96,16 @@ def load_or_create_identity(path: Path) -> PeerID:
     return _ed25519_peer_id(public)
 
 
+def load_signing_key(path: Path):
+    """The Ed25519 private key in the libp2p key file `path` (checked and created by
+    `load_or_create_identity`): it signs this peer's discovery records."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    load_or_create_identity(Path(path))
+    blob = crypto_pb2.PrivateKey.FromString(Path(path).read_bytes())
+    return Ed25519PrivateKey.from_private_bytes(blob.data[:32])
+
+
 def verify_pubsub_signature(
     sender: bytes, data: bytes, seqno: bytes, topic: str, signature: bytes
 ) -> bool:

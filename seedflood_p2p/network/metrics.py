@@ -144,6 +144,12 @@ class NodeMetrics:
             ["why"],
             registry=r,
         )
+        self.discovery_rejected = Counter(
+            "seedflood_discovery_rejected",
+            "DHT discovery records refused: forged, unsigned, expired, malformed",
+            ["reason"],
+            registry=r,
+        )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)
         for source in SOURCES:
@@ -167,6 +173,9 @@ class NodeMetrics:
 
     def drop_counts(self) -> dict[str, int]:
         return {r: int(value(self.dropped.labels(r))) for r in DROP_REASONS}
+
+    def discovery_rejected_counts(self) -> dict[str, int]:
+        return _labelled_counts(self.discovery_rejected)
 
     def count_ban(self, reason: str) -> None:
         self.banned.labels(reason).inc()

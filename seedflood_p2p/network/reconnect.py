@@ -278,6 +278,7 @@ class Reconnector:
         self.metrics = metrics
         self.hints: dict[str, list[str]] = {}  # heard of in summaries, not (yet) met
         self.hinted_at: dict[str, float] = {}  # when a summary last named each hint
+        self.learned_from: dict[str, str] = {}  # hint -> where we first heard of it
         self.backoff: dict[str, Backoff] = {}
         self.connected: set[str] = set()
         self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
@@ -432,6 +433,10 @@ class Reconnector:
             )
         self.own_addrs = addrs
 
+    def on_connect(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(peer id)` on every new connection (from the loop's pass)."""
+        self._on_connect.append(callback)
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self.run(), name="reconnect")
@@ -520,14 +525,33 @@ class Reconnector:
             return
         self.summaries[peer] = (time.monotonic(), summary)
         self.book.met(peer, summary.addrs)
+        named_peers = {}
         for named, addrs in summary.peers.items():
             if not (len(named) == 38 and named.startswith(ED25519_PEER_ID_PREFIX)):
                 continue  # seedflood peers are Ed25519 identities only
-            name = _peer_name(named)
-            if name and name != self.own_id and name not in self.book.entries and addrs:
-                if len(self.hints) < MAX_HINTS or name in self.hints:
-                    self.hints[name] = _dialable(addrs, name)
-                    self.hinted_at[name] = time.monotonic()
+            if name := _peer_name(named):
+                named_peers[name] = addrs
+        self.add_hints(named_peers, "summary")
+
+    def add_hints(self, peers: dict[str, list[str]], source: str) -> None:
+        """Peers heard of (base58 id -> addresses) from `source` ("summary": a connected
+        peer's word; "dht": signed discovery records): dialled by the loop, forgotten when
+        no source names them for ISLAND_WINDOW. A peer already in the book keeps its entry."""
+        for name, addrs in peers.items():
+            if name == self.own_id or name in self.book.entries or not addrs:
+                continue
+            if len(self.hints) >= MAX_HINTS and name not in self.hints:
+                continue
+            if name not in self.hints and name not in self.connected:
+                self.learned_from[name] = source
+                log.info(
+                    "heard of %s from %s",
+                    name,
+                    source,
+                    extra={"fields": {"event": "discovered", "peer": name, "source": source}},
+                )
+            self.hints[name] = _dialable(addrs, name)
+            self.hinted_at[name] = time.monotonic()
 
     def _update_view(self) -> None:
         now = time.monotonic()
