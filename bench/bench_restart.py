@@ -37,7 +37,12 @@ def build_ledger(path: Path, rounds: int, peers: int) -> dict:
     out = path.with_suffix(".json")
     args = {"peers": peers, "rounds": rounds, "path": str(path), "out": str(out)}
     subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_network.py"), "_build-ledger", json.dumps(args)],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_network.py"),
+            "_build-ledger",
+            json.dumps(args),
+        ],
         check=True,
         cwd=str(ROOT),
     )
@@ -132,7 +137,9 @@ def main() -> int:
         )
         out["checkpoint_setup_s"] = round(time.perf_counter() - t, 1)
         out["checkpoint_rows"] = meta["ledger_messages"]
-        out["checkpoint_mib"] = round((ckpt_dir / "checkpoint.safetensors").stat().st_size / 2**20, 1)
+        out["checkpoint_mib"] = round(
+            (ckpt_dir / "checkpoint.safetensors").stat().st_size / 2**20, 1
+        )
         ledger.close()
         del model, live
         out["from_checkpoint"], w_ckpt = restart(ledger_path, ckpt_dir, own_peer)
