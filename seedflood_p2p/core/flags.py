@@ -105,6 +105,8 @@ SETTING_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "eval_examples": (1, 1 << 30, "a number of examples", False),
     "metrics_port": (0, 65535, "a TCP port (0: any free port)", False),
     "threads": (0, 4096, "a number of threads (0: torch's default)", False),
+    "checkpoint_bandwidth": (0, 1e9, "Mbit/s", True),
+    "checkpoint_settle": (0, MAX_INT, "a number of rounds", False),
     # network
     "max_ahead": (0, MAX_INT, "a number of rounds", False),
     "max_behind": (0, MAX_INT, "a number of rounds", False),
