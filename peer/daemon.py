@@ -846,7 +846,7 @@ class PeerDaemon:
             return None
         meta = offer.meta
         download = offer.size * 8 / (self.s.checkpoint_bandwidth * 1e6)
-        params = self.live.engine.num_parameters()
+        params = self.live.engine.num_parameters
         replay_s = estimate_replay_seconds(
             meta["ledger_messages"], meta["round"], self.config, params
         )
