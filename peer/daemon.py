@@ -43,6 +43,7 @@ from seedflood_p2p.network.transport import (
     remove_stale_sockets,
 )
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
+from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
 
 log = logging.getLogger("seedflood.peer")
@@ -302,6 +303,17 @@ class PeerDaemon:
                 await asyncio.sleep(0.2)
         return None
 
+    def check_ledger(self):
+        """`Ledger.verify` of every row, but the signatures of rows our checkpoint covers
+        that are byte for byte unchanged since it was written (`unchanged_rows`)."""
+        return self.ledger.verify(
+            verify_pubsub_signature,
+            f"move {self.ledger.path} aside and restart: the peer re-syncs from the network",
+            self.config.directions,
+            self.peer_id,
+            unchanged_rows(self.ledger, self.s.data_dir),
+        )
+
     def load_model(self, config: RunConfig):
         from seedflood_p2p.workload.data import load_task
         from seedflood_p2p.workload.models import load_model, weights_sha256
@@ -559,6 +571,10 @@ class PeerDaemon:
         weights are written stays pending, in neither."""
         cut = self.live.cut()
         meta = {
+            # lets the next start skip re-checking these rows' signatures (unchanged_rows)
+            "ledger_rows_sha256": self.ledger.rows_sha256(
+                {(m.peer, m.round) for m in cut.messages}
+            ),
             "round": self.round,
             "run_id": self.config.run_id,
             "peer_id": self.p2p.peer_id.to_base58(),
@@ -630,14 +646,15 @@ class PeerDaemon:
             self.state = "loading"
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
             self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
-            check = await asyncio.to_thread(  # O(rows): ~120 us per signature
-                self.ledger.verify,
-                verify_pubsub_signature,
-                f"move {self.ledger.path} aside and restart: the peer re-syncs from the network",
-                self.config.directions,
-                self.peer_id,
+            check = await asyncio.to_thread(self.check_ledger)  # O(rows): ~120 us a signature
+            log.info(
+                "ledger checked: %d signed rows in %.1f s%s",
+                check.signed,
+                check.seconds,
+                f" ({check.trusted} of them unchanged since the checkpoint: not re-checked)"
+                if check.trusted
+                else "",
             )
-            log.info("ledger checked: %d signed rows in %.1f s", check.signed, check.seconds)
             self.model, self.tokenizer, self.task = await self.in_model_thread(
                 self.load_model, self.config
             )
