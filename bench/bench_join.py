@@ -149,6 +149,36 @@ def measure(rounds: int, peers: int, tail: int, model_name: str, work: Path) -> 
     return out
 
 
+def download_probe(mib: int, work: Path) -> dict:
+    """Only the transfer of a file of SmolLM2's size (random bytes under a valid offer; not
+    a safetensors file, nothing is restored from it): the chunk protocol's throughput
+    between real p2pd daemons on loopback, from 2 donors at once."""
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.storage.checkpoint import META_FILE, WEIGHTS_FILE
+    from seedflood_p2p.storage.ledger import Ledger
+
+    config = RunConfig(model="smollm2-135m", extra={"checkpoint_every": 1000})
+    link = work / "probe"
+    link.mkdir(parents=True)
+    with open(link / WEIGHTS_FILE, "wb") as f:
+        for _ in range(mib):
+            f.write(os.urandom(1 << 20))
+    meta = {
+        "run_id": config.run_id,
+        "round": 1000,
+        "ledger_messages": 0,
+        "ledger_digest": "0" * 64,
+        "weights_sha256": "0" * 64,
+        "ledger_cut": {},
+    }
+    (link / META_FILE).write_text(json.dumps(meta))
+    ledger = Ledger(":memory:", config.run_id)
+    out = asyncio.run(fetch_path(config, link, ledger, work))
+    out["mib"] = mib
+    out["at_100mbit_s"] = round(mib * 2**20 * 8 / (WAN_MBIT * 1e6), 1)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", default="10000,100000")
@@ -157,6 +187,9 @@ def main() -> int:
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="")
+    parser.add_argument(
+        "--probe-mib", type=int, default=405, help="also time a download this large (0: no)"
+    )
     args = parser.parse_args()
     import torch
 
@@ -176,6 +209,13 @@ def main() -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(json.dumps(out["runs"][-1]), flush=True)
+    if args.probe_mib:
+        work = Path(tempfile.mkdtemp(prefix="bench-join-"))
+        try:
+            out["download_probe"] = download_probe(args.probe_mib, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps(out["download_probe"]), flush=True)
     out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1))
@@ -206,6 +246,15 @@ def markdown(out: dict) -> str:
             f"**{r['replay']['restore_s']} s** | {r['rule_estimate_download_s']} s / "
             f"{r['rule_estimate_replay_s']} s |"
         )
+    if "download_probe" in out:
+        p = out["download_probe"]
+        lines += [
+            "",
+            f"Download alone of a {p['mib']} MiB file (SmolLM2-135M's trainable weights; "
+            f"random bytes under a valid offer, nothing restored): {p['fetch_s']} s from "
+            f"{p['peers']} donors on loopback ({p['mbyte_per_s']} MB/s, every chunk and the "
+            f"whole file hashed); {p['at_100mbit_s']} s at {WAN_MBIT:g} Mbit/s.",
+        ]
     lines += [
         "",
         "Restore from the checkpoint applies the last rounds' rows after it ("
