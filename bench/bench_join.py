@@ -202,7 +202,7 @@ def main() -> int:
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "runs": [],
     }
-    for rounds in [int(r) for r in args.rounds.split(",")]:
+    for rounds in [int(r) for r in args.rounds.split(",") if r]:
         work = Path(tempfile.mkdtemp(prefix="bench-join-"))
         try:
             out["runs"].append(measure(rounds, args.peers, args.tail, args.model, work))
@@ -255,6 +255,8 @@ def markdown(out: dict) -> str:
             f"{p['peers']} donors on loopback ({p['mbyte_per_s']} MB/s, every chunk and the "
             f"whole file hashed); {p['at_100mbit_s']} s at {WAN_MBIT:g} Mbit/s.",
         ]
+    if not out["runs"]:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "Restore from the checkpoint applies the last rounds' rows after it ("
