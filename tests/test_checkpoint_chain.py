@@ -198,3 +198,32 @@ def test_only_an_offer_made_by_a_quorum_of_distinct_peers_is_taken():
     (picked, peers), lone = pick_offer(groups)
     assert picked == offer and len(peers) == 2 and lone == 1
     assert pick_offer({forged.key: (forged, [_Peer(3), _Peer(3)])}) == (None, 1)  # one identity
+
+
+def test_checkpoint_decoders_let_nothing_but_rejected_out():
+    """As tests/test_fuzz.py for the other decoders: random bytes and random msgpack."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    packable = st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**64 - 1)
+        | st.binary(max_size=40)
+        | st.text(max_size=40),
+        lambda inner: st.lists(inner, max_size=5),
+        max_leaves=12,
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.binary(max_size=200), packable.map(msgpack.packb)))
+    def check(data: bytes) -> None:
+        try:
+            decode_checkpoint_offer(data, CONFIG.run_id)
+        except Rejected as exc:
+            assert exc.reason == "bad_reply"
+        assert decode_chunk_request(data) is None or len(decode_chunk_request(data)) == 3
+        request = decode_checkpoint_offer_request(data)
+        assert request is None or isinstance(request, str)
+
+    check()
