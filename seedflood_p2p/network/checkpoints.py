@@ -311,7 +311,13 @@ async def fetch_checkpoint(
     why_not = choose(offer)
     if why_not:
         raise FetchFailed(why_not, refused)
-    result = await download(node, offer, offerers, directory, timeout)
-    for reason, n in refused.items():
-        result.refused[reason] = result.refused.get(reason, 0) + n
+    try:
+        result = await download(node, offer, offerers, directory, timeout)
+    except FetchFailed as exc:  # what the offers had refused counts too
+        raise FetchFailed(str(exc), _merged(refused, exc.refused)) from None
+    result.refused = _merged(refused, result.refused)
     return result
+
+
+def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
