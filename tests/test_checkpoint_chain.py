@@ -227,3 +227,23 @@ def test_checkpoint_decoders_let_nothing_but_rejected_out():
         assert request is None or isinstance(request, str)
 
     check()
+
+
+def test_a_resumed_download_keeps_the_chunks_that_hash_right(tmp_path):
+    """The partial file of an interrupted download: chunks already right are not fetched
+    again, a damaged or missing one is."""
+    import os
+
+    from seedflood_p2p.network.checkpoints import _chunks_present
+
+    offer, data = _offer(3 * CHECKPOINT_CHUNK_BYTES + 10)
+    part = tmp_path / "x.part"
+    damaged = bytearray(data)
+    damaged[CHECKPOINT_CHUNK_BYTES + 7] ^= 1  # chunk 1 damaged
+    damaged[3 * CHECKPOINT_CHUNK_BYTES :] = b"\0" * 10  # chunk 3 never written
+    part.write_bytes(bytes(damaged))
+    fd = os.open(part, os.O_RDONLY)
+    try:
+        assert _chunks_present(fd, offer) == {0, 2}
+    finally:
+        os.close(fd)

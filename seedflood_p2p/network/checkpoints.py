@@ -96,10 +96,8 @@ class CheckpointServer:
         if offer.file_sha256 not in self._links:
             handle = open(Path(directory) / WEIGHTS_FILE, "rb")  # noqa: SIM115 - kept open
             self._links[offer.file_sha256] = (offer, handle)
-            while len(self._links) > SERVED_LINKS:
-                _, (_, old) = next(iter(self._links.items()))
-                old.close()
-                del self._links[next(iter(self._links))]
+            while len(self._links) > SERVED_LINKS:  # the oldest link is let go
+                self._links.pop(next(iter(self._links)))[1].close()
         self._newest = offer
         return offer
 
@@ -112,13 +110,13 @@ class CheckpointServer:
     async def _serve_offer(self, peer, request: bytes) -> bytes:
         if decode_checkpoint_offer_request(request) != self.node.run_id:
             return encode_checkpoint_offer(None)
-        if not self.node._may_serve(peer, 0):
+        if not self.node.may_serve(peer, 0):
             return encode_checkpoint_offer(None)
         return encode_checkpoint_offer(self._newest)
 
     async def _serve_chunk(self, peer, request: bytes) -> bytes:
         fields = decode_chunk_request(request)
-        if fields is None or fields[0] != self.node.run_id or not self.node._may_serve(peer, 0):
+        if fields is None or fields[0] != self.node.run_id or not self.node.may_serve(peer, 0):
             return b""
         _, file_sha256, index = fields
         link = self._links.get(file_sha256)
