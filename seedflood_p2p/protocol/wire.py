@@ -94,6 +94,11 @@ peer and MAX_SUMMARY_PEERS peers; an address is ASCII, starts with "/" and is at
 MAX_ADDR_CHARS long. A reply that breaks any of these is dropped whole as `bad_reply`;
 a request that does is answered empty.
 
+Checkpoint download (`seedflood.ckpt_offer`, `seedflood.ckpt_chunk`, network/checkpoints.py):
+the rules are stated with their codecs at the end of this file (offer shape and bounds,
+chunk length and SHA-256, the quorum of identical offers, the serving rate); a reply that
+breaks them is `bad_reply`, a request that does is answered empty.
+
 Wherever an integer is meant (version, round, bucket, count, limit) only a msgpack
 integer counts: `true` (Python's bool is an int subclass) and 64.0 are refused. No
 decoder raises anything but Rejected or returns anything but None on garbage
