@@ -27,10 +27,12 @@ import torch
 from peer.audits import PeerAudits, cheated, check_test_cheat
 from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
+from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
+from seedflood_p2p.network.checkpoints import CheckpointServer, FetchFailed, fetch_checkpoint
 from seedflood_p2p.network.discovery import Discovery, run_discovery
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
 from seedflood_p2p.network.identity import verify_pubsub_signature
@@ -39,6 +41,7 @@ from seedflood_p2p.network.p2pd import create_p2p, host_port, remove_stale_socke
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
+from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
 
 log = logging.getLogger("seedflood.peer")
@@ -83,6 +86,17 @@ class PeerSettings:
     # environment sets SEEDFLOOD_TEST_HOOKS=1): "flip", "random" or "x3" makes this peer a
     # cheater, so tests can show audits catch it (tests/test_audit_daemon.py).
     test_cheat: str = ""
+    # Late join (issue 13): fetch a checkpoint of the run's chain from peers instead of
+    # replaying the rows it covers: "auto" when the download (at checkpoint_bandwidth Mbit/s)
+    # is estimated faster than the replay, "always", or "never".
+    checkpoint_fetch: str = field(default="auto", metadata={"choices": ("auto", "always", "never")})
+    # Mbit/s this peer expects to download at
+    checkpoint_bandwidth: float = bounded(100.0, 0, 1e9, "Mbit/s", open_low=True)
+    # build chain link R once the own round is R + this
+    checkpoint_settle: int = bounded(32, 0, MAX_INT, "a number of rounds")
+    # TEST HOOK, not a feature: "corrupt" serves checkpoint chunks with a flipped byte,
+    # "forge" offers a forged link (other weights, consistent hashes): tests of the joiner.
+    test_checkpoint: str = field(default="", metadata={"choices": ("", "corrupt", "forge")})
     node: NodeSettings = field(default_factory=NodeSettings)
 
 
@@ -144,6 +158,10 @@ class PeerDaemon:
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
         self.audits: PeerAudits | None = None  # the run's audits (manifest extra.audit)
         self.discovery: Discovery | None = None  # DHT records (NodeSettings.discovery)
+        self.chain: CheckpointChain | None = None  # the run's checkpoint chain (if it has one)
+        self.checkpoint_server: CheckpointServer | None = None
+        self.chain_round = 0  # the newest link built and served
+        self.checkpoint_info: dict = {"fetched": None, "refused": {}}
         check_test_cheat(settings.test_cheat, os.environ)
 
     # -- helpers ------------------------------------------------------------
@@ -173,6 +191,7 @@ class PeerDaemon:
             "admissions": self.metrics.admission_counts(),
             "banned": node.bans.status() if node else [],
             "audits": self.audit_status(),
+            "checkpoint": {**self.checkpoint_info, "chain_round": self.chain_round},
             "laggards": len(self.laggards),
             "bytes_out": int(value(self.metrics.bytes_out)),
             "bytes_in": int(value(self.metrics.bytes_in)),
@@ -361,6 +380,17 @@ class PeerDaemon:
                 await asyncio.sleep(0.2)
         return None
 
+    def check_ledger(self):
+        """`Ledger.verify` of every row, but the signatures of rows our checkpoint covers
+        that are byte for byte unchanged since it was written (`unchanged_rows`)."""
+        return self.ledger.verify(
+            verify_pubsub_signature,
+            f"move {self.ledger.path} aside and restart: the peer re-syncs from the network",
+            self.config.directions,
+            self.peer_id,
+            unchanged_rows(self.ledger, self.s.data_dir),
+        )
+
     def load_model(self, config: RunConfig):
         from seedflood_p2p.workload.data import load_task
         from seedflood_p2p.workload.models import load_model, weights_sha256
@@ -470,6 +500,7 @@ class PeerDaemon:
                 message = cheated(self.s.test_cheat, message, self.ledger)
             # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message)
+            await self.extend_chain()
             if self.audits is not None:
                 await self.run_audits()
             self.metrics.loss.set(loss)
@@ -628,6 +659,10 @@ class PeerDaemon:
         weights are written stays pending, in neither."""
         cut = self.live.cut()
         meta = {
+            # lets the next start skip re-checking these rows' signatures (unchanged_rows)
+            "ledger_rows_sha256": self.ledger.rows_sha256(
+                {(m.peer, m.round) for m in cut.messages}
+            ),
             "round": self.round,
             "run_id": self.config.run_id,
             "peer_id": self.p2p.peer_id.to_base58(),
@@ -703,14 +738,15 @@ class PeerDaemon:
             self.state = "loading"
             self.ledger = Ledger(s.data_dir / "ledger.sqlite", self.config.run_id)
             self.ledger.claim(self.config.to_json(), "use a new --data-dir per run")
-            check = await asyncio.to_thread(  # O(rows): ~120 us per signature
-                self.ledger.verify,
-                verify_pubsub_signature,
-                f"move {self.ledger.path} aside and restart: the peer re-syncs from the network",
-                self.config.directions,
-                self.peer_id,
+            check = await asyncio.to_thread(self.check_ledger)  # O(rows): ~120 us a signature
+            log.info(
+                "ledger checked: %d signed rows in %.1f s%s",
+                check.signed,
+                check.seconds,
+                f" ({check.trusted} of them unchanged since the checkpoint: not re-checked)"
+                if check.trusted
+                else "",
             )
-            log.info("ledger checked: %d signed rows in %.1f s", check.signed, check.seconds)
             self.model, self.tokenizer, self.task = await self.in_model_thread(
                 self.load_model, self.config
             )
@@ -737,6 +773,8 @@ class PeerDaemon:
                 )
                 self.node.on_accept = self._accept_audited
                 self.node.on_audit_records = self.on_audit_records
+            if chain_period(self.config) and self.audits is None:  # not in audited runs
+                self.chain = await self.in_model_thread(self._make_chain)
             self.node.not_ready = "starting: syncing with the run first"
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
@@ -745,6 +783,10 @@ class PeerDaemon:
                 await self.evaluate()
                 base_scored = True
             await self.node.start()  # with the audit topic and audit repair, if the run has them
+            if self.chain is not None:
+                hook = "corrupt" if s.test_checkpoint == "corrupt" else ""
+                self.checkpoint_server = CheckpointServer(self.node, hook)
+                await self.checkpoint_server.start()
             await self.reconnector.attach(self.node)
             if self.discovery is not None:  # finds the run's other peers while we sync
                 discovering = asyncio.create_task(
@@ -786,7 +828,7 @@ class PeerDaemon:
             # The cut is taken here, on the event loop (see algorithm/live.py); updates
             # accepted while the model thread restores it stay pending for round one.
             if self.audits is None:
-                how = await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+                how = await self.restore_model(peers)
             else:  # the model of our first round is its settled state, not the whole ledger
                 how = await self.restore_settled(start_round(self.ledger, self.peer_id))
             if republished := await self.node.republish_unsigned():
@@ -812,6 +854,7 @@ class PeerDaemon:
                     }
                 },
             )
+            await self.extend_chain()
             if s.eval_every and not (base_scored and self.round == 0):
                 await self.evaluate()
             self.until_round = s.until_round or self.config.total_rounds
@@ -854,8 +897,152 @@ class PeerDaemon:
             await self.reconnector.stop()
             if hasattr(self, "node"):
                 await self.node.stop()
+            if self.checkpoint_server is not None:
+                self.checkpoint_server.close()
             await self.p2p.shutdown()
             self._model_thread.shutdown(wait=False)
+
+    # -- checkpoint chain and download (issue 13) --------------------------------------
+    def _make_chain(self) -> CheckpointChain:
+        """The chain builder, on a second copy of the base model (model thread)."""
+        from seedflood_p2p.workload.models import load_model
+
+        scratch, _ = load_model(self.config.model)
+        return CheckpointChain(scratch.to(self.s.device), self.config, self.s.data_dir / CHAIN_DIR)
+
+    async def extend_chain(self) -> None:
+        """Build and serve the newest settled link of the run's checkpoint chain, if due."""
+        if self.chain is None:
+            return
+        target = link_round(self.round, self.chain.period, self.s.checkpoint_settle)
+        if target <= self.chain_round:
+            return
+        rows = list(self.ledger.messages(0, target - 1))
+        await self.in_model_thread(self.chain.build, rows, target)
+        self.chain_round = target
+        directory = self.chain.directory
+        if self.s.test_checkpoint == "forge":  # the test hook: offer forged weights
+            directory = await self.in_model_thread(self._forge_link)
+        offer = await self.checkpoint_server.publish(directory)
+        log.info(
+            "checkpoint chain: link of round %d (%d rows, %.1f MiB) served to joiners",
+            target,
+            len(rows),
+            offer.size / 2**20,
+            extra={
+                "fields": {
+                    "event": "chain_link",
+                    "round": target,
+                    "rows": len(rows),
+                    "file_sha256": offer.file_sha256.hex(),
+                }
+            },
+        )
+
+    def _forge_link(self) -> Path:
+        """TEST HOOK: the chain's link with one tensor shifted, its hashes made consistent."""
+        from seedflood_p2p.storage.checkpoint import (
+            read_checkpoint_meta,
+            read_checkpoint_weights,
+            tensors_sha256,
+            write_checkpoint,
+        )
+
+        weights = read_checkpoint_weights(self.chain.directory, "cpu")
+        first = sorted(weights)[0]
+        weights[first] = weights[first] + 0.01
+        meta = read_checkpoint_meta(self.chain.directory)
+        meta["weights_sha256"] = tensors_sha256(weights)
+        forged = self.chain.directory / "forged"
+        forged.mkdir(exist_ok=True)
+        write_checkpoint(forged, weights, meta)
+        return forged
+
+    def choose_checkpoint(self, offer) -> str | None:
+        """The joiner's rule: take the checkpoint if downloading it (its size at
+        checkpoint_bandwidth) is estimated faster than replaying the rows it covers
+        (replay.estimate_replay_seconds); None to take it, else why not."""
+        from seedflood_p2p.algorithm.replay import estimate_replay_seconds
+
+        if self.s.checkpoint_fetch == "always":
+            return None
+        meta = offer.meta
+        download = offer.size * 8 / (self.s.checkpoint_bandwidth * 1e6)
+        params = self.live.engine.num_parameters
+        replay_s = estimate_replay_seconds(
+            meta["ledger_messages"], meta["round"], self.config, params
+        )
+        if download < replay_s:
+            return None
+        return (
+            f"replaying its {meta['ledger_messages']} rows (~{replay_s:.1f} s) is estimated "
+            f"faster than downloading {offer.size / 2**20:.1f} MiB (~{download:.1f} s at "
+            f"{self.s.checkpoint_bandwidth:g} Mbit/s)"
+        )
+
+    def _count_refused(self, refused: dict[str, int]) -> None:
+        for why, n in refused.items():
+            self.metrics.checkpoint_refused.labels(why).inc(n)
+            self.checkpoint_info["refused"][why] = self.checkpoint_info["refused"].get(why, 0) + n
+
+    async def restore_model(self, peers: list) -> str:
+        """Weights = base + the ledger cut: from our own checkpoint plus the rows after it;
+        a peer without one, in a run with a checkpoint chain, first tries to fetch a link
+        that a quorum of peers offers (network/checkpoints.py) and restores from it plus the
+        rows after it. Whatever is refused on the way is counted and logged; the fallback is
+        always the replay of the ledger."""
+        s = self.s
+        own = (s.data_dir / "checkpoint.json").exists()
+        if self.chain is None or own or s.checkpoint_fetch == "never" or not peers:
+            return await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+        chain_dir = s.data_dir / CHAIN_DIR
+        try:
+            result = await fetch_checkpoint(
+                self.node, peers, chain_dir, s.node.call_timeout, self.choose_checkpoint
+            )
+        except FetchFailed as exc:
+            self._count_refused(exc.refused)
+            log.warning(
+                "no checkpoint fetched (%s): replaying the ledger instead",
+                exc,
+                extra={"fields": {"event": "checkpoint_fetch", "ok": False, "why": str(exc)}},
+            )
+            return await self.in_model_thread(self.live.restore, self.live.cut(), s.data_dir)
+        self._count_refused(result.refused)
+        meta = result.offer.meta
+        self.checkpoint_info["fetched"] = {
+            "round": meta["round"],
+            "rows": meta["ledger_messages"],
+            "bytes": result.offer.size,
+            "peers": result.peers,
+            "chunks_resumed": result.chunks_resumed,
+            "seconds": round(result.seconds, 2),
+        }
+        log.info(
+            "fetched the checkpoint of round %d (%.1f MiB) from %d peers in %.1f s",
+            meta["round"],
+            result.offer.size / 2**20,
+            len(result.peers),
+            result.seconds,
+            extra={
+                "fields": {
+                    "event": "checkpoint_fetch",
+                    "ok": True,
+                    **self.checkpoint_info["fetched"],
+                }
+            },
+        )
+        how = await self.in_model_thread(self.live.restore, self.live.cut(), chain_dir)
+        if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
+            self._count_refused({"ledger": 1})
+            log.warning(
+                "the fetched checkpoint of round %d does not match this ledger: refused, "
+                "the ledger was replayed instead",
+                meta["round"],
+                extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
+            )
+            return how
+        return f"fetched {how} from {len(result.peers)} peers"
 
     def _accept_audited(self, messages: list) -> None:
         self.live.receive(messages)

@@ -321,3 +321,35 @@ def test_replay_refuses_a_forged_audit_record_with_one_line(capsys, tmp_path, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ledger ")
     assert "(audit of round 1, accused 12D3KooW" in err[0] and "differs from the record" in err[0]
+
+
+def test_rows_a_checkpoint_covers_are_not_rechecked_while_unchanged(tmp_path):
+    """A restart checks the signatures of the rows after its checkpoint only, as long as the
+    rows it covers are byte for byte what they were (`ledger_rows_sha256`)."""
+    import json
+
+    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+    from seedflood_p2p.storage.checkpoint import encode_cut, unchanged_rows
+
+    ledger, config, own, peers = _network_ledger(tmp_path / "l.sqlite")
+    covered = {(m.peer, m.round) for m in ledger.messages() if m.round < 4}
+    (tmp_path / "checkpoint.json").write_text(
+        json.dumps(
+            {"ledger_cut": encode_cut(covered), "ledger_rows_sha256": ledger.rows_sha256(covered)}
+        )
+    )
+    trusted = unchanged_rows(ledger, tmp_path)
+    assert trusted == covered
+    result = ledger.verify(check, "FIX", config.directions, own, trusted)
+    assert (result.signed, result.trusted) == (16, 12)  # 12 signed rows below round 4
+    # One covered row's signature flipped: the rows changed, so every row is checked again.
+    where = "WHERE round = 2 AND peer = ?"
+    signature = ledger._db.execute(
+        f"SELECT signature FROM messages {where}", (peers[1],)
+    ).fetchone()[0]
+    bad = bytes([signature[0] ^ 1]) + signature[1:]
+    ledger._db.execute(f"UPDATE messages SET signature = ? {where}", (bad, peers[1]))
+    assert unchanged_rows(ledger, tmp_path) is None
+    with pytest.raises(UserError, match="does not carry its sender's valid signature"):
+        ledger.verify(check, "FIX", config.directions, own, unchanged_rows(ledger, tmp_path))
+    assert unchanged_rows(ledger, tmp_path / "nowhere") is None

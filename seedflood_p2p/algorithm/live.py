@@ -178,7 +178,9 @@ class LiveModel:
             )
             return None
         self.load_weights(weights)
-        self.apply(tail)
+        # The tail in canonical order with replay's grouped merges: one pass over the weights
+        # per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
+        replay(self.model, self.config, tail)
         how = f"checkpoint of round {meta['round']}"
         return how + (f" + {len(tail)} ledger messages after it" if tail else "")
 

@@ -19,6 +19,12 @@ from seedflood_p2p.algorithm.subcge import StageTimes, make_estimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage
 
+# The joiner's rule between downloading a checkpoint and replaying the rows it covers
+# (peer/daemon.py) uses this cost model: folding one message, and one core's float32 GEMM
+# rate for the grouped merges (2 * MERGE_GROUP * r * d flops per group). Calibrated on the
+# project's 2-core machines: SmolLM2, 80,000 rows, 500 epochs replay in ~14 s on 1 thread.
+REPLAY_ROW_SECONDS = 25e-6
+REPLAY_FLOPS = 50e9
 CHUNK = 4096  # messages folded per call; chunking does not change the result
 MERGE_GROUP = 25  # epochs merged per GEMM (SubCGE); part of the replay's definition
 
@@ -62,3 +68,12 @@ def replay(
         engine.commit()
     engine.close()
     return count
+
+
+def estimate_replay_seconds(rows: int, rounds: int, config: RunConfig, params: int) -> float:
+    """Seconds a replay of `rows` messages spanning `rounds` rounds takes on one core, for a
+    model of `params` trainable parameters (the cost model above; an estimate, not a bound)."""
+    epochs = -(-max(rounds, 1) // config.refresh_period)
+    merges = -(-epochs // MERGE_GROUP)
+    flops = merges * 2 * MERGE_GROUP * config.rank * params
+    return rows * REPLAY_ROW_SECONDS + flops / REPLAY_FLOPS

@@ -431,40 +431,40 @@ class FloodNode:
         )
 
     async def _serve_digest(self, peer, request: bytes) -> bytes:
-        if decode_digest_request(request) != self.run_id or not self._may_serve(peer, 0):
+        if decode_digest_request(request) != self.run_id or not self.may_serve(peer, 0):
             return msgpack.packb([])
         with timed(self.metrics.repair_serve_seconds.labels("digest")):
             digests = self.ledger.bucket_digests(BUCKET_ROUNDS)
             reply = msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
-        return reply if self._may_serve(peer, len(reply)) else msgpack.packb([])
+        return reply if self.may_serve(peer, len(reply)) else msgpack.packb([])
 
     async def _serve_fetch(self, peer, request: bytes) -> bytes:
         fields = decode_fetch_request(request)
-        if fields is None or fields[0] != self.run_id or not self._may_serve(peer, 0):
+        if fields is None or fields[0] != self.run_id or not self.may_serve(peer, 0):
             return encode_rows([])
         _, round_, after_peer, max_round, limit = fields
         with timed(self.metrics.repair_serve_seconds.labels("fetch")):
             reply = encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
-        return reply if self._may_serve(peer, len(reply)) else encode_rows([])
+        return reply if self.may_serve(peer, len(reply)) else encode_rows([])
 
     async def _serve_audit_digest(self, peer, request: bytes) -> bytes:
-        if decode_digest_request(request) != self.run_id or not self._may_serve(peer, 0):
+        if decode_digest_request(request) != self.run_id or not self.may_serve(peer, 0):
             return msgpack.packb([])
         with timed(self.metrics.repair_serve_seconds.labels("audit_digest")):
             digests = self.ledger.audit_bucket_digests(BUCKET_ROUNDS)
             reply = msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
-        return reply if self._may_serve(peer, len(reply)) else msgpack.packb([])
+        return reply if self.may_serve(peer, len(reply)) else msgpack.packb([])
 
     async def _serve_audit_fetch(self, peer, request: bytes) -> bytes:
         fields = decode_audit_fetch_request(request)
-        if fields is None or fields[0] != self.run_id or not self._may_serve(peer, 0):
+        if fields is None or fields[0] != self.run_id or not self.may_serve(peer, 0):
             return encode_audit_rows([])
         _, cursor, max_round, limit = fields
         with timed(self.metrics.repair_serve_seconds.labels("audit_fetch")):
             reply = encode_audit_rows(self.ledger.signed_audits_after(cursor, max_round, limit))
-        return reply if self._may_serve(peer, len(reply)) else encode_audit_rows([])
+        return reply if self.may_serve(peer, len(reply)) else encode_audit_rows([])
 
-    def _may_serve(self, peer, size: int) -> bool:
+    def may_serve(self, peer, size: int) -> bool:
         """Refuse banned and unlisted requesters, and any requester past its byte rate
         (SERVE_BYTES_RATE: what keeps a small request from buying replies without end)."""
         requester = peer.to_bytes()

@@ -138,6 +138,11 @@ class NodeMetrics:
             ["why"],
             registry=r,
         )
+        # Checkpoint download (network/checkpoints.py): offers or chunks refused, by reason
+        # (no_quorum, bad_offer, bad_chunk, ledger: its cut or tensors did not check out).
+        self.checkpoint_refused = Counter(
+            "seedflood_checkpoint_refused", "fetched checkpoints refused", ["why"], registry=r
+        )
         self.served_refused = Counter(
             "seedflood_requests_refused",
             "repair requests refused: banned, not allowed, over the byte rate",

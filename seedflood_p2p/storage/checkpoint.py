@@ -102,3 +102,18 @@ def cut_contains(cut: dict[str, list[list[int]]]) -> set[tuple[bytes, int]]:
                 raise ValueError("ledger_cut too large")
             rows.update((peer, r) for r in range(first, last + 1))
     return rows
+
+
+def unchanged_rows(ledger, directory: Path) -> set[tuple[bytes, int]] | None:
+    """The (peer, round) rows the checkpoint in `directory` covers, if `ledger` still holds
+    them byte for byte as when it was written (its `ledger_rows_sha256`, recorded by the
+    peer daemon beside the cut); else None. Those rows were checked when they were admitted
+    or at an earlier start, so `Ledger.verify(trusted=...)` need not check their signatures
+    again: a restart checks only the rows after its checkpoint."""
+    try:
+        meta = read_checkpoint_meta(directory)
+        covered = cut_contains(meta["ledger_cut"])
+        recorded = meta["ledger_rows_sha256"]
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+    return covered if ledger.rows_sha256(covered) == recorded else None

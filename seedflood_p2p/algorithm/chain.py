@@ -1,0 +1,142 @@
+"""The run's checkpoint chain: checkpoints every honest peer builds bit for bit alike.
+
+A peer's own checkpoint (live.py) holds its live weights, which differ from every other
+peer's by float32 rounding (arrival order), so no two peers could vouch for the same file.
+The chain is defined by the ledger alone instead. With P = the manifest's
+`extra.checkpoint_every` (rounds; absent or 0: no chain), link j covers every ledger row of
+rounds < j*P, and its weights are
+
+    link 0 = the base weights,   link j = link j-1 + replay(rows of rounds in [(j-1)P, jP))
+
+(`replay.replay`: canonical order, its grouped merges, one call per link). Given the same
+rows every peer performs the same float32 operations in the same order, so it writes the
+same tensors, the same safetensors bytes and the same JSON (`write_link`): joiners take a
+link that a quorum of distinct peers offers (network/checkpoints.py).
+
+A row of an old round may still arrive late (repair). Before building link j from link
+j-1, the ledger's rows of rounds < (j-1)P must still digest to link j-1's digest; if they do
+not, the chain is rebuilt from the base (the same replays, so again the same bytes as any
+peer with those rows). The builder works on a second copy of the model (memory: the
+trainable weights twice more, base and scratch), on the model thread, between rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import trainable_tensors
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.storage.checkpoint import (
+    encode_cut,
+    read_checkpoint_meta,
+    read_checkpoint_weights,
+    tensors_sha256,
+    write_checkpoint,
+)
+from seedflood_p2p.storage.ledger import digest_of
+
+log = logging.getLogger("seedflood.chain")
+
+CHAIN_DIR = "chain"  # under the data dir
+
+
+def chain_period(config: RunConfig) -> int:
+    """P, rounds per link (0: the run has no chain). One readable line if malformed."""
+    every = (config.extra or {}).get("checkpoint_every", 0)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise UserError(f"extra.checkpoint_every must be a whole number of rounds, got {every!r}")
+    return every
+
+
+def link_round(round_: int, period: int, settle: int) -> int:
+    """The newest link a peer at training round `round_` builds: rows of rounds that ended
+    `settle` rounds ago no longer arrive by gossip (the window), so they are settled."""
+    if period <= 0:
+        return 0
+    return max(0, (round_ - settle) // period * period)
+
+
+def write_link(directory: Path, weights: dict, config: RunConfig, rows: list, round_: int) -> dict:
+    """Write link `round_` (the base + `rows`, every row of rounds < round_): its JSON holds
+    nothing peer-specific, so equal rows give equal files."""
+    meta = {
+        "run_id": config.run_id,
+        "round": round_,
+        "checkpoint_every": chain_period(config),
+        "ledger_messages": len(rows),
+        "ledger_digest": digest_of(rows),
+        "ledger_cut": encode_cut((m.peer, m.round) for m in rows),
+        "weights_sha256": tensors_sha256(weights),
+    }
+    write_checkpoint(directory, weights, meta)
+    return meta
+
+
+class CheckpointChain:
+    """Builds the chain's links into DIRECTORY on a scratch model (base weights at start)."""
+
+    def __init__(self, scratch: torch.nn.Module, config: RunConfig, directory: Path) -> None:
+        self.model = scratch
+        self.config = config
+        self.period = chain_period(config)
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.matrices = trainable_tensors(scratch, config)
+        self.base = {m.name: m.weight.detach().clone() for m in self.matrices}
+
+    def current(self) -> dict | None:
+        """The JSON of the link on disk, or None."""
+        try:
+            return read_checkpoint_meta(self.directory)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def build(self, rows: list[UpdateMessage], target: int) -> dict | None:
+        """Make the link on disk link `target`; `rows` = the ledger's rows of rounds < target
+        (canonical order). Returns its JSON (None for target 0: the base is no link)."""
+        if target <= 0 or target % self.period:
+            return None
+        meta = self.current()
+        start = 0
+        if meta is not None and meta.get("round", 0) <= target and self._holds(meta, rows):
+            if meta["round"] == target:
+                return meta
+            self._load(read_checkpoint_weights(self.directory, "cpu"))
+            start = meta["round"]
+        else:
+            if meta is not None:
+                log.info(
+                    "checkpoint chain: link of round %s no longer matches the ledger "
+                    "(late rows): rebuilt from the base",
+                    meta.get("round"),
+                )
+            self._load(self.base)
+        for low in range(start, target, self.period):
+            replay(self.model, self.config, [m for m in rows if low <= m.round < low + self.period])
+        weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.matrices}
+        return write_link(self.directory, weights, self.config, rows, target)
+
+    def _holds(self, meta: dict, rows: list[UpdateMessage]) -> bool:
+        """The link on disk is the chain's for these rows: same rows below its round, and
+        its tensors hash as recorded."""
+        below = [m for m in rows if m.round < meta["round"]]
+        if len(below) != meta.get("ledger_messages") or digest_of(below) != meta.get(
+            "ledger_digest"
+        ):
+            return False
+        try:
+            weights = read_checkpoint_weights(self.directory, "cpu")
+        except Exception:
+            return False
+        return tensors_sha256(weights) == meta.get("weights_sha256")
+
+    @torch.no_grad()
+    def _load(self, weights: dict) -> None:
+        for m in self.matrices:
+            m.weight.copy_(weights[m.name])

@@ -1,0 +1,249 @@
+"""The checkpoint chain and the checkpoint offer/chunk codecs, without processes (issue 13
+part 4): equal rows give byte-equal links however they were reached; a late row rebuilds
+the chain; a link + tail restores base + ledger; garbage replies are `bad_reply`."""
+
+import hashlib
+import json
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from seedflood_p2p.algorithm.chain import CheckpointChain, chain_period, link_round
+from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.replay import estimate_replay_seconds, replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.network.checkpoints import file_offer, pick_offer
+from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+from seedflood_p2p.protocol.wire import (
+    CHECKPOINT_CHUNK_BYTES,
+    CheckpointOffer,
+    Rejected,
+    check_chunk,
+    decode_checkpoint_offer,
+    decode_checkpoint_offer_request,
+    decode_chunk_request,
+    encode_checkpoint_offer,
+    encode_checkpoint_offer_request,
+    encode_chunk_request,
+)
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.models import load_model
+
+CONFIG = RunConfig(
+    model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=3, extra={"checkpoint_every": 4}
+)
+ED25519_ID = bytes.fromhex("002408011220")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _messages(rounds: int, peers: int, seed: int = 0) -> list[UpdateMessage]:
+    rng = np.random.default_rng(seed)
+    return [
+        UpdateMessage(t, ED25519_ID + bytes([p + 1]) * 32, quantize_scalars(rng.normal(size=1)))
+        for t in range(rounds)
+        for p in range(peers)
+    ]
+
+
+def _chain(directory) -> CheckpointChain:
+    return CheckpointChain(load_model(CONFIG.model)[0], CONFIG, directory)
+
+
+def _files(directory) -> tuple[bytes, bytes]:
+    return (directory / "checkpoint.safetensors").read_bytes(), (
+        directory / "checkpoint.json"
+    ).read_bytes()
+
+
+def test_equal_rows_give_byte_equal_links_however_reached(tmp_path):
+    rows = _messages(12, 3)
+    step = _chain(tmp_path / "step")
+    for target in (4, 8):  # link 4, then link 8 from it
+        step.build([m for m in rows if m.round < target], target)
+    direct = _chain(tmp_path / "direct")
+    direct.build([m for m in rows if m.round < 8], 8)  # link 8 from the base
+    assert _files(tmp_path / "step") == _files(tmp_path / "direct")
+    assert file_offer(tmp_path / "step") == file_offer(tmp_path / "direct")
+    assert json.loads(_files(tmp_path / "step")[1])["ledger_messages"] == 24
+
+
+def test_a_late_row_rebuilds_the_chain_from_the_base(tmp_path):
+    rows = _messages(12, 3)
+    late = UpdateMessage(1, ED25519_ID + b"\x09" * 32, (0.5,))
+    chain = _chain(tmp_path / "a")
+    chain.build([m for m in rows if m.round < 4], 4)
+    with_late = sorted([*rows, late], key=lambda m: (m.round, m.peer))
+    chain.build([m for m in with_late if m.round < 8], 8)  # link 4 no longer matches
+    fresh = _chain(tmp_path / "b")
+    fresh.build([m for m in with_late if m.round < 8], 8)
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
+def test_a_link_plus_the_rows_after_it_restores_base_plus_ledger(tmp_path):
+    rows = _messages(12, 3)
+    _chain(tmp_path).build([m for m in rows if m.round < 8], 8)
+    ledger = Ledger(":memory:", CONFIG.run_id)
+    ledger.add(rows)
+    model, _ = load_model(CONFIG.model)
+    live = LiveModel(make_estimator(model, CONFIG), ledger)
+    assert (
+        live.restore(live.cut(), tmp_path) == "checkpoint of round 8 + 12 ledger messages after it"
+    )
+    reference, _ = load_model(CONFIG.model)
+    replay(reference, CONFIG, rows)
+    expected = {m.name: m.weight for m in make_estimator(reference, CONFIG).matrices}
+    for name, tensor in live.weights().items():
+        torch.testing.assert_close(tensor, expected[name], atol=1e-5, rtol=0)
+
+
+def test_chain_settings():
+    assert chain_period(CONFIG) == 4 and chain_period(RunConfig(model="tiny-llama")) == 0
+    with pytest.raises(UserError, match="checkpoint_every"):
+        chain_period(RunConfig(model="tiny-llama", extra={"checkpoint_every": "x"}))
+    assert [link_round(r, 4, 3) for r in (0, 6, 7, 11, 12)] == [0, 0, 4, 8, 8]
+    # The joiner's cost model grows with rows and with epochs x model size.
+    small = estimate_replay_seconds(80_000, 10_000, RunConfig(), 90_000)
+    big = estimate_replay_seconds(80_000, 10_000, RunConfig(), 135_000_000)
+    assert 1 < small < big
+
+
+def _offer(size: int = CHECKPOINT_CHUNK_BYTES + 5) -> tuple[CheckpointOffer, bytes]:
+    data = bytes(range(256)) * (size // 256 + 1)
+    data = data[:size]
+    chunks = tuple(
+        hashlib.sha256(data[i : i + CHECKPOINT_CHUNK_BYTES]).digest()
+        for i in range(0, size, CHECKPOINT_CHUNK_BYTES)
+    )
+    meta = {
+        "run_id": CONFIG.run_id,
+        "round": 8,
+        "ledger_messages": 24,
+        "ledger_digest": "0" * 64,
+        "weights_sha256": "1" * 64,
+        "ledger_cut": {},
+    }
+    offer = CheckpointOffer(
+        json.dumps(meta, sort_keys=True), size, hashlib.sha256(data).digest(), chunks
+    )
+    return offer, data
+
+
+def test_offer_and_chunk_codecs_round_trip_and_refuse_garbage():
+    offer, data = _offer()
+    assert decode_checkpoint_offer(encode_checkpoint_offer(offer), CONFIG.run_id) == offer
+    assert decode_checkpoint_offer(encode_checkpoint_offer(None), CONFIG.run_id) is None
+    assert decode_checkpoint_offer_request(encode_checkpoint_offer_request("r" * 64)) == "r" * 64
+    request = encode_chunk_request(CONFIG.run_id, offer.file_sha256, 1)
+    assert decode_chunk_request(request) == (CONFIG.run_id, offer.file_sha256, 1)
+    assert decode_chunk_request(msgpack.packb([CONFIG.run_id, b"x", 1])) is None
+    assert decode_chunk_request(msgpack.packb([CONFIG.run_id, offer.file_sha256, True])) is None
+    bad = [
+        b"\xc1garbage",
+        msgpack.packb([offer.meta_json, offer.size]),
+        msgpack.packb([offer.meta_json, offer.size, b"short", list(offer.chunk_hashes)]),
+        msgpack.packb(
+            [
+                offer.meta_json,
+                offer.size + CHECKPOINT_CHUNK_BYTES,
+                offer.file_sha256,
+                list(offer.chunk_hashes),
+            ]
+        ),  # sizes and chunk count disagree
+        msgpack.packb(["{not json", offer.size, offer.file_sha256, list(offer.chunk_hashes)]),
+        msgpack.packb(
+            [
+                json.dumps({"run_id": "other"}),
+                offer.size,
+                offer.file_sha256,
+                list(offer.chunk_hashes),
+            ]
+        ),
+        msgpack.packb([offer.meta_json, True, offer.file_sha256, list(offer.chunk_hashes)]),
+    ]
+    for reply in bad:
+        with pytest.raises(Rejected) as caught:
+            decode_checkpoint_offer(reply, CONFIG.run_id)
+        assert caught.value.reason == "bad_reply"
+    check_chunk(offer, 0, data[:CHECKPOINT_CHUNK_BYTES])
+    check_chunk(offer, 1, data[CHECKPOINT_CHUNK_BYTES:])
+    flipped = bytes([data[0] ^ 1]) + data[1:CHECKPOINT_CHUNK_BYTES]
+    for index, chunk in [(0, flipped), (1, data[CHECKPOINT_CHUNK_BYTES:-1])]:
+        with pytest.raises(Rejected, match="bad_reply|chunk"):
+            check_chunk(offer, index, chunk)
+
+
+class _Peer:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def to_bytes(self) -> bytes:
+        return bytes([self.n])
+
+
+def test_only_an_offer_made_by_a_quorum_of_distinct_peers_is_taken():
+    offer, _ = _offer()
+    forged = CheckpointOffer(offer.meta_json, offer.size, b"\x07" * 32, offer.chunk_hashes)
+    groups = {offer.key: (offer, [_Peer(1), _Peer(2)]), forged.key: (forged, [_Peer(3)])}
+    (picked, peers), lone = pick_offer(groups)
+    assert picked == offer and len(peers) == 2 and lone == 1
+    assert pick_offer({forged.key: (forged, [_Peer(3), _Peer(3)])}) == (None, 1)  # one identity
+
+
+def test_checkpoint_decoders_let_nothing_but_rejected_out():
+    """As tests/test_fuzz.py for the other decoders: random bytes and random msgpack."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    packable = st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**64 - 1)
+        | st.binary(max_size=40)
+        | st.text(max_size=40),
+        lambda inner: st.lists(inner, max_size=5),
+        max_leaves=12,
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.binary(max_size=200), packable.map(msgpack.packb)))
+    def check(data: bytes) -> None:
+        try:
+            decode_checkpoint_offer(data, CONFIG.run_id)
+        except Rejected as exc:
+            assert exc.reason == "bad_reply"
+        assert decode_chunk_request(data) is None or len(decode_chunk_request(data)) == 3
+        request = decode_checkpoint_offer_request(data)
+        assert request is None or isinstance(request, str)
+
+    check()
+
+
+def test_a_resumed_download_keeps_the_chunks_that_hash_right(tmp_path):
+    """The partial file of an interrupted download: chunks already right are not fetched
+    again, a damaged or missing one is."""
+    import os
+
+    from seedflood_p2p.network.checkpoints import _chunks_present
+
+    offer, data = _offer(3 * CHECKPOINT_CHUNK_BYTES + 10)
+    part = tmp_path / "x.part"
+    damaged = bytearray(data)
+    damaged[CHECKPOINT_CHUNK_BYTES + 7] ^= 1  # chunk 1 damaged
+    damaged[3 * CHECKPOINT_CHUNK_BYTES :] = b"\0" * 10  # chunk 3 never written
+    part.write_bytes(bytes(damaged))
+    fd = os.open(part, os.O_RDONLY)
+    try:
+        assert _chunks_present(fd, offer) == {0, 2}
+    finally:
+        os.close(fd)

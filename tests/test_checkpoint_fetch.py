@@ -1,0 +1,145 @@
+"""Late joiners fetch a checkpoint of the run's chain from peers (issue 13 part 4): real
+bootstrap and peer daemons on 127.0.0.1 (tiny model), each with its own p2pd.
+
+    honest:  A and B train and serve chain links; J joins late with --checkpoint-fetch
+             always: it takes the link A and B both offer, fetching chunks from both, and
+             ends with the same ledger digest and replay hash as them.
+    hostile: A and B serve chunks with a flipped byte (--test-checkpoint corrupt), C offers
+             a forged link (other weights, consistent hashes): J refuses the chunks
+             (bad_chunk, counted, the senders penalized) and the forged offer (no quorum),
+             becomes ready by replay, and still ends with the same ledger and replay hash.
+
+Both joiners decode real nodes' offer and chunk replies (wire.decode_checkpoint_offer,
+wire.check_chunk): the honest one uses them, the hostile one refuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.apps.localnet import start_bootstrap
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.models import load_model, weights_sha256
+
+from cluster import RUN, start_peer
+
+pytestmark = pytest.mark.slow
+ROUNDS = 70  # long enough for a joiner started at round 13 (process start ~60 s under load)
+CHAIN_RUN = dataclasses.replace(RUN, extra={"checkpoint_every": 8})
+PEER_FLAGS = [
+    "--until-round", str(ROUNDS),
+    "--round-interval", "1.5",
+    "--max-staleness", "2",
+    "--round-deadline", "3",
+    "--liveness-timeout", "20",
+    "--linger", "4",
+    "--repair-interval", "1",
+    "--min-peers", "1",
+    "--checkpoint-settle", "4",
+]  # fmt: skip
+LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another order
+
+
+def _run(work, servers: dict[str, list[str]]) -> dict:
+    procs = []
+    try:
+        boot, address = start_bootstrap(work, CHAIN_RUN)
+        procs.append(boot)
+        peers = {}
+        for name, extra in servers.items():
+            peers[name] = start_peer(work, name, address, PEER_FLAGS + extra)
+            procs.append(peers[name])
+        first = next(iter(peers.values()))
+        first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
+        peers["j"] = start_peer(work, "j", address, PEER_FLAGS + ["--checkpoint-fetch", "always"])
+        procs.append(peers["j"])
+        codes = {n: p.wait_exit() for n, p in peers.items()}
+        return {"work": work, "peers": peers, "codes": codes}
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("ckpt-honest"), {"a": [], "b": []})
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    hooks = {"a": "corrupt", "b": "corrupt", "c": "forge"}
+    return _run(
+        tmp_path_factory.mktemp("ckpt-hostile"),
+        {n: ["--test-checkpoint", h] for n, h in hooks.items()},
+    )
+
+
+def _final(run, name) -> dict:
+    return json.loads((run["work"] / name / "final_status.json").read_text())
+
+
+def _ready(run, name) -> dict:
+    return next(e for e in run["peers"][name].events() if e.get("event") == "ready")
+
+
+def _replay(run, name) -> tuple[str, dict]:
+    with Ledger.open_existing(run["work"] / name / "ledger.sqlite") as ledger:
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        model, _ = load_model(config.model)
+        replay(model, config, ledger.messages())
+    weights = {m.name: m.weight.detach().clone() for m in make_estimator(model, config).matrices}
+    return weights_sha256(model), weights
+
+
+def _ends_equal(run, names: list[str]) -> None:
+    assert all(code == 0 for code in run["codes"].values()), run["codes"]
+    digests = {n: _final(run, n)["ledger_digest"] for n in names}
+    assert len(set(digests.values())) == 1, digests
+    hashes = {}
+    for name in names:
+        hashes[name], replayed = _replay(run, name)
+        live = load_file(run["work"] / name / "checkpoint.safetensors")
+        for key, tensor in replayed.items():
+            torch.testing.assert_close(live[key], tensor, atol=LIVE_VS_REPLAY_ATOL, rtol=0)
+    assert len(set(hashes.values())) == 1, hashes
+
+
+def test_late_joiner_takes_the_checkpoint_two_peers_offer(honest):
+    ready = _ready(honest, "j")
+    assert ready["source"].startswith("fetched checkpoint of round"), ready
+    assert ready["source"].endswith("from 2 peers"), ready
+    fetched = _final(honest, "j")["checkpoint"]["fetched"]
+    assert fetched["round"] >= 8 and fetched["bytes"] > 0 and len(fetched["peers"]) == 2
+    a, b = (_final(honest, n)["peer_id"] for n in ("a", "b"))
+    assert set(fetched["peers"]) == {a, b}
+    assert _final(honest, "j")["checkpoint"]["refused"] == {}
+    _ends_equal(honest, ["a", "b", "j"])
+
+
+def test_joiner_serves_the_chain_too(honest):
+    links = [e for e in honest["peers"]["j"].events() if e.get("event") == "chain_link"]
+    theirs = [e for e in honest["peers"]["a"].events() if e.get("event") == "chain_link"]
+    same = {e["round"]: e["file_sha256"] for e in theirs}
+    assert links and all(same.get(e["round"], e["file_sha256"]) == e["file_sha256"] for e in links)
+
+
+def test_corrupt_chunks_and_a_forged_offer_are_refused_and_the_joiner_replays(hostile):
+    ready = _ready(hostile, "j")
+    assert ready["source"].startswith("replay of"), ready
+    status = _final(hostile, "j")
+    refused = status["checkpoint"]["refused"]
+    assert refused.get("bad_chunk", 0) >= 2, refused  # from A and from B
+    assert refused.get("no_quorum", 0) >= 1, refused  # C's forged link
+    assert status["checkpoint"]["fetched"] is None
+    assert status["dropped"].get("bad_reply", 0) >= 2  # counted like any bad reply
+    logs = hostile["peers"]["j"].events()
+    assert any(e.get("event") == "checkpoint_refused" and e.get("why") == "bad_chunk" for e in logs)
+    _ends_equal(hostile, ["a", "b", "c", "j"])
