@@ -131,14 +131,22 @@ def replay_and_evaluate(ledger_path: Path, examples: int) -> dict:
     return {"replay_sha256": weights_sha256(model), "example_losses": losses}
 
 
-def run(attack: str, rounds: int, work: Path, seed: int, keys: Path, examples: int) -> dict:
+def run(
+    attack: str,
+    rounds: int,
+    work: Path,
+    seed: int,
+    keys: Path,
+    examples: int,
+    run_settings: dict | None = None,
+) -> dict:
     import base58
 
     from seedflood_p2p.storage.ledger import Ledger
 
     procs, attacker = [], None
     started = time.time()
-    run_config = dataclasses.replace(RUN, salt=f"hostile-bench-{seed}")
+    run_config = dataclasses.replace(RUN, salt=f"hostile-bench-{seed}", **(run_settings or {}))
     try:
         use_identity(keys, work, "bootstrap")
         boot, address = start_bootstrap(work, run_config)
@@ -280,6 +288,7 @@ def write_markdown(result: dict, path: Path) -> None:
         "machine's timing differ. Held-out loss: base weights + peer a's ledger replayed, "
         f"on all {examples} held-out examples.",
         "",
+        *_run_line(result),
         "## Per attack",
         "",
         f"| attack | held-out loss (mean +- SE over {result['seeds']} seeds) | paired "
@@ -337,6 +346,22 @@ def write_markdown(result: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _run_line(result: dict) -> list[str]:
+    """The run settings that differ from tests/cluster.RUN, when the bench changed any."""
+    run = result.get("run")
+    if not run:
+        return []
+    changed = {k: v for k, v in run.items() if getattr(RUN, k, v) != v}
+    if not changed:
+        return []
+    return [
+        "Run settings changed from tests/cluster.RUN: "
+        + ", ".join(f"{k} = {v!r}" for k, v in sorted(changed.items()))
+        + ".",
+        "",
+    ]
+
+
 def _load(load: list[float]) -> str:
     return "/".join(f"{x:.2f}" for x in load)
 
@@ -348,6 +373,10 @@ def main() -> None:
     parser.add_argument("--attacks", default="none,flood,tarpit,stall")
     parser.add_argument("--eval-examples", type=int, default=400, help="held-out examples")
     parser.add_argument("--name", default="hostile", help="results file name (no suffix)")
+    parser.add_argument(
+        "--normalize", default=None, help="the run's normalize setting (default: RUN's)"
+    )
+    parser.add_argument("--lr", type=float, default=None, help="the run's lr (default: RUN's)")
     parser.add_argument(
         "--render", action="store_true", help="only rewrite NAME.md from NAME.json (no runs)"
     )
@@ -365,6 +394,7 @@ def main() -> None:
         print((out / f"{args.name}.md").read_text())
         return
     attacks = args.attacks.split(",")
+    settings = {k: v for k in ("normalize", "lr") if (v := getattr(args, k)) is not None}
     started, load_start = time.time(), os.getloadavg()
     kept = []
     if args.append:
@@ -381,6 +411,7 @@ def main() -> None:
         "loadavg_start": load_start,
         "rounds": args.rounds,
         "seeds": args.seeds,
+        "run": dataclasses.asdict(dataclasses.replace(RUN, **settings)),
         "attacks": attacks,
         "runs": kept,
     }
@@ -392,7 +423,8 @@ def main() -> None:
             for attack in args.attacks.split(","):
                 with tempfile.TemporaryDirectory(prefix=f"hostile-{attack}-") as tmp:
                     print(f"running: seed {seed}, {attack}", flush=True)
-                    runs.append(run(attack, args.rounds, Path(tmp), seed, keys, args.eval_examples))
+                    work, examples = Path(tmp), args.eval_examples
+                    runs.append(run(attack, args.rounds, work, seed, keys, examples, settings))
                     runs[-1]["commit"] = commit
                     shown = {k: v for k, v in runs[-1].items() if k != "example_losses"}
                     print(json.dumps(shown, indent=1), flush=True)

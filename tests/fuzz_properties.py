@@ -498,7 +498,7 @@ def valid_manifest_body(r: random.Random) -> dict:
         eps=r.choice([1e-3, 1e-2, 5]),
         clip=r.choice([1.0, 100.0, 65504.0, 3]),
         total_rounds=r.choice([0, 60, MAX_ROUND]),
-        normalize=r.choice(["none", "rms"]),
+        normalize=r.choice(["none", "rms", "unit"]),
         base_sha256=r.choice(["", "0" * 64, "ab" * 32]),
         extra=r.choice([{}, {"note": "x", "n": [1, 2.5, None, True]}, {"a": {"b": {"c": []}}}]),
     )
@@ -610,7 +610,7 @@ def config_problems(c: RunConfig) -> list[str]:
         problems.append("eps, lr or clip out of range")
     if c.batch_size % c.directions:
         problems.append("batch_size not a multiple of directions")
-    if c.lr_schedule not in ("constant", "cosine") or c.normalize not in ("none", "rms"):
+    if c.lr_schedule not in ("constant", "cosine") or c.normalize not in ("none", "rms", "unit"):
         problems.append("bad enum")
     if c.estimator not in ("subcge", "naive") or (c.estimator == "naive" and c.directions != 1):
         problems.append("bad estimator")

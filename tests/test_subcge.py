@@ -235,3 +235,48 @@ def test_shared_prefix_gives_bitwise_the_estimate_of_two_full_passes():
     assert len(calls) == 3 and shared == full  # ... and twice without sharing
     assert all(isinstance(m, torch.nn.Module) for m in model.model.layers)
     assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # blocks restored
+
+
+def test_unit_normalize_bounds_every_message_to_an_honest_step():
+    """normalize = "unit": every receiver scales a message's scalars to RMS 1, so a message
+    claiming 1,000x an honest estimate moves the weights exactly as far as the honest one,
+    in the same direction; sent scalars stay as estimated (audits recompute them)."""
+    honest, inflated = (0.37, -1.25), (370.0, -1250.0)  # same direction, 1000x the size
+    norms = {}
+    for scalars in (honest, inflated):
+        torch.manual_seed(0)
+        model, _ = load_model("tiny-llama")
+        engine = SubCGE(model, _config(directions=2, batch_size=16, normalize="unit"))
+        before = _snapshot(engine)
+        engine.accumulate([UpdateMessage(3, b"peer-x", quantize_scalars(scalars))])
+        engine.commit()
+        after = _snapshot(engine)
+        norms[scalars] = torch.cat([(after[n] - before[n]).flatten() for n in before])
+    step_honest, step_inflated = norms[honest], norms[inflated]
+    assert step_honest.norm() > 0
+    torch.testing.assert_close(step_inflated, step_honest, rtol=1e-3, atol=1e-9)
+    # "none" applies the scalars as sent (up to clip): the inflated step is far larger
+    engine_none = SubCGE(load_model("tiny-llama")[0], _config(directions=2, batch_size=16))
+    big = engine_none.coefficients(UpdateMessage(3, b"peer-x", quantize_scalars(inflated)))
+    small = engine_none.coefficients(UpdateMessage(3, b"peer-x", quantize_scalars(honest)))
+    assert np.abs(big).sum() > 50 * np.abs(small).sum()
+
+
+def test_unit_normalize_is_odd_so_a_negated_update_takes_one_back():
+    """Voiding and equivocation take an update back with its negated scalars: under "unit"
+    the negated message's step must be exactly minus the original's."""
+    engine = SubCGE(
+        load_model("tiny-llama")[0], _config(directions=4, batch_size=16, normalize="unit")
+    )
+    scalars = quantize_scalars((0.5, -2.0, 0.0, 7.25))
+    forward = engine.coefficients(UpdateMessage(9, b"p", scalars))
+    backward = engine.coefficients(UpdateMessage(9, b"p", tuple(-x for x in scalars)))
+    np.testing.assert_array_equal(backward, -forward)
+    assert np.all(np.isfinite(forward)) and forward[2] == 0 and forward[3] > 0
+    zero = engine.coefficients(UpdateMessage(9, b"p", (0.0, 0.0, 0.0, 0.0)))
+    np.testing.assert_array_equal(zero, np.zeros(4))
+
+
+def test_normalize_must_be_a_known_rule():
+    with pytest.raises(UserError, match="normalize must be one of none, rms, unit"):
+        _config(normalize="median")

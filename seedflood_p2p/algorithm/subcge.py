@@ -16,6 +16,7 @@ of messages. Everything here is pure computation on tensors: no I/O.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -56,6 +57,20 @@ class Direction:
     @property
     def count(self) -> int:
         return max(1, self.a.shape[0])
+
+
+def step_coefficients(
+    scalars: tuple[float, ...], round_: int, config: RunConfig
+) -> np.ndarray:
+    """The step size of each of a message's directions: a pure function of the message and
+    the run settings (see `RunConfig.normalize`), the same on every peer and in replay."""
+    g = np.asarray(scalars, dtype=np.float64)
+    if config.normalize == "unit":  # no clip first: it would bend the direction of k > 1
+        rms = math.sqrt(float(np.mean(g * g)))
+        g = g / rms if rms > 0 else g
+    else:
+        g = np.clip(g, -config.clip, config.clip)
+    return config.lr_at(round_) / (config.n_ref * len(g)) * g
 
 
 def message_coordinates(
@@ -205,10 +220,11 @@ class ZerothOrderEstimator:
         """Detach anything attached to the model."""
 
     def coefficients(self, message: UpdateMessage) -> np.ndarray:
-        """Step size of each of a message's k directions: lr_t / (n_ref * k) * clip(g_j)."""
-        clip = self.config.clip
-        g = np.clip(np.asarray(message.scalars, dtype=np.float64), -clip, clip)
-        return self.config.lr_at(message.round) / (self.config.n_ref * len(g)) * g
+        """Step size of each of a message's k directions: lr_t / (n_ref * k) * clip(g_j),
+        or with `normalize = "unit"` lr_t / (n_ref * k) * g_j / rms(g): the receiver scales
+        every message to the same size, so no sender can push harder than an honest one
+        (the scalars stay as estimated, for audits to recompute)."""
+        return step_coefficients(message.scalars, message.round, self.config)
 
     @torch.no_grad()
     def estimate(

@@ -54,12 +54,14 @@ def zo_step(
 
 
 def normalize(g: tuple[float, ...], how: str) -> tuple[float, ...]:
-    """The sender's own scaling of its estimates (receivers apply the scalars as sent).
+    """The sender's own scaling of its estimates.
 
     "rms" divides by the root mean square of the k estimates, so a step's size does not
     follow the loss's scale (FZOO-style); with k == 1 that is the sign of the estimate.
+    "none" and "unit" send the estimates as they are ("unit": receivers scale them, see
+    `subcge.step_coefficients`, and audits can still recompute what was sent).
     """
-    if how == "none":
+    if how != "rms":
         return g
     rms = math.sqrt(sum(x * x for x in g) / len(g))
     return tuple(x / rms for x in g) if rms > 0 else g

@@ -19,6 +19,10 @@ from seedflood_p2p.core.errors import UserError
 MANIFEST_VERSION = 2
 MAX_DIRECTIONS = 16  # scalars per message: 2 bytes each keeps the payload under 64 bytes
 FLOAT16_MAX = 65504.0  # scalars travel as float16
+# How a message's k scalars become step sizes (RunConfig.normalize): "none" as sent (up to
+# `clip`); "rms" divided by their root mean square by the sender; "unit" by every receiver,
+# so a message's step has the same size whoever sent it (with k = 1: the sign).
+NORMALIZE_CHOICES = ("none", "rms", "unit")
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
@@ -52,7 +56,9 @@ class RunConfig:
     directions: int = 1  # k: directions (scalars) per message; the batch splits into k groups
     train_norms: bool = False  # also train the scale vectors of normalisation layers
     train_only: str = ""  # comma-separated globs of parameter names; "" trains all candidates
-    normalize: str = "none"  # none | rms: the sender divides its k scalars by their RMS
+    # none | rms: the sender divides its k scalars by their RMS | unit: every receiver does
+    # (so no identity's update can move the model further than an honest one's)
+    normalize: str = "none"
     lr: float = 1e-4
     lr_schedule: str = "constant"  # constant | cosine (needs total_rounds)
     total_rounds: int = 0  # 0: open-ended run
@@ -94,8 +100,11 @@ class RunConfig:
                 f"batch_size {self.batch_size} must be a multiple of directions "
                 f"{self.directions} (each direction gets an equal share of the batch)"
             )
-        if self.normalize not in ("none", "rms"):
-            problems.append(f"normalize must be 'none' or 'rms' (got {_short(self.normalize)})")
+        if self.normalize not in NORMALIZE_CHOICES:
+            problems.append(
+                f"normalize must be one of {', '.join(NORMALIZE_CHOICES)} "
+                f"(got {_short(self.normalize)})"
+            )
         if self.estimator == "naive" and self.directions != 1:
             problems.append("the naive estimator supports directions = 1 only")
         if self.estimator not in ("subcge", "naive"):
