@@ -307,7 +307,8 @@ def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, mo
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 
-    monkeypatch.setattr(flood, "MAX_EXCHANGE_PAGES", 1)  # one bucket's page per exchange
+    monkeypatch.setattr(flood, "MAX_EXCHANGE_PAGES", 1)  # one page per exchange ...
+    monkeypatch.setattr(flood, "FETCH_LIMIT", 2)  # ... of 2 rows (one bucket's here)
     alice, server_id, client_id = Peer(), Peer(), Peer()
     manifest = RunConfig().to_json()
 

@@ -44,7 +44,7 @@ from enum import StrEnum
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.reputation import LogLimiter, PeerBuckets, Reputation, short_id
-from seedflood_p2p.protocol.message import Envelope, UpdateMessage
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.wire import (
     SENDER_BURST,
     SENDER_RATE,
@@ -97,6 +97,13 @@ def _rejected(exc: Rejected, sender: bytes, message: UpdateMessage | None) -> Ve
     return Verdict(outcome, sender, message, exc.reason, exc.detail)
 
 
+def _row_key(message: UpdateMessage, envelope: Envelope) -> tuple:
+    """A repair row, exactly: what its signature check is a function of (scalars as their
+    float16 bytes: 0.0 and -0.0 are equal as floats, not as rows)."""
+    scalars = pack_scalars(message.scalars)
+    return (message.round, message.peer, scalars, envelope.data, envelope.seqno, envelope.signature)
+
+
 class Admission:
     """The pipeline of one node: its ledger, the run's k, the round window, its counters."""
 
@@ -124,6 +131,8 @@ class Admission:
         self.reputation = reputation or Reputation(BanStore(None), metrics.count_ban)
         self.allowed = None if allowed is None else frozenset(allowed)  # None: an open run
         self.sender_rate = PeerBuckets(SENDER_RATE, SENDER_BURST)
+        # rows being checked by a repair exchange now -> its result (`_verify_once`)
+        self._verifying: dict[tuple, asyncio.Future] = {}
         self.log_limit = LogLimiter()
         self.newest_round = ledger.max_round()  # the highest round held: shown, not trusted
         self.own_round = -1  # the round this peer trains (set by the peer daemon)
@@ -234,9 +243,7 @@ class Admission:
             else:  # our own rows too, when missing (a lost ledger): their signature is ours
                 unseen.append((message, envelope))
                 where.append(i)
-        # Ed25519 checks hold the GIL; a thread at least keeps the event loop (gossip)
-        # running during a long late-join sync (80,000 rows: 13 s of checks).
-        checked = await asyncio.to_thread(self._verify_rows, unseen)
+        checked = await self._verify_once(unseen)
         valid, valid_where = [], []
         for i, row, rejected in zip(where, unseen, checked, strict=True):
             if rejected is None:
@@ -268,6 +275,50 @@ class Admission:
         self.reputation.penalize(sender, exc.reason)
 
     # -- policy, ledger, apply -----------------------------------------------------------
+    async def _verify_once(
+        self, rows: list[tuple[UpdateMessage, Envelope]]
+    ) -> list[Rejected | None]:
+        """`_verify_rows` of `rows`, each exact row (update and envelope, byte for byte)
+        checked once however many repair exchanges bring it at the same time: an exchange
+        whose row another is checking waits for that check's result, a pure function of
+        the same bytes. After a partition heals, a node repairs from every newly connected
+        peer at once, and each brought the same rows: every signature was checked 2-3
+        times (the check is the largest cost of repair, ~100 us a row, holding the GIL).
+        Ed25519 checks run in a thread: it keeps the event loop (gossip) running during a
+        long late-join sync (80,000 rows: 13 s of checks)."""
+        keys = [_row_key(message, envelope) for message, envelope in rows]
+        mine = [i for i, key in enumerate(keys) if key not in self._verifying]
+        waits = {i: self._verifying[key] for i, key in enumerate(keys) if key in self._verifying}
+        loop = asyncio.get_running_loop()
+        futures = {keys[i]: loop.create_future() for i in mine}
+        self._verifying.update(futures)
+        try:
+            results = await asyncio.to_thread(self._verify_rows, [rows[i] for i in mine])
+        except BaseException:  # cancelled (the node stops) or failed: waiters check alone
+            for future in futures.values():
+                future.cancel()
+            raise
+        finally:
+            for key in futures:
+                self._verifying.pop(key, None)
+        checked: list[Rejected | None] = [None] * len(rows)
+        for i, result in zip(mine, results, strict=True):
+            checked[i] = result
+            futures[keys[i]].set_result(result)
+        alone = []
+        for i, future in waits.items():
+            try:
+                checked[i] = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                if not future.cancelled():
+                    raise  # this exchange is cancelled, not the check it waited for
+                alone.append(i)
+        if alone:
+            results = await asyncio.to_thread(self._verify_rows, [rows[i] for i in alone])
+            for i, result in zip(alone, results, strict=True):
+                checked[i] = result
+        return checked
+
     def _verify_rows(self, rows: list[tuple[UpdateMessage, Envelope]]) -> list[Rejected | None]:
         """Each row's signature and payload check: None if it holds. Touches no state, so
         it may run off the event loop."""

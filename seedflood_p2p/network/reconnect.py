@@ -455,7 +455,7 @@ class Reconnector:
         from hivemind.p2p import PeerID
 
         async def repair() -> None:
-            new = await self.flood.sync_round([PeerID.from_base58(peer)])
+            new = await self.flood.repair_new_peer(PeerID.from_base58(peer))
             if new:
                 log.info(
                     "repair with newly connected %s: fetched %d missing messages",

@@ -92,6 +92,11 @@ def _set_member_hash(m: UpdateMessage) -> bytes:
     return hashlib.sha256(body + pack_scalars(m.scalars)).digest()
 
 
+def set_digest(messages: Iterable[UpdateMessage]) -> bytes:
+    """The set digest `bucket_digests` gives a bucket holding exactly `messages`."""
+    return _set_digest(_set_member_hash(m) for m in messages)
+
+
 def _audit_member_hash(r: AuditRecord) -> bytes:
     """Full SHA-256 of one audit record, as a member of an audit bucket's set digest."""
     body = r.round.to_bytes(8, "little")

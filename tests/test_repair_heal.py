@@ -1,0 +1,218 @@
+"""Repair after a long partition (issue 14): few round trips, no set fetched in vain, no
+row's signature checked twice, and the hostile-peer bounds kept. FloodNodes on ledger
+files, repair calls routed to the server's handlers (no daemons); the same code the
+partition benchmarks run (bench/bench_repair_heal.py, bench/bench_partition.py)."""
+
+import asyncio
+import types
+
+from test_admission import RUN, Peer
+
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network import flood
+from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
+from seedflood_p2p.storage.ledger import Ledger
+
+
+class _Id:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def to_bytes(self) -> bytes:
+        return self.raw
+
+
+def _node(tmp_path, who: Peer, name: str, own_round: int = -1) -> FloodNode:
+    p2p = types.SimpleNamespace(peer_id=_Id(who.id), daemon_listen_maddr={"unix": "unused"})
+    (tmp_path / name).mkdir()
+    node = FloodNode(
+        p2p,
+        Ledger(tmp_path / name / "ledger.sqlite", RUN),
+        RunConfig().to_json(),
+        NodeMetrics(),
+        NodeSettings(),
+    )
+    node.admission.own_round = own_round
+    return node
+
+
+def _route(monkeypatch, nodes: dict[bytes, FloodNode], calls: list) -> None:
+    """Repair calls go to the server node's handlers; `calls` records (server, name)."""
+
+    async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
+        server = nodes[peer_id.to_bytes()]
+        calls.append((peer_id.to_bytes(), name.split(".")[1]))
+        handler = server._serve_digest if name == "seedflood.digest" else server._serve_fetch
+        await asyncio.sleep(0)
+        return await handler(p2p.peer_id, request)
+
+    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+
+
+def _add(node: FloodNode, rows) -> None:
+    node.ledger.add([m for m, _ in rows], [e for _, e in rows])
+
+
+def test_a_long_partition_s_buckets_come_in_a_few_pages_not_one_each(tmp_path, monkeypatch):
+    """40 buckets that differ, 2 rows each: one exchange, one fetch page (each bucket was
+    a page of its own, 32 at most an exchange: 32 round trips and a second exchange)."""
+    alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
+    server, client = _node(tmp_path, server_id, "server"), _node(tmp_path, client_id, "client")
+    rounds = range(0, 40 * BUCKET_ROUNDS, BUCKET_ROUNDS // 2)
+    _add(server, [p.row(r, (0.5,)) for r in rounds for p in (alice, bob)][::2])
+    calls = []
+    _route(monkeypatch, {server_id.id: server, client_id.id: client}, calls)
+    new = asyncio.run(client.sync_with(_Id(server_id.id)))
+    assert new == 80 and client.behind == set()
+    assert [name for _, name in calls] == ["digest", "fetch"]
+    assert client.ledger.digest() == server.ledger.digest()
+
+
+def test_a_set_taken_in_is_not_fetched_again_from_anyone(tmp_path, monkeypatch):
+    """After a partition each node's buckets differ from the other side's in rows it already
+    holds: a bucket set fetched whole and taken in is skipped until the server's bucket
+    changes, from that server and from any other serving the same set (every exchange
+    used to start again at the oldest differing buckets and fetch them in vain)."""
+    alice, bob, carol, dave = Peer(), Peer(), Peer(), Peer()
+    one, two, client_id = Peer(), Peer(), Peer()
+    nodes = {
+        one.id: _node(tmp_path, one, "one"),
+        two.id: _node(tmp_path, two, "two"),
+        client_id.id: _node(tmp_path, client_id, "client"),
+    }
+    side_a = [p.row(r, (0.25,)) for r in range(3 * BUCKET_ROUNDS) for p in (alice, bob)]
+    side_b = [p.row(r, (0.5,)) for r in range(3 * BUCKET_ROUNDS) for p in (carol, dave)]
+    _add(nodes[one.id], side_a)
+    _add(nodes[two.id], side_a)
+    client = nodes[client_id.id]
+    _add(client, side_b)
+    calls = []
+    _route(monkeypatch, nodes, calls)
+
+    async def exchanges() -> list[int]:
+        return [
+            await client.sync_with(_Id(one.id), sole_server=False),
+            await client.sync_with(_Id(one.id), sole_server=False),
+            await client.sync_with(_Id(two.id), sole_server=False),
+        ]
+
+    assert asyncio.run(exchanges()) == [len(side_a), 0, 0]
+    assert [name for _, name in calls] == ["digest", "fetch", "digest", "digest"]
+    # The server's bucket changes (it repairs too): fetched again, once.
+    _add(nodes[two.id], side_b[:2])
+    calls.clear()
+    assert asyncio.run(client.sync_with(_Id(two.id), sole_server=False)) == 0
+    assert [name for _, name in calls] == ["digest", "fetch"]
+    assert len(client.ledger) == len(side_a) + len(side_b)
+
+
+def test_rows_refused_from_their_author_are_fetched_again_when_it_is_the_only_server(
+    tmp_path, monkeypatch
+):
+    """A set some of whose rows were refused as `own_backfill` (old rows served by their
+    author while others could be asked) is skipped only for that server and only while
+    it is not the sole server: then the same rows are admitted (the old-row rule)."""
+    alice, server_id, client_id = Peer(), Peer(), Peer()
+    server = _node(tmp_path, server_id, "server")
+    client = _node(tmp_path, client_id, "client", own_round=4 * BUCKET_ROUNDS)
+    old = [p.row(r, (0.5,)) for r in range(BUCKET_ROUNDS) for p in (alice, server_id)]
+    _add(server, old)
+    calls = []
+    _route(monkeypatch, {server_id.id: server, client_id.id: client}, calls)
+    assert asyncio.run(client.sync_with(_Id(server_id.id), sole_server=False)) == BUCKET_ROUNDS
+    calls.clear()
+    assert asyncio.run(client.sync_with(_Id(server_id.id), sole_server=False)) == 0
+    assert [name for _, name in calls] == ["digest"]  # the refused rows: not again
+    assert asyncio.run(client.sync_with(_Id(server_id.id), sole_server=True)) == BUCKET_ROUNDS
+    assert client.ledger.digest() == server.ledger.digest()
+
+
+def test_exchanges_side_by_side_check_each_signature_once(tmp_path, monkeypatch):
+    """Newly connected peers serving the same rows at once: each row's signature is
+    checked once (it was checked by every exchange that brought it), and every row is
+    admitted once."""
+    alice, bob, one, two, client_id = Peer(), Peer(), Peer(), Peer(), Peer()
+    nodes = {p.id: _node(tmp_path, p, name) for p, name in ((one, "one"), (two, "two"))}
+    rows = [p.row(r, (0.5,)) for r in range(2 * BUCKET_ROUNDS) for p in (alice, bob)]
+    for node in nodes.values():
+        _add(node, rows)
+    client = nodes[client_id.id] = _node(tmp_path, client_id, "client")
+    checked = []
+    verify = client.admission.verify
+    client.admission.verify = lambda *args: checked.append(args[0]) or verify(*args)
+    _route(monkeypatch, nodes, [])
+
+    async def side_by_side() -> list[int]:
+        return await asyncio.gather(client.sync_with(_Id(one.id)), client.sync_with(_Id(two.id)))
+
+    assert sorted(asyncio.run(side_by_side())) == [0, len(rows)]
+    assert len(checked) == len(rows)
+    assert client.ledger.digest() == nodes[one.id].ledger.digest()
+
+
+def test_a_bad_row_in_a_multi_bucket_page_still_bans_its_server(tmp_path, monkeypatch):
+    """The page budget and penalties hold for pages across buckets: one row whose
+    signature does not verify ends the exchange, bans the server, admits nothing more."""
+    alice, server_id, client_id = Peer(), Peer(), Peer()
+    server, client = _node(tmp_path, server_id, "server"), _node(tmp_path, client_id, "client")
+    rows = [alice.row(r, (0.5,)) for r in range(3 * BUCKET_ROUNDS)]
+    message, envelope = rows[BUCKET_ROUNDS + 1]
+    rows[BUCKET_ROUNDS + 1] = (message, type(envelope)(envelope.data, envelope.seqno, b"x" * 64))
+    _add(server, rows)
+    _route(monkeypatch, {server_id.id: server, client_id.id: client}, [])
+    asyncio.run(client.sync_with(_Id(server_id.id)))
+    assert client.bans.is_banned(server_id.id)
+    assert len(client.ledger) < len(rows)
+    assert asyncio.run(client.sync_with(_Id(server_id.id))) == 0  # not asked again
+
+
+def test_a_server_naming_another_set_s_digest_does_not_make_us_skip_that_set(tmp_path, monkeypatch):
+    """A hostile server claims an honest peer's (count, digest) for its bucket and serves
+    as many valid rows, other ones: what we took in is not that set, so the honest set is
+    still fetched (else the rows we lack in it would be skipped for good: a fork)."""
+    alice, bob, liar, honest, client_id = Peer(), Peer(), Peer(), Peer(), Peer()
+    nodes = {p.id: _node(tmp_path, p, name) for p, name in ((liar, "liar"), (honest, "honest"))}
+    client = nodes[client_id.id] = _node(tmp_path, client_id, "client")
+    rows = {r: [p.row(r, (0.5,)) for p in (alice, bob)] for r in range(12)}
+    _add(nodes[honest.id], [row for r in range(8) for row in rows[r]])
+    _add(nodes[liar.id], [row for r in (0, 1, 2, 3, 8, 9, 10, 11) for row in rows[r]])
+    _add(client, [row for r in range(4) for row in rows[r]])
+    real = nodes[liar.id].ledger.bucket_digests
+
+    def forged(bucket_rounds):  # the liar's digest names the honest bucket's set
+        out = real(bucket_rounds)
+        out[0] = nodes[honest.id].ledger.bucket_digests(bucket_rounds)[0]
+        return out
+
+    nodes[liar.id].ledger.bucket_digests = forged
+    _route(monkeypatch, nodes, [])
+    assert asyncio.run(client.sync_with(_Id(liar.id), sole_server=False)) == 8
+    assert asyncio.run(client.sync_with(_Id(honest.id), sole_server=False)) == 8
+    assert len(client.ledger) == 24
+
+
+def test_an_exchange_waiting_on_a_cancelled_check_checks_its_rows_itself():
+    """The exchange whose check another waits on is cancelled (the node stops, or its
+    task ends): the waiting one checks its rows itself, and is not cancelled with it."""
+    import threading
+
+    from seedflood_p2p.network.admission import Admission
+
+    alice, me = Peer(), Peer()
+    admission = Admission(Ledger(":memory:", RUN), 1, me.id, NodeMetrics(), max_ahead=50)
+    gate, real = threading.Event(), admission.verify
+    admission.verify = lambda *args: gate.wait(10) and real(*args)
+    rows = [alice.row(r, (0.5,)) for r in range(4)]
+
+    async def scenario():
+        first = asyncio.create_task(admission._verify_once(rows))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(admission._verify_once(rows))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        gate.set()
+        return await second, admission._verifying
+
+    assert asyncio.run(scenario()) == ([None] * 4, {})
