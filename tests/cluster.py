@@ -16,7 +16,7 @@ RUN = RunConfig(
     dataset="synthetic-sentiment",
     rank=4,
     refresh_period=5,
-    lr=2e-3,
+    lr=8e-3,  # normalize "unit": about the step of lr 2e-3 with scalars as sent
     n_ref=4,
     batch_size=8,
 )

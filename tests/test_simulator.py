@@ -36,7 +36,9 @@ def _sim_config(**kw) -> SimConfig:
     peers = kw.get("peers", 4)
     base = dict(peers=peers, rounds=4, eval_every=0, eval_examples=32, eval_peers=2)
     base.update(kw)
-    return SimConfig(run=RunConfig(**{"lr": 1e-3, "n_ref": peers, "batch_size": 8, **run}), **base)
+    # scalars as sent, as `seedflood simulate` does by default (SIM_RUN_DEFAULTS)
+    run = {"lr": 1e-3, "n_ref": peers, "batch_size": 8, "normalize": "none", **run}
+    return SimConfig(run=RunConfig(**run), **base)
 
 
 def _seedflood(config: SimConfig, task) -> SeedFloodSimulation:

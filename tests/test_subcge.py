@@ -256,7 +256,9 @@ def test_unit_normalize_bounds_every_message_to_an_honest_step():
     assert step_honest.norm() > 0
     torch.testing.assert_close(step_inflated, step_honest, rtol=1e-3, atol=1e-9)
     # "none" applies the scalars as sent (up to clip): the inflated step is far larger
-    engine_none = SubCGE(load_model("tiny-llama")[0], _config(directions=2, batch_size=16))
+    engine_none = SubCGE(
+        load_model("tiny-llama")[0], _config(directions=2, batch_size=16, normalize="none")
+    )
     big = engine_none.coefficients(UpdateMessage(3, b"peer-x", quantize_scalars(inflated)))
     small = engine_none.coefficients(UpdateMessage(3, b"peer-x", quantize_scalars(honest)))
     assert np.abs(big).sum() > 50 * np.abs(small).sum()

@@ -41,7 +41,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "dataset": "mr",
     "rank": 32,
     "refresh_period": 20,
-    "lr": 3e-4,
+    "lr": 4e-3,  # normalize = "unit" (RunConfig's default): one update's step
 }
 
 

@@ -56,10 +56,10 @@ class RunConfig:
     directions: int = 1  # k: directions (scalars) per message; the batch splits into k groups
     train_norms: bool = False  # also train the scale vectors of normalisation layers
     train_only: str = ""  # comma-separated globs of parameter names; "" trains all candidates
-    # none | rms: the sender divides its k scalars by their RMS | unit: every receiver does
-    # (so no identity's update can move the model further than an honest one's)
-    normalize: str = "none"
-    lr: float = 1e-4
+    # unit: every receiver scales a message's k scalars to RMS 1, so no identity's update
+    # moves the model further than an honest one's | rms: the sender does | none: as sent
+    normalize: str = "unit"
+    lr: float = 4e-3  # with "unit", the step of one update (the demo's SmolLM2 setting)
     lr_schedule: str = "constant"  # constant | cosine (needs total_rounds)
     total_rounds: int = 0  # 0: open-ended run
     clip: float = 100.0  # |projected gradient| is clipped to this

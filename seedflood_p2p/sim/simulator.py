@@ -199,7 +199,9 @@ def simulate(config: SimConfig, progress: Any = None) -> dict:
 # ---------------------------------------------------------------------------------- CLI
 
 # RunConfig defaults for `seedflood simulate` (tiny model, synthetic task).
-SIM_RUN_DEFAULTS = {"lr": 1e-3, "batch_size": 16}
+# The simulator's published comparison (bench/bench_simulator.py) applies scalars as sent;
+# `--normalize unit` (the daemons' default) is there too.
+SIM_RUN_DEFAULTS = {"lr": 1e-3, "batch_size": 16, "normalize": "none"}
 
 
 SIM_FIELDS = settings_of(SimConfig, exclude=("method",))
