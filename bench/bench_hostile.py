@@ -347,19 +347,11 @@ def write_markdown(result: dict, path: Path) -> None:
 
 
 def _run_line(result: dict) -> list[str]:
-    """The run settings that differ from tests/cluster.RUN, when the bench changed any."""
+    """How the run applied scalars (`normalize`) and its lr, when the results record it."""
     run = result.get("run")
     if not run:
         return []
-    changed = {k: v for k, v in run.items() if getattr(RUN, k, v) != v}
-    if not changed:
-        return []
-    return [
-        "Run settings changed from tests/cluster.RUN: "
-        + ", ".join(f"{k} = {v!r}" for k, v in sorted(changed.items()))
-        + ".",
-        "",
-    ]
+    return [f"Run settings: normalize = {run['normalize']!r}, lr = {run['lr']:g}.", ""]
 
 
 def _load(load: list[float]) -> str:
