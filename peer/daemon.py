@@ -649,6 +649,38 @@ class PeerDaemon:
         if not self.stopping:
             log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
 
+    async def report_sources(self, check) -> None:
+        """Log how the ledger fetched at start compares with each source's (flood.SourceCheck)."""
+        names = {
+            kind: ", ".join(f"{_b58(p)[-8:]} ({n} rows)" for p, n in found.items())
+            for kind, found in (("lacking", check.lacking), ("ahead", check.ahead))
+        }
+        fields = {
+            "event": "sources_checked",
+            "compared": check.compared,
+            "agree": len(check.agree),
+            "lacking": {_b58(p): n for p, n in check.lacking.items()},
+            "ahead": {_b58(p): n for p, n in check.ahead.items()},
+            "differ": {_b58(p): n for p, n in check.differ.items()},
+            "unanswered": len(check.unanswered),
+        }
+        if check.lacking or check.ahead or check.differ:
+            log.warning(
+                "ledger checked against %d source(s): %d agree; lacking rows we hold (behind, "
+                "or withholding what others served): %s; still ahead of us: %s",
+                check.compared,
+                len(check.agree),
+                names["lacking"] or "none",
+                names["ahead"] or "none",
+                extra={"fields": fields},
+            )
+        else:
+            log.info(
+                "ledger checked against %d source(s): all agree",
+                check.compared,
+                extra={"fields": fields},
+            )
+
     def set_model_hash(self, sha256: str | None = None) -> None:
         self.model_hash = sha256 or self.live.sha256()
         self.metrics.model.info({"sha256": self.model_hash, "round": str(self.round)})
@@ -825,6 +857,8 @@ class PeerDaemon:
             # Sync first, then replay: overlapping the two was measured to gain nothing on
             # 2 cores (bench/results/latejoin_overlap.md).
             synced = await self.node.sync_until_complete(peers)
+            if len(peers) > 1:  # what one source served, checked against the others
+                await self.report_sources(await self.node.cross_check(peers))
             # The cut is taken here, on the event loop (see algorithm/live.py); updates
             # accepted while the model thread restores it stay pending for round one.
             if self.audits is None:

@@ -47,3 +47,57 @@ async def test_own_update_logged_but_never_sent_is_published_again(spawn, tmp_pa
             await node.stop()
         for ledger in ledgers:
             ledger.close()
+
+
+async def test_a_joiner_checks_what_it_fetched_against_every_source(spawn, tmp_path):
+    """Issue 14: a joiner that synced from a source withholding a row finds, by comparing
+    its ledger with every source's digests, that another source holds more; it fetches
+    the row from that one, and reports the withholding source as lacking it."""
+    import sqlite3
+
+    a = await spawn()
+    b = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
+    entry = [str((await p.get_visible_maddrs())[0]) for p in (a, b)]
+    j = await spawn(initial_peers=entry)
+    config = RunConfig(salt="test-sources")
+    ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", config.run_id) for n in "abj"}
+    settings = NodeSettings(repair_interval=3600.0)  # no anti-entropy: the test drives repair
+    nodes = {
+        n: FloodNode(p2p, ledgers[n], config.to_json(), NodeMetrics(), settings)
+        for n, p2p in zip("abj", (a, b, j), strict=True)
+    }
+    author = a.peer_id.to_bytes()
+    # rounds 1..65 in steps the receivers' window admits: bucket 0 (rounds 0-63) is
+    # settled once bucket 1 holds a row
+    rounds = list(range(1, 66, 8))
+    try:
+        for name in "ab":
+            await nodes[name].start()
+        await _until(lambda: len(ledgers["b"]) == 0)
+        while not await nodes["a"].connected_peers():
+            await asyncio.sleep(0.1)
+        for round_ in rounds:
+            ledgers["a"].add([UpdateMessage(round_, author, (0.25,))])
+            assert await nodes["a"].republish_unsigned() == 1
+            await _until(lambda r=round_: ledgers["b"].scalars_of(author, r) is not None)
+        await _until(lambda: not ledgers["a"].unsigned(author))  # every row signed by its echo
+        # b withholds round 1: what a source that drops rows would serve
+        with sqlite3.connect(ledgers["b"].path) as db:
+            db.execute("DELETE FROM messages WHERE round = 1")
+            assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == len(rounds) - 1
+
+        await nodes["j"].start()
+        peers = {n: p.peer_id for n, p in (("a", a), ("b", b))}
+        await nodes["j"].sync_round([peers["b"]])  # j's first source is the withholding one
+        assert ledgers["j"].scalars_of(author, 1) is None
+        check = await nodes["j"].cross_check([peers["a"], peers["b"]])
+        assert ledgers["j"].scalars_of(author, 1) == (0.25,)  # fetched from a after the check
+        assert ledgers["j"].digest() == ledgers["a"].digest()
+        assert check.agree == [peers["a"].to_bytes()]
+        assert check.lacking == {peers["b"].to_bytes(): 1}
+        assert check.compared == 2 and not check.ahead and not check.unanswered
+    finally:
+        for node in nodes.values():
+            await node.stop()
+        for ledger in ledgers.values():
+            ledger.close()

@@ -260,6 +260,47 @@ def _plan(
 
 
 @dataclass
+class SourceCheck:
+    """A joiner's ledger compared with each source's digest after its sync, bucket by
+    bucket below the newest bucket either side holds (the newest one still fills):
+    `lacking` sources miss rows we hold (behind, or withholding what others served),
+    `ahead` ones hold rows we miss, `differ` ones hold as many rows as we do but other
+    ones (an equivocation not yet resolved); counts are rows, summed over buckets."""
+
+    agree: list[bytes] = field(default_factory=list)
+    lacking: dict[bytes, int] = field(default_factory=dict)
+    ahead: dict[bytes, int] = field(default_factory=dict)
+    differ: dict[bytes, int] = field(default_factory=dict)
+    unanswered: list[bytes] = field(default_factory=list)
+
+    @property
+    def compared(self) -> int:
+        return len(self.agree) + len(self.lacking) + len(self.ahead) + len(self.differ)
+
+
+def compare_digests(
+    mine: dict[int, tuple[int, bytes]], theirs: dict[int, tuple[int, bytes]]
+) -> tuple[int, int, int]:
+    """(rows they lack, rows they have beyond ours, buckets that differ at equal counts)
+    over the buckets below the newest either side has."""
+    newest = max([*mine, *theirs], default=-1)
+    lacking = ahead = differ = 0
+    for bucket in set(mine) | set(theirs):
+        if bucket >= newest:
+            continue
+        ours, their = mine.get(bucket, (0, b"")), theirs.get(bucket, (0, b""))
+        if ours == their:
+            continue
+        if their[0] < ours[0]:
+            lacking += ours[0] - their[0]
+        elif their[0] > ours[0]:
+            ahead += their[0] - ours[0]
+        else:
+            differ += 1
+    return lacking, ahead, differ
+
+
+@dataclass
 class PeerState:
     round: int
     last_seen: float
@@ -595,6 +636,55 @@ class FloodNode:
             if not new or not self.behind:
                 break
         return total
+
+    async def check_sources(self, peers: list) -> SourceCheck:
+        """Ask each of `peers` for its bucket digests (one bounded request each) and compare
+        them with our ledger: what a joiner fetched, checked against every source."""
+        check = SourceCheck()
+        request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
+        for peer_id in peers:
+            source = peer_id.to_bytes()
+            try:
+                reply = await call_bytes(
+                    self.p2p,
+                    peer_id,
+                    "seedflood.digest",
+                    request,
+                    self.settings.call_timeout,
+                    max_response=MAX_FETCH_REPLY_BYTES,
+                )
+                theirs = decode_digests(reply)
+            except Rejected as exc:
+                self.admission.drop_reply(exc, source)
+                check.unanswered.append(source)
+                continue
+            except RemoteCallError:
+                check.unanswered.append(source)
+                continue
+            lacking, ahead, differ = compare_digests(
+                self.ledger.bucket_digests(BUCKET_ROUNDS), theirs
+            )
+            if ahead:
+                check.ahead[source] = ahead
+            elif differ:
+                check.differ[source] = differ
+            elif lacking:
+                check.lacking[source] = lacking
+            else:
+                check.agree.append(source)
+        return check
+
+    async def cross_check(self, peers: list) -> SourceCheck:
+        """After a sync with `peers`: compare with each; fetch again from any that still
+        holds rows we lack (one more bounded pass), then compare again. A source that
+        lacks rows the others served is reported, not punished: an honest one may simply
+        be behind (a joiner itself, or just restarted)."""
+        check = await self.check_sources(peers)
+        more = [p for p in peers if p.to_bytes() in check.ahead or p.to_bytes() in check.differ]
+        if more:
+            await self.sync_round(more)
+            check = await self.check_sources(peers)
+        return check
 
     async def _exchange(
         self, peer_id, server: bytes, sole_server: bool, exchange: _Exchange
