@@ -5,8 +5,8 @@ cut {h1, h2, h3} | {h4, h5} for PARTITION seconds (second bridge + `ss -K`: ever
 connection across it ends, new dials fail), then the hosts share one bridge again and
 only the nodes' own redialling can reconnect them. Both sides must say "partitioned"
 naming the other side, train on through the cut, reconnect after it, and end with one
-ledger digest holding every peer's every round. The long (180 s) cut is
-bench/bench_partition.py.
+ledger digest holding every peer's every round. The cut lasts 180 s, as issue 14 asks;
+bench/bench_partition.py measures the heal times (180 s and 30 minutes).
 
 Needs root, `ip netns` and `ss` (iproute2); skips naming what is missing otherwise.
 """
@@ -22,7 +22,7 @@ from seedflood_p2p.apps.partition import CUT, HOSTS, NamespaceNet, run_partition
 from cluster import run_toml
 
 pytestmark = pytest.mark.slow
-PARTITION = 30.0  # seconds
+PARTITION = 180.0  # seconds
 
 
 def test_partition_heals_to_one_ledger(tmp_path):
