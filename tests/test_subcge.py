@@ -282,3 +282,14 @@ def test_unit_normalize_is_odd_so_a_negated_update_takes_one_back():
 def test_normalize_must_be_a_known_rule():
     with pytest.raises(UserError, match="normalize must be one of none, rms, unit"):
         _config(normalize="median")
+
+
+def test_a_manifest_without_normalize_keeps_scalars_as_sent():
+    """Manifests written before `normalize` existed meant "none"; the "unit" default must not
+    change what their ledgers replay to."""
+    import json
+
+    body = json.loads(RunConfig().to_json())
+    del body["normalize"]
+    assert RunConfig.from_json(json.dumps(body)).normalize == "none"
+    assert RunConfig.from_json(RunConfig().to_json()).normalize == "unit"

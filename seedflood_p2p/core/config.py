@@ -187,6 +187,9 @@ class RunConfig:
                     f"run manifest setting '{f.name}' must be {f.type}, got "
                     f"{_short(body[f.name])}: the manifest is corrupt or from another program"
                 )
+        # A manifest written before `normalize` existed applied scalars as sent: its run
+        # must not change meaning now that "unit" is the default.
+        body.setdefault("normalize", "none")
         return cls(**body)
 
     def replace(self, **changes: Any) -> RunConfig:
