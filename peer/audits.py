@@ -13,7 +13,11 @@ What the daemon does with `algorithm/audit.py` and `network/audit.py`:
 An audit of (p, t) recomputes on S_t. The model holds S_r for the round r we trained
 last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are taken
 back for the recomputation, and the exact weights put back afterwards (a copy, not a
-re-addition: the live model must not drift by rounding).
+re-addition: the live model must not drift by rounding). A mismatch is retried on the
+states the sender may honestly have trained on instead: before a ban reached it
+(`_ban_sets`), or before the settled updates that reached us last had reached it
+(`_late_rows`); any match is a match. Each retry is one more recomputation, bounded by
+MAX_BAN_SETS + MAX_LATE_STATES per audit.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
@@ -28,7 +32,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Mapping
-from itertools import combinations, islice
+from itertools import combinations, count, islice
 
 from seedflood_p2p.algorithm.audit import (
     AuditSettings,
@@ -49,6 +53,8 @@ log = logging.getLogger("seedflood.audit")
 
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
 MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
+MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
+ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
 # (algorithm/audit.py:cheat) so tests and bench/bench_audit_daemon.py can show audits catch
@@ -109,6 +115,11 @@ class PeerAudits:
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
         self.done: set[tuple[bytes, int]] = set()
+        # When each update reached us (a counter, in acceptance order; ours when we
+        # published it): the rows of a settled state that came last here are the ones a
+        # sender most likely did not have yet when it trained (`_late_rows`).
+        self.arrival: dict[tuple[bytes, int], int] = {}
+        self._clock = count()
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
         # work) spent training ("train": our own zo_step) and auditing ("audit"): the cost
@@ -125,10 +136,14 @@ class PeerAudits:
         self.rate = audit_rate(peers, self.settings.cpu_share)
         for m in messages:
             key = (m.peer, m.round)
+            self.arrival.setdefault(key, next(self._clock))
             if m.peer == self.peer_id or m.peer in self.banned or key in self.done:
                 continue
             if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
                 self.due.setdefault(key, "draw")
+        if len(self.arrival) > 2 * ARRIVALS_KEPT:  # only the latest arrivals are ever asked for
+            newest = sorted(self.arrival.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
+            self.arrival = dict(newest)
 
     def take_settled(self, round_: int) -> list[UpdateMessage]:
         """The pending updates that belong to S_round, without banned peers' ones."""
@@ -255,6 +270,24 @@ class PeerAudits:
                 )
                 if not rule.mismatches(claimed, before_bans):
                     recomputed = before_bans
+            # The sender may have trained before a settled update reached it (a peer that
+            # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
+            # for it past --round-deadline). Its state then lacked the updates that reached
+            # it last, which are most likely the ones that reached us last too: the states
+            # without the newest-arrived 1, 2, ... settled updates are tried, newest first.
+            late = self._late_rows(round_)
+            for j in range(1, len(late) + 1):
+                if not rule.mismatches(claimed, recomputed):
+                    break
+                self.counts["late_state_retries"] += 1
+                without = self._on_settled(
+                    round_,
+                    [m.negated() for m in late[:j]],
+                    lambda m=message: self._recompute(m, engine, tokenizer, task),
+                )
+                if not rule.mismatches(claimed, without):
+                    recomputed = without
+                    self.counts["late_state_matches"] += 1
             self.done.add((peer, round_))
             mismatch = rule.mismatches(claimed, recomputed)
             self.counts["audits"] += 1
@@ -262,6 +295,21 @@ class PeerAudits:
             if mismatch or why == "recheck":
                 out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
         return out
+
+    def _late_rows(self, round_: int) -> list[UpdateMessage]:
+        """The updates of S_round that reached us last, newest first (at most
+        MAX_LATE_STATES; an update without an arrival stamp, e.g. restored at start,
+        counts as old). A banned peer's updates are not in S_round: applied, then taken
+        back."""
+        limit = round_ - self.settings.lag
+        settled = {
+            (m.peer, m.round): m
+            for m in self.applied
+            if m.round < limit and m.peer not in self.banned
+        }
+        stamped = [(self.arrival.get(key, -1), key) for key in settled]
+        newest = sorted(stamped, reverse=True)[:MAX_LATE_STATES]
+        return [settled[key] for stamp, key in newest if stamp >= 0]
 
     def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
         """`compute()` on S_round (plus `counted_too`): take back the applied updates of

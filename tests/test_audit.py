@@ -432,3 +432,73 @@ def test_daemon_audit_tries_each_set_of_bans_the_sender_may_not_have_known(tmp_p
     assert not mismatch and not settings.rule.mismatches(claim.scalars, record.scalars)
     assert audits.counts["ban_state_retries"] >= 1
     ledger.close()
+
+
+def _late_row_audit(tmp_path, cheat_sign: float):
+    """Sender A trained round 3 before straggler X's round-2 update reached it; auditor C
+    received that update last (after A's). Returns (audit record, mismatch, audits,
+    the scalars recomputed on C's whole settled state)."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.5)  # one update moves the model visibly
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    history = _updates(3, [B, X], seed=5)
+    late = next(m for m in history if m.peer == X and m.round == 2)
+    on_time = [m for m in history if m is not late]
+    base = {k: w.clone() for k, w in live.weights().items()}
+    live.apply(on_time)  # the sender's state: everything but the late update
+    honest, _ = zo_step(live.engine, tokenizer, task, A, 3)
+    live.load_weights(base)
+    claim = UpdateMessage(3, A, quantize_scalars([cheat_sign * s for s in honest.scalars]))
+    ledger.add(history + [claim])
+    settings = AuditSettings(enabled=True, lag=0)
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    audits.on_accept(on_time, 4)
+    audits.on_accept([claim], 4)
+    audits.on_accept([late], 4)  # reached the auditor after the sender's update
+    audits.apply(history)  # the auditor's settled state of round 3: all of rounds < 3
+    whole = recompute(live.engine, tokenizer, task, claim)
+    audits.due[(A, 3)] = "recheck"
+    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    ledger.close()
+    return record, mismatch, audits, whole
+
+
+def test_an_honest_sender_that_missed_a_late_update_is_matched(tmp_path):
+    """The daemon bench's honest-only run once convicted three honest senders: they trained
+    before a straggler's settled update reached them, and every auditor recomputed on a
+    state holding it. The auditor now also tries the states without the updates that
+    reached it last, and finds the sender's."""
+    record, mismatch, audits, whole = _late_row_audit(tmp_path, cheat_sign=1.0)
+    rule = AuditSettings(enabled=True).rule
+    assert rule.mismatches(record.scalars, whole)  # the whole settled state does not match
+    assert not mismatch  # the state without the late update does
+    assert audits.counts["late_state_matches"] == 1 and audits.counts["late_state_retries"] == 1
+
+
+def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
+    record, mismatch, audits, _ = _late_row_audit(tmp_path, cheat_sign=-1.0)  # sign flip
+    assert mismatch
+    assert audits.counts["late_state_matches"] == 0 and audits.counts["late_state_retries"] >= 1
+
+
+def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
+    from peer import audits as module
+    from seedflood_p2p.network.audit import AuditIntake
+
+    ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
+    model, _ = load_model("tiny-llama")
+    live = LiveModel(SubCGE(model, CONFIG), ledger)
+    audits = module.PeerAudits(SETTINGS, b"s", C, ledger, live, AuditIntake(ledger, 1))
+    updates = _updates(3 * module.ARRIVALS_KEPT // 2 + 1, [B, D])
+    for m in updates:
+        audits.on_accept([m], 3)
+    assert len(audits.arrival) <= 2 * module.ARRIVALS_KEPT
+    newest = max(audits.arrival, key=audits.arrival.get)
+    assert newest == (updates[-1].peer, updates[-1].round)
+    assert (updates[0].peer, updates[0].round) not in audits.arrival
+    ledger.close()
