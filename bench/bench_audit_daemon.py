@@ -31,8 +31,10 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,7 +118,33 @@ def judged(ledger_path: Path) -> dict:
     }
 
 
-def run(rate: str, cheaters: dict[str, str], rounds: int, work: Path, keys: Path | None) -> dict:
+def pause_when(proc, round_: int, seconds: float, log: list) -> None:
+    """Freeze `proc` (the daemon and its p2pd, SIGSTOP) once it has logged `round_`, for
+    `seconds`: a volunteer's laptop that sleeps. The others go on without it after
+    --round-deadline; when it wakes it publishes the rounds it owes late."""
+    while proc.alive and proc.last_round() < round_:
+        time.sleep(0.2)
+    if not proc.alive:
+        return
+    children = Path(f"/proc/{proc.proc.pid}/task/{proc.proc.pid}/children")
+    pids = [proc.proc.pid] + [int(p) for p in children.read_text().split()]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    log.append({"peer": proc.name, "after_round": round_, "seconds": seconds})
+    time.sleep(seconds)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def run(
+    rate: str,
+    cheaters: dict[str, str],
+    rounds: int,
+    work: Path,
+    keys: Path | None,
+    pause: tuple[str, int, float] | None = None,
+) -> dict:
     names = HONEST + sorted(cheaters)
     config = dataclasses.replace(RUN, extra={"audit": RATES[rate]})
     started = time.time()
@@ -134,6 +162,12 @@ def run(rate: str, cheaters: dict[str, str], rounds: int, work: Path, keys: Path
                 flags += ["--test-cheat", cheaters[name]]
             peers[name] = start_peer(work, name, address, flags)
         procs += peers.values()
+        paused: list = []
+        if pause is not None:
+            name, after, seconds = pause
+            threading.Thread(
+                target=pause_when, args=(peers[name], after, seconds, paused), daemon=True
+            ).start()
         codes = {n: p.wait_exit(1800) for n, p in peers.items()}
         finals = {
             n: json.loads((work / n / "final_status.json").read_text())
@@ -164,6 +198,7 @@ def run(rate: str, cheaters: dict[str, str], rounds: int, work: Path, keys: Path
             "audits_done": audits.get("done"),
             "mismatches": audits.get("mismatches"),
             "published": audits.get("published"),
+            "retries": audits.get("retries"),
             "records": audits.get("records"),
             "banned": audits.get("banned"),
             "ban_rounds": {k: bans[name].get(ids.get(c)) for c, k in cheaters.items()},
@@ -179,6 +214,7 @@ def run(rate: str, cheaters: dict[str, str], rounds: int, work: Path, keys: Path
         "peers": {n: ids.get(n) for n in names},
         "cheaters": {ids.get(n): k for n, k in cheaters.items()},
         "rounds": rounds,
+        "paused": paused,
         "exit_codes": codes,
         "rounds_until_banned_by_every_honest_peer": banned_by_all,
         "verdicts_against_honest": verdicts_against_honest,
@@ -213,7 +249,13 @@ def write_markdown(result: dict, path: Path) -> None:
         f"{result['machine']}; tiny model, {result['rounds']} rounds, 4 honest peers + "
         "flip + random + x3 (test hook), lag 2, --max-staleness 1, quorum 3; per rate an "
         "honest-only run with the same manifest and identity keys. "
-        f"Total {result['seconds']:.0f} s.",
+        f"Total {result['seconds']:.0f} s."
+        + (
+            f" Paused (SIGSTOP, a sleeping laptop): {result['pause']}; the peers' audit "
+            f"retries on late-update states (tried / matched): {result['late_retries']}."
+            if result.get("pause")
+            else ""
+        ),
         "",
         "| rate | q per auditor | run | rounds to ban flip / random / x3 (every honest peer) "
         "| verdicts vs honest | mismatch votes vs honest | honest eval loss (live) "
@@ -258,7 +300,23 @@ def main() -> None:
     parser.add_argument("--rates", default="default,high")
     parser.add_argument("--name", default="audit_daemon", help="results file name (no suffix)")
     parser.add_argument("--keep", action="store_true", help="keep the runs' directories")
+    parser.add_argument(
+        "--pause",
+        default="",
+        metavar="PEER:ROUND:SECONDS",
+        help="freeze honest peer PEER (a-d) after its round ROUND for SECONDS (a sleeping "
+        "laptop: it then publishes its rounds late)",
+    )
+    parser.add_argument(
+        "--honest-only", action="store_true", help="skip the run with the three cheaters"
+    )
     args = parser.parse_args()
+    pause = None
+    if args.pause:
+        name, after, seconds = args.pause.split(":")
+        if name not in HONEST:
+            parser.error(f"--pause: PEER must be one of {HONEST}")
+        pause = (name, int(after), float(seconds))
     from seedflood_p2p.algorithm.audit import AuditSettings, audit_rate
 
     os.environ[TEST_HOOKS_ENV] = "1"  # --test-cheat: the cheaters are a test hook
@@ -269,6 +327,7 @@ def main() -> None:
         "rounds": args.rounds,
         "q": {r: audit_rate(n, AuditSettings.of({"audit": RATES[r]}).cpu_share) for r in RATES},
         "runs": {},
+        "pause": args.pause,
     }
     out = ROOT / "bench" / "results"
     for rate in args.rates.split(","):
@@ -281,12 +340,22 @@ def main() -> None:
             honest_dir, cheat_dir = Path(tmp) / "honest", Path(tmp) / "cheat"
             honest_dir.mkdir()
             cheat_dir.mkdir()
-            honest = run(rate, {}, args.rounds, honest_dir, None)
+            honest = run(rate, {}, args.rounds, honest_dir, None, pause)
             print(json.dumps({k: honest[k] for k in ("rate", "seconds", "mean_eval_loss")}))
-            cheat = run(rate, CHEATERS, args.rounds, cheat_dir, keys=honest_dir)
-            print(json.dumps({k: cheat[k] for k in ("rate", "seconds", "mean_eval_loss")}))
-            print(json.dumps(cheat["rounds_until_banned_by_every_honest_peer"]))
-        result["runs"][rate] = {"honest-only": honest, "with cheaters": cheat}
+            result["runs"][rate] = {"honest-only": honest}
+            if not args.honest_only:
+                cheat = run(rate, CHEATERS, args.rounds, cheat_dir, honest_dir, pause)
+                print(json.dumps({k: cheat[k] for k in ("rate", "seconds", "mean_eval_loss")}))
+                print(json.dumps(cheat["rounds_until_banned_by_every_honest_peer"]))
+                result["runs"][rate]["with cheaters"] = cheat
+        result["late_retries"] = {
+            f"{rate}/{label}/{name}": [
+                (p["retries"] or {}).get(k) for k in ("late_state_retries", "late_state_matches")
+            ]
+            for rate, pair in result["runs"].items()
+            for label, r in pair.items()
+            for name, p in r["per_peer"].items()
+        }
         result["seconds"] = time.time() - started
         (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
         write_markdown(result, out / f"{args.name}.md")

@@ -220,6 +220,11 @@ class PeerDaemon:
             "done": audits.counts["audits"],
             "mismatches": audits.counts["mismatches"],
             "published": audits.counts["published"],
+            # recomputations on the states a sender may honestly have had instead
+            "retries": {
+                k: audits.counts[k]
+                for k in ("ban_state_retries", "late_state_retries", "late_state_matches")
+            },
             "records": dict(audits.intake.counts),
             "verdicts": audits.verdicts,
             "banned": sorted(peer_name(p) for p in audits.banned),
