@@ -16,7 +16,7 @@ back for the recomputation, and the exact weights put back afterwards (a copy, n
 re-addition: the live model must not drift by rounding). A mismatch is retried on the
 states the sender may honestly have trained on instead: before a ban reached it
 (`_ban_sets`), or before the settled updates that reached us last had reached it
-(`_late_rows`); any match is a match. Each retry is one more recomputation, bounded by
+(`_late_states`); any match is a match. Each retry is one more recomputation, bounded by
 MAX_BAN_SETS + MAX_LATE_STATES per audit.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
@@ -115,10 +115,12 @@ class PeerAudits:
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
         self.done: set[tuple[bytes, int]] = set()
-        # When each update reached us (a counter, in acceptance order; ours when we
-        # published it): the rows of a settled state that came last here are the ones a
-        # sender most likely did not have yet when it trained (`_late_rows`).
-        self.arrival: dict[tuple[bytes, int], int] = {}
+        # When each update reached us (our training round then, and a counter in
+        # acceptance order; ours when we published it): the rows of a settled state that
+        # came later here than a sender's update are the ones it most likely did not have
+        # yet when it trained (`_late_states`).
+        self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
+        self.round = 0  # the round we are training (take_settled)
         self._clock = count()
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -136,7 +138,7 @@ class PeerAudits:
         self.rate = audit_rate(peers, self.settings.cpu_share)
         for m in messages:
             key = (m.peer, m.round)
-            self.arrival.setdefault(key, next(self._clock))
+            self.arrival.setdefault(key, (self.round, next(self._clock)))
             if m.peer == self.peer_id or m.peer in self.banned or key in self.done:
                 continue
             if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
@@ -147,6 +149,7 @@ class PeerAudits:
 
     def take_settled(self, round_: int) -> list[UpdateMessage]:
         """The pending updates that belong to S_round, without banned peers' ones."""
+        self.round = round_
         return [
             m
             for m in self.live.take_settled(round_, self.settings.lag)
@@ -272,17 +275,15 @@ class PeerAudits:
                     recomputed = before_bans
             # The sender may have trained before a settled update reached it (a peer that
             # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
-            # for it past --round-deadline). Its state then lacked the updates that reached
-            # it last, which are most likely the ones that reached us last too: the states
-            # without the newest-arrived 1, 2, ... settled updates are tried, newest first.
-            late = self._late_rows(round_)
-            for j in range(1, len(late) + 1):
+            # for it past --round-deadline). The states without the updates it most likely
+            # lacked are tried (`_late_states`).
+            for late in self._late_states(peer, round_):
                 if not rule.mismatches(claimed, recomputed):
                     break
                 self.counts["late_state_retries"] += 1
                 without = self._on_settled(
                     round_,
-                    [m.negated() for m in late[:j]],
+                    [m.negated() for m in late],
                     lambda m=message: self._recompute(m, engine, tokenizer, task),
                 )
                 if not rule.mismatches(claimed, without):
@@ -296,20 +297,50 @@ class PeerAudits:
                 out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
         return out
 
-    def _late_rows(self, round_: int) -> list[UpdateMessage]:
-        """The updates of S_round that reached us last, newest first (at most
-        MAX_LATE_STATES; an update without an arrival stamp, e.g. restored at start,
-        counts as old). A banned peer's updates are not in S_round: applied, then taken
-        back."""
+    def _late_states(self, peer: bytes, round_: int) -> list[list[UpdateMessage]]:
+        """Sets of updates of S_round the sender of (peer, round_) may not have held when it
+        trained, most likely first, at most MAX_LATE_STATES.
+
+        Updates spread to everyone in about the same order, and each peer's in round
+        order. So the sender most likely lacked the updates of S_round that reached us in
+        a later round of ours than its update did (`after`); of those that reached us in
+        the same round (`tied`: a burst, e.g. after we slept), it may have lacked the
+        latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
+        updates in `after` first: a straggler). Last, without our arrival record of its
+        update, the newest-arrived 1, 2, ... updates. Its own updates it always held; one
+        without an arrival stamp (restored at start) counts as old; a banned peer's are
+        not in S_round (applied, then taken back)."""
         limit = round_ - self.settings.lag
         settled = {
             (m.peer, m.round): m
             for m in self.applied
-            if m.round < limit and m.peer not in self.banned
+            if m.round < limit and m.peer not in self.banned and m.peer != peer
         }
-        stamped = [(self.arrival.get(key, -1), key) for key in settled]
-        newest = sorted(stamped, reverse=True)[:MAX_LATE_STATES]
-        return [settled[key] for stamp, key in newest if stamp >= 0]
+        stamped = sorted(
+            ((self.arrival[key], key) for key in settled if key in self.arrival), reverse=True
+        )
+        heard = self.arrival.get((peer, round_))
+        candidates: list[list[UpdateMessage]] = []
+        if heard is not None:
+            after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]]
+            tied: dict[bytes, list[UpdateMessage]] = {}
+            for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
+                tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
+            stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
+            candidates.append(after)
+            candidates += [after + tied[q] for q in stragglers]
+            candidates += [after + tied[q][:j] for q in stragglers for j in range(1, len(tied[q]))]
+        newest = [settled[key] for _, key in stamped]
+        candidates += [newest[:j] for j in range(1, len(newest) + 1)]
+        states, seen = [], set()
+        for rows in candidates:
+            key = frozenset((m.peer, m.round) for m in rows)
+            if rows and key not in seen:
+                seen.add(key)
+                states.append(rows)
+            if len(states) == MAX_LATE_STATES:
+                break
+        return states
 
     def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
         """`compute()` on S_round (plus `counted_too`): take back the applied updates of

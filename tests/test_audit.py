@@ -434,10 +434,11 @@ def test_daemon_audit_tries_each_set_of_bans_the_sender_may_not_have_known(tmp_p
     ledger.close()
 
 
-def _late_row_audit(tmp_path, cheat_sign: float):
+def _late_row_audit(tmp_path, cheat_sign: float, burst: bool = False):
     """Sender A trained round 3 before straggler X's round-2 update reached it; auditor C
-    received that update last (after A's). Returns (audit record, mismatch, audits,
-    the scalars recomputed on C's whole settled state)."""
+    received that update in a later round than A's (`burst`: all in one round, as after
+    the auditor slept). Returns (audit record, mismatch, audits, the scalars recomputed
+    on C's whole settled state)."""
     from peer.audits import PeerAudits
     from seedflood_p2p.network.audit import AuditIntake
 
@@ -457,8 +458,11 @@ def _late_row_audit(tmp_path, cheat_sign: float):
     ledger.add(history + [claim])
     settings = AuditSettings(enabled=True, lag=0)
     audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    audits.round = 3
     audits.on_accept(on_time, 4)
+    audits.round = 3 if burst else 4
     audits.on_accept([claim], 4)
+    audits.round = 3 if burst else 5
     audits.on_accept([late], 4)  # reached the auditor after the sender's update
     audits.apply(history)  # the auditor's settled state of round 3: all of rounds < 3
     whole = recompute(live.engine, tokenizer, task, claim)
@@ -478,6 +482,13 @@ def test_an_honest_sender_that_missed_a_late_update_is_matched(tmp_path):
     assert rule.mismatches(record.scalars, whole)  # the whole settled state does not match
     assert not mismatch  # the state without the late update does
     assert audits.counts["late_state_matches"] == 1 and audits.counts["late_state_retries"] == 1
+
+
+def test_after_a_burst_the_late_update_is_found_among_the_tied_ones(tmp_path):
+    record, mismatch, audits, whole = _late_row_audit(tmp_path, cheat_sign=1.0, burst=True)
+    assert AuditSettings(enabled=True).rule.mismatches(record.scalars, whole)
+    assert not mismatch and audits.counts["late_state_matches"] == 1
+    assert 1 <= audits.counts["late_state_retries"] <= 8  # MAX_LATE_STATES
 
 
 def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
