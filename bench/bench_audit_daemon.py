@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -126,15 +125,8 @@ def pause_when(proc, round_: int, seconds: float, log: list) -> None:
         time.sleep(0.2)
     if not proc.alive:
         return
-    children = Path(f"/proc/{proc.proc.pid}/task/{proc.proc.pid}/children")
-    pids = [proc.proc.pid] + [int(p) for p in children.read_text().split()]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     log.append({"peer": proc.name, "after_round": round_, "seconds": seconds})
-    time.sleep(seconds)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    proc.freeze(seconds)
 
 
 def run(

@@ -6,6 +6,7 @@ reads back, so callers follow progress without any side channel.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,6 +77,21 @@ class NodeProcess:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"{self.name} did not exit:\n{self.tail()}") from None
+
+    def freeze(self, seconds: float) -> None:
+        """Stop the process and its children (its p2pd) for `seconds`, SIGSTOP then
+        SIGCONT: a volunteer's laptop that sleeps. Blocks for `seconds`."""
+        pid = self.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids = [pid, *(int(c) for c in children)]
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
 
     def tail(self, n: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
