@@ -272,10 +272,10 @@ def settings_values(
     """Values for `settings`: the fields' defaults, then `defaults`, the TOML `table`, the
     environment (`SEEDFLOOD_NAME`), the flags given; later ones win. Checked by pydantic."""
     model = _model(tuple(settings))
-    flags = {s.name: getattr(args, s.name, None) for s in settings}
+    flags = {s.name: v for s in settings if (v := getattr(args, s.name, None)) is not None}
     token = _LAYERS.set(({k: v for k, v in table.items() if k in model.by_name}, defaults))
     try:
-        loaded = model(**{name: v for name, v in flags.items() if v is not None})
+        loaded = model(**flags)
     except pydantic.ValidationError as exc:
         raise _one_line(exc, model.by_name) from None
     finally:
