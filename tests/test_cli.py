@@ -359,3 +359,46 @@ def test_peer_bootstrap_list_from_toml_and_a_flag_replaces_it(tmp_path, capsys):
     toml.write_text(f'bootstrap = "{a}"\n')  # a string, not a list: one readable line
     line = _error_line(capsys, ["peer", "--config", str(toml)])
     assert "bootstrap" in line and "list" in line
+
+
+def test_pydantic_settings_loads_every_source_with_one_precedence(tmp_path, monkeypatch, capsys):
+    """One value from the file, the environment or a flag gives the same settings; given by
+    several, the flag wins over the environment, over the file, over the default."""
+    import pydantic_settings
+
+    from peer.command import PEER_FIELDS, settings_from_args
+    from seedflood_p2p.core import flags
+
+    assert issubclass(flags._model(tuple(PEER_FIELDS)), pydantic_settings.BaseSettings)
+    parser = build_parser()
+
+    def load(command, name, flag=None, env=None, file=None):
+        """`command`'s settings with setting `name` given by a flag, env and/or file."""
+        argv = [command] + ([f"--{name.replace('_', '-')}", flag] if flag else [])
+        monkeypatch.delenv(f"SEEDFLOOD_{name.upper()}", raising=False)
+        if env:
+            monkeypatch.setenv(f"SEEDFLOOD_{name.upper()}", env)
+        if file:
+            (tmp_path / "s.toml").write_text(f"{name} = {file}\n")
+            argv += ["--config", str(tmp_path / "s.toml")]
+        args = parser.parse_args(argv)
+        return settings_from_args(args) if command == "peer" else run_config_from_args(args)
+
+    for command, name, default in [("peer", "round_deadline", 30.0), ("eval", "rank", 8)]:
+        assert getattr(load(command, name), name) == default
+        same = [load(command, name, flag="5"), load(command, name, env="5")]
+        assert same[0] == same[1] == load(command, name, file="5")
+        assert getattr(same[0], name) == 5
+        assert getattr(load(command, name, flag="3", env="2", file="1"), name) == 3
+        assert getattr(load(command, name, env="2", file="1"), name) == 2
+        assert getattr(load(command, name, file="1"), name) == 1
+    # pydantic's checks, whatever the source: types, bounds, choices
+    monkeypatch.setenv("SEEDFLOOD_ROUND_DEADLINE", "-1")
+    assert "'round_deadline' must be seconds, from 0" in _error_line(capsys, ["peer"])
+    monkeypatch.delenv("SEEDFLOOD_ROUND_DEADLINE")
+    (tmp_path / "c.toml").write_text('reachability = "privat"\n')
+    line = _error_line(capsys, ["peer", "--config", str(tmp_path / "c.toml")])
+    assert "setting 'reachability' must be one of 'auto', 'private', 'public'" in line
+    (tmp_path / "i.toml").write_text("lr = 1\n")  # an int stays an int, as it always did:
+    config = run_config_from_args(parser.parse_args(["eval", "--config", str(tmp_path / "i.toml")]))
+    assert '"lr":1,' in config.to_json()  # so the run id of such a file is unchanged

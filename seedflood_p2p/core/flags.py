@@ -1,29 +1,37 @@
 """The one loader of settings: dataclass fields as flags, TOML keys and environment variables.
 
 Every field of a settings dataclass (`RunConfig`, the peer's, bootstrap's and network
-settings, the simulator's `SimConfig`, the demo's `DemoSettings`) is a flag of the same
-name (`--refresh-period`), a key of the same name in a TOML file (`--config`,
-`refresh_period = 20`) and an environment variable (`SEEDFLOOD_REFRESH_PERIOD=20`).
-Values come from the dataclass defaults, then the command's own defaults, the file, the
-environment, the flags, and are checked against the field's type (resolved by
-`typing.get_type_hints`, never parsed from text) and bounds (`bounded`): anything wrong is one
-`UserError` line, not a traceback. A field's `metadata` may add `help`, `choices` and
-`flag` (another flag name). Nested dataclasses (`node`) are loaded on their own.
+settings, `SimConfig`, `DemoSettings`) is a flag (`--refresh-period`), a key of a TOML file
+(`--config`; `refresh_period = 20`) and an environment variable (`SEEDFLOOD_REFRESH_PERIOD`).
+A field's `metadata` may add `help`, `choices`, `bounds` (`bounded`) and `flag` (another
+flag name); nested dataclasses (`node`) are loaded on their own. argparse declares the
+flags; pydantic-settings loads and checks the values, through a model built from the
+dataclass (`_model`); its errors become one `UserError` line (`_one_line`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
-import math
-import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import pydantic
+from annotated_types import Ge, Gt, Le
+from pydantic import Field, Strict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    SettingsConfigDict,
+)
 
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -182,64 +190,117 @@ def parse_toml(text: str, source: object) -> dict[str, Any]:
     return out
 
 
+class _Settings(BaseSettings):
+    """Base of the settings models: strict types (`true` is no int, `"4"` in a file no int),
+    and the sources in order of precedence."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, strict=True, extra="forbid")
+    by_name: typing.ClassVar[dict[str, Setting]] = {}
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, **_):
+        table, defaults = _LAYERS.get()
+        return (
+            init_settings,  # the flags given
+            _Environment(settings_cls),
+            InitSettingsSource(settings_cls, table),  # the --config file
+            InitSettingsSource(settings_cls, defaults),  # the command's own
+        )  # then the fields' defaults
+
+
+# The TOML table and the command's defaults of the load under way.
+_LAYERS: ContextVar[tuple[dict[str, Any], dict[str, Any]]] = ContextVar("_LAYERS")
+
+
+class _Environment(EnvSettingsSource):
+    """`SEEDFLOOD_NAME` variables, parsed by pydantic as text of the setting's type (a bool:
+    1/true/yes/on or 0/false/no/off); a list setting's variable is comma-separated."""
+
+    def prepare_field_value(self, field_name, field, value, value_is_complex):
+        if value is None:
+            return None
+        s = self.settings_cls.by_name[field_name]
+        items = [item for item in value.split(",") if item] if s.is_list else [value]
+        try:
+            parsed = [pydantic.TypeAdapter(s.kind).validate_strings(item) for item in items]
+        except pydantic.ValidationError:
+            raise UserError(
+                f"environment variable {s.env} must be {s.kind.__name__}, got {_short(value)}"
+            ) from None
+        return parsed if s.is_list else parsed[0]
+
+
+@functools.cache
+def _model(settings: tuple[Setting, ...]) -> type[_Settings]:
+    """The pydantic-settings model of `settings`, its defaults the dataclass fields'."""
+    fields = {}
+    for s in settings:
+        f = s.field
+        factory = f.default_factory
+        default = f.default if factory is dataclasses.MISSING else Field(default_factory=factory)
+        fields[s.name] = (_annotation(s), default)
+    model = pydantic.create_model("Settings", __base__=_Settings, **fields)
+    model.by_name = {s.name: s for s in settings}
+    return model
+
+
+def _annotation(s: Setting) -> Any:
+    """A setting's type for pydantic, with its choices and its bounds (finite)."""
+    kind: Any = s.kind
+    if "choices" in s.field.metadata:
+        kind = Literal[tuple(s.field.metadata["choices"])]
+    elif kind is Path:
+        kind = Annotated[Path, Strict(False)]  # a file's string is a path
+    elif kind is float:
+        kind = int | float  # an int stays an int: `lr = 1` hashes as it always did
+    if (b := s.bounds) is not None:
+        bounds = (Gt(b.low) if b.open_low else Ge(b.low), Le(b.high))
+        if s.kind is float:
+            kind = Annotated[int, *bounds] | Annotated[float, *bounds, Field(allow_inf_nan=False)]
+        else:
+            kind = Annotated[kind, *bounds]
+    kind = list[kind] if s.is_list else kind
+    return kind | None if s.optional else kind
+
+
 def settings_values(
     args: argparse.Namespace,
     settings: list[Setting],
     table: dict[str, Any],
     defaults: dict[str, Any],
-    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Values for `settings` from `defaults`, then the TOML `table`, the environment
-    (`SEEDFLOOD_NAME`; default os.environ), then flags; type- and range-checked."""
-    env = os.environ if env is None else env
-    values = dict(defaults)
-    by_name = {s.name: s for s in settings}
-    values.update({k: v for k, v in table.items() if k in by_name})
-    for s in settings:
-        if s.env in env:
-            values[s.name] = _from_env(s, env[s.env])
-        value = getattr(args, s.name, None)
-        if value is not None:
-            values[s.name] = value
-    for name, value in values.items():
-        s = by_name[name]
-        if not _has_type(s, value):
-            expected = f"a list of {s.kind.__name__}" if s.is_list else s.kind.__name__
-            raise UserError(f"setting '{name}' must be {expected}, got {_short(value)}")
-        if s.bounds is not None and value is not None:
-            _check_range(name, s.bounds, value)
-        if s.kind is Path and value is not None:
-            values[name] = [Path(v) for v in value] if s.is_list else Path(value)
-    return values
-
-
-def _has_type(s: Setting, value: Any) -> bool:
-    if value is None:
-        return s.optional
-    if s.is_list and not isinstance(value, list):
-        return False
-    for v in value if s.is_list else [value]:
-        if isinstance(v, bool) and s.kind is not bool:
-            return False  # True is an int to Python, not to a settings file
-        ok = {float: (int, float), Path: (str, Path)}.get(s.kind, s.kind)
-        if not isinstance(v, ok):
-            return False
-    return True
-
-
-def _from_env(s: Setting, text: str) -> Any:
-    """An environment variable's text as the setting's type; lists are comma-separated."""
+    """Values for `settings`: the fields' defaults, then `defaults`, the TOML `table`, the
+    environment (`SEEDFLOOD_NAME`), the flags given; later ones win. Checked by pydantic."""
+    model = _model(tuple(settings))
+    flags = {s.name: v for s in settings if (v := getattr(args, s.name, None)) is not None}
+    token = _LAYERS.set(({k: v for k, v in table.items() if k in model.by_name}, defaults))
     try:
-        if s.kind is bool:
-            words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-            return words[text.strip().lower()]
-        if s.is_list:
-            return [s.kind(item) for item in text.split(",") if item]
-        return s.kind(text)
-    except (KeyError, ValueError):
-        raise UserError(
-            f"environment variable {s.env} must be {s.kind.__name__}, got {_short(text)}"
-        ) from None
+        loaded = model(**flags)
+    except pydantic.ValidationError as exc:
+        raise _one_line(exc, model.by_name) from None
+    finally:
+        _LAYERS.reset(token)
+    return {s.name: getattr(loaded, s.name) for s in settings}
+
+
+def _one_line(exc: pydantic.ValidationError, by_name: dict[str, Setting]) -> Exception:
+    """pydantic's report as one UserError line: the first wrong setting, what it must be."""
+    error = exc.errors()[0]
+    s = by_name.get(error["loc"][0]) if error["loc"] else None
+    if s is None:  # not a setting's value: a bug, keep pydantic's report
+        return exc
+    got, b = _short(error["input"]), s.bounds
+    if b is not None:
+        where = f"above {_num(b.low)} and at most" if b.open_low else f"from {_num(b.low)} to"
+        return UserError(
+            f"setting '{s.name}' must be {b.what}, {where} {_num(b.high)} (got {got}): "
+            f"fix {s.flag} or its line in the config file"
+        )
+    if "choices" in s.field.metadata:
+        expected = "one of " + ", ".join(map(repr, s.field.metadata["choices"]))
+    else:
+        expected = f"a list of {s.kind.__name__}" if s.is_list else s.kind.__name__
+    return UserError(f"setting '{s.name}' must be {expected}, got {got}")
 
 
 def to_toml(config: RunConfig) -> str:
@@ -290,22 +351,6 @@ def run_config_from_args(
     if not isinstance(extra, dict):
         raise UserError(f"config file {args.config}: extra must be a table")
     return RunConfig(**settings_values(args, RUN_FIELDS, table, defaults or {}), extra=extra)
-
-
-def _check_range(name: str, bounds: Bounds, value: int | float) -> None:
-    """A daemon setting within its bounds: a number, finite."""
-    low, high, what, open_low = bounds.low, bounds.high, bounds.what, bounds.open_low
-    try:
-        ok = math.isfinite(value) and (low < value if open_low else low <= value) and value <= high
-    except OverflowError:  # an int beyond float's range
-        ok = False
-    if not ok:
-        bounds = f"above {_num(low)} and at most" if open_low else f"from {_num(low)} to"
-        flag = "--" + name.replace("_", "-")
-        raise UserError(
-            f"setting '{name}' must be {what}, {bounds} {_num(high)} (got {_short(value)}): "
-            f"fix {flag} or its line in the config file"
-        )
 
 
 def _num(x: float) -> str:
