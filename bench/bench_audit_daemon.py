@@ -7,6 +7,8 @@ Per audit rate (the run's `extra.audit`; lag 2 with --max-staleness 1, quorum 3)
 
     default   cpu_share 0.10, the production default (q = 0.1 / 6 per auditor here)
     high      cpu_share 1.0 (q = 1 / 6): a test setting, to see bans within a short run
+    every     cpu_share 6.0 (q = 1): every peer audits every other peer's update, to count
+              false accusations over many audits (`--honest-only`)
 
 two runs with the same manifest, so the same run id and, with the same identity keys (the
 honest-only run's key files are copied into the cheaters' run), the same seeds for the
@@ -49,6 +51,7 @@ CHEATERS = {"x": "flip", "y": "random", "z": "x3"}
 RATES = {
     "default": {"lag": 2, "quorum": 3},  # cpu_share: AuditSettings' default, 0.10
     "high": {"lag": 2, "quorum": 3, "cpu_share": 1.0},
+    "every": {"lag": 2, "quorum": 3, "cpu_share": 6.0},  # q = 1: each peer audits every update
 }
 EVAL_EXAMPLES = 200
 
@@ -171,6 +174,10 @@ def run(
         for p in procs:
             p.stop()
     ids = {n: f["peer_id"] for n, f in finals.items()}
+    for name, proc in peers.items():  # a peer that failed: its id from its `join` line
+        joined = [e["peer_id"] for e in proc.events() if e.get("event") == "join"]
+        if name not in ids and joined:
+            ids[name] = joined[0]
     honest_ids = {ids[n] for n in HONEST if n in ids}
     first = judged(work / HONEST[0] / "ledger.sqlite")
     others = [judged(work / n / "ledger.sqlite") for n in HONEST[1:]]
@@ -190,6 +197,7 @@ def run(
             "audits_done": audits.get("done"),
             "mismatches": audits.get("mismatches"),
             "published": audits.get("published"),
+            "q": audits.get("rate"),
             "retries": audits.get("retries"),
             "records": audits.get("records"),
             "banned": audits.get("banned"),
@@ -225,6 +233,8 @@ def run(
         "per_peer": per_peer,
         "mean_eval_loss": _mean([p["eval_loss"] for p in per_peer.values()]),
         "mean_audit_cpu_share": _mean([p["audit_cpu_share"] for p in per_peer.values()]),
+        "q": _mean([p["q"] for p in per_peer.values()]),  # as the peers set it at the end
+        "audits_done": sum(p["audits_done"] or 0 for p in per_peer.values()),
         "seconds": round(time.time() - started, 1),
     }
 
@@ -263,7 +273,7 @@ def write_markdown(result: dict, path: Path) -> None:
             done = [p["audits_done"] for p in r["per_peer"].values()]
             loss = r["mean_eval_loss"]
             lines.append(
-                f"| {rate} | {result['q'][rate]:.4f} | {label} | "
+                f"| {rate} | {r.get('q') or result['q'][rate]:.4f} | {label} | "
                 + " / ".join(str(bans.get(k, "-")) for k in ("flip", "random", "x3"))
                 + f" | {len(r['verdicts_against_honest'])} | {r['honest_mismatch_votes']} | "
                 + (f"{loss:.4f}" if loss is not None else "-")

@@ -721,6 +721,7 @@ class PeerDaemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGUSR1, log_tasks)  # where is it waiting?
         # No initial peers for the daemon: it would give up at once when they are down. The
         # reconnector dials the bootstrap list and the peer book itself, with backoff.
         self.p2p = await create_p2p(
@@ -1110,6 +1111,29 @@ def _b58(peer: bytes) -> str:
     import base58
 
     return base58.b58encode(peer).decode()
+
+
+def log_tasks() -> None:
+    """Log where every asyncio task of the daemon is waiting (`kill -USR1 PID`): a daemon
+    that seems stuck says what it awaits, without stopping it. The await chain is walked
+    from the task's coroutine down (`Task.get_stack` gives only the outermost frame)."""
+    for task in asyncio.all_tasks():
+        chain, coro = [], task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+            if frame is None:
+                break
+            chain.append(
+                f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+            )
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        where = " -> ".join(chain) or "(not started)"
+        log.warning(
+            "task %s waits in %s",
+            task.get_name(),
+            where,
+            extra={"fields": {"event": "task", "task": task.get_name(), "where": where}},
+        )
 
 
 def run_peer(settings: PeerSettings) -> dict:
