@@ -306,7 +306,8 @@ class PeerAudits:
         a later round of ours than its update did (`after`); of those that reached us in
         the same round (`tied`: a burst, e.g. after we slept), it may have lacked the
         latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
-        updates in `after` first: a straggler). Last, without our arrival record of its
+        updates in `after` first: a straggler); and it may have got the first one or two
+        of `after` just before it trained. Last, without our arrival record of its
         update, the newest-arrived 1, 2, ... updates. Its own updates it always held; one
         without an arrival stamp (restored at start) counts as old; a banned peer's are
         not in S_round (applied, then taken back)."""
@@ -329,6 +330,8 @@ class PeerAudits:
             stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
             candidates.append(after)
             candidates += [after + tied[q] for q in stragglers]
+            # ... or it got the first of `after` just before it trained (newest first)
+            candidates += [after[:-j] for j in (1, 2) if len(after) > j]
             candidates += [after + tied[q][:j] for q in stragglers for j in range(1, len(tied[q]))]
         newest = [settled[key] for _, key in stamped]
         candidates += [newest[:j] for j in range(1, len(newest) + 1)]

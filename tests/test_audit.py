@@ -513,3 +513,35 @@ def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
     assert newest == (updates[-1].peer, updates[-1].round)
     assert (updates[0].peer, updates[0].round) not in audits.arrival
     ledger.close()
+
+
+def test_a_sender_that_had_the_first_of_the_late_updates_is_matched(tmp_path):
+    """Two updates reached the auditor after the sender's; the sender had got the first
+    of them just before it trained, not the second."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.5)
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    history = _updates(3, [B, X], seed=7)
+    first = next(m for m in history if m.peer == X and m.round == 1)
+    second = next(m for m in history if m.peer == X and m.round == 2)
+    on_time = [m for m in history if m not in (first, second)]
+    base = {k: w.clone() for k, w in live.weights().items()}
+    live.apply(on_time + [first])  # the sender's state: all but the second late update
+    claim, _ = zo_step(live.engine, tokenizer, task, A, 3)
+    live.load_weights(base)
+    ledger.add(history + [claim])
+    settings = AuditSettings(enabled=True, lag=0)
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    for round_, batch in ((3, on_time), (4, [claim]), (5, [first]), (6, [second])):
+        audits.round = round_
+        audits.on_accept(batch, 4)
+    audits.apply(history)
+    audits.due[(A, 3)] = "recheck"
+    ((record, mismatch),) = audits.audit(audits.ready(9), live.engine, tokenizer, task)
+    assert not mismatch and audits.counts["late_state_matches"] == 1
+    ledger.close()
