@@ -332,8 +332,9 @@ class PeerAudits:
             candidates += [after + tied[q] for q in stragglers]
             # ... or it got the first of `after` just before it trained (newest first)
             candidates += [after[:-j] for j in (1, 2) if len(after) > j]
-            candidates += [after + tied[q][:j] for q in stragglers for j in range(1, len(tied[q]))]
-        newest = [settled[key] for _, key in stamped]
+            most = min(MAX_LATE_STATES, max((len(rows) for rows in tied.values()), default=0))
+            candidates += [after + tied[q][:j] for q in stragglers for j in range(1, most)]
+        newest = [settled[key] for _, key in stamped[:MAX_LATE_STATES]]
         candidates += [newest[:j] for j in range(1, len(newest) + 1)]
         states, seen = [], set()
         for rows in candidates:
