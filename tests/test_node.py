@@ -101,3 +101,66 @@ async def test_a_joiner_checks_what_it_fetched_against_every_source(spawn, tmp_p
             await node.stop()
         for ledger in ledgers.values():
             ledger.close()
+
+
+async def test_stop_leaves_a_task_that_ignores_cancellation_behind(spawn, tmp_path, monkeypatch):
+    """A task stuck in a call that swallows its cancellation (seen once: a daemon that never
+    checkpointed after its last round) costs `stop` STOP_SECONDS, not forever."""
+    from seedflood_p2p.network import flood
+
+    monkeypatch.setattr(flood, "STOP_SECONDS", 0.5)
+    p2p = await spawn()
+    config = RunConfig(salt="test-node-stop")
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), NodeSettings())
+    await node.start()
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                continue  # what a stuck library call may do
+
+    node._tasks.append(asyncio.create_task(stubborn(), name="stubborn"))
+    started = time.monotonic()
+    await asyncio.wait_for(node.stop(), timeout=20)
+    assert time.monotonic() - started < 10
+    release.set()
+    node._tasks[-1].cancel()
+    ledger.close()
+
+
+async def test_a_control_request_p2pd_never_answers_fails_with_a_clear_error(tmp_path):
+    """A daemon socket that accepts a request and never answers: the call gives up after the
+    client's timeout, naming the request, and frees the shared connection."""
+    import types
+
+    from seedflood_p2p.network.pubsub import PubSubClient, TransportError
+
+    path = str(tmp_path / "p2pd.sock")
+    held = []
+
+    async def silent(reader, writer):
+        held.append(writer)  # read nothing back, answer nothing
+        await reader.read()
+
+    server = await asyncio.start_unix_server(silent, path)
+    fake_daemon = types.SimpleNamespace(peer_id=None, daemon_listen_maddr={"unix": path})
+    client = PubSubClient(fake_daemon, timeout=0.5)
+    try:
+        started = time.monotonic()
+        try:
+            await client.list_peers("some-topic")
+        except TransportError as exc:
+            assert "did not answer LIST_PEERS within 0.5 s" in str(exc)
+        else:
+            raise AssertionError("an unanswered request returned")
+        assert time.monotonic() - started < 5
+        assert client._conn is None  # the next call opens a fresh connection
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await client.close()

@@ -94,6 +94,7 @@ GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
 LIVE_ROUNDS = 8  # a repaired update this close to our newest round shows its sender alive
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
 MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be asked again
+STOP_SECONDS = 10.0  # a cancelled task still running after this is left behind by `stop`
 BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
 # FETCH_LIMIT (protocol/wire.py), rows per fetch response: a row carries its signed envelope,
 # ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
@@ -381,11 +382,23 @@ class FloodNode:
         self.metrics.ledger_size.set(len(self.ledger))
 
     async def stop(self) -> None:
+        """Cancel the node's tasks and close its pubsub client. A task that does not end
+        within STOP_SECONDS of its cancellation is named in a warning and left behind:
+        stopping (and the checkpoint after it) must not wait on one stuck call."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            done, stuck = await asyncio.wait(self._tasks, timeout=STOP_SECONDS)
+            for task in done:  # retrieved, so asyncio does not report them at exit
+                if not task.cancelled():
+                    task.exception()
+            for task in stuck:
+                log.warning(
+                    "task %s did not stop within %.0f s of its cancellation; left behind",
+                    task.get_name(),
+                    STOP_SECONDS,
+                    extra={"fields": {"event": "stuck_task", "task": task.get_name()}},
+                )
         await self._pubsub.close()
         self.bans.close()
 

@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 MAX_PUBLISH_BYTES = (1 << 20) - 4096  # GossipSub drops RPCs above 1 MiB; keep room for headers
 _MAX_FRAME = 8 << 20  # sanity limit for frames read from the control socket
 _PS = pb.PSRequest
+# p2pd answers a control request (publish, list peers) at once; one it never answers must
+# not hold the shared connection, and every caller behind it, forever.
+CONTROL_TIMEOUT = 30.0
 
 
 def _varint(n: int) -> bytes:
@@ -248,9 +251,17 @@ class PubSubClient:
     queues drop silently when flooded.
     """
 
-    def __init__(self, p2p: P2P, *, max_rate: float | None = 50.0, burst: float = 10.0):
+    def __init__(
+        self,
+        p2p: P2P,
+        *,
+        max_rate: float | None = 50.0,
+        burst: float = 10.0,
+        timeout: float = CONTROL_TIMEOUT,
+    ):
         self.peer_id: PeerID = p2p.peer_id
         self._socket = p2p.daemon_listen_maddr["unix"]
+        self._timeout = timeout
         self._bucket = TokenBucket(max_rate, burst) if max_rate else None
         self._lock = asyncio.Lock()
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -282,12 +293,18 @@ class PubSubClient:
             if self._conn is None:
                 self._conn = await self._connect()
             try:
-                return await self._request(*self._conn, kind, topic, data)
+                return await asyncio.wait_for(
+                    self._request(*self._conn, kind, topic, data), self._timeout
+                )
             except BaseException as e:  # incl. cancellation: an unread reply would desync
                 self._conn[1].close()
                 self._conn = None
+                name = _PS.Type.Name(kind)
+                if isinstance(e, TimeoutError):  # before OSError: it is one
+                    raise TransportError(
+                        f"p2pd did not answer {name} within {self._timeout:g} s"
+                    ) from e
                 if isinstance(e, OSError | asyncio.IncompleteReadError):
-                    name = _PS.Type.Name(kind)
                     raise TransportError(f"p2pd connection lost during {name}") from e
                 raise
 
