@@ -26,6 +26,20 @@ NORMALIZE_CHOICES = ("none", "rms", "unit")
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
+MAX_LABELS = 1000  # label words of a classification task
+MAX_TASK_TEXT = 4096  # characters of a template, a label word or a label name
+TASK_KINDS = ("", "classification", "lm", "completion")
+# Left out of the manifest JSON while empty: manifests written before they existed keep
+# their run id (MANIFEST_VERSION stays 2).
+OMITTED_WHEN_DEFAULT = (
+    "allow_peers",
+    "task",
+    "kind",
+    "template",
+    "label_words",
+    "label_names",
+    "dataset_sha256",
+)
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
 ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
 # Integer settings and their bounds. The upper bounds are far past any useful value; they
@@ -49,6 +63,21 @@ class RunConfig:
     label_column: str = "label"
     max_length: int = 64
     batch_size: int = 16
+    # The task (workload/tasks.py; docs/TASKS.md). Each is left out of the manifest JSON
+    # while it has its default, so runs that do not set it keep their run id.
+    task: str = ""  # a preset ("sentiment", "nli", ...); "": the dataset's own shape
+    kind: str = ""  # classification | lm | completion; "": the preset's, or from the data
+    template: str = ""  # prompt with named fields, e.g. "{premise}\nQuestion: {hypothesis}?"
+    # one per label, in label order ("--label-words ' terrible' ' great'")
+    label_words: list[str] = field(
+        default_factory=list, metadata={"nargs": "+", "help": "one per label, in label order"}
+    )
+    # the labels as the data file spells them, in label order: "negative" is label 0 ...
+    label_names: list[str] = field(
+        default_factory=list,
+        metadata={"nargs": "+", "help": "string labels of the data, in label order"},
+    )
+    dataset_sha256: str = ""  # SHA-256 of the parsed examples (filled in by the bootstrap)
     # SubCGE
     rank: int = 8  # r: subspace rank per weight matrix
     refresh_period: int = 20  # T: rounds per epoch (basis refresh)
@@ -111,6 +140,15 @@ class RunConfig:
             problems.append(f"estimator must be 'subcge' or 'naive' (got {_short(self.estimator)})")
         if self.base_sha256 and not _is_sha256(self.base_sha256):
             problems.append("base_sha256 must be empty or 64 lowercase hex digits")
+        if self.dataset_sha256 and not _is_sha256(self.dataset_sha256):
+            problems.append("dataset_sha256 must be empty or 64 lowercase hex digits")
+        if self.kind not in TASK_KINDS:
+            problems.append(
+                f"kind must be one of {', '.join(k or repr(k) for k in TASK_KINDS)} "
+                f"(got {_short(self.kind)})"
+            )
+        if problem := _task_problem(self):
+            problems.append(problem)
         if problem := _extra_problem(self.extra):
             problems.append(problem)
         if problem := _allow_peers_problem(self.allow_peers):
@@ -130,8 +168,9 @@ class RunConfig:
 
     def to_json(self) -> str:
         body = {"manifest_version": MANIFEST_VERSION, **dataclasses.asdict(self)}
-        if not self.allow_peers:
-            del body["allow_peers"]  # an open run's manifest is what it always was
+        for name in OMITTED_WHEN_DEFAULT:  # a manifest without them is what it always was
+            if not body[name]:
+                del body[name]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -234,6 +273,27 @@ def _allow_peers_problem(peers: list[str]) -> str | None:
             raw = b""
         if len(raw) != 38 or not raw.startswith(ED25519_PEER_ID_PREFIX):
             return f"allow_peers entry {_short(peer)} is not a base58 Ed25519 peer id (12D3Koo...)"
+    return None
+
+
+def _task_problem(config: RunConfig) -> str | None:
+    """Sizes of the task settings (their meaning is checked where the task is loaded)."""
+    for name in ("label_words", "label_names"):
+        values = getattr(config, name)
+        if len(values) > MAX_LABELS:
+            return f"{name} lists {len(values)} values, more than {MAX_LABELS}"
+        if len(set(values)) != len(values):
+            return f"{name} lists a value twice ({_short(values)})"
+        if any(not v or len(v) > MAX_TASK_TEXT for v in values):
+            return f"{name} values must be 1..{MAX_TASK_TEXT} characters"
+    if len(config.template) > MAX_TASK_TEXT or len(config.task) > 100:
+        return f"template must be at most {MAX_TASK_TEXT} characters, task at most 100"
+    if config.label_words and config.label_names:
+        if len(config.label_words) != len(config.label_names):
+            return (
+                f"label_words has {len(config.label_words)} values and label_names "
+                f"{len(config.label_names)}: give one of each per label, in label order"
+            )
     return None
 
 

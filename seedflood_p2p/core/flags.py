@@ -94,7 +94,7 @@ def settings_of(cls: type, exclude: Sequence[str] = ()) -> list[Setting]:
     return out
 
 
-RUN_FIELDS = settings_of(RunConfig, exclude=("extra", "base_sha256"))
+RUN_FIELDS = settings_of(RunConfig, exclude=("extra", "base_sha256", "dataset_sha256"))
 
 MAX_INT = MAX_ROUND  # no integer setting means anything beyond a round number
 MAX_SECONDS = 1e9  # ~31 years: beyond this, sleeps and deadlines overflow C conversions
@@ -134,11 +134,15 @@ def add_flags(
         text = f"{text} (default: {default})" if text else f"default: {default}"
         if s.kind is bool:
             action, kind = argparse.BooleanOptionalAction, None
+        elif s.is_list and "nargs" in s.field.metadata:
+            action, kind = "extend", s.kind
         elif s.is_list:
             action, kind, text = "append", s.kind, "repeatable"
         else:
             action, kind = "store", s.kind
-        extra = {"type": kind} if kind is not None else {}
+        extra: dict[str, Any] = {"type": kind} if kind is not None else {}
+        if action == "extend":
+            extra["nargs"] = s.field.metadata["nargs"]
         if "choices" in s.field.metadata:
             extra["choices"] = s.field.metadata["choices"]
         group.add_argument(

@@ -43,7 +43,10 @@ __all__ = [
     "BUILTIN_TASKS",
     "Example",
     "Task",
+    "TaskSpec",
+    "examples_sha256",
     "load_task",
+    "template_fields",
 ]
 
 BUILTIN_TASKS = ("mr", "synthetic-sentiment", "synthetic-lm")
@@ -52,31 +55,99 @@ _COLUMN_FLAGS = "--text-column/--label-column"
 log = logging.getLogger("seedflood.data")
 
 
+DEFAULT_TEMPLATE = "{text}\nIt was"
+DEFAULT_LABEL_WORDS = (" terrible", " great")
+MAX_LINE_BYTES = 8 << 20  # one row of a data file; longer lines are refused, never read whole
+
+
 @dataclass(frozen=True)
 class Example:
+    """One example. ``text`` is the text column (for a template with other named fields:
+    the filled-in template); ``fields`` the template's named fields, when it has others
+    than ``{text}``; ``target`` the answer of a completion example."""
+
     text: str
     label: int | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+    target: str | None = None
+
+    def values(self) -> dict[str, str]:
+        """The template's fields of this example."""
+        return dict(self.fields) if self.fields else {"text": self.text}
 
 
 @dataclass
 class Task:
     """A named task with its train and test examples.
 
-    For ``kind == "classification"`` label ``i`` is predicted by
-    ``label_words[i]`` following ``template``; by default 0 = negative
-    (" terrible") and 1 = positive (" great").
+    ``classification``: label ``i`` is predicted by ``label_words[i]`` following
+    ``template``; by default 0 = negative (" terrible") and 1 = positive (" great").
+    ``lm``: the loss of every token of the text. ``completion``: the prompt is
+    ``template`` and the loss is that of the answer (``Example.target``) only.
     """
 
     name: str
-    kind: Literal["classification", "lm"]
+    kind: Literal["classification", "lm", "completion"]
     train: list[Example]
     test: list[Example]
-    template: str = "{text}\nIt was"
-    label_words: tuple[str, ...] = (" terrible", " great")
+    template: str = DEFAULT_TEMPLATE
+    label_words: tuple[str, ...] = DEFAULT_LABEL_WORDS
 
     @property
     def num_labels(self) -> int:
         return len(self.label_words) if self.kind == "classification" else 0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What to read from a data source: the task's kind ("" = classification when the
+    first row has a label, else lm), template (named fields are columns; ``{text}`` is
+    the text column), label words (one per label) and label names (labels as the data
+    spells them, in label order; integers ``0..n-1`` are accepted as well)."""
+
+    kind: str = ""
+    template: str = DEFAULT_TEMPLATE
+    label_words: tuple[str, ...] = DEFAULT_LABEL_WORDS
+    label_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        template_fields(self.template)  # a broken template is refused before any file is read
+
+    @property
+    def fields(self) -> list[str]:
+        return template_fields(self.template)
+
+
+def template_fields(template: str) -> list[str]:
+    """The named fields of a prompt template, in order, once each; a template that is not
+    ``str.format`` text with plain named fields (``{premise}``) is one UserError line."""
+    import string
+
+    names: list[str] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise UserError(
+            f"template {template!r} is not valid ({e}): write fields as {{name}} and a "
+            "literal brace as {{ or }}"
+        ) from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise UserError(
+                f"template {template!r}: field {{{name}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is not a plain column name; write fields as "
+                "{column} (letters, digits, _)"
+            )
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise UserError(
+            f"template {template!r} has no field: name the data's columns in it, e.g. "
+            "'{text}\\nIt was'"
+        )
+    return names
 
 
 def _log(msg: str) -> None:
@@ -273,14 +344,26 @@ def _split(examples: list[Example], test_size: int | None, source: str) -> tuple
     else:
         n_test = _check_test_size(test_size, n, source)
     keyed = sorted(
-        ((_digest(f"{e.label}\0{e.text}"), i) for i, e in enumerate(examples)),
+        ((_split_key(e), i) for i, e in enumerate(examples)),
         key=lambda k: k,
     )
     order = [examples[i] for _, i in keyed]
     return order[n_test:], order[:n_test]
 
 
-def _parse_label(value: Any, where: str, num_labels: int) -> int:
+def _split_key(e: Example) -> str:
+    if e.target is None:
+        return _digest(f"{e.label}\0{e.text}")
+    return _digest(f"{e.label}\0{e.text}\0{e.target}")
+
+
+def _parse_label(value: Any, where: str, spec: TaskSpec) -> int:
+    num_labels = len(spec.label_words)
+    if isinstance(value, str) and spec.label_names:
+        try:
+            return spec.label_names.index(value.strip())
+        except ValueError:
+            pass
     label: int | None = None
     if isinstance(value, bool):
         label = int(value)
@@ -296,12 +379,33 @@ def _parse_label(value: Any, where: str, num_labels: int) -> int:
         except ValueError:
             label = None
     if label is None or not 0 <= label < num_labels:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        if spec.label_names:
+            names = ", ".join(map(repr, spec.label_names))
+            raise UserError(
+                f"{where}: label {shown} is not one of the run's labels ({names}, or "
+                f"0..{num_labels - 1}): fix the row, or list every label with --label-names "
+                "and give one --label-words value per label"
+            )
         raise UserError(
-            f"{where}: label {value!r} is not one of 0..{num_labels - 1}. Labels must be "
-            "integers (0 = negative, 1 = positive); convert the label column, or pick another "
-            f"with {_COLUMN_FLAGS}"
+            f"{where}: label {shown} is not one of 0..{num_labels - 1}. Labels must be "
+            f"integers 0..{num_labels - 1} (0 = {spec.label_words[0]!r}), or strings named "
+            "in label order with --label-names (and one --label-words value each); or pick "
+            f"another column with {_COLUMN_FLAGS}"
         )
     return label
+
+
+def _column_text(row: Mapping[str, Any], column: str, where: str) -> str:
+    text = row.get(column)
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)  # a number in a prompt (a year, a count) is text to the model
+    if not isinstance(text, str):
+        what = "missing" if text is None else f"a {type(text).__name__}, not text"
+        raise UserError(f"{where}: column '{column}' is {what}. Fix or remove that row")
+    if not text.strip():
+        raise UserError(f"{where}: column '{column}' is empty. Fix or remove that row")
+    return text
 
 
 def _rows_to_examples(
@@ -309,27 +413,38 @@ def _rows_to_examples(
     source: str,
     text_column: str,
     label_column: str,
-    num_labels: int,
-) -> tuple[list[Example], bool]:
-    """Turn ``(where, row)`` pairs into examples; labelled if the first row has the label."""
+    spec: TaskSpec,
+) -> tuple[list[Example], str]:
+    """Turn ``(where, row)`` pairs into examples, and the task's kind (with ``spec.kind``
+    empty: classification if the first row has the label column, else lm)."""
     examples: list[Example] = []
-    labelled: bool | None = None
+    kind: str | None = None
+    # The template's fields are columns; {text} is the text column.
+    columns = {name: text_column if name == "text" else name for name in spec.fields}
+    plain = list(columns) == ["text"]
     for where, row in rows:
         if not isinstance(row, Mapping):
             raise UserError(
                 f"{where}: expected an object with a '{text_column}' field, got "
                 f"{type(row).__name__}. Each row must be one JSON object"
             )
-        if labelled is None:
-            columns = list(row.keys())
-            if text_column not in row:
-                raise UserError(
-                    f"{source} has no column '{text_column}' (columns: "
-                    f"{', '.join(map(str, columns)) or 'none'}). Choose the text and label "
-                    f"columns with {_COLUMN_FLAGS}"
-                )
-            labelled = label_column in row and row[label_column] not in (None, "")
-            if not labelled:  # say so: a mistyped --label-column would train the wrong thing
+        if kind is None:
+            present = list(row.keys())
+            for name, column in columns.items():
+                if column not in row:
+                    what = (
+                        f"no column '{column}'"
+                        if name == "text"
+                        else f"no column '{column}' (a field of the template {spec.template!r})"
+                    )
+                    raise UserError(
+                        f"{source} has {what} (columns: "
+                        f"{', '.join(map(str, present)) or 'none'}). Choose the text and label "
+                        f"columns with {_COLUMN_FLAGS}, and the fields with --template"
+                    )
+            has_label = label_column in row and row[label_column] not in (None, "")
+            kind = spec.kind or ("classification" if has_label else "lm")
+            if not spec.kind and not has_label:  # a mistyped --label-column would train LM
                 log.warning(
                     "%s: no '%s' column in its first row: training as language modelling "
                     "(set %s for classification)",
@@ -337,62 +452,93 @@ def _rows_to_examples(
                     label_column,
                     _COLUMN_FLAGS,
                 )
-        text = row.get(text_column)
-        if not isinstance(text, str):
-            what = "missing" if text is None else f"a {type(text).__name__}, not text"
-            raise UserError(f"{where}: column '{text_column}' is {what}. Fix or remove that row")
-        if not text.strip():
-            raise UserError(f"{where}: column '{text_column}' is empty. Fix or remove that row")
-        label = None
-        if labelled:
+            elif kind != "lm" and label_column not in row:
+                raise UserError(
+                    f"{source} has no column '{label_column}' for the {kind} task's "
+                    f"{'answers' if kind == 'completion' else 'labels'} (columns: "
+                    f"{', '.join(map(str, present))}). Choose it with --label-column"
+                )
+        values = {name: _column_text(row, column, where) for name, column in columns.items()}
+        text = values["text"] if plain else spec.template.format(**values)
+        fields = () if plain else tuple(values.items())
+        label, target = None, None
+        if kind != "lm":
             value = row.get(label_column)
             if value is None or value == "":
                 raise UserError(
                     f"{where}: column '{label_column}' is missing, but earlier rows have it. "
                     "Give every row a label, or none"
                 )
-            label = _parse_label(value, where, num_labels)
-        examples.append(Example(text, label))
+            if kind == "completion":
+                target = _column_text(row, label_column, where)
+            else:
+                label = _parse_label(value, where, spec)
+        examples.append(Example(text, label, fields, target))
     if not examples:
         raise UserError(f"{source} has no rows. Give a file with at least 2 rows")
-    return examples, bool(labelled)
+    assert kind is not None
+    return examples, kind
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8-sig") as fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}, line {n}", json.loads(line)
-            except json.JSONDecodeError as e:
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, each line read with a bound: a line
+    over MAX_LINE_BYTES is one UserError, never read into memory whole."""
+    with open(path, "rb") as fh:
+        n = 0
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            n += 1
+            if len(raw) > MAX_LINE_BYTES:
                 raise UserError(
-                    f"{path}, line {n}: not valid JSON ({e.msg}). Each line must be one JSON object"
+                    f"{path}, line {n}: longer than {MAX_LINE_BYTES >> 20} MiB. One row per line "
+                    "(a training example is at most a few thousand tokens): split or fix the file"
+                )
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark
+            try:
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{path}, line {n}: not UTF-8 text ({e.reason}). Save it as UTF-8"
                 ) from None
 
 
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}, line {n}", json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            raise UserError(
+                f"{path}, line {n}: not valid JSON ({why}). Each line must be one JSON object"
+            ) from None
+
+
 def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        reader = csv.DictReader(fh)
+    reader = csv.DictReader(line for _, line in _lines(path))
+    try:
         if reader.fieldnames is None:
             return
         width = len(reader.fieldnames)
-        try:
-            for row in reader:
-                where = f"{path}, line {reader.line_num}"
-                if None in row or any(v is None for v in row.values()):
-                    got = len(row.get(None, [])) + sum(v is not None for k, v in row.items() if k)
-                    raise UserError(
-                        f"{where}: {got} fields where the header has {width}. Quote fields that "
-                        "contain commas"
-                    )
-                yield where, row
-        except csv.Error as e:
-            raise UserError(f"{path}, line {reader.line_num}: unreadable CSV ({e})") from None
+        for row in reader:
+            where = f"{path}, line {reader.line_num}"
+            if None in row or any(v is None for v in row.values()):
+                got = len(row.get(None, [])) + sum(v is not None for k, v in row.items() if k)
+                raise UserError(
+                    f"{where}: {got} fields where the header has {width}. Quote fields that "
+                    "contain commas"
+                )
+            yield where, row
+    except csv.Error as e:
+        raise UserError(f"{path}, line {reader.line_num}: unreadable CSV ({e})") from None
 
 
 def _load_file(
-    path: Path, text_column: str, label_column: str, test_size: int | None, num_labels: int
+    path: Path, text_column: str, label_column: str, test_size: int | None, spec: TaskSpec
 ) -> Task:
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".csv"):
@@ -402,18 +548,17 @@ def _load_file(
     if path.stat().st_size == 0:
         raise UserError(f"data file {path} is empty. Give a file with at least 2 rows")
     rows = _jsonl_rows(path) if suffix == ".jsonl" else _csv_rows(path)
-    try:
-        examples, labelled = _rows_to_examples(
-            rows, str(path), text_column, label_column, num_labels
-        )
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason}). Save it as UTF-8") from None
+    examples, kind = _rows_to_examples(rows, str(path), text_column, label_column, spec)
     train, test = _split(examples, test_size, str(path))
-    return Task(path.name, "classification" if labelled else "lm", train=train, test=test)
+    return _task(path.name, kind, train, test, spec)
+
+
+def _task(name: str, kind: str, train: list, test: list, spec: TaskSpec) -> Task:
+    return Task(name, kind, train, test, spec.template, spec.label_words)  # type: ignore[arg-type]
 
 
 def _load_hub(
-    name: str, text_column: str, label_column: str, test_size: int | None, num_labels: int
+    name: str, text_column: str, label_column: str, test_size: int | None, spec: TaskSpec
 ) -> Task:
     try:
         import datasets
@@ -445,24 +590,28 @@ def _load_hub(
         for i, row in enumerate(splits[split]):
             yield f"dataset '{name}', split {split}, row {i}", row
 
-    train, labelled = _rows_to_examples(
-        rows_of("train"), f"dataset '{name}'", text_column, label_column, num_labels
+    train, kind = _rows_to_examples(
+        rows_of("train"), f"dataset '{name}'", text_column, label_column, spec
     )
     test_split = next((s for s in ("test", "validation") if s in splits), None)
     if test_split is not None and test_size is None and len(splits[test_split]) > 0:
         first = splits[test_split][0]
         # Some hub test splits hide their labels (-1): then split train instead.
-        if labelled and first.get(label_column) in (None, "", -1):
+        if kind != "lm" and first.get(label_column) in (None, "", -1):
             test_split = None
     else:
         test_split = None
     if test_split is not None:
         test, _ = _rows_to_examples(
-            rows_of(test_split), f"dataset '{name}'", text_column, label_column, num_labels
+            rows_of(test_split),
+            f"dataset '{name}'",
+            text_column,
+            label_column,
+            TaskSpec(kind, spec.template, spec.label_words, spec.label_names),
         )
     else:
         train, test = _split(train, test_size, f"dataset '{name}'")
-    return Task(name, "classification" if labelled else "lm", train=train, test=test)
+    return _task(name, kind, train, test, spec)
 
 
 def load_task(
@@ -471,27 +620,67 @@ def load_task(
     text_column: str = "text",
     label_column: str = "label",
     test_size: int | None = None,
+    spec: TaskSpec | None = None,
 ) -> Task:
     """Load a task by built-in name, local ``.jsonl``/``.csv`` path or hub dataset name.
 
-    ``test_size`` is the number of test examples (default: 1000 for ``mr``,
-    10% for files, the hub dataset's own test split when it has one).
-    Raises :class:`UserError` for anything the user can fix.
+    ``spec`` says how rows become examples (kind, template, label words and names);
+    by default the sentiment prompt with labels 0 and 1. ``test_size`` is the number of
+    test examples (default: 1000 for ``mr``, 10% for files, the hub dataset's own test
+    split when it has one). Raises :class:`UserError` for anything the user can fix.
     """
     name = str(name_or_path)
-    num_labels = len(Task.label_words)  # the default label words: 0 = negative, 1 = positive
+    spec = spec or TaskSpec()
+    if name in BUILTIN_TASKS:
+        task = _builtin(name, test_size)
+        if spec.kind and spec.kind != task.kind:
+            raise UserError(
+                f"the built-in task '{name}' is a {task.kind} task, not {spec.kind}: use a "
+                "local .jsonl/.csv file for another kind"
+            )
+        if task.kind == "classification":
+            if spec.fields != ["text"] or len(spec.label_words) != 2:
+                raise UserError(
+                    f"the built-in task '{name}' has one text field and 2 labels: its template "
+                    "may use {text} only, and it needs 2 label words"
+                )
+            task.template, task.label_words = spec.template, spec.label_words
+        return task
+    path = Path(name).expanduser()
+    if path.suffix.lower() in (".jsonl", ".csv", ".json", ".txt", ".tsv") or path.exists():
+        return _load_file(path, text_column, label_column, test_size, spec)
+    return _load_hub(name, text_column, label_column, test_size, spec)
+
+
+def _builtin(name: str, test_size: int | None) -> Task:
     if name == "mr":
         return _load_mr(test_size)
-    if name == "synthetic-sentiment":
-        task = _synthetic_sentiment()
-    elif name == "synthetic-lm":
-        task = _synthetic_lm()
-    else:
-        path = Path(name).expanduser()
-        if path.suffix.lower() in (".jsonl", ".csv", ".json", ".txt", ".tsv") or path.exists():
-            return _load_file(path, text_column, label_column, test_size, num_labels)
-        return _load_hub(name, text_column, label_column, test_size, num_labels)
+    task = _synthetic_sentiment() if name == "synthetic-sentiment" else _synthetic_lm()
     if test_size is not None:
         train, test = _split(task.train + task.test, test_size, name)
         task = Task(task.name, task.kind, train=train, test=test)
     return task
+
+
+def examples_sha256(task: Task) -> str:
+    """SHA-256 of a task's parsed examples: what the run trains and scores on.
+
+    Each example is one line of canonical JSON (sorted keys, no spaces, UTF-8 as is) of
+    its split, its template fields (or text), its label index and its answer; the lines
+    are sorted and joined by newlines. So the digest does not depend on the file's
+    format (CSV or JSONL), row order, column order, unused columns, byte order mark or
+    JSON escapes, and it does change with any text, label or split a peer would train on
+    differently. Duplicate rows count (a sort keeps them).
+    """
+    lines = []
+    for split, examples in (("train", task.train), ("test", task.test)):
+        for e in examples:
+            body = {"split": split, "fields": e.values(), "label": e.label, "target": e.target}
+            lines.append(
+                json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+            )
+    lines.sort()
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode("utf-8") + b"\n")
+    return h.hexdigest()
