@@ -52,17 +52,23 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
         stored = Ledger.open_existing(path)
         stored_config = RunConfig.from_json(stored.get_meta("manifest"))
         stored.close()
-        if config.replace(base_sha256=stored_config.base_sha256) != stored_config:
+        same = config.replace(
+            base_sha256=stored_config.base_sha256, dataset_sha256=stored_config.dataset_sha256
+        )
+        if same != stored_config:
             raise UserError(
                 f"{settings.data_dir} already serves run {stored_config.run_id[:12]} with other "
                 "settings: start with the same settings, or use a new --data-dir for a new run"
             )
         return stored_config
+    from seedflood_p2p.workload.data import examples_sha256
     from seedflood_p2p.workload.models import load_model, weights_sha256
+    from seedflood_p2p.workload.tasks import load_run_task
 
-    log.info("hashing the base weights of %s", config.model)
+    log.info("hashing the base weights of %s and the examples of %s", config.model, config.dataset)
     model, _ = load_model(config.model)
-    return config.replace(base_sha256=weights_sha256(model))
+    task = load_run_task(config)
+    return config.replace(base_sha256=weights_sha256(model), dataset_sha256=examples_sha256(task))
 
 
 async def serve(settings: BootstrapSettings, config: RunConfig) -> None:

@@ -80,6 +80,11 @@ class PeerSettings:
     # None: no HTTP endpoint
     metrics_port: int | None = bounded(None, 0, 65535, "a TCP port (0: any free port)")
     device: str = "cpu"
+    # This machine's copy of the run's model directory / data file, for a run whose
+    # manifest names a path of the organiser's machine (never opened here); each is
+    # checked against the manifest's base_sha256 / dataset_sha256.
+    model_dir: Path | None = None
+    dataset_file: Path | None = None
     # torch threads for this peer (0: torch's default, all cores)
     threads: int = bounded(0, 0, 4096, "a number of threads (0: torch's default)")
     # TEST HOOK, not a feature (peer/audits.py:check_test_cheat; refused unless the
@@ -397,22 +402,29 @@ class PeerDaemon:
         )
 
     def load_model(self, config: RunConfig):
-        from seedflood_p2p.workload.data import load_task
+        from seedflood_p2p.workload.data import examples_sha256
         from seedflood_p2p.workload.models import load_model, weights_sha256
+        from seedflood_p2p.workload.tasks import load_run_task, run_sources
 
         if self.s.threads > 0:
             torch.set_num_threads(self.s.threads)
-        model, tokenizer = load_model(config.model)
+        model_name, dataset = run_sources(config, self.s.model_dir, self.s.dataset_file)
+        model, tokenizer = load_model(model_name)
         digest = weights_sha256(model)
         if config.base_sha256 and digest != config.base_sha256:
             raise UserError(
-                f"base weights of '{config.model}' on this machine have SHA-256 {digest[:16]}..., "
-                f"the run expects {config.base_sha256[:16]}...: the model files differ (another "
-                "revision or a corrupt cache); delete the cached copy and retry"
+                f"base weights of model '{model_name}' on this machine have SHA-256 "
+                f"{digest[:16]}..., the run expects {config.base_sha256[:16]}...: the model "
+                "files differ (another revision or a corrupt cache); get the run's copy"
             )
-        task = load_task(
-            config.dataset, text_column=config.text_column, label_column=config.label_column
-        )
+        task = load_run_task(config, dataset)
+        digest = examples_sha256(task)
+        if config.dataset_sha256 and digest != config.dataset_sha256:
+            raise UserError(
+                f"dataset '{dataset}' on this machine has examples SHA-256 {digest[:16]}..., "
+                f"the run expects {config.dataset_sha256[:16]}...: the data file differs from "
+                "the organiser's (another version or edited rows); get the run's copy"
+            )
         return model.to(self.s.device), tokenizer, task
 
     # -- per round -------------------------------------------------------------
@@ -946,8 +958,9 @@ class PeerDaemon:
     def _make_chain(self) -> CheckpointChain:
         """The chain builder, on a second copy of the base model (model thread)."""
         from seedflood_p2p.workload.models import load_model
+        from seedflood_p2p.workload.tasks import run_sources
 
-        scratch, _ = load_model(self.config.model)
+        scratch, _ = load_model(run_sources(self.config, self.s.model_dir)[0])
         return CheckpointChain(scratch.to(self.s.device), self.config, self.s.data_dir / CHAIN_DIR)
 
     async def extend_chain(self) -> None:

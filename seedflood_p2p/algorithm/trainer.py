@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.objective import batch_loss, example_losses
+from seedflood_p2p.algorithm.objective import batch_loss, example_losses, label_word_logits
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -72,22 +72,68 @@ def evaluate(
     model, tokenizer, task: Task, config: RunConfig, max_examples: int = 200
 ) -> tuple[float, float | None]:
     """(mean loss, accuracy or None) on the first `max_examples` held-out examples."""
+    metrics = evaluate_metrics(model, tokenizer, task, config, max_examples)
+    return metrics["loss"], metrics.get("accuracy")
+
+
+@torch.no_grad()
+def evaluate_metrics(
+    model, tokenizer, task: Task, config: RunConfig, max_examples: int = 200
+) -> dict[str, float]:
+    """Held-out figures on the first `max_examples` test examples: "loss" (mean over
+    examples) and, for classification, "accuracy" and "macro_f1" (the mean over labels of
+    each label's F1; a label neither predicted nor present counts 0 and is left out),
+    otherwise "perplexity" (exp of the mean token loss: answer tokens for completion)."""
     examples = task.test[:max_examples]
     if not examples:
         raise UserError(
             f"nothing to evaluate: asked for {max_examples} held-out examples and the test "
             f"split has {len(task.test)}; pass --eval-examples (or --examples) >= 1"
         )
-    total_loss, total_correct, count = 0.0, 0.0, 0
+    classification = task.kind == "classification"
+    total_loss, count, tokens, token_loss = 0.0, 0, 0, 0.0
+    predicted: list[int] = []
+    truth: list[int] = []
     for start in range(0, len(examples), config.batch_size):
         chunk = examples[start : start + config.batch_size]
-        loss, accuracy = batch_loss(
-            model, make_batch(chunk, tokenizer, task, config.max_length), task.kind
-        )
+        batch = make_batch(chunk, tokenizer, task, config.max_length)
+        if classification:
+            logits = label_word_logits(model, batch)
+            loss = torch.nn.functional.cross_entropy(logits, batch["labels"]).item()
+            predicted += logits.argmax(dim=-1).tolist()
+            truth += batch["labels"].tolist()
+        else:
+            loss, _ = batch_loss(model, batch, task.kind)
+            n = int((batch["labels"][:, 1:] != -100).sum())
+            token_loss += loss * n
+            tokens += n
         total_loss += loss * len(chunk)
-        total_correct += (accuracy or 0.0) * len(chunk)
         count += len(chunk)
-    return total_loss / count, (total_correct / count if task.kind == "classification" else None)
+    out = {"loss": total_loss / count}
+    if classification:
+        out["accuracy"] = sum(p == t for p, t in zip(predicted, truth, strict=True)) / count
+        out["macro_f1"] = macro_f1(predicted, truth, task.num_labels)
+    else:
+        out["perplexity"] = math.exp(min(token_loss / max(tokens, 1), 700.0))
+    return out
+
+
+def macro_f1(predicted: list[int], truth: list[int], num_labels: int) -> float:
+    """Mean F1 over the labels that occur in `truth` or `predicted`."""
+    scores = []
+    for label in range(num_labels):
+        tp = sum(p == label and t == label for p, t in zip(predicted, truth, strict=True))
+        fp = sum(p == label and t != label for p, t in zip(predicted, truth, strict=True))
+        fn = sum(p != label and t == label for p, t in zip(predicted, truth, strict=True))
+        if tp + fp + fn:
+            scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """`loss 0.6931  accuracy 0.5000  macro-F1 0.3333` (or `... perplexity 2.0000`)."""
+    names = {"macro_f1": "macro-F1"}
+    return "  ".join(f"{names.get(k, k)} {v:.4f}" for k, v in metrics.items())
 
 
 @dataclass

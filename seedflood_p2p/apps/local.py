@@ -44,18 +44,18 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.algorithm.trainer import evaluate, train_local
+    from seedflood_p2p.algorithm.trainer import evaluate_metrics, format_metrics, train_local
     from seedflood_p2p.storage.ledger import Ledger
-    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.data import examples_sha256
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
+    from seedflood_p2p.workload.tasks import load_run_task
 
     config = run_config_from_args(args)
     model, tokenizer = load_model(config.model)
-    task = load_task(
-        config.dataset, text_column=config.text_column, label_column=config.label_column
-    )
+    task = load_run_task(config)
     config = config.replace(
         base_sha256=weights_sha256(model),
+        dataset_sha256=examples_sha256(task),
         n_ref=args.peers if getattr(args, "n_ref", None) is None else config.n_ref,
     )
     out = Path(args.out or f"runs/{config.run_id[:12]}")
@@ -82,8 +82,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         log.info("resuming: replaying %d ledger messages", len(ledger))
         replay(model, config, ledger.messages())
-    loss, acc = evaluate(model, tokenizer, task, config, args.eval_examples)
-    log.info("start: eval loss %.4f%s", loss, "" if acc is None else f"  accuracy {acc:.3f}")
+    log.info(
+        "start: held-out %s",
+        format_metrics(evaluate_metrics(model, tokenizer, task, config, args.eval_examples)),
+    )
     started = time.perf_counter()
 
     def show(r) -> None:
@@ -106,6 +108,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         on_round=show,
     )
     engine.close()
+    metrics = evaluate_metrics(model, tokenizer, task, config, args.eval_examples)
+    log.info("end: held-out %s", format_metrics(metrics))
     save_model(model, tokenizer, out / "model")
     log.info(
         "done in %.1f s: %d messages in %s; model saved to %s; weights sha256 %s",
@@ -120,21 +124,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from seedflood_p2p.algorithm.trainer import evaluate
-    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.algorithm.trainer import evaluate_metrics, format_metrics
     from seedflood_p2p.workload.models import load_model
+    from seedflood_p2p.workload.tasks import load_run_task
 
     config = run_config_from_args(args)
     model, tokenizer = load_model(args.model_path or config.model)
-    task = load_task(
-        config.dataset, text_column=config.text_column, label_column=config.label_column
-    )
-    loss, acc = evaluate(model, tokenizer, task, config, args.examples)
+    task = load_run_task(config)
+    metrics = evaluate_metrics(model, tokenizer, task, config, args.examples)
     shown = min(args.examples, len(task.test))
-    print(
-        f"{config.dataset}: {shown} held-out examples  loss {loss:.4f}"
-        + ("" if acc is None else f"  accuracy {acc:.4f}")
-    )
+    print(f"{config.dataset}: {shown} held-out examples  {format_metrics(metrics)}")
     return 0
 
 

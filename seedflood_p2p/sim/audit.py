@@ -51,8 +51,8 @@ from seedflood_p2p.algorithm.trainer import evaluate, zo_step
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
-from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
+from seedflood_p2p.workload.tasks import load_run_task
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def simulate_cheaters(config: CheatConfig, progress: Any = None) -> dict:
     run = config.run
     settings = config.settings
     model, tokenizer = load_model(run.model)
-    task = load_task(run.dataset, text_column=run.text_column, label_column=run.label_column)
+    task = load_run_task(run)
     engine = SubCGE(model, run, basis_cache=config.rounds // run.refresh_period + 3)
     live = LiveModel(engine)
     peers = [f"sim-{i}".encode() for i in range(config.peers)]

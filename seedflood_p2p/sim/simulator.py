@@ -71,8 +71,8 @@ from seedflood_p2p.core.flags import (
 from seedflood_p2p.sim.config import METHODS, SimConfig
 from seedflood_p2p.sim.methods import make_setup, make_simulation
 from seedflood_p2p.sim.report import fmt_bytes, markdown_table, write_outputs
-from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
+from seedflood_p2p.workload.tasks import load_run_task
 
 log = logging.getLogger("seedflood.simulate")
 
@@ -122,7 +122,7 @@ def simulate(config: SimConfig, progress: Any = None) -> dict:
     started = time.perf_counter()
     run = config.run
     model, tokenizer = load_model(run.model)
-    task = load_task(run.dataset, text_column=run.text_column, label_column=run.label_column)
+    task = load_run_task(run)
     setup = make_setup(config, tokenizer, task)
     sim = make_simulation(setup, model)
     watch = eval_peer_ids(config.peers, config.eval_peers)

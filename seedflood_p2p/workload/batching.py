@@ -1,8 +1,9 @@
 """Tokenized tensors of a task's examples: prompts, label words, batches of a run.
 
-Classification is scored by the language model itself: the prompt is
-``template.format(text=...)`` and the class is read from the next-token
-logits of the label words (see :func:`make_batch`).
+Classification is scored by the language model itself: the prompt is the task's
+template filled with the example's fields and the class is read from the next-token
+logits of the label words (see :func:`make_batch`). Completion: prompt then answer,
+the loss on the answer's tokens only.
 """
 
 from __future__ import annotations
@@ -94,23 +95,46 @@ class Batcher:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _prompt_ids(self, text: str) -> list[int]:
-        template = self.task.template
-        budget = self.max_length - len(self._bos) - len(self._prefix)
-        ids = self._encode(template.format(text=text))
+    def _prompt_ids(self, ex: Example, budget: int) -> list[int]:
+        """The filled-in template in at most `budget` tokens: when too long, the longest
+        field is cut at its end (then the next longest), the template's own text kept."""
+        template, values = self.task.template, ex.values()
+        ids = self._encode(template.format(**values))
         if len(ids) <= budget:
             return ids
-        # Too long: cut the end of the text, keep the template around it.
-        before, _, after = template.partition("{text}")
-        head = self._encode(before) if before else []
-        tail = self._encode(after) if after else []
-        room = budget - len(head) - len(tail)
-        if room < 1:
+        import string
+
+        pieces: list[tuple[str, list[int]]] = []  # ("" for literal text, else the field)
+        for literal, name, _, _ in string.Formatter().parse(template):
+            if literal:
+                pieces.append(("", self._encode(literal)))
+            if name is not None:
+                pieces.append((name, self._encode(values[name])))
+        fixed = sum(len(t) for n, t in pieces if not n)
+        room = budget - fixed
+        if room < len([n for n, _ in pieces if n]):
             raise UserError(
                 f"max length {self.max_length} leaves no room for the text after the prompt "
-                f"template ({len(head) + len(tail)} tokens). Raise --max-length"
+                f"template ({fixed} tokens). Raise --max-length"
             )
-        return head + self._encode(text)[:room] + tail
+        lengths = _fit([len(t) if n else -1 for n, t in pieces], room)
+        return [
+            tok
+            for (_, t), length in zip(pieces, lengths, strict=True)
+            for tok in (t if length < 0 else t[:length])
+        ]
+
+    def _completion_row(self, ex: Example) -> tuple[list[int], int]:
+        """(prompt + answer ids, where the answer starts): the answer ends with EOS, and
+        keeps at least half of the row when the two do not fit."""
+        eos = self.tokenizer.eos_token_id
+        answer = self._encode(ex.target or "") + ([eos] if eos is not None else [])
+        budget = self.max_length - len(self._bos)
+        full = len(self._encode(self.task.template.format(**ex.values())))
+        if full + len(answer) > budget:  # the answer keeps what the prompt leaves, or half
+            answer = answer[: max(budget - full, budget - budget // 2, 1)]
+        prompt = self._prompt_ids(ex, max(1, budget - len(answer)))
+        return self._bos + prompt + answer, len(self._bos) + len(prompt)
 
     def make(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
         if not examples:
@@ -118,11 +142,16 @@ class Batcher:
         pad = self.tokenizer.pad_token_id
         if pad is None:
             raise UserError("the tokenizer has no pad token. Load the model with load_model()")
-        classification = self.task.kind == "classification"
-        rows = []
+        kind = self.task.kind
+        rows, starts = [], []
         for ex in examples:
-            if classification:
-                rows.append(self._bos + self._prompt_ids(ex.text) + self._prefix)
+            if kind == "classification":
+                budget = self.max_length - len(self._bos) - len(self._prefix)
+                rows.append(self._bos + self._prompt_ids(ex, budget) + self._prefix)
+            elif kind == "completion":
+                row, start = self._completion_row(ex)
+                rows.append(row)
+                starts.append(start)
             else:
                 rows.append((self._bos + self._encode(ex.text))[: self.max_length])
         width = max(len(r) for r in rows)
@@ -132,7 +161,7 @@ class Batcher:
             input_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             attention_mask[i, : len(r)] = 1
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if classification:
+        if kind == "classification":
             labels = []
             for ex in examples:
                 if ex.label is None or not 0 <= ex.label < len(self._label_ids):
@@ -144,8 +173,31 @@ class Batcher:
             batch["label_word_ids"] = torch.tensor(self._label_ids, dtype=torch.long)
             batch["labels"] = torch.tensor(labels, dtype=torch.long)
         else:
-            batch["labels"] = input_ids.masked_fill(attention_mask == 0, -100)
+            labels_t = input_ids.masked_fill(attention_mask == 0, -100)
+            for i, start in enumerate(starts):  # completion: the answer's tokens only
+                labels_t[i, :start] = -100
+            batch["labels"] = labels_t
         return batch
+
+
+def _fit(lengths: list[int], room: int) -> list[int]:
+    """Cut the longest of `lengths` (-1: a fixed piece, kept whole) until the others sum
+    to at most `room`: every cut one is left at a common cap (or one more token)."""
+    cut = [n for n in lengths if n >= 0]
+    low, high = 0, max(cut)
+    while low < high:  # the largest cap whose total fits
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if sum(min(n, mid) for n in cut) <= room else (low, mid - 1)
+    spare = room - sum(min(n, low) for n in cut)
+    out = []
+    for n in lengths:
+        if n < 0 or n <= low:
+            out.append(n)
+        else:
+            extra = 1 if spare > 0 and n > low else 0
+            spare -= extra
+            out.append(low + extra)
+    return out
 
 
 def make_batch(
