@@ -54,6 +54,12 @@ COMMANDS: dict[str, Command] = {
         "add_replay_arguments",
         "cmd_replay",
     ),
+    "export": Command(
+        "write a run's model as a Hugging Face directory with a model card",
+        "seedflood_p2p.apps.export",
+        "add_export_arguments",
+        "cmd_export",
+    ),
     "peer": Command(
         "join a run: train and flood updates with other peers",
         "peer.command",

@@ -65,6 +65,21 @@ class DemoSettings:
 DEMO_FIELDS = settings_of(DemoSettings)
 
 
+def own_copies(config: RunConfig) -> list[str]:
+    """Peer flags naming this machine's model directory and data file, when the run names
+    them by local path (a peer never opens a path a manifest names)."""
+    from seedflood_p2p.workload.data import BUILTIN_TASKS
+    from seedflood_p2p.workload.models import BUILTIN_MODELS
+    from seedflood_p2p.workload.tasks import is_local_path
+
+    flags = []
+    if is_local_path(config.model, BUILTIN_MODELS):
+        flags += ["--model-dir", str(Path(config.model).expanduser().resolve())]
+    if is_local_path(config.dataset, BUILTIN_TASKS):
+        flags += ["--dataset-file", str(Path(config.dataset).expanduser().resolve())]
+    return flags
+
+
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_flags(parser, {**DEMO_DEFAULTS, "n_ref": "--peers"})
     add_flags(parser, DEMO_FIELDS, "demo settings")
@@ -304,6 +319,7 @@ def run_demo(
             ]
             if i == 0 and eval_every:
                 extra += ["--eval-every", str(eval_every)]
+            extra += own_copies(config)
             procs[f"peer{i}"] = start_peer(work, f"peer{i}", address, extra, threads=threads)
         print("peers starting (loading the model)...", flush=True)
         while not any(e.get("event") == "ready" for p in procs.values() for e in p.events()):
