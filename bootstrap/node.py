@@ -71,6 +71,27 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
     return config.replace(base_sha256=weights_sha256(model), dataset_sha256=examples_sha256(task))
 
 
+async def serve_assets(p2p, node, config: RunConfig) -> None:
+    """Serve the organiser's model directory and data file, when the run names them by a
+    local path, to joiners that fetch them by digest (network/assets.py)."""
+    from seedflood_p2p.network.assets import AssetError, AssetServer
+    from seedflood_p2p.workload.tasks import local_assets
+
+    kinds = local_assets(config)
+    if not kinds:
+        return
+    server = AssetServer(p2p, config.run_id, lambda peer: node.refuses(peer) is None)
+    await server.start()
+    for kind in kinds:
+        path = Path(config.model if kind == "model" else config.dataset).expanduser()
+        try:
+            await server.publish(kind, path)
+        except (AssetError, OSError) as exc:
+            log.warning(
+                "not serving the run's %s to joiners (%s): each volunteer needs a copy", kind, exc
+            )
+
+
 async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     config = await asyncio.to_thread(resolve_manifest, settings, config)
@@ -111,6 +132,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             node.not_ready = "restarted: syncing with the run's other nodes first"
         await node.start()
         await reconnector.attach(node)
+        await serve_assets(p2p, node, config)
         if discovery is not None:
             discovering = asyncio.create_task(
                 run_discovery(

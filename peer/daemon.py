@@ -32,6 +32,7 @@ from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
+from seedflood_p2p.network.assets import AssetServer
 from seedflood_p2p.network.checkpoints import CheckpointServer, FetchFailed, fetch_checkpoint
 from seedflood_p2p.network.discovery import Discovery, run_discovery
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
@@ -167,6 +168,10 @@ class PeerDaemon:
         self.checkpoint_server: CheckpointServer | None = None
         self.chain_round = 0  # the newest link built and served
         self.checkpoint_info: dict = {"fetched": None, "refused": {}}
+        # The run's model dir / data file on this machine, when the manifest names paths:
+        # fetched from peers or the peer's own copies (get_assets); served to joiners.
+        self.asset_paths: dict[str, Path] = {}
+        self.assets: AssetServer | None = None
         check_test_cheat(settings.test_cheat, os.environ)
 
     # -- helpers ------------------------------------------------------------
@@ -408,7 +413,10 @@ class PeerDaemon:
 
         if self.s.threads > 0:
             torch.set_num_threads(self.s.threads)
-        model_name, dataset = run_sources(config, self.s.model_dir, self.s.dataset_file)
+        own = self.asset_paths
+        model_name, dataset = run_sources(
+            config, own.get("model", self.s.model_dir), own.get("dataset", self.s.dataset_file)
+        )
         model, tokenizer = load_model(model_name)
         digest = weights_sha256(model)
         if config.base_sha256 and digest != config.base_sha256:
@@ -426,6 +434,45 @@ class PeerDaemon:
                 "the organiser's (another version or edited rows); get the run's copy"
             )
         return model.to(self.s.device), tokenizer, task
+
+    async def get_assets(self) -> None:
+        """The run's model directory and data file, when its manifest names paths of the
+        organiser's machine: this peer's own copies (--model-dir, --dataset-file), else
+        fetched from peers by digest. Then served to later joiners, by digest too."""
+        from seedflood_p2p.network.assets import AssetError, fetch_asset
+        from seedflood_p2p.workload.tasks import check_asset, local_assets
+
+        kinds = local_assets(self.config)
+        own = {"model": self.s.model_dir, "dataset": self.s.dataset_file}
+        for kind in kinds:
+            if own[kind] is not None:
+                self.asset_paths[kind] = own[kind]
+                continue
+            self._set_state(f"fetching the run's {kind} from peers")
+            try:
+                self.asset_paths[kind] = await fetch_asset(
+                    self.p2p,
+                    sorted(self.reconnector.connected),
+                    self.config.run_id,
+                    kind,
+                    self.s.data_dir / "assets",
+                    lambda path, kind=kind: check_asset(self.config, kind, path),
+                )
+            except AssetError as exc:
+                flag = "--model-dir" if kind == "model" else "--dataset-file"
+                raise UserError(f"{exc}; or pass {flag} with your copy") from None
+        if kinds:
+            self.assets = AssetServer(
+                self.p2p,
+                self.config.run_id,
+                lambda peer: getattr(self, "node", None) is None or self.node.refuses(peer) is None,
+            )
+            await self.assets.start()
+            for kind in kinds:
+                try:
+                    await self.assets.publish(kind, Path(self.asset_paths[kind]))
+                except (AssetError, OSError) as exc:
+                    log.warning("not serving the run's %s to joiners: %s", kind, exc)
 
     # -- per round -------------------------------------------------------------
     async def wait_ready(self, round_: int) -> None:
@@ -797,6 +844,7 @@ class PeerDaemon:
                 if check.trusted
                 else "",
             )
+            await self.get_assets()
             self.model, self.tokenizer, self.task = await self.in_model_thread(
                 self.load_model, self.config
             )
@@ -960,7 +1008,9 @@ class PeerDaemon:
         from seedflood_p2p.workload.models import load_model
         from seedflood_p2p.workload.tasks import run_sources
 
-        scratch, _ = load_model(run_sources(self.config, self.s.model_dir)[0])
+        scratch, _ = load_model(
+            run_sources(self.config, self.asset_paths.get("model", self.s.model_dir))[0]
+        )
         return CheckpointChain(scratch.to(self.s.device), self.config, self.s.data_dir / CHAIN_DIR)
 
     async def extend_chain(self) -> None:

@@ -234,7 +234,7 @@ def test_joiner_refuses_a_doctored_dataset_and_never_opens_manifest_paths(tmp_pa
 
     copy = tmp_path / "volunteer.csv"
     copy.write_bytes(original.read_bytes())
-    peer = types.SimpleNamespace(s=PeerSettings(dataset_file=copy))
+    peer = types.SimpleNamespace(s=PeerSettings(dataset_file=copy), asset_paths={})
     _, _, task = PeerDaemon.load_model(peer, config)
     assert task.num_labels == 3
     doctored = NLI_ROWS[:]

@@ -23,7 +23,9 @@ from seedflood_p2p.workload.data import (
     load_task,
 )
 
-__all__ = ["PRESETS", "Preset", "is_local_path", "load_run_task", "run_sources", "task_spec"]
+__all__ = ["PRESETS", "Preset", "check_asset",
+    "is_local_path",
+    "local_assets", "load_run_task", "run_sources", "task_spec"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,39 @@ def is_local_path(name: str, builtins: tuple[str, ...] = ()) -> bool:
         or name.lower().endswith(_LOCAL_SUFFIXES)
         or os.path.lexists(name)
     )
+
+
+def local_assets(config: RunConfig) -> list[str]:
+    """The run's assets ("model", "dataset") that it names by a path of the organiser's
+    machine: what joiners get from peers by digest (network/assets.py)."""
+    from seedflood_p2p.workload.data import BUILTIN_TASKS
+    from seedflood_p2p.workload.models import BUILTIN_MODELS
+
+    kinds = []
+    if is_local_path(config.model, BUILTIN_MODELS):
+        kinds.append("model")
+    if is_local_path(config.dataset, BUILTIN_TASKS):
+        kinds.append("dataset")
+    return kinds
+
+
+def check_asset(config: RunConfig, kind: str, path: Path) -> str | None:
+    """None when `path` holds the run's model (kind "model") or data (kind "dataset"), as
+    the manifest's base_sha256 / dataset_sha256 say; else why not, in a few words."""
+    from seedflood_p2p.workload.data import examples_sha256
+    from seedflood_p2p.workload.models import load_model, weights_sha256
+
+    expected = config.base_sha256 if kind == "model" else config.dataset_sha256
+    if not expected:
+        return f"the run's manifest has no digest of its {kind} to check a copy against"
+    try:
+        if kind == "model":
+            digest = weights_sha256(load_model(str(path))[0])
+        else:
+            digest = examples_sha256(load_run_task(config, str(path)))
+    except UserError as exc:
+        return str(exc)[:200]
+    return None if digest == expected else f"SHA-256 {digest[:16]}..., not {expected[:16]}..."
 
 
 def run_sources(
