@@ -130,3 +130,47 @@ def test_volunteers_fetch_the_organisers_model_and_data(tmp_path, capsys):
     flags = ["--model", str(model_dir), "--dataset", str(data), "--task", "nli"]
     assert main(["eval", *flags, "--max-length", "96", "--batch-size", "8", str(exported)]) == 0
     assert f"accuracy {accuracy:.4f}" in capsys.readouterr().out
+
+
+def test_download_uses_several_sources_drops_a_bad_one_and_resumes(tmp_path, monkeypatch):
+    import asyncio
+    import json
+
+    from seedflood_p2p.network import assets
+
+    data = tmp_path / "big.jsonl"
+    with open(data, "w") as fh:
+        for i in range(60000):
+            fh.write(json.dumps({"text": f"row {i} " + "x" * 40, "label": i % 2}) + "\n")
+    listing = make_listing("dataset", data)
+    size, chunks = listing[0][1], listing[0][3]
+    assert len(chunks) >= 3
+    served: dict[str, list[int]] = {"good": [], "bad": [], "slow": []}
+
+    async def fake_call(p2p, peer, name, request, timeout, **kw):
+        _, kind, file, index = msgpack.unpackb(request)
+        served[peer].append(index)
+        start = index * ASSET_CHUNK_BYTES
+        with open(data, "rb") as f:
+            f.seek(start)
+            block = f.read(ASSET_CHUNK_BYTES)
+        await asyncio.sleep(0.01)
+        return b"\0" + block[1:] if peer == "bad" else block
+
+    monkeypatch.setattr(assets, "call_bytes", fake_call)
+    folder = tmp_path / "got"
+    run = assets._download(None, "r", "dataset", listing, ["bad", "good", "slow"], folder, 5)
+    asyncio.run(run)
+    assert (folder / "big.jsonl").read_bytes() == data.read_bytes()
+    assert len(served["bad"]) == 1  # its one bad chunk, then never asked again
+    assert served["good"] and served["slow"]  # the chunks spread over the good sources
+
+    # Resume: a partial file with all but the last chunk right fetches only that one.
+    (folder / "big.jsonl").rename(folder / "big.jsonl.part")
+    with open(folder / "big.jsonl.part", "r+b") as f:
+        f.seek((len(chunks) - 1) * ASSET_CHUNK_BYTES)
+        f.write(b"\0\0\0")
+    served = {"good": [], "bad": [], "slow": []}
+    asyncio.run(assets._download(None, "r", "dataset", listing, ["good"], folder, 5))
+    assert served["good"] == [len(chunks) - 1]
+    assert (folder / "big.jsonl").read_bytes() == data.read_bytes() and size == data.stat().st_size
