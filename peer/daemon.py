@@ -421,9 +421,9 @@ class PeerDaemon:
         digest = weights_sha256(model)
         if config.base_sha256 and digest != config.base_sha256:
             raise UserError(
-                f"base weights of model '{model_name}' on this machine have SHA-256 "
-                f"{digest[:16]}..., the run expects {config.base_sha256[:16]}...: the model "
-                "files differ (another revision or a corrupt cache); get the run's copy"
+                f"base weights of '{model_name}' on this machine have SHA-256 {digest[:16]}..., "
+                f"the run expects {config.base_sha256[:16]}...: the model files differ (another "
+                "revision or a corrupt cache); delete the cached copy and retry"
             )
         task = load_run_task(config, dataset)
         digest = examples_sha256(task)
