@@ -672,24 +672,33 @@ class PeerDaemon:
             self.round = quorum if self.final_round is None else min(quorum, self.final_round)
 
     async def evaluate(self) -> None:
-        """Held-out loss/accuracy of the live model after `self.round` rounds, logged."""
-        from seedflood_p2p.algorithm.trainer import evaluate
+        """Held-out figures of the live model after `self.round` rounds, logged: loss, and
+        accuracy and macro-F1 (classification) or perplexity (lm, completion)."""
+        from seedflood_p2p.algorithm.trainer import evaluate_metrics, format_metrics
 
-        loss, accuracy = await self.in_model_thread(
-            evaluate, self.model, self.tokenizer, self.task, self.config, self.s.eval_examples
+        metrics = await self.in_model_thread(
+            evaluate_metrics,
+            self.model,
+            self.tokenizer,
+            self.task,
+            self.config,
+            self.s.eval_examples,
         )
         await self.in_model_thread(self.set_model_hash)
+        loss, accuracy = metrics["loss"], metrics.get("accuracy")
         self.last_eval = (loss, accuracy)
         self.last_eval_round = self.round
         fields = {"event": "eval", "rounds_done": self.round, "eval_loss": round(loss, 5)}
         if accuracy is not None:
             fields["eval_accuracy"] = round(accuracy, 4)
             self.metrics.eval_accuracy.set(accuracy)
+        for name in ("macro_f1", "perplexity"):
+            if name in metrics:
+                fields[f"eval_{name}"] = round(metrics[name], 4)
         log.info(
-            "eval after %d rounds: loss %.4f%s",
+            "eval after %d rounds: %s",
             self.round,
-            loss,
-            "" if accuracy is None else f"  accuracy {accuracy:.3f}",
+            format_metrics(metrics),
             extra={"fields": fields},
         )
 
