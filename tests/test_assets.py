@@ -126,6 +126,9 @@ def test_volunteers_fetch_the_organisers_model_and_data(tmp_path, capsys):
     assert main([*argv, "--dataset-file", str(data)]) == 0
     card = (exported / "README.md").read_text()
     accuracy = float(re.search(r"accuracy: (\d\.\d+)", card).group(1))
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(exported).num_parameters() > 0
     capsys.readouterr()
     flags = ["--model", str(model_dir), "--dataset", str(data), "--task", "nli"]
     assert main(["eval", *flags, "--max-length", "96", "--batch-size", "8", str(exported)]) == 0

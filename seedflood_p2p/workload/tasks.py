@@ -23,9 +23,16 @@ from seedflood_p2p.workload.data import (
     load_task,
 )
 
-__all__ = ["PRESETS", "Preset", "check_asset",
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "check_asset",
     "is_local_path",
-    "local_assets", "load_run_task", "run_sources", "task_spec"]
+    "local_assets",
+    "load_run_task",
+    "run_sources",
+    "task_spec",
+]
 
 
 @dataclass(frozen=True)
