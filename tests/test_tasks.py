@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 import types
 from pathlib import Path
 
@@ -310,3 +311,20 @@ def test_unknown_preset_and_builtin_with_three_labels(capsys):
     assert "unknown task preset 'sst9'" in _error_line(capsys, ["eval", "--task", "sst9"])
     line = _error_line(capsys, ["eval", "--label-words", " a", " b", " c"])
     assert "built-in task 'synthetic-sentiment'" in line
+
+
+def test_completion_and_lm_report_loss_and_perplexity(capsys, tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"what is {i} plus one", "reply": f" {i + 1}"}) + "\n"
+            for i in range(30)
+        )
+    )
+    argv = ["eval", "--dataset", str(path), "--kind", "completion", "--label-column", "reply"]
+    assert main([*argv, "--template", "Q: {question}?\nA:"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"3 held-out examples  loss \d+\.\d+  perplexity \d+\.\d+$", out.strip())
+    assert "accuracy" not in out
+    assert main(["eval", "--dataset", str(EXAMPLES / "lm.jsonl"), "--task", "lm"]) == 0
+    assert "perplexity" in capsys.readouterr().out

@@ -111,6 +111,8 @@ def task_spec(config: RunConfig) -> tuple[TaskSpec, str]:
         preset = PRESETS[config.task]
     kind = config.kind or preset.kind
     template = config.template or preset.template
+    if not config.template and not config.task and kind in ("lm", "completion"):
+        template = "{text}"  # the sentiment prompt is no default for text or answers
     names = tuple(config.label_names) or preset.label_names
     words = tuple(config.label_words)
     if not words:
