@@ -38,6 +38,17 @@ INT_RANGES = {
     "directions": (1, MAX_DIRECTIONS),
     "total_rounds": (0, MAX_ROUND),
     "n_ref": (1, 1 << 20),
+    "basis_refresh": (0, MAX_ROUND),
+    "basis_examples": (1, 1 << 16),
+}
+# Settings added after manifest version 2 was fixed: left out of the manifest JSON while at
+# their default, so every run id written before them stays what it was.
+OPTIONAL_DEFAULTS = {
+    "basis": "random",
+    "basis_refresh": 0,
+    "basis_examples": 64,
+    "basis_damping": 1e-3,
+    "step_rule": "per_update",
 }
 
 
@@ -74,6 +85,18 @@ class RunConfig:
     # run. Left out of the manifest JSON when empty, so manifests written before it keep
     # their run id (MANIFEST_VERSION stays 2).
     allow_peers: list[str] = field(default_factory=list)
+    # Curvature-aware directions (algorithm/basis.py): "random" +-1 bases, or "activation":
+    # each linear matrix's V side from the top eigenvectors of its input covariance, whitened,
+    # shipped as an artifact computed every `basis_refresh` epochs (0: once, at the base) on
+    # the first `basis_examples` training prompts, damping `basis_damping` x mean eigenvalue.
+    basis: str = "random"
+    basis_refresh: int = 0
+    basis_examples: int = 64
+    basis_damping: float = 1e-3
+    # How a round's updates share a step: "per_update" each moves lr / n_ref (as always);
+    # "round_mean" each moves lr / max(n_t, n_ref), n_t the updates the ledger holds for the
+    # round, so a full round is about one step however many peers it carries.
+    step_rule: str = "per_update"
 
     def __post_init__(self) -> None:
         problems = _type_problems(self)
@@ -109,6 +132,18 @@ class RunConfig:
             problems.append("the naive estimator supports directions = 1 only")
         if self.estimator not in ("subcge", "naive"):
             problems.append(f"estimator must be 'subcge' or 'naive' (got {_short(self.estimator)})")
+        if self.basis not in ("random", "activation"):
+            problems.append(f"basis must be 'random' or 'activation' (got {_short(self.basis)})")
+        if self.basis == "activation" and self.estimator != "subcge":
+            problems.append("basis 'activation' needs the subcge estimator")
+        if not (0 < self.basis_damping < 1e6 and _finite(self.basis_damping)):
+            problems.append(f"basis_damping must be in (0, 1e6) (got {_short(self.basis_damping)})")
+        if self.step_rule == "round_mean" and self.estimator != "subcge":
+            problems.append("step_rule 'round_mean' needs the subcge estimator")
+        if self.step_rule not in ("per_update", "round_mean"):
+            problems.append(
+                f"step_rule must be 'per_update' or 'round_mean' (got {_short(self.step_rule)})"
+            )
         if self.base_sha256 and not _is_sha256(self.base_sha256):
             problems.append("base_sha256 must be empty or 64 lowercase hex digits")
         if problem := _extra_problem(self.extra):
@@ -132,6 +167,9 @@ class RunConfig:
         body = {"manifest_version": MANIFEST_VERSION, **dataclasses.asdict(self)}
         if not self.allow_peers:
             del body["allow_peers"]  # an open run's manifest is what it always was
+        for name, default in OPTIONAL_DEFAULTS.items():
+            if body[name] == default and type(body[name]) is type(default):
+                del body[name]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @property
