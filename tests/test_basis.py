@@ -265,3 +265,22 @@ def test_prefix_cache_gives_what_a_full_pass_gives(tiny):
     assert torch.equal(recorded, full)
     assert torch.allclose(cached, full[[4, 0, 2]], atol=1e-5)
     engine.close()
+
+
+def test_daemons_refuse_what_they_do_not_carry_yet_with_one_line():
+    import time
+
+    from bootstrap.node import BootstrapSettings, resolve_manifest
+    from peer.daemon import check_manifest_reply
+
+    assert RunConfig().daemon_problem() is None
+    for config, what in (
+        (RunConfig(basis="activation"), "basis artifacts"),
+        (RunConfig(step_rule="round_mean"), "late update"),
+    ):
+        assert what in config.daemon_problem()
+        reply = {"time": time.time(), "version": "0.1.0", "manifest": config.to_json()}
+        with pytest.raises(UserError, match="cannot join run"):
+            check_manifest_reply(reply, time.time(), "0.1.0")
+        with pytest.raises(UserError, match="cannot serve this run"):
+            resolve_manifest(BootstrapSettings(), config)
