@@ -47,6 +47,8 @@ class BootstrapSettings:
 
 def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfig:
     """The run this node serves: the stored one on restart, else a new one from `config`."""
+    if problem := config.daemon_problem():
+        raise UserError(f"cannot serve this run: {problem}")
     path = settings.data_dir / "ledger.sqlite"
     if path.exists():
         stored = Ledger.open_existing(path)

@@ -115,7 +115,10 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
             "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
         )
     check_version(reply["version"], version)
-    return RunConfig.from_json(reply["manifest"])
+    config = RunConfig.from_json(reply["manifest"])
+    if problem := config.daemon_problem():
+        raise UserError(f"cannot join run {config.run_id[:12]}: {problem}")
+    return config
 
 
 def check_version(run_version: str, version: str) -> None:

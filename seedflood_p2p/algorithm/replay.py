@@ -11,10 +11,12 @@ fixed by the canonical order (round, peer).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from torch import nn
 
+from seedflood_p2p.algorithm.basis import BasisSchedule
 from seedflood_p2p.algorithm.subcge import StageTimes, make_estimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage
@@ -35,12 +37,20 @@ def replay(
     messages: Iterable[UpdateMessage],
     progress: Callable[[int, int], None] | None = None,
     times: StageTimes | None = None,
+    schedule: BasisSchedule | None = None,
 ) -> int:
     """Apply `messages` (canonical order required) to `model` in place; returns the count.
-    `times`, if given, collects the seconds spent per stage (accumulate, basis, merge)."""
+    `times`, if given, collects the seconds spent per stage (accumulate, basis, merge).
+    `schedule`: the run's basis artifacts (from the ledger), never recomputed here."""
     engine = make_estimator(model, config)
     if times is not None:
         engine.times = times
+    for first_epoch, sha in schedule.entries if schedule else []:
+        engine.add_basis(first_epoch, schedule.artifacts[sha])
+    round_sizes = None
+    if config.step_rule == "round_mean":  # a round's step depends on its size: count first
+        messages = list(messages)
+        round_sizes = Counter(m.round for m in messages)
     buffer: list[UpdateMessage] = []
     epoch, count, last = None, 0, None
     for message in messages:
@@ -50,7 +60,7 @@ def replay(
         last = key
         message_epoch = config.epoch_of(message.round)
         if epoch is not None and (message_epoch != epoch or len(buffer) >= CHUNK):
-            count += engine.accumulate(buffer)
+            count += engine.accumulate(buffer, round_sizes)
             buffer = []
             if message_epoch != epoch:
                 if not hasattr(engine, "commit_grouped"):
@@ -61,7 +71,7 @@ def replay(
                     progress(count, epoch)
         epoch = message_epoch
         buffer.append(message)
-    count += engine.accumulate(buffer)
+    count += engine.accumulate(buffer, round_sizes)
     if hasattr(engine, "commit_grouped"):
         engine.commit_grouped(MERGE_GROUP)
     else:

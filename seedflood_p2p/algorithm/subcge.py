@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from seedflood_p2p.algorithm.basis import BasisArtifact, BasisSchedule, check
 from seedflood_p2p.algorithm.trainable import (
     Perturbation,
     SharedPrefix,
@@ -59,16 +60,28 @@ class Direction:
         return max(1, self.a.shape[0])
 
 
-def step_coefficients(scalars: tuple[float, ...], round_: int, config: RunConfig) -> np.ndarray:
-    """The step size of each of a message's directions: a pure function of the message and
-    the run settings (see `RunConfig.normalize`), the same on every peer and in replay."""
+def step_coefficients(
+    scalars: tuple[float, ...], round_: int, config: RunConfig, round_size: int = 1
+) -> np.ndarray:
+    """The step size of each of a message's directions: a pure function of the message, the
+    run settings (see `RunConfig.normalize`, `RunConfig.step_rule`) and, under "round_mean",
+    how many updates the ledger holds for the round; the same on every peer and in replay."""
     g = np.asarray(scalars, dtype=np.float64)
     if config.normalize == "unit":  # no clip first: it would bend the direction of k > 1
         rms = math.sqrt(float(np.mean(g * g)))
         g = g / rms if rms > 0 else g
     else:
         g = np.clip(g, -config.clip, config.clip)
-    return config.lr_at(round_) / (config.n_ref * len(g)) * g
+    return config.lr_at(round_) / (step_divisor(config, round_size) * len(g)) * g
+
+
+def step_divisor(config: RunConfig, round_size: int) -> int:
+    """n_ref, or under "round_mean" max(updates in the round, n_ref): the round's updates are
+    averaged, so 64 peers make one better step rather than 64 steps, and n_ref keeps a round
+    of a few peers from taking a whole step on a noisy estimate."""
+    if config.step_rule == "round_mean":
+        return max(int(round_size), config.n_ref)
+    return config.n_ref
 
 
 def message_coordinates(
@@ -208,7 +221,9 @@ class ZerothOrderEstimator:
         raise NotImplementedError
         yield
 
-    def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
+    def accumulate(
+        self, messages: Iterable[UpdateMessage], round_sizes: Mapping[int, int] | None = None
+    ) -> int:
         raise NotImplementedError
 
     def commit(self) -> None:
@@ -217,12 +232,12 @@ class ZerothOrderEstimator:
     def close(self) -> None:
         """Detach anything attached to the model."""
 
-    def coefficients(self, message: UpdateMessage) -> np.ndarray:
+    def coefficients(self, message: UpdateMessage, round_size: int = 1) -> np.ndarray:
         """Step size of each of a message's k directions: lr_t / (n_ref * k) * clip(g_j),
         or with `normalize = "unit"` lr_t / (n_ref * k) * g_j / rms(g): the receiver scales
         every message to the same size, so no sender can push harder than an honest one
         (the scalars stay as estimated, for audits to recompute)."""
-        return step_coefficients(message.scalars, message.round, self.config)
+        return step_coefficients(message.scalars, message.round, self.config, round_size)
 
     @torch.no_grad()
     def estimate(
@@ -270,6 +285,20 @@ class SubCGE(ZerothOrderEstimator):
         self._bases: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pending: dict[int, np.ndarray] = {}  # epoch -> [L, r*r] float64
         self._hooks = install_perturbation_hooks(self.matrices)
+        self.schedule = BasisSchedule()  # curvature-aware V sides by epoch (basis.py)
+
+    def add_basis(self, first_epoch: int, artifact: BasisArtifact) -> None:
+        """Use `artifact`'s V sides from `first_epoch` on (until a later one's). Merge pending
+        cores first: an epoch's basis must not change under a core already folded into it."""
+        check(artifact, self.matrices, self.config.rank)
+        if any(e >= first_epoch for e in self._pending):
+            raise ValueError(f"epoch {first_epoch} or later has pending updates: commit first")
+        self.schedule.add(first_epoch, artifact)
+        self._bases = {e: b for e, b in self._bases.items() if e < first_epoch}
+
+    def _v_override(self, epoch: int) -> dict[str, torch.Tensor]:
+        artifact = self.schedule.for_epoch(epoch)
+        return {} if artifact is None else artifact.v
 
     def close(self) -> None:
         for handle in self._hooks:
@@ -281,11 +310,14 @@ class SubCGE(ZerothOrderEstimator):
         """[(U_l, V_l)] of an epoch, on the weights' device and dtype (cached)."""
         if epoch not in self._bases:
             bases = []
+            override = self._v_override(epoch)
             for index, matrix in enumerate(self.matrices):
                 m, k = matrix.shape
                 uv = layer_basis(self.run_key, epoch, index, m, k, self.config.rank)
                 uv = torch.from_numpy(uv).to(matrix.weight.device, matrix.weight.dtype)
-                bases.append((uv[:m], uv[m:]))
+                v = override.get(matrix.name)
+                v = uv[m:] if v is None else v.to(uv.device, uv.dtype)
+                bases.append((uv[:m], v))
             self._bases[epoch] = bases
             while len(self._bases) > self._basis_cache_size:
                 # Evict the oldest other epoch: a late message may ask for an old one.
@@ -331,13 +363,15 @@ class SubCGE(ZerothOrderEstimator):
 
     # -- aggregation -------------------------------------------------------
     def core_entries(
-        self, messages: list[UpdateMessage]
+        self, messages: list[UpdateMessage], round_sizes: Mapping[int, int] | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where n messages land in their epochs' cores: (epochs [n], index [n, k*L],
         value [n, k*L]). An epoch's core is L r x r blocks flattened to one row of L*r*r
         floats; message i adds value[i, j] at index[i, j], in the order of j (direction
         major, then layer). `accumulate` and the simulator's per-peer backlog both fold
-        these entries, so they agree to the bit."""
+        these entries, so they agree to the bit. `round_sizes` (round -> updates the ledger
+        holds for it) matters under step_rule "round_mean" only; without it each round's size
+        is its count among `messages`."""
         L, r, k = len(self.matrices), self.config.rank, self.config.directions
         if any(len(m.scalars) != k for m in messages):
             raise ValueError(f"every message of this run carries {k} scalars")
@@ -345,13 +379,18 @@ class SubCGE(ZerothOrderEstimator):
         a, b, sign = message_coordinates(
             self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r, k
         )
-        coef = np.stack([self.coefficients(m) for m in messages])  # (n, k)
+        if round_sizes is None and self.config.step_rule == "round_mean":
+            round_sizes = Counter(m.round for m in messages)
+        sizes = round_sizes or {}
+        coef = np.stack([self.coefficients(m, sizes.get(m.round, 1)) for m in messages])
         index = np.arange(L) * r * r + a * r + b  # (n, k, L)
         value = sign * coef[:, :, None]
         epochs = np.array([self.config.epoch_of(m.round) for m in messages], dtype=np.int64)
         return epochs, index.reshape(n, k * L), value.reshape(n, k * L)
 
-    def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
+    def accumulate(
+        self, messages: Iterable[UpdateMessage], round_sizes: Mapping[int, int] | None = None
+    ) -> int:
         """Fold messages into their epochs' cores: O(layers) each. Returns the count.
 
         Within one call, entries are added in the order given (np.add.at is
@@ -362,7 +401,7 @@ class SubCGE(ZerothOrderEstimator):
             return 0
         L, r = len(self.matrices), self.config.rank
         with self.times.stage("accumulate"):
-            epochs, index, value = self.core_entries(messages)
+            epochs, index, value = self.core_entries(messages, round_sizes)
             for epoch in np.unique(epochs):
                 rows = epochs == epoch
                 shape = (L, r * r)
@@ -417,10 +456,14 @@ class SubCGE(ZerothOrderEstimator):
         cores = [self._pending.pop(e) for e in chunk]
         with self.times.stage("basis"):
             signs = epoch_bases(self.run_key, chunk, shapes, r)
+        overrides = [self._v_override(e) for e in chunk]
         for i, matrix in enumerate(self.matrices):
             m, k = shapes[i]
             w = matrix.as_2d()
             uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
+            for j, override in enumerate(overrides):
+                if matrix.name in override:
+                    uv[j, m:] = override[matrix.name].to(w.device, w.dtype)
             c = np.stack([core[i].reshape(r, r) for core in cores])
             c = torch.from_numpy(c).to(w.device, w.dtype)
             uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(chunk) * r)
@@ -474,8 +517,10 @@ class NaiveSeedReplay(ZerothOrderEstimator):
                 for matrix, original in zip(self.matrices, saved):
                     matrix.weight.copy_(original)
 
-    def accumulate(self, messages: Iterable[UpdateMessage]) -> int:
-        messages = list(messages)
+    def accumulate(
+        self, messages: Iterable[UpdateMessage], round_sizes: Mapping[int, int] | None = None
+    ) -> int:
+        messages = list(messages)  # per_update only (config): round sizes do not matter
         self._pending.extend(messages)
         return len(messages)
 

@@ -13,12 +13,15 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
+from seedflood_p2p.algorithm.basis import BasisArtifact, compute_basis
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.objective import batch_loss, example_losses, label_word_logits
+from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -38,16 +41,22 @@ def batch_seed(run_key: bytes, peer: bytes, round_: int) -> int:
 
 
 def zo_step(
-    engine: ZerothOrderEstimator, tokenizer, task: Task, peer: bytes, round_: int
+    engine: ZerothOrderEstimator,
+    tokenizer,
+    task: Task,
+    peer: bytes,
+    round_: int,
+    prefix_cache: ExamplePrefixCache | None = None,
 ) -> tuple[UpdateMessage, float]:
     """Estimate this peer's update for `round_`; returns (message, training loss)."""
     config = engine.config
     examples = sample_batch(task, batch_seed(config.run_key, peer, round_), config.batch_size)
     batch = make_batch(examples, tokenizer, task, config.max_length)
     direction = engine.direction(peer, round_)
-    g, loss = engine.estimate(
-        lambda: example_losses(engine.model, batch, task.kind), direction, len(examples)
-    )
+    with _cached(prefix_cache, examples, batch):
+        g, loss = engine.estimate(
+            lambda: example_losses(engine.model, batch, task.kind), direction, len(examples)
+        )
     if not all(math.isfinite(x) for x in g):
         raise FloatingPointError(f"non-finite projected gradient at round {round_}: lower lr")
     return UpdateMessage(round_, peer, quantize_scalars(normalize(g, config.normalize))), loss
@@ -67,18 +76,32 @@ def normalize(g: tuple[float, ...], how: str) -> tuple[float, ...]:
     return tuple(x / rms for x in g) if rms > 0 else g
 
 
+def _cached(cache: ExamplePrefixCache | None, examples: list, batch: dict):
+    return nullcontext() if cache is None else cache.batch(examples, batch["attention_mask"])
+
+
 @torch.no_grad()
 def evaluate(
-    model, tokenizer, task: Task, config: RunConfig, max_examples: int = 200
+    model,
+    tokenizer,
+    task: Task,
+    config: RunConfig,
+    max_examples: int = 200,
+    prefix_cache: ExamplePrefixCache | None = None,
 ) -> tuple[float, float | None]:
     """(mean loss, accuracy or None) on the first `max_examples` held-out examples."""
-    metrics = evaluate_metrics(model, tokenizer, task, config, max_examples)
+    metrics = evaluate_metrics(model, tokenizer, task, config, max_examples, prefix_cache)
     return metrics["loss"], metrics.get("accuracy")
 
 
 @torch.no_grad()
 def evaluate_metrics(
-    model, tokenizer, task: Task, config: RunConfig, max_examples: int = 200
+    model,
+    tokenizer,
+    task: Task,
+    config: RunConfig,
+    max_examples: int = 200,
+    prefix_cache: ExamplePrefixCache | None = None,
 ) -> dict[str, float]:
     """Held-out figures on the first `max_examples` test examples: "loss" (mean over
     examples) and, for classification, "accuracy" and "macro_f1" (the mean over labels of
@@ -98,12 +121,14 @@ def evaluate_metrics(
         chunk = examples[start : start + config.batch_size]
         batch = make_batch(chunk, tokenizer, task, config.max_length)
         if classification:
-            logits = label_word_logits(model, batch)
+            with _cached(prefix_cache, chunk, batch):
+                logits = label_word_logits(model, batch)
             loss = torch.nn.functional.cross_entropy(logits, batch["labels"]).item()
             predicted += logits.argmax(dim=-1).tolist()
             truth += batch["labels"].tolist()
         else:
-            loss, _ = batch_loss(model, batch, task.kind)
+            with _cached(prefix_cache, chunk, batch):
+                loss, _ = batch_loss(model, batch, task.kind)
             n = int((batch["labels"][:, 1:] != -100).sum())
             token_loss += loss * n
             tokens += n
@@ -136,6 +161,36 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return "  ".join(f"{names.get(k, k)} {v:.4f}" for k, v in metrics.items())
 
 
+def basis_due(config: RunConfig, round_: int) -> int | None:
+    """The epoch whose first round `round_` is, if a basis artifact is due then: epoch 0,
+    and every `basis_refresh` epochs after it (a pure function of the settings)."""
+    if config.basis != "activation" or round_ % config.refresh_period:
+        return None
+    epoch = config.epoch_of(round_)
+    if epoch == 0 or (config.basis_refresh and epoch % config.basis_refresh == 0):
+        return epoch
+    return None
+
+
+def make_basis(engine: ZerothOrderEstimator, tokenizer, task: Task, round_: int) -> BasisArtifact:
+    """The activation basis of the model as it is now, on the first `basis_examples` training
+    prompts (labels unused): what the run's basis publisher computes at an epoch's start."""
+    config = engine.config
+    examples = task.train[: config.basis_examples]
+    batches = (
+        make_batch(examples[i : i + config.batch_size], tokenizer, task, config.max_length)
+        for i in range(0, len(examples), config.batch_size)
+    )
+    return compute_basis(
+        engine.model,
+        engine.matrices,
+        batches,
+        config.rank,
+        config.basis_damping,
+        meta={"run": config.run_id, "round": str(round_)},
+    )
+
+
 @dataclass
 class RoundRecord:
     round: int
@@ -156,21 +211,37 @@ def train_local(
     eval_every: int = 0,
     eval_examples: int = 200,
     on_round: Callable[[RoundRecord], None] | None = None,
+    on_basis: Callable[[int, BasisArtifact], None] | None = None,
+    prefix_cache: ExamplePrefixCache | None = None,
 ) -> list[RoundRecord]:
     """Simulated peers in one process: every round each peer estimates on the same model,
     the messages are logged, then all are applied as the network would apply them.
 
     `ledger` needs only `max_round` and `add` (a benchmark passes a stand-in); the model
-    must already hold it (`LiveModel.restore`, or a replay)."""
+    must already hold it (`LiveModel.restore`, or a replay), and the engine the ledger's basis
+    artifacts. Under basis "activation" the loop is the basis publisher too: at each due
+    epoch it computes the artifact from the model, uses it, and hands it to `on_basis`."""
     live = LiveModel(engine)
     peer_ids = [f"local-{i}".encode() for i in range(peers)]
     start = (ledger.max_round() + 1) if ledger is not None else 0
     records = []
     for round_ in range(start, rounds):
         t0 = time.perf_counter()
+        due = basis_due(engine.config, round_)
+        if due is not None and not any(e == due for e, _ in engine.schedule.entries):
+            artifact = make_basis(engine, tokenizer, task, round_)
+            engine.add_basis(due, artifact)
+            log.info(
+                "basis artifact for epoch %d: %s (%d bytes)",
+                due,
+                artifact.sha256[:16],
+                artifact.size,
+            )
+            if on_basis is not None:
+                on_basis(due, artifact)
         messages, losses = [], []
         for peer in peer_ids:
-            message, loss = zo_step(engine, tokenizer, task, peer, round_)
+            message, loss = zo_step(engine, tokenizer, task, peer, round_, prefix_cache)
             messages.append(message)
             losses.append(loss)
         if ledger is not None:
@@ -179,7 +250,7 @@ def train_local(
         eval_loss = eval_acc = None
         if eval_every and ((round_ + 1) % eval_every == 0 or round_ + 1 == rounds):
             eval_loss, eval_acc = evaluate(
-                engine.model, tokenizer, task, engine.config, eval_examples
+                engine.model, tokenizer, task, engine.config, eval_examples, prefix_cache
             )
         record = RoundRecord(
             round_, sum(losses) / len(losses), eval_loss, eval_acc, time.perf_counter() - t0

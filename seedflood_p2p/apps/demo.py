@@ -90,6 +90,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = run_config_from_args(
         args, defaults={**DEMO_DEFAULTS, "n_ref": demo.peers}, extra_fields=DEMO_FIELDS
     )
+    if problem := config.daemon_problem():
+        raise UserError(f"the demo runs real daemons: {problem}")
     work = demo.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     result = run_demo(
         config,

@@ -12,10 +12,14 @@ import argparse
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import add_run_flags, run_config_from_args
+
+if TYPE_CHECKING:
+    from seedflood_p2p.algorithm.basis import BasisSchedule
 
 log = logging.getLogger("seedflood")
 
@@ -40,6 +44,26 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", type=Path, required=True)
     parser.add_argument("--base", help="base model (default: the run's model)")
     parser.add_argument("--out", type=Path, required=True)
+
+
+def load_schedule(ledger) -> BasisSchedule:
+    """The ledger's basis artifacts, read from the store beside it and checked by digest."""
+    from seedflood_p2p.algorithm.basis import BasisSchedule, decode
+    from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
+
+    store, schedule = ArtifactStore.beside(ledger.path), BasisSchedule()
+    for first_epoch, sha in read_schedule(ledger):
+        schedule.add(first_epoch, decode(store.get(sha), sha))
+    return schedule
+
+
+def save_basis(ledger, first_epoch: int, artifact) -> None:
+    """Store an artifact's bytes, then name it in the ledger (in that order: a ledger never
+    names bytes that are not on disk)."""
+    from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule, write_schedule
+
+    ArtifactStore.beside(ledger.path).put(artifact.body)
+    write_schedule(ledger, [*read_schedule(ledger), (first_epoch, artifact.sha256)])
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -77,11 +101,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.rounds,
         config.estimator,
     )
+    schedule = load_schedule(ledger)
+    for first_epoch, sha in schedule.entries:
+        engine.add_basis(first_epoch, schedule.artifacts[sha])
     if len(ledger):
         from seedflood_p2p.algorithm.replay import replay
 
         log.info("resuming: replaying %d ledger messages", len(ledger))
-        replay(model, config, ledger.messages())
+        replay(model, config, ledger.messages(), schedule=schedule)
     log.info(
         "start: held-out %s",
         format_metrics(evaluate_metrics(model, tokenizer, task, config, args.eval_examples)),
@@ -106,6 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         eval_examples=args.eval_examples,
         on_round=show,
+        on_basis=lambda epoch, artifact: save_basis(ledger, epoch, artifact),
     )
     engine.close()
     metrics = evaluate_metrics(model, tokenizer, task, config, args.eval_examples)
@@ -176,7 +204,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     messages, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
     for peer, why in sorted(judgement.banned.items()):
         log.warning("peer %s is banned (%s): its updates are void", peer_name(peer), why)
-    count = replay(model, config, messages, progress=progress if total > 50_000 else None)
+    count = replay(
+        model,
+        config,
+        messages,
+        progress=progress if total > 50_000 else None,
+        schedule=load_schedule(ledger),
+    )
     save_model(model, tokenizer, args.out)
     digest = weights_sha256(model)
     log.info(

@@ -29,17 +29,22 @@ MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
 MAX_LABELS = 1000  # label words of a classification task
 MAX_TASK_TEXT = 4096  # characters of a template, a label word or a label name
 TASK_KINDS = ("", "classification", "lm", "completion")
-# Left out of the manifest JSON while empty: manifests written before they existed keep
-# their run id (MANIFEST_VERSION stays 2).
-OMITTED_WHEN_DEFAULT = (
-    "allow_peers",
-    "task",
-    "kind",
-    "template",
-    "label_words",
-    "label_names",
-    "dataset_sha256",
-)
+# Settings added after manifest version 2 was fixed, left out of the manifest JSON while
+# at their default: manifests written before they existed keep their run id.
+OMITTED_WHEN_DEFAULT: dict[str, Any] = {
+    "allow_peers": [],
+    "task": "",
+    "kind": "",
+    "template": "",
+    "label_words": [],
+    "label_names": [],
+    "dataset_sha256": "",
+    "basis": "random",
+    "basis_refresh": 0,
+    "basis_examples": 64,
+    "basis_damping": 1e-3,
+    "step_rule": "per_update",
+}
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
 ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
 # Integer settings and their bounds. The upper bounds are far past any useful value; they
@@ -52,6 +57,8 @@ INT_RANGES = {
     "directions": (1, MAX_DIRECTIONS),
     "total_rounds": (0, MAX_ROUND),
     "n_ref": (1, 1 << 20),
+    "basis_refresh": (0, MAX_ROUND),
+    "basis_examples": (1, 1 << 16),
 }
 
 
@@ -103,6 +110,18 @@ class RunConfig:
     # run. Left out of the manifest JSON when empty, so manifests written before it keep
     # their run id (MANIFEST_VERSION stays 2).
     allow_peers: list[str] = field(default_factory=list)
+    # Curvature-aware directions (algorithm/basis.py): "random" +-1 bases, or "activation":
+    # each linear matrix's V side from the top eigenvectors of its input covariance, whitened,
+    # shipped as an artifact computed every `basis_refresh` epochs (0: once, at the base) on
+    # the first `basis_examples` training prompts, damping `basis_damping` x mean eigenvalue.
+    basis: str = "random"
+    basis_refresh: int = 0
+    basis_examples: int = 64
+    basis_damping: float = 1e-3
+    # How a round's updates share a step: "per_update" each moves lr / n_ref (as always);
+    # "round_mean" each moves lr / max(n_t, n_ref), n_t the updates the ledger holds for the
+    # round, so a full round is about one step however many peers it carries.
+    step_rule: str = "per_update"
 
     def __post_init__(self) -> None:
         problems = _type_problems(self)
@@ -138,6 +157,18 @@ class RunConfig:
             problems.append("the naive estimator supports directions = 1 only")
         if self.estimator not in ("subcge", "naive"):
             problems.append(f"estimator must be 'subcge' or 'naive' (got {_short(self.estimator)})")
+        if self.basis not in ("random", "activation"):
+            problems.append(f"basis must be 'random' or 'activation' (got {_short(self.basis)})")
+        if self.basis == "activation" and self.estimator != "subcge":
+            problems.append("basis 'activation' needs the subcge estimator")
+        if not (0 < self.basis_damping < 1e6 and _finite(self.basis_damping)):
+            problems.append(f"basis_damping must be in (0, 1e6) (got {_short(self.basis_damping)})")
+        if self.step_rule == "round_mean" and self.estimator != "subcge":
+            problems.append("step_rule 'round_mean' needs the subcge estimator")
+        if self.step_rule not in ("per_update", "round_mean"):
+            problems.append(
+                f"step_rule must be 'per_update' or 'round_mean' (got {_short(self.step_rule)})"
+            )
         if self.base_sha256 and not _is_sha256(self.base_sha256):
             problems.append("base_sha256 must be empty or 64 lowercase hex digits")
         if self.dataset_sha256 and not _is_sha256(self.dataset_sha256):
@@ -168,8 +199,8 @@ class RunConfig:
 
     def to_json(self) -> str:
         body = {"manifest_version": MANIFEST_VERSION, **dataclasses.asdict(self)}
-        for name in OMITTED_WHEN_DEFAULT:  # a manifest without them is what it always was
-            if not body[name]:
+        for name, default in OMITTED_WHEN_DEFAULT.items():  # as manifests always were
+            if body[name] == default and type(body[name]) is type(default):
                 del body[name]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
@@ -230,6 +261,23 @@ class RunConfig:
         # must not change meaning now that "unit" is the default.
         body.setdefault("normalize", "none")
         return cls(**body)
+
+    def daemon_problem(self) -> str | None:
+        """Why the peer daemon and bootstrap node cannot run these settings yet (None: they
+        can). Basis artifacts are computed and replayed by `seedflood train`/`replay`, but
+        no node publishes or fetches them over the network yet, and the live model does not
+        re-scale a round's applied updates when a late one changes its size."""
+        if self.basis != "random":
+            return (
+                f"basis '{self.basis}' runs in `seedflood train` only: the network does not "
+                "carry basis artifacts yet; use basis 'random' for a network run"
+            )
+        if self.step_rule != "per_update":
+            return (
+                f"step_rule '{self.step_rule}' runs in `seedflood train` only: live peers do "
+                "not re-scale a round when a late update changes its size yet; use 'per_update'"
+            )
+        return None
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

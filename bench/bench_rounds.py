@@ -1,0 +1,367 @@
+#!/usr/bin/env python
+"""Learning per round against peers per round: held-out accuracy after R rounds of N peers.
+
+Every row runs `seedflood train`'s loop (`algorithm.trainer.train_local`: N simulated peers
+per round, the daemons' estimator, step and ledger rules; basis artifacts computed at
+their due epochs as a run's publisher would), for each N in --peers and each seed, and
+scores the first --eval-examples held-out sentences at --eval-at rounds. The reference
+row `adam` is one machine with first-order Adam on the same weights, prompts and batch
+size (one step = one round; the same evaluation points).
+
+Cheaper forward passes, stated in every row: `--train-only` restricts training to the
+upper blocks, and the frozen blocks' hidden states are cached per example
+(`algorithm/prefix_cache.py`), so a forward pass runs only the trained blocks.
+
+    python bench/bench_rounds.py --peers 4,16,64 --seeds 3            # SmolLM2 on MR
+    python bench/bench_rounds.py --model tiny-llama --task synthetic-sentiment ...
+    python bench/bench_rounds.py --render                              # .md/.png from .json
+
+Resumable: each finished (row, N, seed) run is written to bench/results/<out>.json at
+once, and a rerun skips what is there (a session's background jobs die with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CACHE_DIR = Path(os.environ.get("SEEDFLOOD_BENCH_CACHE", "/tmp/seedflood-bench-cache"))
+# Method rows: RunConfig overrides. "adam" is the first-order reference.
+ROWS: dict[str, dict[str, Any]] = {
+    "adam": dict(method="adam", lr=1e-4),
+    "random": dict(rank=32, directions=16, step_rule="round_mean", n_ref=4, lr=4e-3),
+    "activation": dict(
+        rank=32,
+        directions=16,
+        step_rule="round_mean",
+        n_ref=4,
+        lr=4e-3,
+        basis="activation",
+        basis_refresh=1,
+    ),
+}
+
+
+def parse_row(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, body = text.partition("=")
+    spec: dict[str, Any] = {}
+    for item in filter(None, body.split(",")):
+        key, _, value = item.partition(":")
+        for cast in (int, float):
+            try:
+                spec[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            spec[key] = {"true": True, "false": False}.get(value, value)
+    return name, spec
+
+
+def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: int) -> dict:
+    from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
+    from seedflood_p2p.algorithm.subcge import make_estimator
+    from seedflood_p2p.algorithm.trainable import find_trainable_matrices
+    from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, train_local
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.workload.batching import make_batch, sample_batch
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model
+
+    torch.manual_seed(seed)
+    model, tokenizer = load_model(args.model)
+    task = load_task(args.task)
+    if args.train_examples:
+        task.train = task.train[: args.train_examples]
+    spec = dict(spec)
+    method = spec.pop("method", "zo")
+    config = RunConfig(
+        model=args.model,
+        dataset=args.task,
+        train_only=args.train_only,
+        salt=f"bench-seed{seed}",
+        **spec,
+    )
+    curve: dict[int, tuple[float, float]] = {}
+    started, cpu0 = time.time(), time.process_time()
+    extra: dict[str, Any] = {}
+    if method == "adam":
+        matrices = find_trainable_matrices(model, only=config.train_only)
+        cache = ExamplePrefixCache(model, matrices) if args.cache_prefix else None
+        warm(args, cache, model, tokenizer, task, config)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        params = [m.weight for m in matrices]
+        for p in params:
+            p.requires_grad_(True)
+        opt = torch.optim.Adam(params, lr=config.lr)
+        peer = b"adam"
+        for step in range(args.rounds + 1):
+            if step in args.eval_at:
+                curve[step] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+            if step == args.rounds:
+                break
+            examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
+            batch = make_batch(examples, tokenizer, task, config.max_length)
+            ctx = cache.batch(examples, batch["attention_mask"]) if cache else _null()
+            with ctx:  # objective.py's losses run under no_grad: the same maths with grad
+                hidden = model.base_model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).last_hidden_state
+                last = hidden[torch.arange(hidden.shape[0]), batch["target_positions"]]
+                logits = model.get_output_embeddings()(last)[:, batch["label_word_ids"]]
+                loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    else:
+        engine = make_estimator(model, config)
+        cache = ExamplePrefixCache(model, engine.matrices) if args.cache_prefix else None
+        warm(args, cache, model, tokenizer, task, config)
+        if 0 in args.eval_at:
+            curve[0] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+        sizes: list[int] = []
+
+        def on_round(record) -> None:
+            r = record.round + 1
+            if r in args.eval_at:
+                curve[r] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+                print(
+                    f"  {name} N={peers} seed={seed} round {r}: acc {curve[r][1]:.3f}", flush=True
+                )
+
+        train_local(
+            engine,
+            tokenizer,
+            task,
+            peers=peers,
+            rounds=args.rounds,
+            on_round=on_round,
+            on_basis=lambda e, a: sizes.append(a.size),
+            prefix_cache=cache,
+        )
+        engine.close()
+        extra = {
+            "artifacts": len(sizes),
+            "artifact_bytes": sizes[0] if sizes else 0,
+            "trainable_params": engine.num_parameters,
+        }
+    return {
+        "row": name,
+        "peers": peers,
+        "seed": seed,
+        "settings": {"method": method, **spec, "train_only": config.train_only},
+        "curve": {str(r): {"loss": v[0], "accuracy": v[1]} for r, v in sorted(curve.items())},
+        "wall_s": round(time.time() - started, 1),
+        "cpu_s": round(time.process_time() - cpu0, 1),
+        "prefix_cache": bool(args.cache_prefix),
+        **extra,
+    }
+
+
+def warm(args, cache, model, tokenizer, task, config) -> None:
+    """Fill the prefix cache for every training and held-out example used, from a file
+    when an earlier run wrote one (same model, trained blocks, examples, max_length)."""
+    from seedflood_p2p.workload.batching import make_batch
+
+    if cache is None or not cache.active:
+        return
+    examples = task.train + task.test[: args.eval_examples]
+    name = f"{args.model}-{args.task}-{len(task.train)}-{len(examples)}-first{cache.first}"
+    path = CACHE_DIR / f"prefix-{name}-len{config.max_length}.pt"
+    if path.exists():
+        tensors = torch.load(path)
+        cache.hidden = {id(e): t for e, t in zip(examples, tensors)}
+        return
+    started = time.time()
+    with torch.no_grad():
+        for i in range(0, len(examples), 32):
+            chunk = examples[i : i + 32]
+            batch = make_batch(chunk, tokenizer, task, config.max_length)
+            with cache.batch(chunk, batch["attention_mask"]):
+                model.base_model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                )
+            if i % 640 == 0:
+                print(
+                    f"  prefix cache {i}/{len(examples)} ({time.time() - started:.0f} s)",
+                    flush=True,
+                )
+    CACHE_DIR.mkdir(exist_ok=True)
+    torch.save([cache.hidden[id(e)] for e in examples], path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def load(path: Path) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"runs": []}
+
+
+def render(path: Path, meta: dict) -> None:
+    data = load(path)
+    runs = data["runs"]
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for run in runs:
+        key = (run["row"], run["peers"] if run["settings"]["method"] != "adam" else 1)
+        groups.setdefault(key, []).append(run)
+    eval_at = sorted({int(r) for run in runs for r in run["curve"]})
+    lines = [
+        f"# Accuracy against rounds: {meta.get('model')} on {meta.get('task')}",
+        "",
+        f"Command: `{meta.get('command')}`. Held-out: the first {meta.get('eval_examples')} "
+        "test sentences; +- is the standard error of the mean over seeds (sample std / "
+        "sqrt(seeds)); one score on 1,000 sentences alone has SE ~0.015. Trained weights: "
+        f"`{meta.get('train_only') or 'all matrices'}`"
+        + (", frozen blocks cached per example (prefix cache)" if meta.get("cache_prefix") else "")
+        + ". Adam: one machine, batch 16, one step per round.",
+        "",
+        "| row | N peers/round | seeds | "
+        + " | ".join(f"round {r}" for r in eval_at)
+        + " | CPU-s/run |",
+        "|---|---:|---:|" + "---:|" * len(eval_at) + "---:|",
+    ]
+    for (row, peers), group in sorted(groups.items(), key=lambda kv: (kv[0][0] != "adam", kv[0])):
+        cells = []
+        for r in eval_at:
+            accs = [g["curve"][str(r)]["accuracy"] for g in group if str(r) in g["curve"]]
+            if not accs:
+                cells.append("")
+                continue
+            mean = statistics.fmean(accs)
+            se = statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else float("nan")
+            cells.append(f"{mean:.3f} +- {se:.3f}" if len(accs) > 1 else f"{mean:.3f}")
+        cpu = statistics.fmean(g["cpu_s"] for g in group)
+        lines.append(f"| {row} | {peers} | {len(group)} | " + " | ".join(cells) + f" | {cpu:.0f} |")
+    lines += ["", "Row settings:", ""]
+    for row in sorted({r["row"] for r in runs}):
+        settings = next(r["settings"] for r in runs if r["row"] == row)
+        lines.append(f"- `{row}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    art = [r for r in runs if r.get("artifacts")]
+    if art:
+        a = art[0]
+        lines.append(
+            f"\nBasis artifacts: {a['artifact_bytes']:,} bytes each, one per refresh "
+            f"({a['artifacts']} in a {max(eval_at)}-round run); trainable parameters "
+            f"{a['trainable_params']:,}."
+        )
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (row, peers), group in sorted(groups.items()):
+        xs, ys, es = [], [], []
+        for r in eval_at:
+            accs = [g["curve"][str(r)]["accuracy"] for g in group if str(r) in g["curve"]]
+            if accs:
+                xs.append(r)
+                ys.append(statistics.fmean(accs))
+                es.append(statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else 0)
+        label = "Adam (1 machine)" if row == "adam" else f"{row}, N={peers}"
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=es,
+            marker="o",
+            capsize=3,
+            label=label,
+            linestyle="--" if row == "adam" else "-",
+        )
+    ax.set_xlabel("round (Adam: step)")
+    ax.set_ylabel(f"held-out accuracy ({meta.get('eval_examples')} sentences)")
+    ax.set_title(f"{meta.get('model')} on {meta.get('task')}: accuracy against rounds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--task", default="mr")
+    parser.add_argument("--train-only", default="model.layers.2[89].*")
+    parser.add_argument("--cache-prefix", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--peers", default="4,16,64")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--train-examples", type=int, default=2400, help="first N training sentences (0: all)"
+    )
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--eval-at", default="0,10,20,30,40")
+    parser.add_argument("--eval-examples", type=int, default=1000)
+    parser.add_argument("--rows", default="adam,random,activation")
+    parser.add_argument("--row", action="append", default=[], help="NAME=key:value,...")
+    parser.add_argument("--out", default="rounds")
+    parser.add_argument("--render", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    args.eval_at = [int(x) for x in args.eval_at.split(",")]
+    torch.set_num_threads(args.threads)
+    rows = {name: ROWS[name] for name in args.rows.split(",") if name}
+    rows.update(parse_row(r) for r in args.row)
+    path = RESULTS / f"{args.out}.json"
+    meta = {
+        "model": args.model,
+        "task": args.task,
+        "train_only": args.train_only,
+        "cache_prefix": args.cache_prefix,
+        "eval_examples": args.eval_examples,
+        "train_examples": args.train_examples,
+        "command": "python bench/bench_rounds.py " + " ".join(sys.argv[1:]),
+    }
+    if args.render:
+        render(path, load(path).get("meta", meta))
+        return
+    RESULTS.mkdir(exist_ok=True)
+    for seed in range(args.seeds):
+        for peers in [int(x) for x in args.peers.split(",")]:
+            for name, spec in rows.items():
+                if spec.get("method") == "adam" and peers != int(args.peers.split(",")[0]):
+                    continue  # one Adam run per seed
+                data = load(path)
+                if any(
+                    r["row"] == name
+                    and r["seed"] == seed
+                    and (r["peers"] == peers or spec.get("method") == "adam")
+                    for r in data["runs"]
+                ):
+                    continue
+                print(f"{name} N={peers} seed={seed} ...", flush=True)
+                run = run_one(args, name, spec, peers, seed)
+                data = load(path)  # another process may have written meanwhile
+                data["meta"] = meta
+                data["runs"].append(run)
+                tmp = path.with_suffix(".json.tmp")
+                tmp.write_text(json.dumps(data, indent=1))
+                os.replace(tmp, path)
+                render(path, meta)
+                last = run["curve"][max(run["curve"], key=int)]
+                print(f"{name} N={peers} seed={seed}: {last} ({run['cpu_s']} CPU-s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

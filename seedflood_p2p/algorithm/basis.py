@@ -1,0 +1,210 @@
+"""Curvature-aware SubCGE bases: data-derived V sides, shipped as run artifacts.
+
+With random +-1 bases every direction of a weight matrix's subspace is as likely as any
+other, so a step's size is set by the sharpest direction (the loss's curvature along the
+label prior is ~100x the next) and the rest learns slowly: the gap to Adam is
+conditioning. For a linear map y = W x the gradient is delta x^T, so its row space lies
+in the span of the layer's inputs, and K-FAC's input factor A = E[x x^T] is the curvature
+that space carries. An *activation basis* takes, per linear matrix, the top-r eigenvectors
+of A (measured on unlabelled prompts: forward passes only) scaled by (lambda + damping)^-1/2,
+so directions drawn from it have covariance ~ A^-1 on that subspace: whitened ZO. The
+U (output) side stays Philox +-1.
+
+Eigenvectors computed in floating point differ between machines in their last bits, so a
+basis is never recomputed by a replaying peer: it is an *artifact*, the exact bytes of a
+safetensors file, named by their SHA-256 and scheduled from an epoch on
+(`BasisSchedule`). Pure tensors in, bytes out: no file or network I/O here.
+
+A hostile artifact is bounded by `check`: right names and shapes, finite values, and every
+column's squared norm at most `MAX_GAIN**2` times a +-1 column's (k), so no artifact makes
+a direction, and hence one update, move the weights by more than MAX_GAIN x an honest
+random direction's; what it can still do is choose useless directions (slow learning),
+which is why a run names who publishes artifacts (the run settings) and the digest pins
+what every peer applies.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from seedflood_p2p.algorithm.trainable import TrainableMatrix
+from seedflood_p2p.core.errors import UserError
+
+ARTIFACT_KIND = "seedflood/activation-basis/1"
+MAX_GAIN = 8.0  # bound on a basis column's norm relative to a +-1 column of the same length
+MAX_ARTIFACT_BYTES = 1 << 31
+
+
+@dataclass(frozen=True)
+class BasisArtifact:
+    """V sides (k x r, float32) of the linear matrices a run trains, by parameter name.
+
+    `body` is the artifact's exact bytes and `sha256` their digest: what the ledger names.
+    """
+
+    v: dict[str, torch.Tensor]
+    meta: dict[str, str]
+    body: bytes
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+
+def activation_covariances(
+    model: torch.nn.Module,
+    matrices: list[TrainableMatrix],
+    batches: Iterable[dict[str, torch.Tensor]],
+) -> dict[str, tuple[torch.Tensor, int]]:
+    """Per linear matrix, sum of x x^T (float64, k x k) over the tokens its module saw with
+    attention_mask 1, and the token count. Forward passes only, no labels."""
+    linear = [m for m in matrices if m.kind == "linear"]
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+    mask_holder: dict[str, torch.Tensor] = {}
+
+    def make_hook(matrix: TrainableMatrix):
+        def hook(module: torch.nn.Module, args: tuple) -> None:
+            x = args[0].detach()
+            mask = mask_holder.get("mask")
+            if mask is not None and x.dim() == 3 and x.shape[:2] == mask.shape:
+                x = x[mask.bool()]
+            x = x.reshape(-1, x.shape[-1]).double()
+            s = sums.get(matrix.name)
+            sums[matrix.name] = x.T @ x if s is None else s.addmm_(x.T, x)
+            counts[matrix.name] = counts.get(matrix.name, 0) + x.shape[0]
+
+        return hook
+
+    handles = [
+        module.register_forward_pre_hook(make_hook(matrix))
+        for matrix in linear
+        for module in matrix.modules[:1]
+    ]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                mask_holder["mask"] = batch["attention_mask"]
+                model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: (sums[name], counts[name]) for name in sums}
+
+
+def whitened_top_eigenvectors(covariance: torch.Tensor, rank: int, damping: float) -> torch.Tensor:
+    """k x r: the top-r eigenvectors of `covariance`, column j scaled by
+    (lambda_j + damping * mean(lambda))^-1/2, then all scaled so the mean squared column
+    norm is k (a +-1 column's), and no column exceeds MAX_GAIN x sqrt(k)."""
+    k = covariance.shape[0]
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance.double())
+    top = torch.argsort(eigenvalues, descending=True)[:rank]
+    lam = eigenvalues[top].clamp(min=0.0)
+    floor = damping * float(eigenvalues.clamp(min=0.0).mean()) + 1e-30
+    scale = (lam + floor).rsqrt()
+    scale = scale * (k / float((scale * scale).mean())) ** 0.5
+    scale = scale.clamp(max=MAX_GAIN * k**0.5 * 0.999)
+    basis = eigenvectors[:, top] * scale
+    # A fixed sign per column (eigh's is arbitrary): the largest entry positive.
+    flip = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True))).squeeze(0)
+    return (basis * torch.where(flip == 0, 1.0, flip)).float().contiguous()
+
+
+def compute_basis(
+    model: torch.nn.Module,
+    matrices: list[TrainableMatrix],
+    batches: Iterable[dict[str, torch.Tensor]],
+    rank: int,
+    damping: float,
+    meta: dict[str, str] | None = None,
+) -> BasisArtifact:
+    """The activation basis of the model's current weights on `batches` (an artifact)."""
+    covariances = activation_covariances(model, matrices, batches)
+    v = {}
+    for matrix in matrices:
+        if matrix.name in covariances:
+            total, count = covariances[matrix.name]
+            v[matrix.name] = whitened_top_eigenvectors(total / max(count, 1), rank, damping)
+    info = {"kind": ARTIFACT_KIND, "rank": str(rank), "damping": repr(damping), **(meta or {})}
+    return encode(v, info)
+
+
+def encode(v: dict[str, torch.Tensor], meta: dict[str, str]) -> BasisArtifact:
+    body = st_save({f"v/{name}": t.contiguous() for name, t in sorted(v.items())}, metadata=meta)
+    return BasisArtifact(dict(v), dict(meta), body, hashlib.sha256(body).hexdigest())
+
+
+def decode(body: bytes, sha256: str | None = None) -> BasisArtifact:
+    """An artifact from its bytes; checks the digest when given. Never executes anything
+    (safetensors holds tensors and string metadata only)."""
+    if len(body) > MAX_ARTIFACT_BYTES:
+        raise UserError(f"basis artifact is {len(body)} bytes, over {MAX_ARTIFACT_BYTES}")
+    digest = hashlib.sha256(body).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise UserError(
+            f"basis artifact {sha256[:16]} does not match its digest (got {digest[:16]}): "
+            "the file is corrupt or not the run's; fetch it again"
+        )
+    try:
+        tensors = st_load(body)
+        meta = _metadata(body)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad artifact
+        raise UserError(f"basis artifact {digest[:16]} is not a safetensors file ({exc})") from None
+    if meta.get("kind") != ARTIFACT_KIND:
+        raise UserError(f"basis artifact {digest[:16]} is of kind {meta.get('kind')!r}")
+    v = {name[2:]: t for name, t in tensors.items() if name.startswith("v/")}
+    return BasisArtifact(v, meta, body, digest)
+
+
+def _metadata(body: bytes) -> dict[str, str]:
+    n = int.from_bytes(body[:8], "little")
+    if n > len(body) - 8:
+        raise ValueError("header longer than the file")
+    header = json.loads(body[8 : 8 + n])
+    return dict(header.get("__metadata__") or {})
+
+
+def check(artifact: BasisArtifact, matrices: list[TrainableMatrix], rank: int) -> None:
+    """Refuse an artifact that does not fit the run's matrices or breaks the gain bound."""
+    names = {m.name: m for m in matrices}
+    for name, t in artifact.v.items():
+        matrix = names.get(name)
+        where = f"basis artifact {artifact.sha256[:16]}, matrix '{name}'"
+        if matrix is None or matrix.kind != "linear":
+            raise UserError(f"{where}: not a linear matrix this run trains")
+        k = matrix.shape[1]
+        if tuple(t.shape) != (k, rank) or t.dtype != torch.float32:
+            raise UserError(f"{where}: shape {tuple(t.shape)} {t.dtype}, expected ({k}, {rank})")
+        if not torch.isfinite(t).all():
+            raise UserError(f"{where}: holds non-finite values")
+        if float(t.double().pow(2).sum(0).max()) > MAX_GAIN**2 * k:
+            raise UserError(f"{where}: a column is longer than {MAX_GAIN:g} x a +-1 column")
+
+
+@dataclass
+class BasisSchedule:
+    """Which artifact shapes which epochs: epoch e uses the artifact with the largest
+    first epoch <= e, or the random +-1 basis before the first. A pure function of the
+    (first epoch, sha256) list, which the ledger records."""
+
+    entries: list[tuple[int, str]] = field(default_factory=list)
+    artifacts: dict[str, BasisArtifact] = field(default_factory=dict)
+
+    def add(self, first_epoch: int, artifact: BasisArtifact) -> None:
+        if any(e == first_epoch for e, _ in self.entries):
+            raise ValueError(f"epoch {first_epoch} already has a basis artifact")
+        bisect.insort(self.entries, (first_epoch, artifact.sha256))
+        self.artifacts[artifact.sha256] = artifact
+
+    def for_epoch(self, epoch: int) -> BasisArtifact | None:
+        i = bisect.bisect_right(self.entries, (epoch, "\uffff")) - 1
+        return self.artifacts[self.entries[i][1]] if i >= 0 else None

@@ -1,0 +1,286 @@
+"""Curvature-aware bases and the round step rule: artifacts are what every peer applies
+(bit for bit in replay), hostile ones are refused, the schedule and the step rule are pure
+functions of the ledger, and the per-example prefix cache computes what a full pass does."""
+
+import numpy as np
+import pytest
+import torch
+
+from seedflood_p2p.algorithm.basis import (
+    MAX_GAIN,
+    BasisSchedule,
+    decode,
+    encode,
+    whitened_top_eigenvectors,
+)
+from seedflood_p2p.algorithm.objective import example_losses
+from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import SubCGE, layer_basis, step_coefficients
+from seedflood_p2p.algorithm.trainer import basis_due, make_basis, train_local
+from seedflood_p2p.apps.local import load_schedule, save_basis
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+from seedflood_p2p.storage.artifacts import ArtifactStore
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.batching import make_batch
+from seedflood_p2p.workload.data import load_task
+from seedflood_p2p.workload.models import load_model, weights_sha256
+
+
+def _config(**kw) -> RunConfig:
+    base = dict(model="tiny-llama", rank=4, refresh_period=4, lr=1e-2, basis="activation")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _weights(engine) -> dict[str, torch.Tensor]:
+    return {m.name: m.weight.detach().clone() for m in engine.matrices}
+
+
+def test_whitened_basis_spans_the_top_eigenvectors_with_inverse_sqrt_scales():
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+    lam = np.array([100.0, 10.0, 1.0, 0.1] + [1e-4] * 12)
+    cov = torch.from_numpy(q @ np.diag(lam) @ q.T)
+    v = whitened_top_eigenvectors(cov, rank=4, damping=1e-3).double()
+    assert v.shape == (16, 4)
+    # Columns are the top eigenvectors (up to sign), the flatter ones scaled up.
+    top = torch.from_numpy(q[:, :4])
+    cosines = (v / v.norm(dim=0)).T @ top
+    assert torch.allclose(cosines.abs(), torch.eye(4, dtype=torch.float64), atol=1e-6)
+    norms = v.norm(dim=0)
+    assert list(torch.argsort(norms)) == [0, 1, 2, 3]
+    ratio = float(norms[1] / norms[0])
+    assert ratio == pytest.approx((100.0 / 10.0) ** 0.5, rel=1e-3)
+    assert float(v.pow(2).sum(0).mean()) == pytest.approx(16.0, rel=1e-5)
+    assert float(v.pow(2).sum(0).max()) <= MAX_GAIN**2 * 16
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    return model, tokenizer, task
+
+
+def test_artifact_round_trips_and_its_digest_is_checked(tiny):
+    model, tokenizer, task = tiny
+    engine = SubCGE(model, _config())
+    artifact = make_basis(engine, tokenizer, task, 0)
+    engine.close()
+    linear = [m.name for m in engine.matrices if m.kind == "linear"]
+    assert sorted(artifact.v) == sorted(linear)
+    again = decode(artifact.body, artifact.sha256)
+    assert again.sha256 == artifact.sha256
+    assert all(torch.equal(again.v[n], artifact.v[n]) for n in artifact.v)
+    with pytest.raises(UserError, match="does not match its digest"):
+        decode(artifact.body[:-1] + bytes([artifact.body[-1] ^ 1]), artifact.sha256)
+    with pytest.raises(UserError, match="not a safetensors file"):
+        decode(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}xxxxxx")
+
+
+def test_hostile_artifacts_are_refused(tiny):
+    model, tokenizer, task = tiny
+    engine = SubCGE(model, _config())
+    good = make_basis(engine, tokenizer, task, 0)
+    name = sorted(good.v)[0]
+    k = good.v[name].shape[0]
+    bad = {
+        "longer than": {**good.v, name: good.v[name] * MAX_GAIN * 2},
+        "non-finite": {**good.v, name: good.v[name].clone().fill_(float("nan"))},
+        "shape": {**good.v, name: good.v[name][:, :2].contiguous()},
+        "not a linear matrix": {**good.v, "model.evil.weight": torch.ones(k, 4)},
+    }
+    for why, v in bad.items():
+        with pytest.raises(UserError, match=why):
+            engine.add_basis(0, encode(v, good.meta))
+    assert engine.schedule.entries == []
+    engine.close()
+
+
+def test_merge_uses_the_artifacts_v_side(tiny):
+    model, tokenizer, task = tiny
+    config = _config(rank=4)
+    engine = SubCGE(model, config)
+    artifact = make_basis(engine, tokenizer, task, 0)
+    engine.add_basis(1, artifact)  # epoch 0 stays random, epoch 1 on uses the artifact
+    before = _weights(engine)
+    message = UpdateMessage(5, b"peer-a", quantize_scalars([0.7]))  # epoch 1
+    engine.accumulate([message])
+    engine.commit()
+    (coef,) = engine.coefficients(message)
+    direction = engine.direction(b"peer-a", 5)
+    for i, matrix in enumerate(engine.matrices):
+        m, k = matrix.shape
+        uv = torch.from_numpy(layer_basis(config.run_key, 1, i, m, k, config.rank))
+        v = artifact.v.get(matrix.name, uv[m:])
+        a, b, s = int(direction.a[0, i]), int(direction.b[0, i]), direction.sign[0, i]
+        expected = before[matrix.name].reshape(m, k) - coef * s * torch.outer(uv[:m, a], v[:, b])
+        assert torch.allclose(matrix.weight.reshape(m, k), expected, atol=1e-6), matrix.name
+    with pytest.raises(ValueError, match="pending"):
+        engine.accumulate([UpdateMessage(9, b"peer-a", quantize_scalars([0.1]))])
+        engine.add_basis(2, artifact)
+    engine.close()
+
+
+def test_schedule_picks_the_latest_artifact_at_or_before_an_epoch(tiny):
+    model, tokenizer, task = tiny
+    engine = SubCGE(model, _config())
+    a = make_basis(engine, tokenizer, task, 0)
+    b = encode({n: -t for n, t in a.v.items()}, a.meta)
+    engine.close()
+    schedule = BasisSchedule()
+    schedule.add(3, b)
+    schedule.add(0, a)
+    assert [schedule.for_epoch(e) for e in (0, 2, 3, 9)] == [a, a, b, b]
+    assert BasisSchedule().for_epoch(5) is None
+    with pytest.raises(ValueError):
+        schedule.add(3, a)
+    assert [basis_due(_config(basis_refresh=2), t) for t in (0, 1, 4, 8, 12, 16)] == [
+        0,
+        None,
+        None,
+        2,
+        None,
+        4,
+    ]
+    assert basis_due(_config(basis="random"), 0) is None
+
+
+def test_training_with_artifacts_replays_bit_for_bit_and_only_with_them(tiny, tmp_path):
+    _, tokenizer, task = tiny
+    config = _config(basis_refresh=1, step_rule="round_mean", n_ref=2)
+    model, _ = load_model("tiny-llama")
+    engine = SubCGE(model, config)
+    ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
+    ledger.claim(config.to_json(), "")
+    train_local(
+        engine,
+        tokenizer,
+        task,
+        peers=3,
+        rounds=9,
+        ledger=ledger,
+        on_basis=lambda e, a: save_basis(ledger, e, a),
+    )
+    engine.close()
+    live = {m.name: m.weight.detach().clone() for m in engine.matrices}
+    schedule = load_schedule(ledger)
+    assert [e for e, _ in schedule.entries] == [0, 1, 2]  # rounds 0, 4, 8
+    replays = []
+    for _ in range(2):
+        fresh, _ = load_model("tiny-llama")
+        replay(fresh, config, ledger.messages(), schedule=schedule)
+        replays.append(fresh)
+    assert weights_sha256(replays[0]) == weights_sha256(replays[1])
+    params = dict(replays[0].named_parameters())
+    for name, w in live.items():
+        assert torch.allclose(params[name], w, atol=1e-5), name
+    without, _ = load_model("tiny-llama")
+    replay(without, config, ledger.messages())
+    assert weights_sha256(without) != weights_sha256(replays[0])
+    # A damaged artifact file is refused by name, never applied.
+    store = ArtifactStore.beside(ledger.path)
+    path = store.path(schedule.entries[1][1])
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(UserError, match="does not match its name"):
+        load_schedule(ledger)
+    ledger.close()
+
+
+def test_round_mean_averages_a_rounds_updates():
+    config = RunConfig(step_rule="round_mean", n_ref=4, lr=0.1, directions=2, batch_size=16)
+    g = (3.0, -4.0)  # rms 3.54
+    unit = np.array(g) / np.sqrt(np.mean(np.square(g)))
+    for size, divisor in ((1, 4), (4, 4), (64, 64)):
+        coef = step_coefficients(g, 0, config, size)
+        assert np.allclose(coef, 0.1 / (divisor * 2) * unit)
+    per_update = config.replace(step_rule="per_update")
+    assert np.allclose(step_coefficients(g, 0, per_update, 64), 0.1 / (4 * 2) * unit)
+
+
+def test_round_mean_depends_on_the_rounds_size_in_the_ledger(tiny):
+    config = _config(basis="random", step_rule="round_mean", n_ref=1)
+    messages = [
+        UpdateMessage(t, f"p{p}".encode(), quantize_scalars([0.5 - p]))
+        for t in range(3)
+        for p in range(2 + t)
+    ]
+    results = []
+    for chunks in ([messages], [messages[:4], messages[4:]]):
+        model, _ = load_model("tiny-llama")
+        engine = SubCGE(model, config)
+        sizes = {t: 2 + t for t in range(3)}
+        for chunk in chunks:
+            engine.accumulate(chunk, sizes)
+        engine.commit()
+        results.append(weights_sha256(model))
+        engine.close()
+    assert results[0] == results[1]
+    model, _ = load_model("tiny-llama")
+    replay(model, config, messages)
+    base, _ = load_model("tiny-llama")
+    engine = SubCGE(base, config)
+    engine.accumulate(messages, {t: 1 for t in range(3)})  # sizes ignored: different step
+    engine.commit()
+    assert weights_sha256(model) != weights_sha256(base)
+
+
+def test_settings_added_later_keep_old_run_ids():
+    assert "basis" not in RunConfig().to_json()
+    assert "step_rule" not in RunConfig().to_json()
+    config = RunConfig(basis="activation", step_rule="round_mean", basis_refresh=3)
+    assert RunConfig.from_json(config.to_json()) == config
+    assert config.run_id != RunConfig().run_id
+    for bad, why in (
+        (dict(basis="hessian"), "basis must be"),
+        (dict(step_rule="sum"), "step_rule must be"),
+        (dict(basis_damping=0.0), "basis_damping"),
+        (dict(basis="activation", estimator="naive"), "subcge estimator"),
+    ):
+        with pytest.raises(UserError, match=why):
+            RunConfig(**bad)
+
+
+def test_prefix_cache_gives_what_a_full_pass_gives(tiny):
+    _, tokenizer, task = tiny
+    model, _ = load_model("tiny-llama")
+    config = RunConfig(model="tiny-llama", train_only="model.layers.1.*", rank=4)
+    engine = SubCGE(model, config)
+    cache = ExamplePrefixCache(model, engine.matrices)
+    assert cache.active and cache.first == 1
+    examples = task.train[:6]
+    batch = make_batch(examples, tokenizer, task, config.max_length)
+    full = example_losses(model, batch, task.kind)
+    with cache.batch(examples, batch["attention_mask"]):
+        recorded = example_losses(model, batch, task.kind)
+    assert cache.misses == 1 and len(cache.hidden) == 6
+    mixed = [examples[4], examples[0], examples[2]]
+    mixed_batch = make_batch(mixed, tokenizer, task, config.max_length)
+    with cache.batch(mixed, mixed_batch["attention_mask"]):
+        cached = example_losses(model, mixed_batch, task.kind)
+    assert cache.hits == 1
+    assert torch.equal(recorded, full)
+    assert torch.allclose(cached, full[[4, 0, 2]], atol=1e-5)
+    engine.close()
+
+
+def test_daemons_refuse_what_they_do_not_carry_yet_with_one_line():
+    import time
+
+    from bootstrap.node import BootstrapSettings, resolve_manifest
+    from peer.daemon import check_manifest_reply
+
+    assert RunConfig().daemon_problem() is None
+    for config, what in (
+        (RunConfig(basis="activation"), "basis artifacts"),
+        (RunConfig(step_rule="round_mean"), "late update"),
+    ):
+        assert what in config.daemon_problem()
+        reply = {"time": time.time(), "version": "0.1.0", "manifest": config.to_json()}
+        with pytest.raises(UserError, match="cannot join run"):
+            check_manifest_reply(reply, time.time(), "0.1.0")
+        with pytest.raises(UserError, match="cannot serve this run"):
+            resolve_manifest(BootstrapSettings(), config)
