@@ -22,6 +22,7 @@ it holds, so rows that arrive late (repair) replace what it drew.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,10 +39,12 @@ MAX_LIMIT = 500  # rounds per answer: ~16 peers x 500 rounds stays well under 10
 MAX_ROUND = 1 << 62  # the ledger's own upper bound for a round
 MAX_SAMPLES = 20_000  # observations kept in memory (one per round change or per 10 s)
 SAMPLE_EVERY = 10.0  # seconds: a sample even when the round did not move
+SAMPLER_PERIOD = 2.0  # seconds between two looks at the node's state
+LIVENESS_SECONDS = 60.0  # a peer heard within this is alive (the peer's liveness_timeout)
 PEER_TOTALS_TTL = 2.0  # seconds a per-peer aggregate over the whole ledger is reused
 USAGE = (
-    "usage: GET /run.json?since_round=R&limit=N (R: a round >= 0, N: 1..%d rounds); "
-    "the page is GET /run\n" % MAX_LIMIT
+    f"usage: GET /run.json?since_round=R&limit=N (R: a round >= 0, N: 1..{MAX_LIMIT} rounds); "
+    "the page is GET /run\n"
 )
 
 
@@ -128,6 +131,18 @@ class RunPage:
     # -- answering ----------------------------------------------------------------------
     def latest_heldout(self) -> dict | None:
         return self.evals[-1] if self.evals else None
+
+    def summary(self) -> dict[str, Any]:
+        """The run-wide line of /status (and `seedflood status`): the same numbers as the
+        head of /run.json, without the per-round series."""
+        seen = self._last if self._last is not None else self.observe()
+        return {
+            "round": max(self.ledger.max_round(), seen.round),
+            "peers_alive": len(seen.peers_alive),
+            "peers_known": len(self._peer_totals()),
+            "latest_heldout": self.latest_heldout(),
+            "heldout_source": self.heldout_source,
+        }
 
     def _peer_totals(self) -> dict[bytes, tuple[int, int, int]]:
         """{peer: (rows, first round, newest round)} over the whole ledger, recomputed at
@@ -221,6 +236,13 @@ class RunPage:
         }
 
 
+async def run_sampler(page: RunPage, period: float = SAMPLER_PERIOD) -> None:
+    """Sample the node's state every `period` seconds, until cancelled."""
+    while True:
+        page.sample()
+        await asyncio.sleep(period)
+
+
 def page_html() -> bytes:
     """The page: one file, inline script and styles, nothing fetched but /run.json."""
     return resources.files("seedflood_p2p.network").joinpath("run_page.html").read_bytes()
@@ -276,9 +298,13 @@ def add_routes(app: web.Application, page: Callable[[], RunPage | None]) -> None
         current = page()
         if current is None:
             return web.Response(
-                status=503, text="this node has not joined a run yet\n", headers={"Retry-After": "5"}
+                status=503,
+                text="this node has not joined a run yet\n",
+                headers={"Retry-After": "5"},
             )
-        return web.json_response(current.snapshot(since, limit), headers={"Cache-Control": "no-cache"})
+        return web.json_response(
+            current.snapshot(since, limit), headers={"Cache-Control": "no-cache"}
+        )
 
     app.router.add_route("*", "/run", get_page)
     app.router.add_route("*", "/run.json", get_json)
