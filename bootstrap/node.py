@@ -222,6 +222,14 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                 status,
                 routes=(lambda app: add_routes(app, lambda: page)) if page is not None else None,
             )
+            log.info(
+                "metrics and status on http://%s:%d/status%s",
+                settings.metrics_host,
+                http.port,
+                ", the run page on /run" if page is not None else "",
+                extra={"fields": {"event": "http", "port": http.port}},
+            )
+            (settings.data_dir / "status_port").write_text(str(http.port))
         log.info(
             "run %s: model %s, dataset %s, base sha256 %s",
             config.run_id[:12],
