@@ -186,7 +186,9 @@ class RunPage:
             peers.append(
                 {
                     "id": name,
-                    "round": alive.get(name, newest),
+                    "round": max(
+                        (r for r in (alive.get(name), newest) if r is not None), default=None
+                    ),
                     "rows": rows,
                     "first_round": first,
                     "newest_round": newest,
@@ -216,6 +218,7 @@ class RunPage:
             "uptime_s": round(time.time() - self.started, 1),
             "manifest": self.manifest,
             "run": {
+                "id": self.ledger.run_id,
                 "round": newest,
                 "peers_alive": len(alive),
                 "peers_known": len(names),
