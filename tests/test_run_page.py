@@ -246,3 +246,23 @@ def test_page_of_a_live_run_in_headless_chromium(tmp_path, capsys):
         for peer in peers:
             peer.stop()
         boot.stop()
+
+
+def test_grafana_dashboard_uses_only_metrics_the_nodes_export():
+    from prometheus_client import generate_latest
+
+    metrics = NodeMetrics()
+    exported = set()
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            exported |= {name, *(name + s for s in ("_bucket", "_sum", "_count"))}
+            if kind == "counter":
+                exported.add(name)
+    dashboard = json.loads(
+        (Path(__file__).parents[1] / "deploy/grafana/seedflood-run.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"\b(seedflood_[a-z_]+)", e)}
+    assert len(dashboard["panels"]) >= 12 and len(used) >= 20
+    assert used <= exported, used - exported
