@@ -77,9 +77,16 @@ class LedgerEvaluator:
         )
         return loss, accuracy, train_loss
 
-    async def run(self, page: RunPage, newest_round: Callable[[], int], poll: float = 1.0) -> None:
+    async def run(
+        self,
+        page: RunPage,
+        newest_round: Callable[[], int],
+        on_score: Callable[[float | None], None] = lambda accuracy: None,
+        poll: float = 1.0,
+    ) -> None:
         """Score base + ledger at start (rounds done: as many as the ledger holds), then
-        whenever the run went `every` rounds further; until cancelled."""
+        whenever the run went `every` rounds further, until cancelled; `on_score` gets each
+        held-out accuracy (the node's `seedflood_eval_accuracy` gauge)."""
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._thread, self._load)
@@ -95,6 +102,7 @@ class LedgerEvaluator:
                         self._thread, self._score, messages
                     )
                     page.record_eval(done, loss, accuracy, train_loss)
+                    on_score(accuracy)
                     log.info(
                         "page eval after %d rounds: loss %.4f%s",
                         done,

@@ -210,9 +210,15 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                 )
                 page_tasks.append(asyncio.create_task(run_sampler(page), name="run-page"))
                 if evaluator is not None:
+
+                    def show_accuracy(accuracy: float | None) -> None:
+                        if accuracy is not None:
+                            metrics.eval_accuracy.set(accuracy)
+
                     page_tasks.append(
                         asyncio.create_task(
-                            evaluator.run(page, lambda: node.newest_round), name="page-eval"
+                            evaluator.run(page, lambda: node.newest_round, show_accuracy),
+                            name="page-eval",
                         )
                     )
             http = await serve_http(

@@ -201,7 +201,8 @@ def test_page_of_a_live_run_in_headless_chromium(tmp_path, capsys):
         tmp_path, ["--metrics-port", "0", "--page-eval-every", "3", "--page-eval-examples", "32"]
     )
     flags = ["--metrics-port", "0", "--round-interval", "0.5", "--until-round", "400"]
-    peers = [start_peer(tmp_path, f"p{i}", address, flags) for i in range(3)]
+    own = ["--run-page", "--eval-every", "4", "--eval-examples", "16"]  # p0's own page
+    peers = [start_peer(tmp_path, f"p{i}", address, flags + own * (i == 0)) for i in range(3)]
     try:
         for peer in peers:
             peer.wait_round(8)
@@ -219,6 +220,17 @@ def test_page_of_a_live_run_in_headless_chromium(tmp_path, capsys):
         ids = {p["id"] for p in data["peers"]}
         assert len(ids) == 3 and data["run"]["peers_alive"] == 3
         assert [e["round"] for e in data["evals"]][:1] == [0]  # the base model, scored
+
+        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+        assert re.search(r"^seedflood_eval_accuracy 0\.\d+", metrics, re.M)  # page evals
+        own_port = (tmp_path / "p0" / "status_port").read_text()
+        mine = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{own_port}/run.json").read())
+        assert mine["node"]["role"] == "peer" and len(mine["train_loss"]) >= 5
+        assert [e["round"] for e in mine["evals"]][:2] == [0, 4]  # its own evaluations
+        other = (tmp_path / "p1" / "status_port").read_text()
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a peer without --run-page
+            urllib.request.urlopen(f"http://127.0.0.1:{other}/run.json", timeout=10)
+        assert refused.value.code == 404
 
         dom = chromium(f"{base}/run", "--dump-dom")
         assert 'data-ready="1"' in dom, dom[-3000:]
