@@ -80,6 +80,18 @@ def test_snapshot_pages_the_ledger_by_rounds(tmp_path):
         page.snapshot(0, MAX_LIMIT + 1)
 
 
+def test_a_crowded_run_lists_the_alive_and_busiest_peers(tmp_path, monkeypatch):
+    from seedflood_p2p.network import runpage
+
+    monkeypatch.setattr(runpage, "MAX_PEERS", 2)
+    page = _page(tmp_path)
+    data = page.snapshot(0, 10)
+    assert len(data["peers"]) == 2 and data["peers_omitted"] == 2
+    assert data["run"]["peers_known"] == 4
+    assert all(p["state"] == "alive" for p in data["peers"])
+    assert {i for _, ids in data["updates"] for i in ids} == {-1, 0, 1}  # -1: not listed
+
+
 def test_samples_are_taken_when_the_round_moves_or_every_ten_seconds(tmp_path):
     page = _page(tmp_path)
     page.sample(now=101.0)  # same round, 1 s later: nothing new

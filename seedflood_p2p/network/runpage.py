@@ -36,6 +36,7 @@ from aiohttp import web
 from seedflood_p2p.storage.ledger import Ledger
 
 MAX_LIMIT = 500  # rounds per answer: ~16 peers x 500 rounds stays well under 100 KB
+MAX_PEERS = 1000  # peers listed per answer
 MAX_ROUND = 1 << 62  # the ledger's own upper bound for a round
 MAX_SAMPLES = 20_000  # observations kept in memory (one per round change or per 10 s)
 SAMPLE_EVERY = 10.0  # seconds: a sample even when the round did not move
@@ -174,6 +175,11 @@ class RunPage:
         banned = {b["peer"]: b["reason"] for b in seen.banned}
         alive = {_b58(p): r for p, r in seen.peers_alive.items()}
         names = sorted(set(map(_b58, totals)) | set(alive) | set(banned))
+        known = len(names)
+        if known > MAX_PEERS:  # an open run can hold many identities: list the busiest
+            rows_of = {_b58(p): t[0] for p, t in totals.items()}
+            busiest = sorted(names, key=lambda n: (n not in alive, -rows_of.get(n, 0), n))
+            names = sorted(busiest[:MAX_PEERS])
         index = {name: i for i, name in enumerate(names)}
         peers = []
         for name in names:
@@ -199,7 +205,7 @@ class RunPage:
             )
         updates: dict[int, list[int]] = {}
         db, run = self.ledger._db, self.ledger.run_id
-        by_bytes = {peer: index[_b58(peer)] for peer in totals}
+        by_bytes = {peer: index.get(_b58(peer), -1) for peer in totals}
         for round_, peer in db.execute(
             "SELECT round, peer FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
             " ORDER BY round, peer",
@@ -227,7 +233,7 @@ class RunPage:
                 "id": self.ledger.run_id,
                 "round": newest,
                 "peers_alive": len(alive),
-                "peers_known": len(names),
+                "peers_known": known,
                 "ledger_messages": len(self.ledger),
                 "banned": len(banned),
                 "network": seen.network,
@@ -236,7 +242,8 @@ class RunPage:
             "heldout_source": self.heldout_source,
             "window": {"since_round": since_round, "until_round": upper, "limit": limit},
             "next_since_round": upper + 1 if newest > upper else None,
-            "peers": peers,
+            "peers": peers,  # at most MAX_PEERS: the alive ones, then the most rows
+            "peers_omitted": known - len(peers),
             "updates": [[r, ids] for r, ids in sorted(updates.items())],
             "audits": [[r, n] for r, n in audits],
             "samples": in_window(self.samples)[-limit * 2 :],
