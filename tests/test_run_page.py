@@ -92,6 +92,25 @@ def test_a_crowded_run_lists_the_alive_and_busiest_peers(tmp_path, monkeypatch):
     assert {i for _, ids in data["updates"] for i in ids} == {-1, 0, 1}  # -1: not listed
 
 
+def test_a_peer_heard_lately_but_far_behind_is_lagging(tmp_path):
+    page = _page(tmp_path)
+    slow = bytes([0, 36, 8, 1, 18, 32]) + bytes([9]) * 32
+    page.ledger.add(UpdateMessage(r, slow, (0.5,)) for r in range(21))
+    seen = page.observe()
+    seen.peers_alive[slow] = 20  # heard within the liveness window, 9 rounds behind 29
+    page.observe = lambda: seen
+    page.sample(now=200.0)
+    page._totals = None
+    states = {p["id"]: p["state"] for p in page.snapshot(0, 10)["peers"]}
+    assert sorted(states.values()) == [
+        "alive",
+        "alive",
+        "banned (equivocation)",
+        "lagging (9 rounds behind)",
+        "silent",
+    ]
+
+
 def test_samples_are_taken_when_the_round_moves_or_every_ten_seconds(tmp_path):
     page = _page(tmp_path)
     page.sample(now=101.0)  # same round, 1 s later: nothing new

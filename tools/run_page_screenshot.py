@@ -5,7 +5,8 @@
 
 Starts a bootstrap node (run page on, evaluating base + ledger every 5 rounds) and PEERS
 tiny-llama peers on synthetic sentiment on 127.0.0.1, stops one peer at round STOP_ONE_AT
-(so the table shows a silent peer and the plots a peer leaving), waits for ROUNDS rounds,
+(so the table shows a silent peer and the plots a peer leaving), waits for ROUNDS rounds
+and at least 65 s after the stop (the liveness window),
 and loads http://127.0.0.1:PORT/run in headless Chromium (`chromium` on PATH).
 """
 
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,8 +59,11 @@ def main() -> None:
         try:
             peers[-1].wait_round(args.stop_one_at)
             peers[-1].stop()
+            stopped = time.monotonic()
             for peer in peers[:-1]:
                 peer.wait_round(args.rounds)
+            # past the liveness window (60 s), so the stopped peer shows as silent
+            time.sleep(max(0.0, stopped + 65 - time.monotonic()))
             port = (work / "bootstrap" / "status_port").read_text()
             subprocess.run(
                 [

@@ -41,6 +41,7 @@ MAX_ROUND = 1 << 62  # the ledger's own upper bound for a round
 MAX_SAMPLES = 20_000  # observations kept in memory (one per round change or per 10 s)
 SAMPLE_EVERY = 10.0  # seconds: a sample even when the round did not move
 SAMPLER_PERIOD = 2.0  # seconds between two looks at the node's state
+LAGGING_ROUNDS = 4  # an alive peer this many rounds behind the run's newest is "lagging"
 LIVENESS_SECONDS = 60.0  # a peer heard within this is alive (the peer's liveness_timeout)
 # Seconds a per-peer aggregate over the whole ledger (a scan: ~80 ms at 80,000 rows) is
 # reused: the contribution column lags by this much at most, whatever the number of viewers.
@@ -172,6 +173,7 @@ class RunPage:
         upper = min(since_round + limit - 1, MAX_ROUND)
         seen = self._last if self._last is not None else self.observe()
         totals = self._peer_totals()
+        run_round = max(self.ledger.max_round(), seen.round)
         banned = {b["peer"]: b["reason"] for b in seen.banned}
         alive = {_b58(p): r for p, r in seen.peers_alive.items()}
         names = sorted(set(map(_b58, totals)) | set(alive) | set(banned))
@@ -184,19 +186,19 @@ class RunPage:
         peers = []
         for name in names:
             rows, first, newest = totals.get(base58.b58decode(name), (0, None, None))
-            state = (
-                f"banned ({banned[name]})"
-                if name in banned
-                else "alive"
-                if name in alive
-                else "silent"
-            )
+            heard = max((r for r in (alive.get(name), newest) if r is not None), default=None)
+            if name in banned:
+                state = f"banned ({banned[name]})"
+            elif name not in alive:
+                state = "silent"
+            elif heard is not None and run_round - heard > LAGGING_ROUNDS:
+                state = f"lagging ({run_round - heard} rounds behind)"
+            else:
+                state = "alive"
             peers.append(
                 {
                     "id": name,
-                    "round": max(
-                        (r for r in (alive.get(name), newest) if r is not None), default=None
-                    ),
+                    "round": heard,
                     "rows": rows,
                     "first_round": first,
                     "newest_round": newest,
@@ -220,7 +222,7 @@ class RunPage:
             " GROUP BY round ORDER BY round",
             (run, since_round, upper),
         ).fetchall()
-        newest = max(self.ledger.max_round(), seen.round)
+        newest = run_round
         in_window = lambda rows: [r for r in rows if since_round <= r["round"] <= upper]  # noqa: E731
         latest = self.latest_heldout()
         return {
