@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -157,12 +157,7 @@ class RunPage:
             at, was, totals = self._totals
             if was == size or now - at < PEER_TOTALS_TTL:
                 return totals
-        rows = self.ledger._db.execute(
-            "SELECT peer, COUNT(*), MIN(round), MAX(round) FROM messages WHERE run_id = ?"
-            " GROUP BY peer",
-            (self.ledger.run_id,),
-        ).fetchall()
-        totals = {bytes(p): (n, lo, hi) for p, n, lo, hi in rows}
+        totals = self.ledger.peer_totals()
         self._totals = (now, size, totals)
         return totals
 
@@ -176,16 +171,17 @@ class RunPage:
         run_round = max(self.ledger.max_round(), seen.round)
         banned = {b["peer"]: b["reason"] for b in seen.banned}
         alive = {_b58(p): r for p, r in seen.peers_alive.items()}
-        names = sorted(set(map(_b58, totals)) | set(alive) | set(banned))
+        ids = {_b58(p): p for p in totals}
+        names = sorted(set(ids) | set(alive) | set(banned))
         known = len(names)
         if known > MAX_PEERS:  # an open run can hold many identities: list the busiest
-            rows_of = {_b58(p): t[0] for p, t in totals.items()}
+            rows_of = {name: totals[p][0] for name, p in ids.items()}
             busiest = sorted(names, key=lambda n: (n not in alive, -rows_of.get(n, 0), n))
             names = sorted(busiest[:MAX_PEERS])
         index = {name: i for i, name in enumerate(names)}
         peers = []
         for name in names:
-            rows, first, newest = totals.get(base58.b58decode(name), (0, None, None))
+            rows, first, newest = totals[ids[name]] if name in ids else (0, None, None)
             heard = max((r for r in (alive.get(name), newest) if r is not None), default=None)
             if name in banned:
                 state = f"banned ({banned[name]})"
@@ -206,24 +202,17 @@ class RunPage:
                 }
             )
         updates: dict[int, list[int]] = {}
-        db, run = self.ledger._db, self.ledger.run_id
         by_bytes = {peer: index.get(_b58(peer), -1) for peer in totals}
-        for round_, peer in db.execute(
-            "SELECT round, peer FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
-            " ORDER BY round, peer",
-            (run, since_round, upper),
-        ):
+        for round_, peer in self.ledger.round_peers(since_round, upper):
             i = by_bytes.get(peer)
             if i is None:  # a row newer than the cached totals
-                i = by_bytes[peer] = index.get(_b58(bytes(peer)), -1)
+                i = by_bytes[peer] = index.get(_b58(peer), -1)
             updates.setdefault(round_, []).append(i)
-        audits = db.execute(
-            "SELECT round, COUNT(*) FROM audits WHERE run_id = ? AND round BETWEEN ? AND ?"
-            " GROUP BY round ORDER BY round",
-            (run, since_round, upper),
-        ).fetchall()
-        newest = run_round
-        in_window = lambda rows: [r for r in rows if since_round <= r["round"] <= upper]  # noqa: E731
+        audits = self.ledger.audit_counts(since_round, upper)
+
+        def in_window(rows: Iterable[dict]) -> list[dict]:
+            return [r for r in rows if since_round <= r["round"] <= upper]
+
         latest = self.latest_heldout()
         return {
             "version": 1,
@@ -233,7 +222,7 @@ class RunPage:
             "manifest": self.manifest,
             "run": {
                 "id": self.ledger.run_id,
-                "round": newest,
+                "round": run_round,
                 "peers_alive": len(alive),
                 "peers_known": known,
                 "ledger_messages": len(self.ledger),
@@ -243,7 +232,7 @@ class RunPage:
             },
             "heldout_source": self.heldout_source,
             "window": {"since_round": since_round, "until_round": upper, "limit": limit},
-            "next_since_round": upper + 1 if newest > upper else None,
+            "next_since_round": upper + 1 if run_round > upper else None,
             "peers": peers,  # at most MAX_PEERS: the alive ones, then the most rows
             "peers_omitted": known - len(peers),
             "updates": [[r, ids] for r, ids in sorted(updates.items())],
