@@ -120,5 +120,8 @@ class LedgerEvaluator:
                     )
                     last = newest
                 await asyncio.sleep(poll)
+        except Exception as exc:  # the node goes on serving; the page says why
+            log.error("page evaluations stopped: %s", exc)
+            page.heldout_source += f"; stopped at this node: {exc}"
         finally:
             self._thread.shutdown(wait=False, cancel_futures=True)
