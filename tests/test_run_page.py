@@ -2,6 +2,7 @@
 self-containment, the run-wide status line, and the page in headless Chromium on a live
 tiny-model run."""
 
+import asyncio
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bootstrap.evaluator import LedgerEvaluator
 from seedflood_p2p.apps.cli import main
 from seedflood_p2p.apps.status import format_run_line, format_status
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http
@@ -20,7 +22,7 @@ from seedflood_p2p.network.runpage import MAX_LIMIT, Observed, RunPage, add_rout
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import start_bootstrap, start_peer
+from cluster import RUN, start_bootstrap, start_peer
 
 PEERS = [bytes([0, 36, 8, 1, 18, 32]) + bytes([i]) * 32 for i in (1, 2, 3)]  # Ed25519-shaped
 
@@ -309,3 +311,33 @@ def test_grafana_dashboard_uses_only_metrics_the_nodes_export():
     used = {name for e in exprs for name in re.findall(r"\b(seedflood_[a-z_]+)", e)}
     assert len(dashboard["panels"]) >= 12 and len(used) >= 20
     assert used <= exported, used - exported
+
+
+async def test_bootstrap_page_evaluations_score_base_plus_ledger(tmp_path):
+    page = _page(tmp_path, rounds=3)
+    page.evals.clear()
+    evaluator = LedgerEvaluator(RUN, page.ledger, every=2, examples=16)
+    assert len(evaluator.pending) == len(page.ledger)  # the rows already held, then accepts
+    newest = {"round": 2}
+    task = asyncio.create_task(evaluator.run(page, lambda: newest["round"], poll=0.05))
+    try:
+        for _ in range(600):
+            if page.evals:
+                break
+            await asyncio.sleep(0.1)
+        assert [e["round"] for e in page.evals] == [3]  # rounds 0..2 applied
+        evaluator.receive([UpdateMessage(3, PEERS[0], (0.5,)), UpdateMessage(4, PEERS[0], (0.5,))])
+        newest["round"] = 4
+        for _ in range(600):
+            if len(page.evals) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert [e["round"] for e in page.evals] == [3, 5]
+        assert 0 <= page.evals[-1]["accuracy"] <= 1 and page.evals[-1]["train_loss"] > 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    wrong = LedgerEvaluator(RUN.replace(base_sha256="0" * 64), page.ledger, 2, 16)
+    await wrong.run(page, lambda: 0)  # returns: the failure is on the page, not raised
+    assert "stopped at this node" in page.heldout_source and "base weights" in page.heldout_source
