@@ -11,9 +11,11 @@ of them before it serves the manifest to joiners (network/reconnect.py:catch_up)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +23,19 @@ import base58
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.core.flags import bounded
+from seedflood_p2p.core.flags import MAX_INT, bounded
 from seedflood_p2p.network.discovery import Discovery, run_discovery
 from seedflood_p2p.network.flood import FloodNode, NodeSettings
-from seedflood_p2p.network.metrics import NodeMetrics, serve_http
+from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
 from seedflood_p2p.network.p2pd import create_p2p
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
+from seedflood_p2p.network.runpage import (
+    LIVENESS_SECONDS,
+    Observed,
+    RunPage,
+    add_routes,
+    run_sampler,
+)
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.bootstrap")
@@ -42,6 +51,12 @@ class BootstrapSettings:
     bootstrap: list[str] = field(default_factory=list)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = bounded(None, 0, 65535, "a TCP port (0: any free port)")
+    # the run page, GET /run and /run.json on the metrics server (docs/MONITORING.md)
+    run_page: bool = True
+    # the page's held-out figures: keep base + ledger and score it every N rounds (loads
+    # the model; 0: never, the page then says no held-out figures exist at this node)
+    page_eval_every: int = bounded(0, 0, MAX_INT, "a number of rounds (0: never)")
+    page_eval_examples: int = bounded(200, 1, 1 << 30, "a number of examples")
     node: NodeSettings = field(default_factory=NodeSettings)
 
 
@@ -114,6 +129,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     metrics = NodeMetrics()
     reconnector = Reconnector(p2p, settings.data_dir, settings.bootstrap, settings.node, metrics)
     node = http = discovering = None
+    page_tasks: list[asyncio.Task] = []
     discovery = None
     state = {"state": "starting"}
     try:
@@ -122,7 +138,21 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             await discovery.start()
         ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
         ledger.claim(config.to_json(), "use a new --data-dir for a new run")
-        node = FloodNode(p2p, ledger, config.to_json(), metrics, settings.node)
+        evaluator = None
+        if settings.run_page and settings.metrics_port is not None and settings.page_eval_every:
+            from bootstrap.evaluator import LedgerEvaluator
+
+            evaluator = LedgerEvaluator(
+                config, ledger, settings.page_eval_every, settings.page_eval_examples
+            )
+        node = FloodNode(
+            p2p,
+            ledger,
+            config.to_json(),
+            metrics,
+            settings.node,
+            on_accept=evaluator.receive if evaluator is not None else lambda msgs: None,
+        )
         own = p2p.peer_id.to_bytes()
         others = sorted(
             {base58.b58encode(p).decode() for p in ledger.peers() if p != own}
@@ -152,6 +182,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             for a in await p2p.get_visible_maddrs()
         ]
         (settings.data_dir / "address.txt").write_text("\n".join(addresses) + "\n")
+        page = None
         if settings.metrics_port is not None:
 
             def status() -> dict:
@@ -169,9 +200,72 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                     "admissions": metrics.admission_counts(),
                     "banned": node.bans.status(),
                     "discovery": discovery.status() if discovery else None,
+                    "run": page.summary() if page is not None else None,
                 }
 
-            http = await serve_http(settings.metrics_host, settings.metrics_port, metrics, status)
+            if settings.run_page:
+
+                def observe() -> Observed:
+                    now = time.monotonic()
+                    return Observed(
+                        round=node.newest_round,
+                        state=state["state"],
+                        peers_alive={
+                            p: st.round
+                            for p, st in node.peers.items()
+                            if now - st.last_seen < LIVENESS_SECONDS
+                        },
+                        bytes_in=int(value(metrics.bytes_in)),
+                        bytes_out=int(value(metrics.bytes_out)),
+                        banned=node.bans.status(),
+                        network=reconnector.view.as_status(),
+                    )
+
+                source = (
+                    f"this bootstrap node's own evaluations: it keeps base + its ledger and "
+                    f"scores it every {settings.page_eval_every} rounds on the first "
+                    f"{settings.page_eval_examples} held-out examples (peers do not publish "
+                    "their evaluations)"
+                    if evaluator is not None
+                    else "none at this node: peers do not publish their evaluations and this "
+                    "bootstrap node does not evaluate (start it with --page-eval-every N)"
+                )
+                page = RunPage(
+                    ledger,
+                    json.loads(config.to_json()),
+                    p2p.peer_id.to_base58(),
+                    "bootstrap",
+                    observe,
+                    source,
+                )
+                page_tasks.append(asyncio.create_task(run_sampler(page), name="run-page"))
+                if evaluator is not None:
+
+                    def show_accuracy(accuracy: float | None) -> None:
+                        if accuracy is not None:
+                            metrics.eval_accuracy.set(accuracy)
+
+                    page_tasks.append(
+                        asyncio.create_task(
+                            evaluator.run(page, lambda: node.newest_round, show_accuracy),
+                            name="page-eval",
+                        )
+                    )
+            http = await serve_http(
+                settings.metrics_host,
+                settings.metrics_port,
+                metrics,
+                status,
+                routes=(lambda app: add_routes(app, lambda: page)) if page is not None else None,
+            )
+            log.info(
+                "metrics and status on http://%s:%d/status%s",
+                settings.metrics_host,
+                http.port,
+                ", the run page on /run" if page is not None else "",
+                extra={"fields": {"event": "http", "port": http.port}},
+            )
+            (settings.data_dir / "status_port").write_text(str(http.port))
         log.info(
             "run %s: model %s, dataset %s, base sha256 %s",
             config.run_id[:12],
@@ -207,6 +301,9 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         await stop.wait()
         log.info("stopping: ledger holds %d messages", len(ledger))
     finally:
+        for task in page_tasks:
+            task.cancel()
+        await asyncio.gather(*page_tasks, return_exceptions=True)
         if http is not None:
             await http.close()
         if discovery is not None:

@@ -41,6 +41,7 @@ from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
 from seedflood_p2p.network.p2pd import create_p2p, host_port, remove_stale_sockets
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
+from seedflood_p2p.network.runpage import Observed, RunPage, add_routes, run_sampler
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
 from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
@@ -80,6 +81,9 @@ class PeerSettings:
     metrics_host: str = "127.0.0.1"
     # None: no HTTP endpoint
     metrics_port: int | None = bounded(None, 0, 65535, "a TCP port (0: any free port)")
+    # also serve the run page (GET /run, /run.json) on the metrics server, as this peer sees
+    # the run: its ledger, its observations, its own losses and evaluations
+    run_page: bool = False
     device: str = "cpu"
     # This machine's copy of the run's model directory / data file, for a run whose
     # manifest names a path of the organiser's machine (never opened here); each is
@@ -175,6 +179,7 @@ class PeerDaemon:
         # fetched from peers or the peer's own copies (get_assets); served to joiners.
         self.asset_paths: dict[str, Path] = {}
         self.assets: AssetServer | None = None
+        self.page: RunPage | None = None  # the run as this peer sees it (/status, /run)
         check_test_cheat(settings.test_cheat, os.environ)
 
     # -- helpers ------------------------------------------------------------
@@ -214,7 +219,22 @@ class PeerDaemon:
             "uptime_s": round(time.time() - self.started, 1),
             "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
             "discovery": self.discovery.status() if self.discovery else None,
+            "run": self.page.summary() if self.page is not None else None,
         }
+
+    def observe(self) -> Observed:
+        """What the run page samples (network/runpage.py)."""
+        alive = self._live_peers(time.monotonic())
+        return Observed(
+            round=self.round,
+            state=self.state,
+            peers_alive={p: st.round for p, st in alive.items()},
+            bytes_in=int(value(self.metrics.bytes_in)),
+            bytes_out=int(value(self.metrics.bytes_out)),
+            banned=self.node.bans.status(),
+            network=self.reconnector.view.as_status(),
+            audits=self.audit_status(),
+        )
 
     def audit_status(self) -> dict | None:
         """Audits done, mismatches found, verdicts in the ledger, peers it bans (None: the
@@ -571,6 +591,8 @@ class PeerDaemon:
             if self.audits is not None:
                 await self.run_audits()
             self.metrics.loss.set(loss)
+            if self.page is not None:
+                self.page.record_train_loss(self.round, loss)
             self.metrics.rounds.set(self.round)
             line = {
                 "event": "round",
@@ -691,6 +713,8 @@ class PeerDaemon:
         loss, accuracy = metrics["loss"], metrics.get("accuracy")
         self.last_eval = (loss, accuracy)
         self.last_eval_round = self.round
+        if self.page is not None:
+            self.page.record_eval(self.round, loss, accuracy)
         fields = {"event": "eval", "rounds_done": self.round, "eval_loss": round(loss, 5)}
         if accuracy is not None:
             fields["eval_accuracy"] = round(accuracy, 4)
@@ -808,6 +832,7 @@ class PeerDaemon:
         self.peer_id = self.p2p.peer_id.to_bytes()
         self.reconnector = Reconnector(self.p2p, s.data_dir, s.bootstrap, s.node, self.metrics)
         discovering: asyncio.Task | None = None
+        sampling: asyncio.Task | None = None
         http = None
         try:
             if s.node.discovery:
@@ -815,7 +840,12 @@ class PeerDaemon:
                 await self.discovery.start()
             if s.metrics_port is not None:  # early, so /status says why the peer waits
                 http = await serve_http(
-                    s.metrics_host, s.metrics_port, self.metrics, self.status, self.finish_after
+                    s.metrics_host,
+                    s.metrics_port,
+                    self.metrics,
+                    self.status,
+                    self.finish_after,
+                    routes=(lambda app: add_routes(app, lambda: self.page)) if s.run_page else None,
                 )
                 port = http.port
                 log.info(
@@ -886,6 +916,21 @@ class PeerDaemon:
             if chain_period(self.config) and self.audits is None:  # not in audited runs
                 self.chain = await self.in_model_thread(self._make_chain)
             self.node.not_ready = "starting: syncing with the run first"
+            self.page = RunPage(
+                self.ledger,
+                json.loads(self.config.to_json()),
+                self.p2p.peer_id.to_base58(),
+                "peer",
+                self.observe,
+                "this peer's own evaluations of its live model"
+                + (
+                    f" every {s.eval_every} rounds on the first {s.eval_examples} held-out "
+                    "examples (peers do not publish their evaluations)"
+                    if s.eval_every
+                    else ": none (start it with --eval-every N); peers do not publish theirs"
+                ),
+            )
+            sampling = asyncio.create_task(run_sampler(self.page), name="run-page")
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:
                 # A fresh peer scores the base model before it joins the topic: the run's
@@ -1002,6 +1047,8 @@ class PeerDaemon:
             )
             return meta
         finally:
+            if sampling is not None:
+                sampling.cancel()
             if http is not None:
                 await http.close()
             if self.discovery is not None:

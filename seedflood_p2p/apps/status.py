@@ -42,6 +42,10 @@ def format_status(status: dict[str, Any]) -> str:
         f"peer        {status.get('peer_id')}  ({status.get('role', 'peer')}, "
         f"seedflood {status.get('version', '?')}, up {status.get('uptime_s', '?')} s)",
         f"run         {status.get('run_id')}",
+    ]
+    if status.get("run"):
+        lines.append(f"run-wide    {format_run_line(status['run'])}")
+    lines += [
         f"state       {status.get('state', '?')}",
         f"round       {status.get('round')}",
         f"peers alive {status.get('peers_alive')}",
@@ -98,3 +102,19 @@ def format_status(status: dict[str, Any]) -> str:
     if status.get("model_sha256"):
         lines.append(f"model       sha256 {status['model_sha256']}")
     return "\n".join(lines)
+
+
+def format_run_line(run: dict[str, Any]) -> str:
+    """Round, peers and the latest held-out accuracy of the run, as this node sees it (the
+    `run` field of /status, the same numbers as the head of /run.json)."""
+    heldout = run.get("latest_heldout")
+    if heldout and heldout.get("accuracy") is not None:
+        score = f"held-out accuracy {heldout['accuracy']:.3f} (after {heldout['round']} rounds)"
+    elif heldout:
+        score = f"held-out loss {heldout['loss']:.4f} (after {heldout['round']} rounds)"
+    else:
+        score = "held-out accuracy n/a (no evaluations at this node)"
+    return (
+        f"round {run.get('round')}, {run.get('peers_alive')} peers alive of "
+        f"{run.get('peers_known')} in the ledger, {score}"
+    )

@@ -257,13 +257,14 @@ async def serve_http(
     metrics: NodeMetrics,
     status: Callable[[], dict[str, Any]],
     finish_after: Callable[[int], dict[str, Any]] | None = None,
+    routes: Callable[[web.Application], None] | None = None,
 ) -> HttpEndpoint:
     """Serve GET /metrics and /status on (host, port); port 0 picks a free port.
 
     `POST /finish?after_round=N` (from this machine only) asks the peer to stop gracefully
     after round N: the demo uses it to end every peer at the same round. Handlers run on
     the caller's event loop, so `status` and `finish_after` see the daemon's state as it is
-    between two awaits."""
+    between two awaits. `routes`, if given, adds more (the run page: network/runpage.py)."""
 
     async def get_metrics(request: web.Request) -> web.Response:
         return web.Response(
@@ -282,13 +283,16 @@ async def serve_http(
         return web.json_response(finish_after(int(after)))
 
     async def not_found(request: web.Request) -> web.Response:
-        return web.Response(status=404, text="try /status or /metrics\n")
+        paths = "/status or /metrics" if routes is None else "/run, /run.json, /status or /metrics"
+        return web.Response(status=404, text=f"try {paths}\n")
 
     app = web.Application()
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/status", get_status)
     if finish_after is not None:
         app.router.add_post("/finish", post_finish)
+    if routes is not None:
+        routes(app)
     app.router.add_route("*", "/{tail:.*}", not_found)
     # No access log: the demo polls /status every few seconds, and these logs are read
     # line by line by people and by the demo.

@@ -462,6 +462,34 @@ class Ledger:
             out[bucket] = cached
         return out
 
+    def peer_totals(self) -> dict[bytes, tuple[int, int, int]]:
+        """{peer: (rows, first round, newest round)}: one scan of the run's rows."""
+        rows = self._db.execute(
+            "SELECT peer, COUNT(*), MIN(round), MAX(round) FROM messages WHERE run_id = ?"
+            " GROUP BY peer",
+            (self.run_id,),
+        ).fetchall()
+        return {bytes(peer): (n, lo, hi) for peer, n, lo, hi in rows}
+
+    def round_peers(self, min_round: int, max_round: int) -> Iterator[tuple[int, bytes]]:
+        """(round, peer) of every row in [min_round, max_round], canonical order; no
+        scalars (the run page's updates-by-peer)."""
+        rows = self._db.execute(
+            "SELECT round, peer FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
+            " ORDER BY round, peer",
+            (self.run_id, min_round, max_round),
+        )
+        for round_, peer in rows:
+            yield round_, bytes(peer)
+
+    def audit_counts(self, min_round: int, max_round: int) -> list[tuple[int, int]]:
+        """[(round, audit records of updates of that round)] in [min_round, max_round]."""
+        return self._db.execute(
+            "SELECT round, COUNT(*) FROM audits WHERE run_id = ? AND round BETWEEN ? AND ?"
+            " GROUP BY round ORDER BY round",
+            (self.run_id, min_round, max_round),
+        ).fetchall()
+
     def peer_rounds(self) -> dict[bytes, int]:
         """{peer: its newest round in the ledger}: what a quorum round is taken over."""
         rows = self._db.execute(
