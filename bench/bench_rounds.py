@@ -23,6 +23,7 @@ once, and a rerun skips what is there (a session's background jobs die with it).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -352,12 +353,14 @@ def main() -> None:
                     continue
                 print(f"{name} N={peers} seed={seed} ...", flush=True)
                 run = run_one(args, name, spec, peers, seed)
-                data = load(path)  # another process may have written meanwhile
-                data["meta"] = meta
-                data["runs"].append(run)
-                tmp = path.with_suffix(".json.tmp")
-                tmp.write_text(json.dumps(data, indent=1))
-                os.replace(tmp, path)
+                with open(path.with_suffix(".lock"), "w") as lock:  # several --peers processes
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    data = load(path)
+                    data["meta"] = meta
+                    data["runs"].append(run)
+                    tmp = path.with_suffix(".json.tmp")
+                    tmp.write_text(json.dumps(data, indent=1))
+                    os.replace(tmp, path)
                 render(path, meta)
                 last = run["curve"][max(run["curve"], key=int)]
                 print(f"{name} N={peers} seed={seed}: {last} ({run['cpu_s']} CPU-s)", flush=True)
