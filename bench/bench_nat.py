@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,10 +40,10 @@ async def _node(role: str, listen: str, dial: list[str], out: Path) -> None:
     p2p = await create_p2p(
         identity_path=None,
         host_maddrs=[listen],
-        use_auto_relay=role == "nat",
-        relays=[d for d in dial if d.startswith(f"/ip4/{PUBLIC}.1/")] if role == "nat" else (),
+        use_auto_relay=role.startswith("nat"),
+        relays=[d for d in dial if d.startswith(f"/ip4/{PUBLIC}.1/")] if role != "relay" else (),
         relay_service=RelayLimits() if role == "relay" else None,
-        reachability="public" if role == "public" else "auto",
+        reachability={"public": "public", "natpriv": "private"}.get(role, "auto"),
     )
 
     def say(**event) -> None:
@@ -59,7 +60,7 @@ async def _node(role: str, listen: str, dial: list[str], out: Path) -> None:
     conns: dict[str, list[str]] = {}
     cmd_file = out / f"{p2p.peer_id.to_base58()}.dial"
     while True:
-        addrs = sorted(str(a) for a in await p2p.get_visible_maddrs())
+        addrs = sorted(str(a) for a in await p2p.get_visible_maddrs(latest=True))
         if addrs != own:
             own = addrs
             say(event="own_addrs", addrs=own)
@@ -72,6 +73,9 @@ async def _node(role: str, listen: str, dial: list[str], out: Path) -> None:
             cmd_file.unlink()
             maddr, _, pid = target.rpartition("/p2p/")
             try:
+                # a fresh relayed connection: DCUtR starts on a new inbound relayed connection,
+                # and one opened by the DHT before the hole-punch service was up is not retried
+                await p2p._client.disconnect(PeerID.from_base58(pid))
                 await connect_peer(p2p, PeerID.from_base58(pid), [maddr], 15)
                 say(event="dialled", addr=target)
             except Exception as e:
@@ -123,7 +127,8 @@ class Proc:
         self.file.close()
 
 
-def one_run(prefix: str, work: Path, observers: int, wait_direct: float) -> dict:
+def one_run(prefix: str, work: Path, observers: int, wait_direct: float, nat_role: str,
+            wait_circuit: float) -> dict:
     procs: list[Proc] = []
     result: dict = {}
     try:
@@ -139,16 +144,17 @@ def one_run(prefix: str, work: Path, observers: int, wait_direct: float) -> dict
             pubs.append(f"/ip4/{PUBLIC}.{i}/tcp/4001/p2p/" + p.wait_for("started", 60)["peer_id"])
         nats = {}
         for i in (1, 2):
-            nats[i] = Proc(prefix, f"priv{i}", ["nat", f"/ip4/192.168.{i}.2/tcp/4001", str(work),
+            nats[i] = Proc(prefix, f"priv{i}", [nat_role, f"/ip4/192.168.{i}.2/tcp/4001", str(work),
                                                 *pubs], work / f"priv{i}.log")
             procs.append(nats[i])
         a, b = nats[1], nats[2]
         a_id = a.wait_for("started", 60)
         b_id = b.wait_for("started", 60)
         start = max(a_id["t"], b_id["t"])
-        circuit = b.wait_for("own_addrs", 60, lambda e: any("/p2p-circuit" in x for x in e["addrs"]))
+        circuit = b.wait_for("own_addrs", wait_circuit, lambda e: any("/p2p-circuit" in x for x in e["addrs"]))
         b_circuit = next(x for x in circuit["addrs"] if "/p2p-circuit" in x)
         result["circuit_addr_s"] = round(circuit["t"] - start, 2)
+        time.sleep(2)  # until both know their public (observed) address
         (work / f"{a_id['peer_id']}.dial").write_text(f"{b_circuit}/p2p/{b_id['peer_id']}")
         bid = b_id["peer_id"]
 
@@ -190,6 +196,10 @@ def main() -> None:
     parser.add_argument("--observers", type=int, default=3, help="public daemons besides the relay")
     parser.add_argument("--wait-direct", type=float, default=60.0, help="seconds")
     parser.add_argument("--out", default="")
+    parser.add_argument("--private", action="store_true",
+                        help="NATed daemons start with reachability private (no AutoNAT wait)")
+    parser.add_argument("--wait-circuit", type=float, default=60.0, help="seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the daemons' logs")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -199,9 +209,16 @@ def main() -> None:
     runs = []
     load_start = os.getloadavg()
     for i in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="sf-natbench-") as work:
-            r = one_run(f"sfnb{os.getpid() % 10000}", Path(work), args.observers, args.wait_direct)
-        print(f"run {i + 1}: {r}", file=sys.stderr)
+        work = tempfile.mkdtemp(prefix="sf-natbench-")
+        if True:
+            try:
+                r = one_run(f"sfnb{os.getpid() % 10000}", Path(work), args.observers,
+                            args.wait_direct, "natpriv" if args.private else "nat", args.wait_circuit)
+            except (RuntimeError, TimeoutError) as e:
+                r = {"error": str(e)[:300]}
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"run {i + 1}: {r} (logs: {work if args.keep else 'removed'})", file=sys.stderr)
         runs.append(r)
     summary = {
         "command": "sudo nice -n 5 python bench/bench_nat.py " + " ".join(sys.argv[1:]),
