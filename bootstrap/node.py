@@ -78,6 +78,8 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         announce_maddrs=settings.announce or None,
         use_auto_relay=settings.node.auto_relay,
         reachability=settings.node.reachability,
+        relays=settings.node.relays,
+        relay_service=settings.node.relay_limits(default_on=True),
         nat_port_map=settings.node.nat_port_map,
         startup_timeout=settings.node.daemon_start_timeout,
         bootstrap_addrs=settings.bootstrap,

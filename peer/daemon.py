@@ -730,6 +730,8 @@ class PeerDaemon:
             announce_maddrs=s.announce or None,
             use_auto_relay=s.node.auto_relay,
             reachability=s.node.reachability,
+            relays=s.node.relays,
+            relay_service=s.node.relay_limits(default_on=False),
             nat_port_map=s.node.nat_port_map,
             startup_timeout=s.node.daemon_start_timeout,
             bootstrap_addrs=s.bootstrap,
