@@ -88,7 +88,17 @@ class Proc:
         self.log = log
         self.file = log.open("w")
         self.p = subprocess.Popen(
-            [str(SCRIPT), "--prefix", prefix, "exec", host, sys.executable, __file__, "node", *args],
+            [
+                str(SCRIPT),
+                "--prefix",
+                prefix,
+                "exec",
+                host,
+                sys.executable,
+                __file__,
+                "node",
+                *args,
+            ],
             stdout=self.file,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -127,31 +137,53 @@ class Proc:
         self.file.close()
 
 
-def one_run(prefix: str, work: Path, observers: int, wait_direct: float, nat_role: str,
-            wait_circuit: float) -> dict:
+def one_run(
+    prefix: str, work: Path, observers: int, wait_direct: float, nat_role: str, wait_circuit: float
+) -> dict:
     procs: list[Proc] = []
     result: dict = {}
     try:
         subprocess.run(
-            [str(SCRIPT), "--prefix", prefix, "--public", str(1 + observers), "--private", "2",
-             "up"], check=True, capture_output=True)
+            [
+                str(SCRIPT),
+                "--prefix",
+                prefix,
+                "--public",
+                str(1 + observers),
+                "--private",
+                "2",
+                "up",
+            ],
+            check=True,
+            capture_output=True,
+        )
         pubs = []
         for i in range(1, 2 + observers):
             role = "relay" if i == 1 else "public"
-            p = Proc(prefix, f"pub{i}", [role, f"/ip4/{PUBLIC}.{i}/tcp/4001", str(work)],
-                     work / f"pub{i}.log")
+            p = Proc(
+                prefix,
+                f"pub{i}",
+                [role, f"/ip4/{PUBLIC}.{i}/tcp/4001", str(work)],
+                work / f"pub{i}.log",
+            )
             procs.append(p)
             pubs.append(f"/ip4/{PUBLIC}.{i}/tcp/4001/p2p/" + p.wait_for("started", 60)["peer_id"])
         nats = {}
         for i in (1, 2):
-            nats[i] = Proc(prefix, f"priv{i}", [nat_role, f"/ip4/192.168.{i}.2/tcp/4001", str(work),
-                                                *pubs], work / f"priv{i}.log")
+            nats[i] = Proc(
+                prefix,
+                f"priv{i}",
+                [nat_role, f"/ip4/192.168.{i}.2/tcp/4001", str(work), *pubs],
+                work / f"priv{i}.log",
+            )
             procs.append(nats[i])
         a, b = nats[1], nats[2]
         a_id = a.wait_for("started", 60)
         b_id = b.wait_for("started", 60)
         start = max(a_id["t"], b_id["t"])
-        circuit = b.wait_for("own_addrs", wait_circuit, lambda e: any("/p2p-circuit" in x for x in e["addrs"]))
+        circuit = b.wait_for(
+            "own_addrs", wait_circuit, lambda e: any("/p2p-circuit" in x for x in e["addrs"])
+        )
         b_circuit = next(x for x in circuit["addrs"] if "/p2p-circuit" in x)
         result["circuit_addr_s"] = round(circuit["t"] - start, 2)
         time.sleep(2)  # until both know their public (observed) address
@@ -162,6 +194,7 @@ def one_run(prefix: str, work: Path, observers: int, wait_direct: float, nat_rol
             def pred(e):
                 addrs = e["conns"].get(bid, [])
                 return any(("/p2p-circuit" in x) == (kind == "relayed") for x in addrs)
+
             return pred
 
         relayed = a.wait_for("connections", 30, has("relayed"))
@@ -196,8 +229,11 @@ def main() -> None:
     parser.add_argument("--observers", type=int, default=3, help="public daemons besides the relay")
     parser.add_argument("--wait-direct", type=float, default=60.0, help="seconds")
     parser.add_argument("--out", default="")
-    parser.add_argument("--private", action="store_true",
-                        help="NATed daemons start with reachability private (no AutoNAT wait)")
+    parser.add_argument(
+        "--private",
+        action="store_true",
+        help="NATed daemons start with reachability private (no AutoNAT wait)",
+    )
     parser.add_argument("--wait-circuit", type=float, default=60.0, help="seconds")
     parser.add_argument("--keep", action="store_true", help="keep the daemons' logs")
     args = parser.parse_args()
@@ -212,8 +248,14 @@ def main() -> None:
         work = tempfile.mkdtemp(prefix="sf-natbench-")
         if True:
             try:
-                r = one_run(f"sfnb{os.getpid() % 10000}", Path(work), args.observers,
-                            args.wait_direct, "natpriv" if args.private else "nat", args.wait_circuit)
+                r = one_run(
+                    f"sfnb{os.getpid() % 10000}",
+                    Path(work),
+                    args.observers,
+                    args.wait_direct,
+                    "natpriv" if args.private else "nat",
+                    args.wait_circuit,
+                )
             except (RuntimeError, TimeoutError) as e:
                 r = {"error": str(e)[:300]}
         if not args.keep:

@@ -131,6 +131,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
                     "role": "bootstrap",
                     "state": state["state"],
                     "network": reconnector.view.as_status(),
+                    "nat": reconnector.nat_status(),
                     "run_id": config.run_id,
                     "peer_id": p2p.peer_id.to_base58(),
                     "round": node.newest_round,

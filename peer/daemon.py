@@ -200,6 +200,7 @@ class PeerDaemon:
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
             "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
+            "nat": self.reconnector.nat_status() if hasattr(self, "reconnector") else None,
             "discovery": self.discovery.status() if self.discovery else None,
         }
 

@@ -76,11 +76,22 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     behind = await spawn(use_auto_relay=True, relays=[relay_addr], reachability="private")
     dialer = await spawn()
     argv = {"relay": _argv(relay), "behind": _argv(behind), "dialer": _argv(dialer)}
-    for flag in ("-forceReachabilityPublic=1", "-relayService=1", "-relayTimeLimit=600s",
-                 f"-relayDataLimit={1 << 30}", "-relayMaxCircuits=4", "-relayMaxReservations=8"):
+    for flag in (
+        "-forceReachabilityPublic=1",
+        "-relayService=1",
+        "-relayTimeLimit=600s",
+        f"-relayDataLimit={1 << 30}",
+        "-relayMaxCircuits=4",
+        "-relayMaxReservations=8",
+    ):
         assert flag in argv["relay"], (flag, argv["relay"])
-    for flag in ("-autoRelay=1", "-relayDiscovery=0", f"-trustedRelays={relay_addr}",
-                 "-relayService=0", "-forceReachabilityPrivate=1"):
+    for flag in (
+        "-autoRelay=1",
+        "-relayDiscovery=0",
+        f"-trustedRelays={relay_addr}",
+        "-relayService=0",
+        "-forceReachabilityPrivate=1",
+    ):
         assert flag in argv["behind"], (flag, argv["behind"])
     assert "-relayService=0" in argv["dialer"] and "-autoRelay=0" in argv["dialer"]
 

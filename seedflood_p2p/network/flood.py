@@ -149,6 +149,7 @@ class NodeSettings:
             max_circuits=self.relay_max_circuits,
             max_reservations=self.relay_max_reservations,
         )
+
     # seconds for p2pd to start (slow disks, busy hosts)
     daemon_start_timeout: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
     # an unreachable known peer is retried after redial_min s, doubling up to redial_max,

@@ -286,6 +286,9 @@ class Reconnector:
         self.view = IslandView()
         self.flood = None
         self.own_addrs: list[str] = []
+        self.links: dict[str, str] = {}  # connected peer -> "direct" or "relayed"
+        self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
+        self.hole_punches = 0
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
         self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
@@ -315,9 +318,11 @@ class Reconnector:
             log.debug("list_peers failed: %r", exc)
             return self.connected
         now_connected = set(connections)
+        self._track_links(connections)
         for peer in sorted(now_connected - self.connected):
             addrs = connections[peer]
             relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
+            self.metrics.new_links.labels("relayed" if relayed else "direct").inc()
             log.info(
                 "connected to %s at %s%s",
                 peer,
@@ -351,6 +356,57 @@ class Reconnector:
         self.connected = now_connected
         self.metrics.connected.set(len(now_connected))
         return now_connected
+
+    def _track_links(self, connections: dict[str, list[str]]) -> None:
+        """How each connected peer is reached: "direct", or "relayed" (only through a circuit
+        relay, named in `relayed_via`). A peer that was relayed-only and now also has a
+        direct connection was hole-punched (DCUtR) or became directly dialable: logged as
+        `hole_punched` and counted."""
+        links: dict[str, str] = {}
+        for peer, addrs in connections.items():
+            relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
+            links[peer] = "relayed" if relayed else "direct"
+            if relayed:
+                self.relayed_via[peer] = _relay_of(addrs[0])
+            elif self.links.get(peer) == "relayed":
+                self.hole_punches += 1
+                self.metrics.hole_punches.inc()
+                log.info(
+                    "direct connection to %s at %s, reached through relay %s until now",
+                    peer,
+                    ", ".join(addrs),
+                    self.relayed_via.get(peer, "?"),
+                    extra={
+                        "fields": {
+                            "event": "hole_punched",
+                            "peer": peer,
+                            "addrs": addrs,
+                            "relay": self.relayed_via.get(peer),
+                        }
+                    },
+                )
+        for peer in [p for p in self.relayed_via if links.get(p) != "relayed"]:
+            del self.relayed_via[peer]
+        self.links = links
+        for kind in ("direct", "relayed"):
+            self.metrics.links.labels(kind).set(sum(1 for k in links.values() if k == kind))
+
+    def nat_status(self) -> dict:
+        """How this node is reached, for /status and `seedflood status`: "direct" (it
+        announces a public address), "relay" (only through the relays it holds reservations
+        on), or "unknown" (private addresses only, no reservation: AutoNAT has not decided,
+        or no relay accepted it); its links by kind, and the hole punches seen."""
+        public = [a for a in self.own_addrs if not is_relayed(a) and _is_public(a)]
+        relays = sorted({_relay_of(a) for a in self.own_addrs if is_relayed(a)})
+        return {
+            "reachable": "direct" if public else "relay" if relays else "unknown",
+            "public_addrs": public,
+            "relays": relays,
+            "direct_peers": sum(1 for k in self.links.values() if k == "direct"),
+            "relayed_peers": sum(1 for k in self.links.values() if k == "relayed"),
+            "relayed_via": dict(sorted(self.relayed_via.items())),
+            "hole_punches": self.hole_punches,
+        }
 
     async def dial_due(self, force: bool = False) -> dict[str, str]:
         """Dial every candidate that is not connected and whose backoff has passed (all of
@@ -426,6 +482,7 @@ class Reconnector:
             log.debug("no visible addresses yet: %r", exc)
             return
         if addrs != self.own_addrs:
+            self.metrics.relay_reservations.set(len({_relay_of(a) for a in addrs if is_relayed(a)}))
             log.info(
                 "own addresses: %s",
                 ", ".join(addrs),
@@ -623,6 +680,22 @@ class Reconnector:
             except Exception as exc:  # the loop must outlive any one bad pass
                 log.warning("reconnect pass failed: %r", exc)
             await asyncio.sleep(LOOP_TICK)
+
+
+def _relay_of(addr: str) -> str:
+    """The relay's peer id in a circuit address ``.../p2p/<relay>/p2p-circuit...``."""
+    head = addr.split("/p2p-circuit", 1)[0]
+    return head.rsplit("/p2p/", 1)[1] if "/p2p/" in head else "?"
+
+
+def _is_public(addr: str) -> bool:
+    import ipaddress
+
+    m = re.match(r"/ip[46]/([^/]+)/", addr)
+    try:
+        return bool(m) and ipaddress.ip_address(m.group(1)).is_global
+    except ValueError:
+        return False
 
 
 def _peer_bytes(peer: str) -> bytes:
