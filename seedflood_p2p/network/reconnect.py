@@ -289,6 +289,9 @@ class Reconnector:
         self.links: dict[str, str] = {}  # connected peer -> "direct" or "relayed"
         self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
         self.hole_punches = 0
+        # relayed-only peer -> (monotonic time first seen relayed-only, redials made)
+        self._relayed_since: dict[str, tuple[float, int]] = {}
+        self._relayed_addr: dict[str, str] = {}  # relayed-only peer -> its circuit address
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
         self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
@@ -368,6 +371,7 @@ class Reconnector:
             links[peer] = "relayed" if relayed else "direct"
             if relayed:
                 self.relayed_via[peer] = _relay_of(addrs[0])
+                self._relayed_addr[peer] = addrs[0].split("/p2p-circuit")[0] + "/p2p-circuit"
             elif self.links.get(peer) == "relayed":
                 self.hole_punches += 1
                 self.metrics.hole_punches.inc()
@@ -390,6 +394,49 @@ class Reconnector:
         self.links = links
         for kind in ("direct", "relayed"):
             self.metrics.links.labels(kind).set(sum(1 for k in links.values() if k == kind))
+
+    async def retry_hole_punches(self) -> None:
+        """Redial, through its relay, a peer reached only through a relay for a while, so
+        that a hole punch is tried again. go-libp2p tries DCUtR once, when an inbound relayed
+        connection opens, and only once its hole-punch service runs (after the node has seen
+        its own public address from 4 peers): a relayed connection made earlier is never
+        upgraded. The side with the smaller peer id closes it and dials the same circuit
+        address; the other side then punches. At most HOLE_PUNCH_TRIES times per peer,
+        HOLE_PUNCH_EVERY seconds apart; gossip resumes on the new connection and repair
+        fetches what was missed."""
+        from hivemind.p2p import PeerID
+
+        now = time.monotonic()
+        for peer in [p for p in self._relayed_since if self.links.get(p) != "relayed"]:
+            del self._relayed_since[peer]
+        for peer, kind in sorted(self.links.items()):
+            if kind != "relayed" or peer in self.bootstrap:
+                continue
+            since, tries = self._relayed_since.setdefault(peer, (now, 0))
+            if self.own_id > peer or tries >= HOLE_PUNCH_TRIES:
+                continue
+            if now - since < HOLE_PUNCH_EVERY * (tries + 1):
+                continue
+            self._relayed_since[peer] = (since, tries + 1)
+            via = self.relayed_via.get(peer)
+            known = self.candidates().get(peer, [])
+            addrs = [a for a in known if is_relayed(a) and via and via in a] or [
+                self._relayed_addr[peer]
+            ]
+            if not addrs:
+                continue
+            log.info(
+                "redialling %s through relay %s for a hole punch (try %d)",
+                peer,
+                via,
+                tries + 1,
+                extra={"fields": {"event": "hole_punch_retry", "peer": peer, "try": tries + 1}},
+            )
+            try:
+                await self.p2p._client.disconnect(PeerID.from_base58(peer))
+                await connect_peer(self.p2p, PeerID.from_base58(peer), addrs, self.s.call_timeout)
+            except Exception as exc:  # the regular dial loop reconnects it
+                log.info("redial of %s for a hole punch failed: %s", peer, exc)
 
     def nat_status(self) -> dict:
         """How this node is reached, for /status and `seedflood status`: "direct" (it
@@ -672,6 +719,7 @@ class Reconnector:
                     if now - self._last_summary >= self.s.summary_interval:
                         self._last_summary = now
                         await self._refresh_own_addrs()
+                        await self.retry_hole_punches()
                         await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
                     self._update_view()
                 self.book.save()
@@ -680,6 +728,10 @@ class Reconnector:
             except Exception as exc:  # the loop must outlive any one bad pass
                 log.warning("reconnect pass failed: %r", exc)
             await asyncio.sleep(LOOP_TICK)
+
+
+HOLE_PUNCH_TRIES = 3  # redials of a relayed-only peer for a hole punch (retry_hole_punches)
+HOLE_PUNCH_EVERY = 20.0  # seconds relayed-only before the first, and between them
 
 
 def _relay_of(addr: str) -> str:
