@@ -22,6 +22,7 @@ from seedflood_p2p.network.p2pd import (
     is_relayed,
     maddr_bytes,
     peer_connections,
+    relay_counters,
 )
 
 RELAY = "12D3KooWCTf3Arix6yW2C8xU8T4Jn3Sx2M6bVbHZrFhR4uTnMmtu"
@@ -116,6 +117,16 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     assert all(is_relayed(a) for a in back), back
     at_relay = await peer_connections(relay)
     assert not any(is_relayed(a) for a in at_relay[behind.peer_id.to_base58()])
+    # the relay's own counters (p2pd's Prometheus endpoint): one reservation, one circuit
+    for _ in range(50):  # go-libp2p's metrics tracer records asynchronously
+        counters = await relay_counters(relay)
+        assert counters is not None, "the relay's p2pd metrics endpoint did not answer"
+        if counters["circuits_opened"] and counters["bytes_relayed"]:
+            break
+        await asyncio.sleep(0.1)
+    assert counters["reservations_opened"] >= 1 and counters["circuits_opened"] >= 1, counters
+    assert counters["bytes_relayed"] > 0, counters
+    assert await relay_counters(dialer) is None  # serves no relay
 
 
 async def test_auto_relay_without_any_relay_stays_off(spawn):
@@ -132,3 +143,32 @@ def test_relay_settings():
     assert limits is not None and limits.time_limit == 3600 and limits.data_limit == 1 << 32
     assert NodeSettings(relay_service="on").relay_limits(default_on=False) is not None
     assert NodeSettings(relay_service="off").relay_limits(default_on=True) is None
+
+
+def test_links_by_kind_and_a_hole_punch_are_tracked(tmp_path):
+    from seedflood_p2p.apps.status import describe_nat
+    from seedflood_p2p.network.metrics import NodeMetrics, value
+    from seedflood_p2p.network.reconnect import Reconnector
+
+    class StubP2P:
+        peer_id = PeerID.from_base58(TARGET)
+
+    metrics = NodeMetrics()
+    r = Reconnector(StubP2P(), tmp_path, [], NodeSettings(), metrics)
+    circuit = f"/ip4/11.78.0.1/tcp/31337/p2p/{RELAY}/p2p-circuit"
+    other = "12D3KooWQnnRkpXmpm5mBWTcgLbyNArNE4wUeabyD7fenNVKdXux"
+    r._track_links({RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit]})
+    assert r.links == {RELAY: "direct", other: "relayed"} and r.relayed_via == {other: RELAY}
+    assert value(metrics.links.labels("relayed")) == 1
+    r._track_links(
+        {RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit, "/ip4/11.78.0.102/tcp/4001"]}
+    )
+    assert r.links[other] == "direct" and r.hole_punches == 1 and not r.relayed_via
+    assert value(metrics.hole_punches) == 1
+    r.own_addrs = ["/ip4/192.168.1.2/tcp/4001", circuit]
+    nat = r.nat_status()
+    assert nat["reachable"] == "relay" and nat["relays"] == [RELAY], nat
+    line = describe_nat(nat)
+    assert "only through relay ..4uTnMmtu" in line and "2 direct" in line and "1 succeeded" in line, line
+    r.own_addrs = ["/ip4/11.78.0.5/tcp/4001"]
+    assert r.nat_status()["reachable"] == "direct"

@@ -59,9 +59,7 @@ class Direction:
         return max(1, self.a.shape[0])
 
 
-def step_coefficients(
-    scalars: tuple[float, ...], round_: int, config: RunConfig
-) -> np.ndarray:
+def step_coefficients(scalars: tuple[float, ...], round_: int, config: RunConfig) -> np.ndarray:
     """The step size of each of a message's directions: a pure function of the message and
     the run settings (see `RunConfig.normalize`), the same on every peer and in replay."""
     g = np.asarray(scalars, dtype=np.float64)

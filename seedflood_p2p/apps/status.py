@@ -118,4 +118,11 @@ def describe_nat(nat: dict) -> str:
         line += " (" + ", ".join(f"..{p[-8:]} via ..{r[-8:]}" for p, r in via.items()) + ")"
     punches = nat.get("hole_punches", 0)
     line += f"; hole punches: {punches} succeeded" if punches else "; hole punches: none yet"
+    served = nat.get("relay_service")
+    if served:
+        line += (
+            f"; relay for others: {served['bytes_relayed']} bytes, "
+            f"{served['reservations_opened'] - served['reservations_closed']} reservations, "
+            f"{served['circuits_opened'] - served['circuits_closed']} open circuits"
+        )
     return line

@@ -107,6 +107,11 @@ class NodeMetrics:
             "(DCUtR hole punch, or a direct dial that started to work)",
             registry=r,
         )
+        self.relayed_bytes = Gauge(
+            "seedflood_relayed_bytes",
+            "bytes this node's relay service carried for others (p2pd's own counter)",
+            registry=r,
+        )
         self.relay_reservations = Gauge(
             "seedflood_relay_reservations",
             "relays this node holds a reservation on (announces a /p2p-circuit address of)",

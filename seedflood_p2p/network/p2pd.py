@@ -153,6 +153,7 @@ async def create_p2p(
     reachability: str = "auto",
     relays: Sequence[str] = (),
     relay_service: RelayLimits | None = None,
+    daemon_metrics: str | None = None,
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -175,6 +176,8 @@ async def create_p2p(
     `relay_service`: serve as a circuit relay for NATed peers under these limits (forces
     reachability "public": go-libp2p starts the relay service only on a node that counts
     itself public); None: serve no relay (`-relayService=0`).
+    `daemon_metrics`: HOST:PORT where p2pd serves go-libp2p's own Prometheus metrics
+    (`-metricsAddr`: relay service bytes and circuits, hole punches, resource manager).
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
     the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
@@ -206,12 +209,16 @@ async def create_p2p(
         reachability = "public"
     else:
         flags["relayService"] = False
+    if relay_service is not None and daemon_metrics is None:
+        daemon_metrics = f"127.0.0.1:{_free_port()}"  # to read what the relay carried
+    if daemon_metrics:
+        flags["metricsAddr"] = daemon_metrics
     if heartbeat_interval is not None:
         flags["gossipsubHeartbeatInterval"] = f"{max(1, round(heartbeat_interval * 1000))}ms"
     launch = {"flags": flags}
     token = _launch.set(launch)
     try:
-        return await PubSubP2P.create(
+        p2p = await PubSubP2P.create(
             initial_peers=list(initial_peers) or None,
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) if announce_maddrs else None,
@@ -225,6 +232,8 @@ async def create_p2p(
             force_reachability=None if reachability == "auto" else reachability,
             **p2p_kwargs,
         )
+        p2p.daemon_metrics = daemon_metrics
+        return p2p
     except P2PDaemonError as e:
         if (failed := launch.get("p2p")) is not None:
             await failed.shutdown()
@@ -233,6 +242,48 @@ async def create_p2p(
         raise _daemon_user_error(str(e), host_maddrs, initial_peers) from e
     finally:
         _launch.reset(token)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+RELAY_COUNTERS = {
+    "libp2p_relaysvc_data_transferred_bytes_total": "bytes_relayed",
+    'libp2p_relaysvc_reservations_total{type="opened"}': "reservations_opened",
+    'libp2p_relaysvc_reservations_total{type="closed"}': "reservations_closed",
+    'libp2p_relaysvc_connections_total{type="opened"}': "circuits_opened",
+    'libp2p_relaysvc_connections_total{type="closed"}': "circuits_closed",
+}
+
+
+async def relay_counters(p2p: P2P, timeout: float = 5.0) -> dict[str, int] | None:
+    """What this node's relay service carried, from p2pd's own Prometheus endpoint
+    (`daemon_metrics`): bytes relayed (both directions, all circuits), reservations and
+    circuits opened and closed. None if the node serves no relay or the endpoint is down."""
+    addr = getattr(p2p, "daemon_metrics", None)
+    if not addr:
+        return None
+
+    def fetch() -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=timeout) as reply:
+            return reply.read().decode(errors="replace")
+
+    try:
+        text = await asyncio.to_thread(fetch)
+    except OSError:
+        return None
+    out = dict.fromkeys(RELAY_COUNTERS.values(), 0)
+    for line in text.splitlines():
+        name, _, number = line.rpartition(" ")
+        if name in RELAY_COUNTERS:
+            with contextlib.suppress(ValueError):
+                out[RELAY_COUNTERS[name]] = int(float(number))
+    return out
 
 
 def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):

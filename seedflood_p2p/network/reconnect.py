@@ -53,7 +53,7 @@ from pathlib import Path
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.p2pd import connect_peer, is_relayed, peer_connections
+from seedflood_p2p.network.p2pd import connect_peer, is_relayed, peer_connections, relay_counters
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
@@ -289,6 +289,7 @@ class Reconnector:
         self.links: dict[str, str] = {}  # connected peer -> "direct" or "relayed"
         self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
         self.hole_punches = 0
+        self.relay_service: dict[str, int] | None = None
         # relayed-only peer -> (monotonic time first seen relayed-only, redials made)
         self._relayed_since: dict[str, tuple[float, int]] = {}
         self._relayed_addr: dict[str, str] = {}  # relayed-only peer -> its circuit address
@@ -438,6 +439,12 @@ class Reconnector:
             except Exception as exc:  # the regular dial loop reconnects it
                 log.info("redial of %s for a hole punch failed: %s", peer, exc)
 
+    async def _refresh_relay_counters(self) -> None:
+        counters = await relay_counters(self.p2p)
+        if counters is not None:
+            self.relay_service = counters
+            self.metrics.relayed_bytes.set(counters["bytes_relayed"])
+
     def nat_status(self) -> dict:
         """How this node is reached, for /status and `seedflood status`: "direct" (it
         announces a public address), "relay" (only through the relays it holds reservations
@@ -453,6 +460,7 @@ class Reconnector:
             "relayed_peers": sum(1 for k in self.links.values() if k == "relayed"),
             "relayed_via": dict(sorted(self.relayed_via.items())),
             "hole_punches": self.hole_punches,
+            "relay_service": self.relay_service,  # what we relay for others, if we serve
         }
 
     async def dial_due(self, force: bool = False) -> dict[str, str]:
@@ -720,6 +728,7 @@ class Reconnector:
                         self._last_summary = now
                         await self._refresh_own_addrs()
                         await self.retry_hole_punches()
+                        await self._refresh_relay_counters()
                         await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
                     self._update_view()
                 self.book.save()
