@@ -410,6 +410,10 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
         relayed = _links(peers["nat1"], id2)[0] + _links(peers["nat2"], id1)[0]
         assert relayed, "the NATed peers never connected through the relay"
         first = min(e["time"] for e in relayed) - max(_ready_time(p) for p in peers.values())
+        time.sleep(12)  # one more `relay_service` line from the bootstrap node (every 10 s)
+        served = _events(boot, "relay_service")
+        assert served and served[-1]["circuits_opened"] >= 1, served
+        relayed_bytes = served[-1]["bytes_relayed"]
         boot.stop()
         with Ledger.open_existing(tmp_path / "bootstrap" / "ledger.sqlite") as ledger:
             boot_digest = ledger.digest()
@@ -418,6 +422,7 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
         assert len(set(digests.values())) == 1, digests
         print(
             f"relay-only NAT testnet: relayed link {first:+.1f} s after both were ready; "
+            f"the relay carried {relayed_bytes} bytes ({relayed_bytes / 20:.0f} per round); "
             f"identical digest {boot_digest[:16]}; {time.monotonic() - started:.0f} s in all"
         )
     finally:

@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -290,6 +291,7 @@ class Reconnector:
         self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
         self.hole_punches = 0
         self.relay_service: dict[str, int] | None = None
+        self._last_relay_log = -math.inf
         # relayed-only peer -> (monotonic time first seen relayed-only, redials made)
         self._relayed_since: dict[str, tuple[float, int]] = {}
         self._relayed_addr: dict[str, str] = {}  # relayed-only peer -> its circuit address
@@ -441,9 +443,20 @@ class Reconnector:
 
     async def _refresh_relay_counters(self) -> None:
         counters = await relay_counters(self.p2p)
-        if counters is not None:
-            self.relay_service = counters
-            self.metrics.relayed_bytes.set(counters["bytes_relayed"])
+        if counters is None:
+            return
+        now = time.monotonic()
+        if counters != self.relay_service and now - self._last_relay_log >= RELAY_LOG_EVERY:
+            self._last_relay_log = now
+            log.info(
+                "relayed for others: %d bytes, %d reservations, %d circuits opened",
+                counters["bytes_relayed"],
+                counters["reservations_opened"],
+                counters["circuits_opened"],
+                extra={"fields": {"event": "relay_service", **counters}},
+            )
+        self.relay_service = counters
+        self.metrics.relayed_bytes.set(counters["bytes_relayed"])
 
     def nat_status(self) -> dict:
         """How this node is reached, for /status and `seedflood status`: "direct" (it
@@ -741,6 +754,7 @@ class Reconnector:
 
 HOLE_PUNCH_TRIES = 3  # redials of a relayed-only peer for a hole punch (retry_hole_punches)
 HOLE_PUNCH_EVERY = 20.0  # seconds relayed-only before the first, and between them
+RELAY_LOG_EVERY = 10.0  # seconds between `relay_service` log lines (when the counters moved)
 
 
 def _relay_of(addr: str) -> str:
