@@ -169,6 +169,7 @@ def test_links_by_kind_and_a_hole_punch_are_tracked(tmp_path):
     nat = r.nat_status()
     assert nat["reachable"] == "relay" and nat["relays"] == [RELAY], nat
     line = describe_nat(nat)
-    assert "only through relay ..4uTnMmtu" in line and "2 direct" in line and "1 succeeded" in line, line
+    assert "only through relay ..4uTnMmtu" in line, line
+    assert "2 direct" in line and "1 succeeded" in line, line
     r.own_addrs = ["/ip4/11.78.0.5/tcp/4001"]
     assert r.nat_status()["reachable"] == "direct"
