@@ -185,8 +185,9 @@ def one_run(
             "own_addrs", wait_circuit, lambda e: any("/p2p-circuit" in x for x in e["addrs"])
         )
         b_circuit = next(x for x in circuit["addrs"] if "/p2p-circuit" in x)
-        result["circuit_addr_s"] = round(circuit["t"] - start, 2)
+        result["circuit_addr_s"] = round(circuit["t"] - b_id["t"], 2)  # from B's start
         time.sleep(2)  # until both know their public (observed) address
+        redial = time.time()
         (work / f"{a_id['peer_id']}.dial").write_text(f"{b_circuit}/p2p/{b_id['peer_id']}")
         bid = b_id["peer_id"]
 
@@ -202,6 +203,7 @@ def one_run(
         try:
             direct = a.wait_for("connections", wait_direct, has("direct"))
             result["direct_s"] = round(direct["t"] - start, 2)
+            result["direct_after_redial_s"] = round(direct["t"] - redial, 2)
             result["direct_addr"] = [x for x in direct["conns"][bid] if "/p2p-circuit" not in x]
         except TimeoutError:
             result["direct_s"] = None
@@ -258,9 +260,10 @@ def main() -> None:
                 )
             except (RuntimeError, TimeoutError) as e:
                 r = {"error": str(e)[:300]}
-        if not args.keep:
+        if not args.keep and "error" not in r:
             shutil.rmtree(work, ignore_errors=True)
-        print(f"run {i + 1}: {r} (logs: {work if args.keep else 'removed'})", file=sys.stderr)
+        r["logs"] = work if args.keep or "error" in r else None
+        print(f"run {i + 1}: {r}", file=sys.stderr)
         runs.append(r)
     summary = {
         "command": "sudo nice -n 5 python bench/bench_nat.py " + " ".join(sys.argv[1:]),
@@ -278,15 +281,16 @@ def main() -> None:
         "from the NATed daemons' start. Load average "
         f"{'/'.join(f'{x:.2f}' for x in load_start)} at start, {os.cpu_count()} cores.",
         "",
-        "| run | circuit address announced | relayed link | direct link (hole punch) | "
-        "B's links at A 5 s after the relay stopped |",
-        "|---|---|---|---|---|",
+        "| run | B's circuit address (from B's start) | relayed link | direct link (hole punch)"
+        " | of which after the fresh relayed dial | B's links at A 5 s after the relay stopped |",
+        "|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(runs, 1):
         lines.append(
             f"| {i} | {r.get('circuit_addr_s')} | {r.get('relayed_s')} | "
             f"{r.get('direct_s') if r.get('direct_s') is not None else 'none'} | "
-            f"{', '.join(r.get('after_relay_stopped', [])) or 'none'} |"
+            f"{r.get('direct_after_redial_s', '')} | "
+            f"{', '.join(r.get('after_relay_stopped', [])) or r.get('error', 'none')} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
