@@ -33,11 +33,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 
 from seedflood_p2p import __version__
 from seedflood_p2p.core.errors import UserError
+
+if TYPE_CHECKING:
+    from seedflood_p2p.network.p2pd import PubSubP2P
 
 MIN_FREE_BYTES = 2 << 30  # a SmolLM2 peer: the model cache, checkpoints and the ledger
 CLOCK_WARN = 5.0  # seconds: rounds are seconds long; more skew misleads round timing
@@ -356,7 +360,7 @@ def clock_check(addr: str, skew: float) -> Check:
     return Check("clock", "ok", detail)
 
 
-async def relay_check(p2p, wait: float) -> Check:
+async def relay_check(p2p: PubSubP2P, wait: float) -> Check:
     """Does a bootstrap node accept a relay reservation? (What a peer behind NAT relies on:
     its announced /p2p-circuit address.) Polls the daemon's addresses for up to `wait` s."""
     started = time.monotonic()
