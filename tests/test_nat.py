@@ -51,6 +51,7 @@ PREFIX = f"sfn{os.getpid() % 100000}"  # unique per test process
 PUBLIC = "11.78.0"  # public-looking: see deploy/netns-nat-testnet.sh
 BOOT_PORT = 31337
 NAT_PEER_PORT = 4001  # fixed, so the "cannot reach each other" check knows where to knock
+CIRCUIT_WITHIN = 60.0  # seconds after round 1 for a NATed peer to announce a relay address
 RELAYED_WITHIN = 30.0  # seconds after both NATed peers are ready
 DIRECT_WITHIN = 90.0  # seconds after the relayed link (hole-punch redials start at 20 s)
 
@@ -311,11 +312,15 @@ def test_two_nated_peers_relay_then_hole_punch(tmp_path):
         nat1, nat2 = peers["nat1"], peers["nat2"]
         id1, id2 = _own_id(nat1), _own_id(nat2)
         both_ready = max(_ready_time(nat1), _ready_time(nat2))
-        for p in (nat1, nat2):
-            circuits = [
-                a for e in _events(p, "own_addrs") for a in e["addrs"] if "/p2p-circuit" in a
-            ]
-            assert circuits, f"{p.name} announced no relay address: {_events(p, 'own_addrs')}"
+        for p in (nat1, nat2):  # AutoNAT needs ~15 s from the daemon's start to say private
+            _wait(
+                lambda p=p: any(
+                    "/p2p-circuit" in a for e in _events(p, "own_addrs") for a in e["addrs"]
+                ),
+                CIRCUIT_WITHIN,
+                f"{p.name}'s relay address",
+                procs,
+            )
         relayed_at = _wait(
             lambda: _links(nat1, id2)[0] or _links(nat2, id1)[0] or _links(nat1, id2)[1],
             RELAYED_WITHIN + max(0.0, both_ready - time.time()),
