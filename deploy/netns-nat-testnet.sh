@@ -130,7 +130,9 @@ cmd_up() {
         ip -n "$priv" route add default via "192.168.$i.1"
         ip netns exec "$nat" sysctl -qw net.ipv4.ip_forward=1
         # A home router: rewrite outgoing connections to the router's public address;
-        # replies come back through conntrack; nothing unsolicited gets in.
+        # replies come back through conntrack; nothing unsolicited gets in, and an
+        # unsolicited packet to the router itself is dropped silently (as home routers do),
+        # not answered with a TCP reset, which would abort a hole punch's simultaneous open.
         ip netns exec "$nat" nft -f - <<EOF
 table ip nat {
     chain postrouting { type nat hook postrouting priority srcnat; oifname "eth0" masquerade; }
@@ -140,6 +142,11 @@ table ip filter {
         type filter hook forward priority filter; policy drop;
         iifname "lan0" oifname "eth0" accept
         ct state established,related accept
+    }
+    chain input {
+        type filter hook input priority filter; policy accept;
+        iifname "eth0" ct state established,related accept
+        iifname "eth0" drop
     }
 }
 EOF

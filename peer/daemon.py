@@ -218,6 +218,7 @@ class PeerDaemon:
             "model_sha256": self.model_hash,
             "uptime_s": round(time.time() - self.started, 1),
             "network": self.reconnector.view.as_status() if hasattr(self, "reconnector") else None,
+            "nat": self.reconnector.nat_status() if hasattr(self, "reconnector") else None,
             "discovery": self.discovery.status() if self.discovery else None,
             "run": self.page.summary() if self.page is not None else None,
         }
@@ -825,6 +826,8 @@ class PeerDaemon:
             announce_maddrs=s.announce or None,
             use_auto_relay=s.node.auto_relay,
             reachability=s.node.reachability,
+            relays=s.node.relays,
+            relay_service=s.node.relay_limits(default_on=False),
             nat_port_map=s.node.nat_port_map,
             startup_timeout=s.node.daemon_start_timeout,
             bootstrap_addrs=s.bootstrap,

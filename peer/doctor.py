@@ -33,11 +33,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 
 from seedflood_p2p import __version__
 from seedflood_p2p.core.errors import UserError
+
+if TYPE_CHECKING:
+    from seedflood_p2p.network.p2pd import PubSubP2P
 
 MIN_FREE_BYTES = 2 << 30  # a SmolLM2 peer: the model cache, checkpoints and the ledger
 CLOCK_WARN = 5.0  # seconds: rounds are seconds long; more skew misleads round timing
@@ -280,6 +284,9 @@ async def check_network(bootstrap: list[str], timeout: float) -> list[Check]:
             host_maddrs=["/ip4/0.0.0.0/tcp/0"],
             initial_peers=dialable,
             startup_timeout=timeout,
+            # test a relay reservation on the bootstrap nodes as a NATed peer would make it
+            use_auto_relay=True,
+            reachability="private",
         )
     except UserError as exc:
         return checks + [
@@ -331,7 +338,9 @@ async def check_network(bootstrap: list[str], timeout: float) -> list[Check]:
                     )
                 )
             checks.append(clock_check(addr, skew))
+        # the addresses seen at start, before any reservation replaced the public ones
         checks.append(reachability(await p2p.get_visible_maddrs()))
+        checks.append(await relay_check(p2p, min(timeout, 5.0)))
     finally:
         await p2p.shutdown()
     return checks
@@ -351,6 +360,35 @@ def clock_check(addr: str, skew: float) -> Check:
     return Check("clock", "ok", detail)
 
 
+async def relay_check(p2p: PubSubP2P, wait: float) -> Check:
+    """Does a bootstrap node accept a relay reservation? (What a peer behind NAT relies on:
+    its announced /p2p-circuit address.) Polls the daemon's addresses for up to `wait` s."""
+    started = time.monotonic()
+    while True:
+        addrs = [str(a) for a in await p2p.get_visible_maddrs(latest=True)]
+        circuits = [a for a in addrs if "/p2p-circuit" in a]
+        if circuits or time.monotonic() - started > wait:
+            break
+        await asyncio.sleep(0.2)
+    if circuits:
+        relay = circuits[0].split("/p2p-circuit")[0].rsplit("/p2p/", 1)[-1]
+        return Check(
+            "relay",
+            "ok",
+            f"reservation on relay {relay[:16]}... in {time.monotonic() - started:.1f} s: "
+            f"behind NAT, others reach you at {circuits[0].split('/p2p-circuit')[0]}/p2p-circuit;"
+            " a hole punch (DCUtR) then tries a direct link (`seedflood status` counts them)",
+        )
+    return Check(
+        "relay",
+        "warn",
+        f"no relay address in {wait:.0f} s: no bootstrap node accepted a reservation, or it "
+        "has no public address (libp2p builds circuit addresses from a relay's public ones); "
+        "behind NAT, only your own outbound connections then carry traffic (training works)",
+        "ask the run's operator to serve a relay (relay_service, on a public address)",
+    )
+
+
 def reachability(maddrs: list) -> Check:
     hosts = []
     for maddr in maddrs:
@@ -365,6 +403,6 @@ def reachability(maddrs: list) -> Check:
         "warn",
         f"only private addresses ({', '.join(sorted(set(hosts))) or 'none'}): peers outside "
         "this network reach you only through a relay or port forwarding",
-        "forward a port and pass --announce /ip4/PUBLIC_IP/tcp/PORT, or --auto-relay; "
-        "AutoNAT's verdict is not available through p2pd's control protocol",
+        "nothing needed: behind NAT the peer reserves a slot on a relay (see the relay "
+        "check); or forward a port and pass --announce /ip4/PUBLIC_IP/tcp/PORT",
     )

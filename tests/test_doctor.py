@@ -77,3 +77,5 @@ def test_a_live_bootstrap_node_serves_its_manifest_and_clock(tmp_path, capsys):
     assert "tiny-llama" in checks["bootstrap"][0]["detail"]
     assert checks["clock"][0]["status"] == "ok"  # same machine: no skew
     assert checks["reachable"][0]["status"] == "warn"  # loopback only: not public
+    # the bootstrap node serves a relay, but a loopback relay address is never announced
+    assert checks["relay"][0]["status"] == "warn", checks["relay"]

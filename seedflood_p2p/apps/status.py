@@ -99,6 +99,9 @@ def format_status(status: dict[str, Any]) -> str:
             if diverged:
                 line += "; ledger differs from: " + ", ".join(f"..{p[-8:]}" for p in diverged)
         lines.append(line)
+    nat = status.get("nat")
+    if nat:
+        lines.append("reachable   " + describe_nat(nat))
     if status.get("model_sha256"):
         lines.append(f"model       sha256 {status['model_sha256']}")
     return "\n".join(lines)
@@ -118,3 +121,28 @@ def format_run_line(run: dict[str, Any]) -> str:
         f"round {run.get('round')}, {run.get('peers_alive')} peers alive of "
         f"{run.get('peers_known')} in the ledger, {score}"
     )
+
+
+def describe_nat(nat: dict) -> str:
+    """One line: how others reach this node, its links by kind, hole punches seen."""
+    how = {
+        "direct": "directly at " + ", ".join(nat.get("public_addrs") or []),
+        "relay": "only through relay " + ", ".join(f"..{r[-8:]}" for r in nat.get("relays", [])),
+        "unknown": "not from outside (private addresses only, no relay reservation yet)",
+    }.get(nat.get("reachable", ""), "?")
+    line = (
+        f"{how}; links: {nat.get('direct_peers', 0)} direct, {nat.get('relayed_peers', 0)} relayed"
+    )
+    via = nat.get("relayed_via") or {}
+    if via:
+        line += " (" + ", ".join(f"..{p[-8:]} via ..{r[-8:]}" for p, r in via.items()) + ")"
+    punches = nat.get("hole_punches", 0)
+    line += f"; hole punches: {punches} succeeded" if punches else "; hole punches: none yet"
+    served = nat.get("relay_service")
+    if served:
+        line += (
+            f"; relay for others: {served['bytes_relayed']} bytes, "
+            f"{served['reservations_opened'] - served['reservations_closed']} reservations, "
+            f"{served['circuits_opened'] - served['circuits_closed']} open circuits"
+        )
+    return line

@@ -51,6 +51,7 @@ from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.audit import AuditIntake, audits_on
 from seedflood_p2p.network.metrics import NodeMetrics, timed
+from seedflood_p2p.network.p2pd import RelayLimits
 from seedflood_p2p.network.pubsub import PubSubClient
 from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
@@ -119,12 +120,36 @@ class NodeSettings:
     drop_incoming: float = bounded(0.0, 0, 1, "a fraction")
     # publishes are paced to this rate
     publish_rate: float = bounded(50.0, 0, 1e9, "messages per second", open_low=True)
-    auto_relay: bool = False  # behind NAT: reserve a slot on a public relay (p2pd autoRelay)
+    # Behind NAT: reserve a slot on a relay (the bootstrap nodes and `relays`, as p2pd's
+    # static relays) once this node counts itself unreachable, and announce the relay address.
+    auto_relay: bool = True
+    relays: list[str] = field(default_factory=list)  # relays besides the bootstrap nodes
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
     # Reachability as auto-relay sees it: "auto" asks AutoNAT (other peers dial us back; it
     # needs public addresses on both sides), "private" skips the wait and reserves relay
     # slots at once (a peer that knows it is behind NAT), "public" never uses relays.
     reachability: str = field(default="auto", metadata={"choices": ("auto", "private", "public")})
+    # Serve as a circuit relay for peers behind NAT: "auto" (the bootstrap node does, a peer
+    # does not), "on" (a public peer opting in; implies reachability public), "off".
+    relay_service: str = field(default="auto", metadata={"choices": ("auto", "on", "off")})
+    # A relay's limits, per relayed connection: its lifetime and bytes per direction before
+    # the relay resets it (the peers then redial), open circuits per peer, reservations.
+    relay_time_limit: float = bounded(3600.0, 1, MAX_SECONDS, "seconds")
+    relay_data_limit: int = bounded(1 << 32, 1 << 16, 1 << 50, "bytes")
+    relay_max_circuits: int = bounded(16, 1, 1 << 16, "circuits per peer")
+    relay_max_reservations: int = bounded(128, 1, 1 << 20, "reservations")
+
+    def relay_limits(self, default_on: bool) -> RelayLimits | None:
+        """The limits to serve a relay under, or None when this node serves none."""
+        if self.relay_service == "off" or (self.relay_service == "auto" and not default_on):
+            return None
+        return RelayLimits(
+            time_limit=self.relay_time_limit,
+            data_limit=self.relay_data_limit,
+            max_circuits=self.relay_max_circuits,
+            max_reservations=self.relay_max_reservations,
+        )
+
     # seconds for p2pd to start (slow disks, busy hosts)
     daemon_start_timeout: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
     # an unreachable known peer is retried after redial_min s, doubling up to redial_max,

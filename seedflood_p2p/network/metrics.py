@@ -87,6 +87,36 @@ class NodeMetrics:
         self.connected = Gauge(
             "seedflood_connected_peers", "libp2p peers this node is connected to", registry=r
         )
+        # Peers behind NAT (network/reconnect.py): how each connected peer is reached.
+        self.links = Gauge(
+            "seedflood_links",
+            "connected peers by how they are reached: direct, or relayed (only through a "
+            "circuit relay)",
+            ["kind"],
+            registry=r,
+        )
+        self.new_links = Counter(
+            "seedflood_new_links",
+            "new connections to peers, by kind (direct or relayed)",
+            ["kind"],
+            registry=r,
+        )
+        self.hole_punches = Counter(
+            "seedflood_hole_punches",
+            "peers reached only through a relay that then got a direct connection too "
+            "(DCUtR hole punch, or a direct dial that started to work)",
+            registry=r,
+        )
+        self.relayed_bytes = Gauge(
+            "seedflood_relayed_bytes",
+            "bytes this node's relay service carried for others (p2pd's own counter)",
+            registry=r,
+        )
+        self.relay_reservations = Gauge(
+            "seedflood_relay_reservations",
+            "relays this node holds a reservation on (announces a /p2p-circuit address of)",
+            registry=r,
+        )
         self.unreachable = Gauge(
             "seedflood_unreachable_peers",
             "peers met recently (or named by reachable peers) that cannot be dialled",

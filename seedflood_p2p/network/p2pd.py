@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hivemind.p2p import P2P, PeerID
@@ -38,6 +39,29 @@ class TransportError(Exception):
 
 class RemoteCallError(TransportError):
     """A call to another peer failed: unreachable, timeout, handler error or size limit."""
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """What a relay-serving node grants each circuit and peer (p2pd's -relay* flags; they
+    become go-libp2p's circuit v2 `relay.Resources`, with the per-peer, per-IP and per-ASN
+    reservation caps all set to `max_reservations`)."""
+
+    time_limit: float = 3600.0  # seconds a relayed connection lives before the relay resets it
+    data_limit: int = 1 << 32  # bytes relayed per circuit and direction before a reset
+    max_circuits: int = 16  # open relayed connections per peer
+    max_reservations: int = 128  # reserved slots in all (and per peer, IP, ASN)
+    buffer_size: int = 1 << 16  # copy buffer per relayed connection and direction, bytes
+
+    def flags(self) -> dict[str, object]:
+        return {
+            "relayService": True,
+            "relayTimeLimit": f"{max(1, round(self.time_limit))}s",
+            "relayDataLimit": int(self.data_limit),
+            "relayMaxCircuits": int(self.max_circuits),
+            "relayMaxReservations": int(self.max_reservations),
+            "relayBufferSize": int(self.buffer_size),
+        }
 
 
 # Per-launch settings for PubSubP2P._make_process_args, which hivemind calls inside create().
@@ -127,6 +151,9 @@ async def create_p2p(
     bootstrap_addrs: Sequence[str] = (),
     use_auto_relay: bool = False,
     reachability: str = "auto",
+    relays: Sequence[str] = (),
+    relay_service: RelayLimits | None = None,
+    daemon_metrics: str | None = None,
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -140,19 +167,26 @@ async def create_p2p(
     with a UserError if none of them can be reached.
     `bootstrap_addrs`: full multiaddrs checked like `initial_peers` but not handed to the
     daemon: the caller dials them itself (network/reconnect.py), with retries.
-    `use_auto_relay`: behind NAT, reserve a slot on a circuit relay and announce the
-    relay address; the relays are the bootstrap addresses (p2pd's static "trusted relays":
-    every p2pd serves as a relay by default, and we hand the daemon no bootstrap peers of
-    its own, so without this it would know of no relay). `reachability` ("auto", "private",
-    "public") overrides AutoNAT's verdict, which gates auto-relay.
+    `use_auto_relay`: when AutoNAT says this node is not reachable (or `reachability` is
+    "private"), reserve a slot on a circuit relay and announce the relay address. The relays
+    are the bootstrap addresses plus `relays`, given to p2pd as static relays with relay
+    discovery off (`-relayDiscovery=0`): with discovery on, go-libp2p waits for 4 candidate
+    relays or 3 minutes before it reserves. Without any relay address auto-relay stays off.
+    `reachability` ("auto", "private", "public") overrides AutoNAT's verdict.
+    `relay_service`: serve as a circuit relay for NATed peers under these limits (forces
+    reachability "public": go-libp2p starts the relay service only on a node that counts
+    itself public); None: serve no relay (`-relayService=0`).
+    `daemon_metrics`: HOST:PORT where p2pd serves go-libp2p's own Prometheus metrics
+    (`-metricsAddr`: relay service bytes and circuits, hole punches, resource manager).
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
     the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
     """
     _check_ports([*initial_peers, *bootstrap_addrs], "bootstrap address", allow_any=False)
+    _check_ports(relays, "relay address", allow_any=False)
     _check_ports(host_maddrs, "listen address", allow_any=True)
     _check_ports(announce_maddrs or (), "announce address", allow_any=False)
-    for addr in [*initial_peers, *bootstrap_addrs]:
+    for addr in [*initial_peers, *bootstrap_addrs, *relays]:
         try:
             ok = "p2p" in Multiaddr(addr)
         except Exception:
@@ -165,13 +199,26 @@ async def create_p2p(
     probe_listen_addrs(host_maddrs)
     if identity_path is not None:
         load_or_create_identity(Path(identity_path))
-    flags = {}
+    flags: dict[str, object] = {}
+    static_relays = list(dict.fromkeys([*initial_peers, *bootstrap_addrs, *relays]))
+    use_auto_relay = use_auto_relay and bool(static_relays)
+    if use_auto_relay:
+        flags["relayDiscovery"] = False  # static relays: reserve at once
+    if relay_service is not None:
+        flags.update(relay_service.flags())
+        reachability = "public"
+    else:
+        flags["relayService"] = False
+    if relay_service is not None and daemon_metrics is None:
+        daemon_metrics = f"127.0.0.1:{_free_port()}"  # to read what the relay carried
+    if daemon_metrics:
+        flags["metricsAddr"] = daemon_metrics
     if heartbeat_interval is not None:
         flags["gossipsubHeartbeatInterval"] = f"{max(1, round(heartbeat_interval * 1000))}ms"
     launch = {"flags": flags}
     token = _launch.set(launch)
     try:
-        return await PubSubP2P.create(
+        p2p = await PubSubP2P.create(
             initial_peers=list(initial_peers) or None,
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) if announce_maddrs else None,
@@ -181,10 +228,12 @@ async def create_p2p(
             startup_timeout=startup_timeout,
             nat_port_map=nat_port_map,
             use_auto_relay=use_auto_relay,
-            trusted_relays=[*initial_peers, *bootstrap_addrs] if use_auto_relay else None,
+            trusted_relays=static_relays if use_auto_relay else None,
             force_reachability=None if reachability == "auto" else reachability,
             **p2p_kwargs,
         )
+        p2p.daemon_metrics = daemon_metrics
+        return p2p
     except P2PDaemonError as e:
         if (failed := launch.get("p2p")) is not None:
             await failed.shutdown()
@@ -193,6 +242,48 @@ async def create_p2p(
         raise _daemon_user_error(str(e), host_maddrs, initial_peers) from e
     finally:
         _launch.reset(token)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+RELAY_COUNTERS = {
+    "libp2p_relaysvc_data_transferred_bytes_total": "bytes_relayed",
+    'libp2p_relaysvc_reservations_total{type="opened"}': "reservations_opened",
+    'libp2p_relaysvc_reservations_total{type="closed"}': "reservations_closed",
+    'libp2p_relaysvc_connections_total{type="opened"}': "circuits_opened",
+    'libp2p_relaysvc_connections_total{type="closed"}': "circuits_closed",
+}
+
+
+async def relay_counters(p2p: P2P, timeout: float = 5.0) -> dict[str, int] | None:
+    """What this node's relay service carried, from p2pd's own Prometheus endpoint
+    (`daemon_metrics`): bytes relayed (both directions, all circuits), reservations and
+    circuits opened and closed. None if the node serves no relay or the endpoint is down."""
+    addr = getattr(p2p, "daemon_metrics", None)
+    if not addr:
+        return None
+
+    def fetch() -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=timeout) as reply:
+            return reply.read().decode(errors="replace")
+
+    try:
+        text = await asyncio.to_thread(fetch)
+    except OSError:
+        return None
+    out = dict.fromkeys(RELAY_COUNTERS.values(), 0)
+    for line in text.splitlines():
+        name, _, number = line.rpartition(" ")
+        if name in RELAY_COUNTERS:
+            with contextlib.suppress(ValueError):
+                out[RELAY_COUNTERS[name]] = int(float(number))
+    return out
 
 
 def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):
@@ -244,12 +335,61 @@ def remove_stale_sockets(directory: str = "/tmp", min_age: float = 60.0) -> list
     return removed
 
 
-async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout: float) -> None:
-    """Dial `peer_id` at `addrs` (multiaddrs without /p2p/...): RemoteCallError if it fails.
+_P2P_CODE = 421  # multicodec of /p2p/ (formerly /ipfs/)
 
-    hivemind's P2P does not expose the daemon's CONNECT request; its client does."""
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def maddr_bytes(addr: str) -> bytes:
+    """The binary multiaddr the Go daemon parses, with each ``/p2p/<id>`` as a plain multihash.
+
+    hivemind's `Multiaddr` encodes a peer id as a CIDv1 (libp2p-key); go-multiaddr expects
+    the bare multihash and rejects the CID form ("length greater than remaining number of
+    bytes in buffer"), so a circuit address ``.../p2p/<relay>/p2p-circuit`` could not be
+    dialled through hivemind's client. Other components are encoded by hivemind."""
+    import base58
+
+    out = b""
+    parts = re.split(r"/(?:p2p|ipfs)/([^/]+)", addr)
+    for i, part in enumerate(parts):
+        if i % 2:  # a peer id
+            digest = base58.b58decode(part)
+            out += _uvarint(_P2P_CODE) + _uvarint(len(digest)) + digest
+        elif part:
+            out += Multiaddr(part).to_bytes()
+    return out
+
+
+class RawMaddr:
+    """A multiaddr handed to hivemind's daemon client as ready-made bytes (`maddr_bytes`)."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.raw = maddr_bytes(addr)
+
+    def to_bytes(self) -> bytes:
+        return self.raw
+
+    def __str__(self) -> str:
+        return self.addr
+
+
+async def connect_peer(p2p: P2P, peer_id: PeerID, addrs: Sequence[str], timeout: float) -> None:
+    """Dial `peer_id` at `addrs` (multiaddrs without a trailing /p2p/<peer_id>; a circuit
+    address ``/ip4/R/tcp/P/p2p/<relay>/p2p-circuit`` dials through that relay):
+    RemoteCallError if it fails.
+
+    hivemind's P2P does not expose the daemon's CONNECT request; its client does. The
+    addresses go as `RawMaddr` bytes, never through hivemind's CID encoding of /p2p/."""
     try:
-        maddrs = [Multiaddr(a) for a in addrs]
+        maddrs = [RawMaddr(a) for a in addrs]
     except Exception as e:
         raise RemoteCallError(f"bad address for {peer_id}: {e}") from e
     try:

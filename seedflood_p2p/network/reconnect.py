@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -53,7 +54,7 @@ from pathlib import Path
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.p2pd import connect_peer, is_relayed, peer_connections
+from seedflood_p2p.network.p2pd import connect_peer, is_relayed, peer_connections, relay_counters
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
@@ -286,6 +287,14 @@ class Reconnector:
         self.view = IslandView()
         self.flood = None
         self.own_addrs: list[str] = []
+        self.links: dict[str, str] = {}  # connected peer -> "direct" or "relayed"
+        self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
+        self.hole_punches = 0
+        self.relay_service: dict[str, int] | None = None
+        self._last_relay_log = -math.inf
+        # relayed-only peer -> (monotonic time first seen relayed-only, redials made)
+        self._relayed_since: dict[str, tuple[float, int]] = {}
+        self._relayed_addr: dict[str, str] = {}  # relayed-only peer -> its circuit address
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
         self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
@@ -315,9 +324,11 @@ class Reconnector:
             log.debug("list_peers failed: %r", exc)
             return self.connected
         now_connected = set(connections)
+        self._track_links(connections)
         for peer in sorted(now_connected - self.connected):
             addrs = connections[peer]
             relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
+            self.metrics.new_links.labels("relayed" if relayed else "direct").inc()
             log.info(
                 "connected to %s at %s%s",
                 peer,
@@ -351,6 +362,119 @@ class Reconnector:
         self.connected = now_connected
         self.metrics.connected.set(len(now_connected))
         return now_connected
+
+    def _track_links(self, connections: dict[str, list[str]]) -> None:
+        """How each connected peer is reached: "direct", or "relayed" (only through a circuit
+        relay, named in `relayed_via`). A peer that was relayed-only and now also has a
+        direct connection was hole-punched (DCUtR) or became directly dialable: logged as
+        `hole_punched` and counted."""
+        links: dict[str, str] = {}
+        for peer, addrs in connections.items():
+            relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
+            links[peer] = "relayed" if relayed else "direct"
+            if relayed:
+                self.relayed_via[peer] = _relay_of(addrs[0])
+                self._relayed_addr[peer] = addrs[0].split("/p2p-circuit")[0] + "/p2p-circuit"
+            elif self.links.get(peer) == "relayed":
+                self.hole_punches += 1
+                self.metrics.hole_punches.inc()
+                log.info(
+                    "direct connection to %s at %s, reached through relay %s until now",
+                    peer,
+                    ", ".join(addrs),
+                    self.relayed_via.get(peer, "?"),
+                    extra={
+                        "fields": {
+                            "event": "hole_punched",
+                            "peer": peer,
+                            "addrs": addrs,
+                            "relay": self.relayed_via.get(peer),
+                        }
+                    },
+                )
+        for peer in [p for p in self.relayed_via if links.get(p) != "relayed"]:
+            del self.relayed_via[peer]
+        self.links = links
+        for kind in ("direct", "relayed"):
+            self.metrics.links.labels(kind).set(sum(1 for k in links.values() if k == kind))
+
+    async def retry_hole_punches(self) -> None:
+        """Redial, through its relay, a peer reached only through a relay for a while, so
+        that a hole punch is tried again. go-libp2p tries DCUtR once, when an inbound relayed
+        connection opens, and only once its hole-punch service runs (after the node has seen
+        its own public address from 4 peers): a relayed connection made earlier is never
+        upgraded. The side with the smaller peer id closes it and dials the same circuit
+        address; the other side then punches. At most HOLE_PUNCH_TRIES times per peer,
+        HOLE_PUNCH_EVERY seconds apart; gossip resumes on the new connection and repair
+        fetches what was missed."""
+        from hivemind.p2p import PeerID
+
+        now = time.monotonic()
+        for peer in [p for p in self._relayed_since if self.links.get(p) != "relayed"]:
+            del self._relayed_since[peer]
+        for peer, kind in sorted(self.links.items()):
+            if kind != "relayed" or peer in self.bootstrap:
+                continue
+            since, tries = self._relayed_since.setdefault(peer, (now, 0))
+            if self.own_id > peer or tries >= HOLE_PUNCH_TRIES:
+                continue
+            if now - since < HOLE_PUNCH_EVERY * (tries + 1):
+                continue
+            self._relayed_since[peer] = (since, tries + 1)
+            via = self.relayed_via.get(peer)
+            known = self.candidates().get(peer, [])
+            addrs = [a for a in known if is_relayed(a) and via and via in a] or [
+                self._relayed_addr[peer]
+            ]
+            if not addrs:
+                continue
+            log.info(
+                "redialling %s through relay %s for a hole punch (try %d)",
+                peer,
+                via,
+                tries + 1,
+                extra={"fields": {"event": "hole_punch_retry", "peer": peer, "try": tries + 1}},
+            )
+            try:
+                await self.p2p._client.disconnect(PeerID.from_base58(peer))
+                await connect_peer(self.p2p, PeerID.from_base58(peer), addrs, self.s.call_timeout)
+            except Exception as exc:  # the regular dial loop reconnects it
+                log.info("redial of %s for a hole punch failed: %s", peer, exc)
+
+    async def _refresh_relay_counters(self) -> None:
+        counters = await relay_counters(self.p2p)
+        if counters is None:
+            return
+        now = time.monotonic()
+        if counters != self.relay_service and now - self._last_relay_log >= RELAY_LOG_EVERY:
+            self._last_relay_log = now
+            log.info(
+                "relayed for others: %d bytes, %d reservations, %d circuits opened",
+                counters["bytes_relayed"],
+                counters["reservations_opened"],
+                counters["circuits_opened"],
+                extra={"fields": {"event": "relay_service", **counters}},
+            )
+        self.relay_service = counters
+        self.metrics.relayed_bytes.set(counters["bytes_relayed"])
+
+    def nat_status(self) -> dict:
+        """How this node is reached, for /status and `seedflood status`: "direct" (it
+        announces a public address), "relay" (only through the relays it holds reservations
+        on), or "unknown" (private addresses only, no reservation: AutoNAT has not decided,
+        or no relay accepted it); its links by kind, and the hole punches seen."""
+        public = [a for a in self.own_addrs if not is_relayed(a) and _is_public(a)]
+        relays = sorted({_relay_of(a) for a in self.own_addrs if is_relayed(a)})
+        return {
+            "reachable": "direct" if public else "relay" if relays else "unknown",
+            "public_addrs": public,
+            "relays": relays,
+            "direct_peers": sum(1 for k in self.links.values() if k == "direct"),
+            "relayed_peers": sum(1 for k in self.links.values() if k == "relayed"),
+            "relayed_via": dict(sorted(self.relayed_via.items())),
+            "hole_punches": self.hole_punches,
+            "relay_service": self.relay_service,  # what we relay for others, if we serve
+        }
 
     async def dial_due(self, force: bool = False) -> dict[str, str]:
         """Dial every candidate that is not connected and whose backoff has passed (all of
@@ -426,6 +550,7 @@ class Reconnector:
             log.debug("no visible addresses yet: %r", exc)
             return
         if addrs != self.own_addrs:
+            self.metrics.relay_reservations.set(len({_relay_of(a) for a in addrs if is_relayed(a)}))
             log.info(
                 "own addresses: %s",
                 ", ".join(addrs),
@@ -615,6 +740,8 @@ class Reconnector:
                     if now - self._last_summary >= self.s.summary_interval:
                         self._last_summary = now
                         await self._refresh_own_addrs()
+                        await self.retry_hole_punches()
+                        await self._refresh_relay_counters()
                         await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
                     self._update_view()
                 self.book.save()
@@ -623,6 +750,27 @@ class Reconnector:
             except Exception as exc:  # the loop must outlive any one bad pass
                 log.warning("reconnect pass failed: %r", exc)
             await asyncio.sleep(LOOP_TICK)
+
+
+HOLE_PUNCH_TRIES = 3  # redials of a relayed-only peer for a hole punch (retry_hole_punches)
+HOLE_PUNCH_EVERY = 20.0  # seconds relayed-only before the first, and between them
+RELAY_LOG_EVERY = 10.0  # seconds between `relay_service` log lines (when the counters moved)
+
+
+def _relay_of(addr: str) -> str:
+    """The relay's peer id in a circuit address ``.../p2p/<relay>/p2p-circuit...``."""
+    head = addr.split("/p2p-circuit", 1)[0]
+    return head.rsplit("/p2p/", 1)[1] if "/p2p/" in head else "?"
+
+
+def _is_public(addr: str) -> bool:
+    import ipaddress
+
+    m = re.match(r"/ip[46]/([^/]+)/", addr)
+    try:
+        return bool(m) and ipaddress.ip_address(m.group(1)).is_global
+    except ValueError:
+        return False
 
 
 def _peer_bytes(peer: str) -> bytes:

@@ -1,0 +1,175 @@
+"""Circuit relays with the bundled p2pd: what we send the daemon, and that it relays.
+
+The multiaddr bytes of a dial are checked byte for byte (the Go daemon parses /p2p/ as a
+bare multihash; hivemind's Multiaddr writes a CID, which the daemon rejects). The daemon
+tests run real p2pd daemons on 127.0.0.1: a relay serving under `RelayLimits`, a peer that
+reserves on it as a static relay, and a third daemon that dials the peer through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import base58
+from hivemind.p2p import PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from seedflood_p2p.network.flood import NodeSettings
+from seedflood_p2p.network.p2pd import (
+    RelayLimits,
+    connect_peer,
+    is_relayed,
+    maddr_bytes,
+    peer_connections,
+    relay_counters,
+)
+
+RELAY = "12D3KooWCTf3Arix6yW2C8xU8T4Jn3Sx2M6bVbHZrFhR4uTnMmtu"
+TARGET = "12D3KooWFhyvxxqrGjXGpDsTU1gCXaf6YA9756NxpBhxPFd49h9U"
+
+
+def test_a_circuit_address_is_sent_with_a_plain_multihash():
+    digest = base58.b58decode(RELAY)  # identity multihash: 0x00, length 0x24, 36 bytes
+    assert digest[:2] == b"\x00\x24" and len(digest) == 38
+    expected = (
+        bytes([0x04, 11, 78, 0, 1])  # /ip4/11.78.0.1
+        + bytes([0x06, 0x7A, 0x69])  # /tcp/31337
+        + bytes([0xA5, 0x03, len(digest)])  # /p2p/ (code 421) and the multihash's length
+        + digest
+        + bytes([0xA2, 0x02])  # /p2p-circuit (code 290), no value
+    )
+    addr = f"/ip4/11.78.0.1/tcp/31337/p2p/{RELAY}/p2p-circuit"
+    assert maddr_bytes(addr) == expected
+    # hivemind's encoding of the same address: a CIDv1 (0x01, libp2p-key 0x72) in front
+    cid_form = Multiaddr(addr).to_bytes()
+    assert cid_form != expected and bytes([0xA5, 0x03, 40, 0x01, 0x72]) in cid_form
+    # plain addresses are encoded as hivemind does
+    assert maddr_bytes("/ip4/127.0.0.1/tcp/4001") == Multiaddr("/ip4/127.0.0.1/tcp/4001").to_bytes()
+
+
+async def test_connect_peer_hands_the_daemon_those_bytes():
+    sent = []
+
+    class Client:
+        async def connect(self, peer_id, maddrs):
+            sent.append((peer_id, [m.to_bytes() for m in maddrs]))
+
+    class FakeP2P:
+        _client = Client()
+
+    addr = f"/ip4/11.78.0.1/tcp/31337/p2p/{RELAY}/p2p-circuit"
+    target = PeerID.from_base58(TARGET)
+    await connect_peer(FakeP2P(), target, [addr, "/ip4/11.78.0.2/tcp/4001"], timeout=5)
+    assert sent == [(target, [maddr_bytes(addr), maddr_bytes("/ip4/11.78.0.2/tcp/4001")])]
+    assert b"\x01\x72" not in sent[0][1][0]  # no CID
+
+
+def _argv(p2p) -> list[str]:
+    with open(f"/proc/{p2p._child.pid}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
+
+
+async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
+    limits = RelayLimits(time_limit=600, data_limit=1 << 30, max_circuits=4, max_reservations=8)
+    relay = await spawn(relay_service=limits)
+    relay_addr = str((await relay.get_visible_maddrs())[0])
+    behind = await spawn(use_auto_relay=True, relays=[relay_addr], reachability="private")
+    dialer = await spawn()
+    argv = {"relay": _argv(relay), "behind": _argv(behind), "dialer": _argv(dialer)}
+    for flag in (
+        "-forceReachabilityPublic=1",
+        "-relayService=1",
+        "-relayTimeLimit=600s",
+        f"-relayDataLimit={1 << 30}",
+        "-relayMaxCircuits=4",
+        "-relayMaxReservations=8",
+    ):
+        assert flag in argv["relay"], (flag, argv["relay"])
+    for flag in (
+        "-autoRelay=1",
+        "-relayDiscovery=0",
+        f"-trustedRelays={relay_addr}",
+        "-relayService=0",
+        "-forceReachabilityPrivate=1",
+    ):
+        assert flag in argv["behind"], (flag, argv["behind"])
+    assert "-relayService=0" in argv["dialer"] and "-autoRelay=0" in argv["dialer"]
+
+    circuit = relay_addr + "/p2p-circuit"
+    started, error = time.monotonic(), None
+    while time.monotonic() - started < 10:  # with relay discovery on this took 3 minutes
+        try:
+            await connect_peer(dialer, behind.peer_id, [circuit], timeout=5)
+            break
+        except Exception as e:
+            error = e
+            await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"no relayed connection within 10 s: {error}")
+    took = time.monotonic() - started
+    links = (await peer_connections(dialer))[behind.peer_id.to_base58()]
+    assert links and all(is_relayed(a) for a in links), links
+    assert relay.peer_id.to_base58() in links[0]
+    print(f"relayed connection {took:.2f} s after the peer's daemon started")
+    # both ends see it as relayed; the relay holds plain connections to both
+    back = (await peer_connections(behind))[dialer.peer_id.to_base58()]
+    assert all(is_relayed(a) for a in back), back
+    at_relay = await peer_connections(relay)
+    assert not any(is_relayed(a) for a in at_relay[behind.peer_id.to_base58()])
+    # the relay's own counters (p2pd's Prometheus endpoint): one reservation, one circuit
+    for _ in range(50):  # go-libp2p's metrics tracer records asynchronously
+        counters = await relay_counters(relay)
+        assert counters is not None, "the relay's p2pd metrics endpoint did not answer"
+        if counters["circuits_opened"] and counters["bytes_relayed"]:
+            break
+        await asyncio.sleep(0.1)
+    assert counters["reservations_opened"] >= 1 and counters["circuits_opened"] >= 1, counters
+    assert counters["bytes_relayed"] > 0, counters
+    assert await relay_counters(dialer) is None  # serves no relay
+
+
+async def test_auto_relay_without_any_relay_stays_off(spawn):
+    p2p = await spawn(use_auto_relay=True)  # no bootstrap, no relays: nothing to reserve on
+    argv = _argv(p2p)
+    assert "-autoRelay=0" in argv and not any(a.startswith("-trustedRelays") for a in argv)
+
+
+def test_relay_settings():
+    node = NodeSettings()
+    assert node.auto_relay and node.relay_service == "auto"
+    assert node.relay_limits(default_on=False) is None  # a peer serves no relay by default
+    limits = node.relay_limits(default_on=True)  # a bootstrap node does
+    assert limits is not None and limits.time_limit == 3600 and limits.data_limit == 1 << 32
+    assert NodeSettings(relay_service="on").relay_limits(default_on=False) is not None
+    assert NodeSettings(relay_service="off").relay_limits(default_on=True) is None
+
+
+def test_links_by_kind_and_a_hole_punch_are_tracked(tmp_path):
+    from seedflood_p2p.apps.status import describe_nat
+    from seedflood_p2p.network.metrics import NodeMetrics, value
+    from seedflood_p2p.network.reconnect import Reconnector
+
+    class StubP2P:
+        peer_id = PeerID.from_base58(TARGET)
+
+    metrics = NodeMetrics()
+    r = Reconnector(StubP2P(), tmp_path, [], NodeSettings(), metrics)
+    circuit = f"/ip4/11.78.0.1/tcp/31337/p2p/{RELAY}/p2p-circuit"
+    other = "12D3KooWQnnRkpXmpm5mBWTcgLbyNArNE4wUeabyD7fenNVKdXux"
+    r._track_links({RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit]})
+    assert r.links == {RELAY: "direct", other: "relayed"} and r.relayed_via == {other: RELAY}
+    assert value(metrics.links.labels("relayed")) == 1
+    r._track_links(
+        {RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit, "/ip4/11.78.0.102/tcp/4001"]}
+    )
+    assert r.links[other] == "direct" and r.hole_punches == 1 and not r.relayed_via
+    assert value(metrics.hole_punches) == 1
+    r.own_addrs = ["/ip4/192.168.1.2/tcp/4001", circuit]
+    nat = r.nat_status()
+    assert nat["reachable"] == "relay" and nat["relays"] == [RELAY], nat
+    line = describe_nat(nat)
+    assert "only through relay ..4uTnMmtu" in line, line
+    assert "2 direct" in line and "1 succeeded" in line, line
+    r.own_addrs = ["/ip4/11.78.0.5/tcp/4001"]
+    assert r.nat_status()["reachable"] == "direct"
