@@ -813,6 +813,11 @@ class PeerDaemon:
                 self.node.on_audit_records = self.on_audit_records
             if chain_period(self.config) and self.audits is None:  # not in audited runs
                 self.chain = await self.in_model_thread(self._make_chain)
+            elif chain_period(self.config):
+                log.warning(
+                    "extra.checkpoint_every is ignored: the run has audits (on unless its "
+                    "manifest sets extra.audit = false), and audited runs build no chain"
+                )
             self.node.not_ready = "starting: syncing with the run first"
             base_scored = False
             if s.eval_every and len(self.ledger) == 0:

@@ -1,0 +1,166 @@
+"""Probation (algorithm/probation.py): which updates count, as a pure function of the
+ledger's updates and audit records. No processes."""
+
+import random
+
+import base58
+import pytest
+
+from seedflood_p2p.algorithm.audit import AuditSettings, judge
+from seedflood_p2p.algorithm.probation import ProbationSettings, standing
+from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import AuditRecord
+
+AUDIT = AuditSettings(enabled=True, quorum=3)
+F = [f"founder-{i}".encode() for i in range(4)]
+N = b"newcomer"
+SYBILS = [f"sybil-{i:02d}".encode() for i in range(20)]
+PROBATION = ProbationSettings(founders=frozenset(F), vouches=3)
+ROUNDS = 10
+
+
+def claim(peer: bytes, round_: int) -> tuple[float, ...]:
+    return (round(0.1 + 0.01 * round_ + 0.001 * (sum(peer) % 7), 3),)
+
+
+def claims_of(peers) -> dict:
+    return {(t, p): claim(p, t) for p in peers for t in range(ROUNDS)}
+
+
+def match(accused: bytes, round_: int, auditor: bytes) -> AuditRecord:
+    return AuditRecord(accused, round_, auditor, claim(accused, round_))
+
+
+def mismatch(accused: bytes, round_: int, auditor: bytes) -> AuditRecord:
+    return AuditRecord(accused, round_, auditor, tuple(-x for x in claim(accused, round_)))
+
+
+def counted_keys(st, claims) -> set:
+    return {(p, t) for (t, p) in claims if st.counts(p, t)}
+
+
+def test_founders_count_and_a_newcomer_counts_only_where_vouched_until_established():
+    claims = claims_of(F + [N])
+    st = standing(claims, [], AUDIT, PROBATION)
+    assert st.established == frozenset(F)
+    assert all(st.counts(f, t) for f in F for t in range(ROUNDS))
+    assert not any(st.counts(N, t) for t in range(ROUNDS))  # kept in the ledger, not counted
+    assert N in st.probationers
+    # two vouched updates: those two count, nothing else; not established yet
+    records = [match(N, 2, F[0]), match(N, 4, F[1])]
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert [t for t in range(ROUNDS) if st.counts(N, t)] == [2, 4]
+    assert N not in st.established
+    # the third vouched update (round 6) makes it established: later rounds count unvouched,
+    # its earlier unvouched ones (0, 1, 3, 5) never do
+    st = standing(claims, records + [match(N, 6, F[2])], AUDIT, PROBATION)
+    assert N in st.established and st.since[N] == 6
+    assert [t for t in range(ROUNDS) if st.counts(N, t)] == [2, 4, 6, 7, 8, 9]
+
+
+def test_a_cartel_of_probationers_cannot_vouch_for_itself():
+    claims = claims_of(F + SYBILS)
+    # every sybil matches every other sybil's every update: 20 * 19 * 10 vouches
+    records = [match(s, t, v) for s in SYBILS for v in SYBILS if v != s for t in range(ROUNDS)]
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert st.established == frozenset(F)
+    assert not any(st.counts(s, t) for s in SYBILS for t in range(ROUNDS))
+    assert st.probationers == frozenset(SYBILS)
+
+
+def test_probationers_cannot_outvote_established_auditors():
+    claims = claims_of(F + SYBILS)
+    # 20 sybils accuse an honest founder's update; one founder re-checks and matches
+    records = [mismatch(F[0], 3, s) for s in SYBILS] + [match(F[0], 3, F[1])]
+    assert F[0] in judge(claims, records, AUDIT).banned  # without probation: banned
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert not st.banned and all(st.counts(F[0], t) for t in range(ROUNDS))
+    # ... and a sybil's cheat confirmed by 3 founders bans it, whatever the sybils vote
+    records = [mismatch(SYBILS[0], 1, f) for f in F[:3]]
+    records += [match(SYBILS[0], 1, s) for s in SYBILS[1:]]
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert SYBILS[0] in st.banned
+
+
+def test_trust_is_transitive_only_through_established_auditors():
+    claims = claims_of(F + [N, b"second"])
+    records = [match(N, t, F[t % 4]) for t in (0, 1, 2)]  # N established by founders
+    records += [match(b"second", t, N) for t in (3, 4, 5)]  # N vouches for "second"
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert {N, b"second"} <= st.established
+    # without N's own vouches, N's vouches count for nothing
+    st = standing(claims, records[3:], AUDIT, PROBATION)
+    assert st.established == frozenset(F)
+
+
+def test_a_banned_peer_takes_its_vouches_with_it():
+    claims = claims_of(F + [N, b"friend"])
+    records = [match(N, t, F[0]) for t in (0, 1, 2)]
+    records += [match(b"friend", t, N) for t in (3, 4, 5)]
+    records += [mismatch(N, 7, f) for f in F[:3]]  # N cheats once established: banned
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert N in st.banned and not any(st.counts(N, t) for t in range(ROUNDS))
+    assert b"friend" not in st.established
+    assert not any(st.counts(b"friend", t) for t in range(ROUNDS))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_standing_does_not_depend_on_arrival_order(seed):
+    rng = random.Random(seed)
+    peers = F + [N, b"second"] + SYBILS[:5]
+    claims = claims_of(peers)
+    records = [match(N, t, F[rng.randrange(4)]) for t in range(ROUNDS) if rng.random() < 0.6]
+    records += [match(b"second", t, N) for t in range(ROUNDS) if rng.random() < 0.5]
+    records += [match(s, t, v) for s in SYBILS[:5] for v in SYBILS[:5] for t in (1, 2, 3)]
+    records += [mismatch(SYBILS[0], 4, f) for f in F[:3]]
+    records += [mismatch(F[1], 5, s) for s in SYBILS[:5]]
+    records += [AuditRecord(N, 8, F[3], (9.0,)), match(N, 8, F[3])]  # an equivocating auditor
+    reference = standing(claims, records, AUDIT, PROBATION)
+    for _ in range(5):
+        rng.shuffle(records)
+        items = list(claims.items())
+        rng.shuffle(items)
+        st = standing(dict(items), records, AUDIT, PROBATION)
+        assert st.established == reference.established
+        assert st.banned == reference.banned
+        assert st.since == reference.since
+        assert counted_keys(st, claims) == counted_keys(reference, claims)
+    # a record set that grows only ever adds counted updates of unbanned peers
+    st = standing(claims, records[: len(records) // 2], AUDIT, PROBATION)
+    unbanned = {(p, t) for (p, t) in counted_keys(st, claims) if p not in reference.banned}
+    assert unbanned <= counted_keys(reference, claims)
+
+
+def _peer_id(i: int) -> str:
+    return base58.b58encode(ED25519_PEER_ID_PREFIX + bytes([i]) * 32).decode()
+
+
+def test_settings_seed_from_founders_or_the_allow_list():
+    assert not ProbationSettings.of(RunConfig()).enabled  # no founders: nobody could vouch
+    founders = [_peer_id(1), _peer_id(2)]
+    st = ProbationSettings.of(RunConfig(extra={"probation": {"founders": founders}}))
+    assert st.enabled and st.vouches == 3 and st.share == 0.25
+    assert st.founders == {base58.b58decode(f) for f in founders}
+    closed = ProbationSettings.of(RunConfig(allow_peers=[_peer_id(3)]))
+    assert closed.founders == {base58.b58decode(_peer_id(3))}
+    off = RunConfig(extra={"probation": False}, allow_peers=[_peer_id(3)])
+    assert not ProbationSettings.of(off).enabled
+    for bad, why in [
+        ({"founders": ["nope"]}, "not a base58 Ed25519"),
+        ({"founders": founders, "vouches": 0}, "vouches"),
+        ({"founders": founders, "share": float("inf")}, None),  # extra refuses non-finite
+        ({"founders": founders, "share": -1}, "share"),
+        ({"founders": founders, "other": 1}, "unknown keys"),
+        ("yes", "must be false or a table"),
+    ]:
+        with pytest.raises(UserError, match=why):
+            ProbationSettings.of(RunConfig(extra={"probation": bad}))
+
+
+def test_without_founders_everything_unbanned_counts():
+    claims = claims_of(F + SYBILS)
+    records = [mismatch(SYBILS[0], 1, f) for f in F[:3]]
+    st = standing(claims, records, AUDIT, ProbationSettings())
+    assert not st.enabled and SYBILS[0] in st.banned
+    assert counted_keys(st, claims) == {(p, t) for (t, p) in claims if p != SYBILS[0]}
