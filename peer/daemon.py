@@ -29,6 +29,7 @@ from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
+from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
@@ -572,24 +573,33 @@ class PeerDaemon:
         state: when verdicts went to the ban store, auditors dropped them and convicted
         every honest peer that trained around the bans (bench/results/audit_daemon.md)."""
         after = self.audits.judge()
-        if after == self.audits.banned:
+        before = self.audits.standing
+        if (
+            before is not None
+            and after.banned == before.banned
+            and after.established == before.established
+            and after.vouched.keys() == before.vouched.keys()
+        ):
             return
-        await self.in_model_thread(self.audits.set_banned, after)
+        await self.in_model_thread(self.audits.set_standing, after)
         self.audit_status()  # the /metrics gauges
 
     async def restore_settled(self, first_round: int) -> str:
         """Audited runs: weights = base + the counted updates of rounds < first_round - lag
         (the state round `first_round` trains on); the later ones stay pending. From a
         checkpoint of exactly that cut, else by replay."""
-        self.audits.banned = self.audits.judge()  # nothing applied yet: nothing to undo
+        judged = self.audits.judge()  # nothing applied yet: nothing to undo
+        self.audits.standing, self.audits.banned = judged, dict(judged.banned)
         cut = self.live.cut()
         limit = first_round - self.audits.settings.lag
-        settled = [m for m in cut.messages if m.round < limit and m.peer not in self.audits.banned]
+        earlier = [m for m in cut.messages if m.round < limit]
+        settled = judged.counted(earlier)
         later = [m for m in cut.messages if m.round >= limit]
         how = await self.in_model_thread(
             self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
         )
         self.audits.applied = list(settled)
+        self.audits.waiting = [m for m in earlier if not judged.counts(m.peer, m.round)]
         self.live.receive(later)
         return how + f" (settled state of round {first_round})"
 
@@ -808,6 +818,7 @@ class PeerDaemon:
                     self.ledger,
                     self.live,
                     self.node.audits,
+                    ProbationSettings.of(self.config),
                 )
                 self.node.on_accept = self._accept_audited
                 self.node.on_audit_records = self.on_audit_records

@@ -7,7 +7,7 @@ import base58
 import pytest
 
 from seedflood_p2p.algorithm.audit import AuditSettings, judge
-from seedflood_p2p.algorithm.probation import ProbationSettings, standing
+from seedflood_p2p.algorithm.probation import ProbationSettings, standing, standing_of_ledger
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import AuditRecord
@@ -18,6 +18,9 @@ N = b"newcomer"
 SYBILS = [f"sybil-{i:02d}".encode() for i in range(20)]
 PROBATION = ProbationSettings(founders=frozenset(F), vouches=3)
 ROUNDS = 10
+LIVE_CONFIG = RunConfig(
+    model="tiny-llama", rank=4, refresh_period=5, lr=0.05, n_ref=4, batch_size=8
+)
 
 
 def claim(peer: bytes, round_: int) -> tuple[float, ...]:
@@ -164,3 +167,89 @@ def test_without_founders_everything_unbanned_counts():
     st = standing(claims, records, AUDIT, ProbationSettings())
     assert not st.enabled and SYBILS[0] in st.banned
     assert counted_keys(st, claims) == {(p, t) for (t, p) in claims if p != SYBILS[0]}
+
+
+# ---------------------------------------------------------------- live peer against replay
+
+
+def _live_run(tmp_path, name, updates, records, probation, seed):
+    """A daemon's audit state (peer/audits.py) fed `updates` and `records` in an order drawn
+    from `seed`, judging after every arrival; returns (ledger, live weights)."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.live import LiveModel
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model
+
+    rng = random.Random(seed)
+    model, _ = load_model("tiny-llama")
+    ledger = Ledger(tmp_path / f"{name}.sqlite", LIVE_CONFIG.run_id)
+    live = LiveModel(SubCGE(model, LIVE_CONFIG), ledger)
+    audits = PeerAudits(AUDIT, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), probation)
+    events = [("u", m) for m in updates] + [("r", r) for r in records]
+    rng.shuffle(events)
+    for i in range(0, len(events), 5):
+        batch = events[i : i + 5]
+        ledger.add([m for kind, m in batch if kind == "u"])
+        ledger.add_audits([r for kind, r in batch if kind == "r"])
+        audits.apply([m for kind, m in batch if kind == "u"])  # what take_settled hands on
+        audits.set_standing(audits.judge())
+    return ledger, audits
+
+
+def test_a_live_peer_ends_where_the_replay_of_the_counted_updates_is(tmp_path):
+    """Updates and audit records arrive in three different orders; each live peer judges
+    after every arrival, keeps what does not count yet and applies it when it starts to
+    count (as a late row). The counted set is the same every time, its replay is bitwise
+    the same, and each live model equals it to float32 rounding."""
+    import numpy as np
+    import torch
+
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+    from seedflood_p2p.workload.models import load_model, weights_sha256
+
+    rng = np.random.default_rng(0)
+    peers = F[:3] + [N, b"second", SYBILS[0], SYBILS[1]]
+    updates = [
+        UpdateMessage(t, p, quantize_scalars(rng.normal(size=1))) for t in range(8) for p in peers
+    ]
+    claims = {(m.round, m.peer): m.scalars for m in updates}
+
+    def rec(accused, round_, auditor, ok=True):
+        (c,) = claims[(round_, accused)]
+        return AuditRecord(accused, round_, auditor, (c,) if ok else (-c - 1.0,))
+
+    records = [rec(N, t, F[t % 3]) for t in (1, 2, 3)]  # N established, since round 3
+    records += [rec(b"second", 5, N)]  # one vouched update by an earned member
+    records += [rec(SYBILS[0], t, SYBILS[1]) for t in range(8)]  # the cartel's vouches
+    records += [rec(SYBILS[1], 2, f, ok=False) for f in F[:3]]  # a sybil's cheat, confirmed
+    probation = ProbationSettings(founders=frozenset(F[:3]), vouches=3)
+    expected = standing(claims, records, AUDIT, probation)
+    counted = sorted(expected.counted(updates), key=lambda m: (m.round, m.peer))
+    assert {(m.peer, m.round) for m in counted if m.peer == N} == {(N, t) for t in (1, 2, 3)} | {
+        (N, t) for t in range(4, 8)
+    }
+    assert [m.round for m in counted if m.peer == b"second"] == [5]
+    assert not any(m.peer in SYBILS[:2] for m in counted)
+    model, _ = load_model("tiny-llama")
+    replay(model, LIVE_CONFIG, counted)
+    reference = {n: p.detach().clone() for n, p in model.named_parameters()}
+    hashes = set()
+    for seed in range(3):
+        ledger, audits = _live_run(tmp_path, f"l{seed}", updates, records, probation, seed)
+        judged = standing_of_ledger(ledger, AUDIT, probation)
+        again = sorted(judged.counted(ledger.messages()), key=lambda m: (m.round, m.peer))
+        assert again == counted
+        replayed, _ = load_model("tiny-llama")
+        replay(replayed, LIVE_CONFIG, again)
+        hashes.add(weights_sha256(replayed))
+        got = dict(audits.live.model.named_parameters())
+        for name, tensor in reference.items():
+            torch.testing.assert_close(got[name].detach(), tensor, atol=1e-5, rtol=0)
+        assert {(m.peer, m.round) for m in audits.waiting} == {
+            (m.peer, m.round) for m in updates
+        } - {(m.peer, m.round) for m in counted}
+        ledger.close()
+    assert len(hashes) == 1

@@ -139,7 +139,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
+    from seedflood_p2p.algorithm.audit import AuditSettings
+    from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, peer_name
@@ -173,10 +174,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def progress(done: int, epoch: int) -> None:
         log.info("replayed %d/%d messages (epoch %d)", done, total, epoch)
 
-    # Verdicts first: a banned peer's updates are void (algorithm/audit.py:judge).
-    messages, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
-    for peer, why in sorted(judgement.banned.items()):
+    # Verdicts and probation first: a banned peer's updates are void, a probationer's count
+    # only where vouched (algorithm/probation.py:standing).
+    judged = standing_of_ledger(
+        ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
+    )
+    messages = judged.counted(ledger.messages())
+    for peer, why in sorted(judged.banned.items()):
         log.warning("peer %s is banned (%s): its updates are void", peer_name(peer), why)
+    if judged.enabled:
+        log.info(
+            "probation: %d established identities, %d on probation; %d of %d updates count",
+            len(judged.established),
+            len(judged.probationers),
+            len(messages),
+            total,
+        )
     count = replay(model, config, messages, progress=progress if total > 50_000 else None)
     save_model(model, tokenizer, args.out)
     digest = weights_sha256(model)
