@@ -191,6 +191,35 @@ class PeerAudits:
         self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
         return after
 
+    def _earn_tokens(self, st: Standing | None) -> None:
+        """One round's verification budget: `share` audits (an audit costs one training
+        step), for an established peer only; at most two rounds' worth saved up."""
+        if st is None or not st.enabled or self.peer_id not in st.established:
+            return
+        share = self.probation.share
+        self.tokens = min(self.tokens + share, max(1.0, 2 * share))
+
+    def probation_status(self) -> dict | None:
+        """Probation as this peer sees it (None: the run has no founders, probation off)."""
+        st = self.standing
+        if st is None or not st.enabled:
+            return None
+        return {
+            "established": len(st.established),
+            "founders": len(st.founders),
+            "earned": len(st.since),
+            "on_probation": len(st.probationers),
+            "vouched_updates": len(st.vouched),
+            "waiting_updates": sum(1 for m in self.waiting if m.peer not in self.banned),
+            "counted_late": self.counts["counted_late"],
+            "probation_audits": self.counts["probation_audits"],
+            "backlog": self.backlog,
+            "backlog_peers": self.waiting_peers,
+            "share": self.probation.share,
+            "vouches": self.probation.vouches,
+            "we_are": "established" if self.peer_id in st.established else "on probation",
+        }
+
     def probation_jobs(self, trained_round: int) -> list[tuple]:
         """Probation audits for this round, within the verification budget: `share` audits
         a round (an audit costs one training step), only by an established peer. The
@@ -202,8 +231,6 @@ class PeerAudits:
         if st is None or not st.enabled or self.peer_id not in st.established:
             self.backlog = self.waiting_peers = 0
             return []
-        share = self.probation.share
-        self.tokens = min(self.tokens + share, max(1.0, 2 * share))
         low, high = max(0, trained_round - MAX_REWIND), trained_round - self.delay
         if high < low or not st.probationers:
             self.backlog = self.waiting_peers = 0
@@ -249,9 +276,19 @@ class PeerAudits:
         when it trained. After `delay` rounds we hold what it held, and the bans it could
         have known; one it did not know yet is the second state `audit` tries."""
         out = []
+        st = self.standing
+        probationers = st.probationers if st is not None and st.enabled else frozenset()
+        self._earn_tokens(st)
         for (peer, round_), why in sorted(self.due.items(), key=lambda kv: kv[0][1]):
             if round_ > trained_round - self.delay:
                 continue
+            if why == "recheck" and peer in probationers and trained_round - round_ <= MAX_REWIND:
+                # a re-check of a probationer's update is probation work: within the budget
+                # (its unvouched updates do not count meanwhile; it waits, as they do)
+                if self.tokens < 1:
+                    continue
+                self.tokens -= 1
+                self.counts["probation_audits"] += 1
             del self.due[(peer, round_)]
             if trained_round - round_ > MAX_REWIND or peer in self.banned:
                 self.counts["skipped"] += 1

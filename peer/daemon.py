@@ -217,7 +217,13 @@ class PeerDaemon:
         m.audit_banned.set(len(audits.banned))
         for work in ("audit", "train"):
             m.audit_cpu_seconds.labels(work).set(audits.cpu_seconds[work])
+        probation = audits.probation_status()
+        if probation is not None:
+            for key in ("established", "on_probation", "vouched_updates", "backlog"):
+                m.probation.labels(key).set(probation[key])
+            m.probation.labels("waiting_updates").set(probation["waiting_updates"])
         return {
+            "probation": probation,
             "done": audits.counts["audits"],
             "mismatches": audits.counts["mismatches"],
             "published": audits.counts["published"],

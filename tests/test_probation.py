@@ -253,3 +253,52 @@ def test_a_live_peer_ends_where_the_replay_of_the_counted_updates_is(tmp_path):
         } - {(m.peer, m.round) for m in counted}
         ledger.close()
     assert len(hashes) == 1
+
+
+def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
+    """An established peer spends at most `share` audits a round on probationers' updates
+    (re-checks of their updates included); the oldest probationer goes first; what it
+    cannot audit is kept and reported as backlog; a peer on probation audits nobody."""
+    import numpy as np
+
+    from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.live import LiveModel
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model
+
+    rng = np.random.default_rng(1)
+    newcomers = [b"old-newcomer"] + SYBILS[:5]
+    rows = [
+        UpdateMessage(t, p, quantize_scalars(rng.normal(size=1)))
+        for t in range(30)
+        for p in F[:3] + newcomers
+        if not (p != newcomers[0] and t < 2)  # the first newcomer came two rounds earlier
+    ]
+    model, _ = load_model("tiny-llama")
+    ledger = Ledger(tmp_path / "l.sqlite", LIVE_CONFIG.run_id)
+    ledger.add(rows)
+    live = LiveModel(SubCGE(model, LIVE_CONFIG), ledger)
+    probation = ProbationSettings(founders=frozenset(F[:3]), vouches=3, share=0.25)
+    settings = AuditSettings(enabled=True, lag=0)
+    audits = PeerAudits(settings, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), probation)
+    audits.set_standing(audits.judge())
+    assert audits.standing.probationers == frozenset(newcomers)
+    audits.due[(SYBILS[3], 5)] = "recheck"  # a re-check of a probationer: budgeted too
+    jobs = []
+    for round_ in range(10, 30):
+        jobs += [j for j in audits.ready(round_) if j[2] in ("probation", "recheck")]
+    assert len(jobs) <= 0.25 * 20 + 1  # the budget (plus one saved-up round)
+    assert jobs and all(j[0] == newcomers[0] for j in jobs if j[2] == "probation")
+    status = audits.probation_status()
+    assert status["backlog"] > 0 and status["backlog_peers"] == len(newcomers)
+    assert status["we_are"] == "established" and status["on_probation"] == len(newcomers)
+    # a peer on probation does no probation audits
+    other = PeerAudits(
+        settings, b"other", newcomers[1], ledger, live, AuditIntake(ledger, 1), probation
+    )
+    other.set_standing(other.judge())
+    assert not any(j[2] == "probation" for r in range(10, 30) for j in other.ready(r))
+    ledger.close()
