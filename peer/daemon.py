@@ -41,6 +41,7 @@ from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
 from seedflood_p2p.network.p2pd import create_p2p, host_port, remove_stale_sockets
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
+from seedflood_p2p.network.tickets import ticket_creator
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
 from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
@@ -816,6 +817,15 @@ class PeerDaemon:
                 on_accept=self.live.receive,
             )
             audit_settings = AuditSettings.of(self.config.extra)
+            if ticket_creator(self.config) is not None:
+                # The admission rule and the tickets are built (network/tickets.py); handing
+                # each peer's ticket to the others is not, so a ticketed run would drop every
+                # honest update: refused, in one line, rather than started half-closed.
+                raise UserError(
+                    "this run is ticketed (extra.join.mode): the peer daemon cannot join "
+                    "ticketed runs yet (tickets are not passed between peers); use "
+                    "allow_peers for a closed run"
+                )
             if audit_settings.enabled:
                 self.audits = PeerAudits(
                     audit_settings,

@@ -202,3 +202,41 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     print(digest)
     return 0
+
+
+def add_ticket_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--manifest", required=True, help="the run's manifest JSON file")
+    p.add_argument("--key", required=True, help="the run creator's identity.key")
+    p.add_argument("--peer", required=True, help="the holder's peer id (12D3Koo...)")
+    p.add_argument("--days", type=float, default=30.0, help="valid for this many days")
+
+
+def cmd_ticket(args: argparse.Namespace) -> int:
+    """Print a join ticket (base58) for PEER in the run of MANIFEST, signed with KEY."""
+    from pathlib import Path
+
+    import base58
+
+    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.tickets import issue, ticket_creator
+
+    try:
+        config = RunConfig.from_json(Path(args.manifest).read_bytes())
+    except OSError as exc:
+        raise UserError(f"cannot read manifest {args.manifest}: {exc.strerror}") from None
+    creator = ticket_creator(config)
+    if creator is None:
+        raise UserError("the run is not ticketed: its manifest has no extra.join.mode = ticketed")
+    if not Path(args.key).is_file():
+        raise UserError(f"no key file {args.key}")
+    if load_or_create_identity(Path(args.key)).to_bytes() != creator:
+        raise UserError(f"{args.key} is not the key of the run creator named in the manifest")
+    try:
+        peer = base58.b58decode(args.peer)
+    except ValueError:
+        raise UserError("--peer is not a base58 peer id") from None
+    if not (0 < args.days <= 3650):
+        raise UserError("--days must be in (0, 3650]")
+    expires = int(time.time() + args.days * 86400)
+    print(issue(Path(args.key), config, peer, expires).text())
+    return 0
