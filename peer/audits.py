@@ -179,6 +179,10 @@ class PeerAudits:
                 continue
             if key in self.done or record.accused in self.banned:
                 continue
+            st = self.standing
+            if st is not None and st.enabled and record.auditor not in st.established:
+                continue  # its vote does not count: re-checking it would let fresh keys
+                # make every peer work for nothing
             claimed = self.ledger.scalars_of(record.accused, record.round)
             if claimed is None or rule.mismatches(claimed, record.scalars):
                 self.due[key] = "recheck"

@@ -302,3 +302,24 @@ def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
     other.set_standing(other.judge())
     assert not any(j[2] == "probation" for r in range(10, 30) for j in other.ready(r))
     ledger.close()
+
+
+def test_identities_that_earned_standing_cannot_outvote_the_founders():
+    """Five sybils train honestly through probation (established by founders' vouches),
+    then one negates and the others vouch for it and accuse an honest newcomer."""
+    cartel = SYBILS[:5]
+    claims = claims_of(F + cartel + [N])
+    records = [match(s, t, F[t % 4]) for s in cartel + [N] for t in (0, 1, 2)]
+    assert standing(claims, records, AUDIT, PROBATION).established == frozenset(F + cartel + [N])
+    turned = records + [mismatch(cartel[0], 8, f) for f in F[:3]]  # the founders re-check
+    turned += [match(cartel[0], 8, s) for s in cartel[1:]]  # the cartel vouches: 4 votes
+    turned += [mismatch(N, 8, s) for s in cartel]  # ... and accuses an honest peer: 5 votes
+    turned += [match(N, 8, f) for f in F[:3]]
+    # plain majority voting: the cheat is refuted (its accusers banned), the honest convicted
+    open_vote = judge(claims, turned, AUDIT, voters=frozenset(F + cartel + [N]))
+    assert set(F[:3]) <= set(open_vote.banned) and N in open_vote.banned
+    st = standing(claims, turned, AUDIT, PROBATION)
+    assert set(st.banned) == set(cartel)  # the cheat and every vouch / false accusation
+    assert N not in st.banned and N in st.established
+    assert not any(st.counts(s, t) for s in cartel for t in range(ROUNDS))
+    assert all(st.counts(N, t) for t in range(3, ROUNDS))

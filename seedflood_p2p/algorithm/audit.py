@@ -260,6 +260,7 @@ def judge(
     records: Iterable[AuditRecord],
     settings: AuditSettings,
     voters: frozenset[bytes] | None = None,
+    court: frozenset[bytes] = frozenset(),
 ) -> Judgement:
     """What a set of audit records decides, given the claimed scalars of each (round, peer).
 
@@ -268,7 +269,12 @@ def judge(
     match alone accuses no one). An auditor's votes count once per case (of two records
     from one auditor for one update, the smaller scalars, as `wire.keeps_new` orders
     equivocations); the accused's own records do not count. With `voters` (probation:
-    the established identities), only their records vote.
+    the established identities), only their records vote. With a `court` (probation: the
+    run's founders), a case any member of the court voted on is decided by the court's
+    votes alone (quorum: min(quorum, court size)), and a confirmed case also bans the
+    voters outside the court that matched the cheat (a false vouch costs its author, as a
+    false accusation does): identities that earned their standing cannot outvote the
+    founders, nor vouch for a cheat unpunished.
     """
     rule = settings.rule
     chosen = choose_records(records)
@@ -290,12 +296,17 @@ def judge(
         if not case.mismatch:
             continue
         q = settings.quorum
-        if len(case.mismatch) >= q and len(case.mismatch) > len(case.match):
+        mismatch, match = case.mismatch, case.match
+        if court and (court & (mismatch | match)):
+            mismatch, match = mismatch & court, match & court
+            q = min(q, len(court))
+        if len(mismatch) >= q and len(mismatch) > len(match):
             case.outcome = "confirmed"
-            banned.setdefault(
-                accused, f"update of round {round_} failed {len(case.mismatch)} audits"
-            )
-        elif len(case.match) >= q and len(case.match) > len(case.mismatch):
+            banned.setdefault(accused, f"update of round {round_} failed {len(mismatch)} audits")
+            if court:
+                for auditor in sorted(case.match - court):
+                    banned.setdefault(auditor, f"vouched for round {round_}'s failed update")
+        elif len(match) >= q and len(match) > len(mismatch):
             case.outcome = "refuted"
             for auditor in sorted(case.mismatch):
                 banned.setdefault(auditor, f"false accusation against round {round_}'s update")

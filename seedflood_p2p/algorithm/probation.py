@@ -20,7 +20,11 @@ whatever order updates and records arrived in:
        a match counts only if its auditor is already in E, and nobody outside E can enter
        E without `vouches` matches from inside it.
     2. The audit verdicts (`judge`) with only the auditors in E voting: a thousand fresh
-       keys outvote nobody.
+       keys outvote nobody. The founders are the court: a case any founder voted on is
+       decided by the founders' votes alone, and a confirmed case also bans the earned
+       identities that matched the cheat (a false vouch costs its author). So identities
+       that earned their standing and then turn (or vouch for a fellow's cheat) cannot
+       outvote the founders once those re-check, and lose their vouches when caught.
     3. E again without the banned peers (neither as members nor as vouchers): a peer
        convicted later takes its vouches with it.
 
@@ -196,7 +200,7 @@ def standing(
     chosen = choose_records(records)
     matches = _matches(claims, chosen, settings)
     first = _established(probation.founders, matches, probation.vouches)
-    judgement = judge(claims, records, settings, voters=first)
+    judgement = judge(claims, records, settings, voters=first, court=probation.founders)
     banned = set(judgement.banned)
     members = _established(probation.founders, matches, probation.vouches, excluded=banned)
     vouched = {

@@ -157,6 +157,29 @@ def simulate_cheaters(config: CheatConfig, progress: Any = None) -> dict:
         finally:
             torch.set_num_threads(threads)
 
+    def accuse(t: int, messages: list[UpdateMessage], established) -> list[AuditRecord]:
+        """Every unbanned sybil accuses an honest peer's update of round t; the other honest
+        peers (established ones, with probation) re-check it, as daemons re-check every
+        mismatch record they see."""
+        victim = honest[t % len(honest)]
+        if victim in banned:
+            return []
+        wrong = tuple(-x - 1.0 for x in claims[(t, victim)])
+        accusers = [s for s in sybils if s not in banned]
+        out = [AuditRecord(victim, t, s, wrong) for s in accusers]
+        if established is not None and not set(accusers) & established:
+            return out  # no vote among them: nobody re-checks (as in the daemon)
+        checkers = [
+            a
+            for a in honest
+            if a != victim and a not in banned and (established is None or a in established)
+        ]
+        if checkers:
+            recomputed = audit(next(m for m in messages if m.peer == victim))
+            counts["audit_estimates"] += len(checkers)
+            out += [AuditRecord(victim, t, a, recomputed) for a in checkers]
+        return out
+
     torch.set_num_threads(1)
     measure(0)
     for t in range(config.rounds):
@@ -222,21 +245,19 @@ def simulate_cheaters(config: CheatConfig, progress: Any = None) -> dict:
                     for fellow in (sybils[(i + j) % len(sybils)] for j in (1, 2, 3)):
                         if fellow != s and (t, fellow) in claims:
                             records.append(AuditRecord(fellow, t, s, claims[(t, fellow)]))
-                if config.accuse and honest:  # ... and accuses an honest peer
-                    victim = honest[t % len(honest)]
-                    wrong = tuple(-x - 1.0 for x in claims[(t, victim)])
-                    records += [AuditRecord(victim, t, s, wrong) for s in sybils if s not in banned]
-            elif config.accuse and honest:
-                victim = honest[t % len(honest)]
-                wrong = tuple(-x - 1.0 for x in claims[(t, victim)])
-                records += [AuditRecord(victim, t, s, wrong) for s in sybils if s not in banned]
+            if config.accuse and honest:  # the cartel accuses an honest peer every round
+                records += accuse(t, messages, judged.established if probation.enabled else None)
             for message, recomputed, voted in accused:  # re-checks by everyone else
+                on_probation = probation.enabled and message.peer not in judged.established
                 for a in honest:
                     if probation.enabled and a not in judged.established:
                         continue
                     if a != message.peer and a not in voted and a not in banned:
                         records.append(AuditRecord(message.peer, t, a, recomputed))
                         counts["audit_estimates"] += 1
+                        if on_probation:  # probation work: out of the budget (a debt)
+                            tokens[a] -= 1
+                            counts["probation_audits"] += 1
                 if message.peer in kind_of:  # fellow cheaters vouch for it
                     records += [
                         AuditRecord(message.peer, t, c, message.scalars)
