@@ -323,3 +323,28 @@ def test_identities_that_earned_standing_cannot_outvote_the_founders():
     assert N not in st.banned and N in st.established
     assert not any(st.counts(s, t) for s in cartel for t in range(ROUNDS))
     assert all(st.counts(N, t) for t in range(3, ROUNDS))
+
+
+def test_status_shows_probation_vouches_and_the_backlog():
+    from seedflood_p2p.apps.status import format_status
+
+    audits = {"done": 7, "mismatches": 1, "published": 3, "verdicts": 1, "banned": []}
+    probation = {
+        "we_are": "established",
+        "established": 5,
+        "founders": 4,
+        "on_probation": 20,
+        "vouched_updates": 6,
+        "waiting_updates": 180,
+        "backlog": 57,
+        "backlog_peers": 19,
+        "share": 0.25,
+    }
+    text = format_status({"banned": [], "audits": {**audits, "probation": probation}})
+    (line,) = [x for x in text.splitlines() if x.startswith("probation")]
+    assert "established 5 (4 founders)" in line and "on probation 20" in line
+    assert "vouched updates 6" in line and "backlog 57 update(s) of 19 peer(s)" in line
+    assert not any(
+        x.startswith("probation")
+        for x in format_status({"banned": [], "audits": {**audits, "probation": None}}).splitlines()
+    )
