@@ -427,7 +427,9 @@ class PeerAudits:
             mismatch = rule.mismatches(claimed, recomputed)
             self.counts["audits"] += 1
             self.counts["mismatches"] += mismatch
-            if mismatch or why in ("recheck", "probation"):  # a probation match is a vouch
+            st = self.standing
+            vouch = st is not None and st.enabled and peer in st.probationers  # a match vouches
+            if mismatch or why in ("recheck", "probation") or vouch:
                 out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
         return out
 
