@@ -39,9 +39,11 @@ ATTACKS = {
 }
 
 
-def run_config(batch_size: int) -> RunConfig:
-    # n_ref 4: the run creator expects its 4 peers; each update is a step of lr / 4
+def run_config(batch_size: int, seed: int) -> RunConfig:
+    # n_ref 4: the run creator expects its 4 peers; each update is a step of lr / 4. The
+    # seed goes into the run's salt: minibatches and directions come from (run, peer, round)
     return RunConfig(
+        salt="seedflood" if seed == 0 else f"seedflood-{seed}",
         model="tiny-llama",
         dataset="synthetic-sentiment",
         lr=8e-3,
@@ -52,7 +54,6 @@ def run_config(batch_size: int) -> RunConfig:
 
 
 def configs(args) -> list[tuple[str, str, bool, CheatConfig]]:
-    run = run_config(args.batch_size)
     # the simulator is lockstep (lag 0); cpu_share 0.1 is the production audit rate
     settings = AuditSettings(enabled=True, cpu_share=0.10, lag=0, quorum=3)
     common = dict(
@@ -60,13 +61,13 @@ def configs(args) -> list[tuple[str, str, bool, CheatConfig]]:
         settings=settings,
         eval_every=args.eval_every,
         eval_examples=args.eval_examples,
-        run=run,
         turn=args.turn,
         share=args.share,
         vouches=args.vouches,
     )
     out = []
     for seed in args.seeds:
+        common["run"] = run_config(args.batch_size, seed)
         out.append(("honest only", "-", False, CheatConfig(peers=HONEST, seed=seed, **common)))
         for attack in args.attacks:
             for probation in (False, True):
