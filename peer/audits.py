@@ -1,4 +1,4 @@
-"""The peer daemon's audits (issue 11), on when the run's manifest sets `extra.audit`.
+"""The peer daemon's audits (issue 11): on unless the manifest sets `extra.audit = false`.
 
 What the daemon does with `algorithm/audit.py` and `network/audit.py`:
 
@@ -21,6 +21,12 @@ MAX_BAN_SETS + MAX_LATE_STATES per audit.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
+With founders in the manifest (`algorithm/probation.py`), what counts is the ledger's
+standing, not only its bans: a settled update that does not count (a probationer's
+unvouched one, a banned peer's) waits in `waiting` and is applied when it starts to
+count, as a late row; probation audits take at most `share` audits a round
+(`probation_jobs`, docs/SYBIL.md).
+
 Limits (README, "What is not built yet"): an update older than MAX_REWIND rounds is not
 audited.
 """
