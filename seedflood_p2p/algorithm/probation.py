@@ -42,9 +42,14 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from seedflood_p2p.algorithm.audit import AuditSettings, Judgement, choose_records, judge
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+
+if TYPE_CHECKING:
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.storage.ledger import Ledger
 
 DEFAULT_VOUCHES = 3  # vouched updates that make an identity established
 DEFAULT_SHARE = 0.25  # of an established peer's training CPU spent on probation audits
@@ -71,7 +76,7 @@ class ProbationSettings:
         return bool(self.founders) and not self.off
 
     @classmethod
-    def of(cls, config) -> ProbationSettings:
+    def of(cls, config: RunConfig) -> ProbationSettings:
         """From a `RunConfig`: `extra.probation` (false, or a table of founders (base58
         peer ids), vouches, share) and the run's allow-list (allowed peers are founders).
         A bad value is one UserError line."""
@@ -228,7 +233,9 @@ def standing(
     )
 
 
-def standing_of_ledger(ledger, settings: AuditSettings, probation: ProbationSettings) -> Standing:
+def standing_of_ledger(
+    ledger: Ledger, settings: AuditSettings, probation: ProbationSettings
+) -> Standing:
     """`standing` over a ledger's updates and audit records."""
     claims = {(m.round, m.peer): m.scalars for m in ledger.messages()}
     return standing(claims, ledger.audits(), settings, probation)

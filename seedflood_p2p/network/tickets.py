@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def check(
 class TicketBook:
     """The tickets a node has seen and checked: which senders a ticketed run admits."""
 
-    def __init__(self, config: RunConfig, clock=time.time) -> None:
+    def __init__(self, config: RunConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.creator = ticket_creator(config)
         self.clock = clock
