@@ -1,4 +1,4 @@
-"""The peer daemon's audits (issue 11), on when the run's manifest sets `extra.audit`.
+"""The peer daemon's audits (issue 11): on unless the manifest sets `extra.audit = false`.
 
 What the daemon does with `algorithm/audit.py` and `network/audit.py`:
 
@@ -21,6 +21,12 @@ MAX_BAN_SETS + MAX_LATE_STATES per audit.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
+With founders in the manifest (`algorithm/probation.py`), what counts is the ledger's
+standing, not only its bans: a settled update that does not count (a probationer's
+unvouched one, a banned peer's) waits in `waiting` and is applied when it starts to
+count, as a late row; probation audits take at most `share` audits a round
+(`probation_jobs`, docs/SYBIL.md).
+
 Limits (README, "What is not built yet"): an update older than MAX_REWIND rounds is not
 audited.
 """
@@ -36,14 +42,14 @@ from itertools import combinations, count, islice
 
 from seedflood_p2p.algorithm.audit import (
     AuditSettings,
+    audit_draw,
     audit_rate,
     cheat,
-    judge,
     recompute,
     selects,
-    verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.probation import ProbationSettings, Standing, standing
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
@@ -104,8 +110,18 @@ class PeerAudits:
         ledger: Ledger,
         live: LiveModel,
         intake: AuditIntake,
+        probation: ProbationSettings | None = None,
     ) -> None:
         self.settings = settings
+        self.probation = probation or ProbationSettings()
+        self.standing: Standing | None = None  # what counts (`probation.standing`)
+        # Settled updates taken that do not count (yet): a probationer's unvouched ones, a
+        # banned peer's. Kept: a vouch or an establishment makes them count later, and they
+        # are then applied like any late row.
+        self.waiting: list[UpdateMessage] = []
+        self.tokens = 0.0  # probation audits we may still do (the verification budget)
+        self.backlog = 0  # probationers' updates due for a probation audit we had no budget for
+        self.waiting_peers = 0  # probationers with such updates
         self.secret = secret  # our private draw: a sender cannot predict its auditors
         self.peer_id = peer_id
         self.ledger = ledger
@@ -148,13 +164,16 @@ class PeerAudits:
             self.arrival = dict(newest)
 
     def take_settled(self, round_: int) -> list[UpdateMessage]:
-        """The pending updates that belong to S_round, without banned peers' ones."""
+        """The pending updates that belong to S_round (`apply` keeps back those that do not
+        count)."""
         self.round = round_
-        return [
-            m
-            for m in self.live.take_settled(round_, self.settings.lag)
-            if m.peer not in self.banned
-        ]
+        return self.live.take_settled(round_, self.settings.lag)
+
+    def is_counted(self, message: UpdateMessage) -> bool:
+        """Does `message` count for the model, by the ledger's judgement as we last read it?"""
+        if self.standing is None:
+            return message.peer not in self.banned
+        return self.standing.counts(message.peer, message.round)
 
     def note_records(self, fresh: list[AuditRecord]) -> None:
         """Records new to the ledger (gossip or repair, admitted by the flood node's
@@ -166,16 +185,97 @@ class PeerAudits:
                 continue
             if key in self.done or record.accused in self.banned:
                 continue
+            st = self.standing
+            if st is not None and st.enabled and record.auditor not in st.established:
+                continue  # its vote does not count: re-checking it would let fresh keys
+                # make every peer work for nothing
             claimed = self.ledger.scalars_of(record.accused, record.round)
             if claimed is None or rule.mismatches(claimed, record.scalars):
                 self.due[key] = "recheck"
 
-    def judge(self) -> dict[bytes, str]:
-        """Who the ledger bans (a pure function of its updates and audit records)."""
+    def judge(self) -> Standing:
+        """What counts: who the ledger bans, who is established, which updates are vouched (a
+        pure function of its updates and audit records, `probation.standing`)."""
         claims = {(m.round, m.peer): m.scalars for m in self.ledger.messages()}
-        judgement = judge(claims, self.ledger.audits(), self.settings)
-        self.verdicts = sum(1 for c in judgement.cases if c.outcome != "open")
-        return dict(judgement.banned)
+        after = standing(claims, self.ledger.audits(), self.settings, self.probation)
+        self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
+        return after
+
+    def _earn_tokens(self, st: Standing | None) -> None:
+        """One round's verification budget: `share` audits (an audit costs one training
+        step), for an established peer only; at most two rounds' worth saved up."""
+        if st is None or not st.enabled or self.peer_id not in st.established:
+            return
+        share = self.probation.share
+        self.tokens = min(self.tokens + share, max(1.0, 2 * share))
+
+    def probation_status(self) -> dict | None:
+        """Probation as this peer sees it (None: the run has no founders, probation off)."""
+        st = self.standing
+        if st is None or not st.enabled:
+            return None
+        return {
+            "established": len(st.established),
+            "founders": len(st.founders),
+            "earned": len(st.since),
+            "on_probation": len(st.probationers),
+            "vouched_updates": len(st.vouched),
+            "waiting_updates": sum(1 for m in self.waiting if m.peer not in self.banned),
+            "counted_late": self.counts["counted_late"],
+            "probation_audits": self.counts["probation_audits"],
+            "backlog": self.backlog,
+            "backlog_peers": self.waiting_peers,
+            "share": self.probation.share,
+            "vouches": self.probation.vouches,
+            "we_are": "established" if self.peer_id in st.established else "on probation",
+        }
+
+    def probation_jobs(self, trained_round: int) -> list[tuple]:
+        """Probation audits for this round, within the verification budget: `share` audits
+        a round (an audit costs one training step), only by an established peer. The
+        probationers' unvouched updates that are due (old enough, see `ready`; young
+        enough to rewind to) are taken oldest probationer first (by its first round in the
+        ledger), each one's updates in an order drawn with our secret (so auditors spread
+        over different updates); the rest wait (kept, counted in `backlog`)."""
+        st = self.standing
+        if st is None or not st.enabled or self.peer_id not in st.established:
+            self.backlog = self.waiting_peers = 0
+            return []
+        low, high = max(0, trained_round - MAX_REWIND), trained_round - self.delay
+        if high < low or not st.probationers:
+            self.backlog = self.waiting_peers = 0
+            return []
+        first: dict[bytes, int] = {}
+        due = []
+        for m in self.ledger.messages(max(0, low - MAX_REWIND), high):
+            if m.peer in st.probationers:
+                first.setdefault(m.peer, m.round)
+                key = (m.peer, m.round)
+                if m.round >= low and key not in st.vouched and key not in self.done:
+                    due.append(m)
+        run_key = self.live.config.run_key
+        due.sort(
+            key=lambda m: (
+                first[m.peer],
+                m.peer,
+                audit_draw(self.secret, run_key, m.peer, m.round),
+            )
+        )
+        jobs, budget = [], int(self.tokens)
+        for m in due[:budget]:
+            self.done.add((m.peer, m.round))
+            voided = [
+                v
+                for v in self.ledger.messages(max_round=m.round - self.settings.lag - 1)
+                if v.peer in self.banned
+            ]
+            jobs.append((m.peer, m.round, "probation", m.scalars, voided))
+        self.tokens -= len(jobs)
+        self.counts["probation_audits"] += len(jobs)
+        rest = due[budget:]
+        self.backlog = len(rest)
+        self.waiting_peers = len({m.peer for m in rest})
+        return jobs
 
     def ready(self, trained_round: int) -> list[tuple]:
         """Audits to do now: updates of rounds <= trained_round - `delay` (the model holds S
@@ -186,9 +286,19 @@ class PeerAudits:
         when it trained. After `delay` rounds we hold what it held, and the bans it could
         have known; one it did not know yet is the second state `audit` tries."""
         out = []
+        st = self.standing
+        probationers = st.probationers if st is not None and st.enabled else frozenset()
+        self._earn_tokens(st)
         for (peer, round_), why in sorted(self.due.items(), key=lambda kv: kv[0][1]):
             if round_ > trained_round - self.delay:
                 continue
+            if why == "recheck" and peer in probationers and trained_round - round_ <= MAX_REWIND:
+                # a re-check of a probationer's update is probation work: within the budget
+                # (its unvouched updates do not count meanwhile; it waits, as they do)
+                if self.tokens < 1:
+                    continue
+                self.tokens -= 1
+                self.counts["probation_audits"] += 1
             del self.due[(peer, round_)]
             if trained_round - round_ > MAX_REWIND or peer in self.banned:
                 self.counts["skipped"] += 1
@@ -202,7 +312,7 @@ class PeerAudits:
                 if m.peer in self.banned
             ]
             out.append((peer, round_, why, claimed, voided))
-        return out
+        return out + self.probation_jobs(trained_round)
 
     # -- where the model lives (model thread) ---------------------------------------
     def timed_step(self, step, *args):
@@ -222,28 +332,58 @@ class PeerAudits:
             self.cpu_seconds["audit"] += time.thread_time() - started
 
     def apply(self, messages: list[UpdateMessage]) -> None:
-        """Apply updates, except a banned peer's (banned since they were taken)."""
-        messages = [m for m in messages if m.peer not in self.banned]
-        self.live.apply(messages)
-        self.applied.extend(messages)
+        """Apply the updates that count; keep the others (`waiting`) for a later judgement."""
+        keep = [m for m in messages if self.is_counted(m)]
+        self.waiting.extend(m for m in messages if not self.is_counted(m))
+        self.live.apply(keep)
+        self.applied.extend(keep)
 
-    def set_banned(self, after: dict[bytes, str]) -> list[bytes]:
-        """Move to the judgement `after`: a newly banned peer's applied updates are taken
-        back (negated), an unbanned one's applied again. Returns the newly banned peers."""
-        changes = verdict_changes(self.banned, after, self.applied)
-        newly = sorted(p for p in after if p not in self.banned)
+    def set_standing(self, after: Standing) -> list[bytes]:
+        """Move to the judgement `after`: applied updates that no longer count (a newly banned
+        peer's) are taken back (negated) and kept waiting; waiting updates that now count (a
+        vouched one, an established peer's later ones, an unbanned peer's) are applied, as
+        late rows: their arrival is now (audits then know a sender may have lacked them).
+        Returns the newly banned peers."""
+        if self.standing is not None and after.enabled:
+            for peer in sorted(after.established - self.standing.established):
+                log.info(
+                    "probation: peer %s established (%d vouched updates)",
+                    peer_name(peer),
+                    sum(1 for (p, _) in after.vouched if p == peer),
+                    extra={"fields": {"event": "established", "peer": peer_name(peer)}},
+                )
+        self.standing = after
+        drop = [m for m in self.applied if not after.counts(m.peer, m.round)]
+        add = [m for m in self.waiting if after.counts(m.peer, m.round)]
+        newly = sorted(p for p in after.banned if p not in self.banned)
         for peer in newly:
             log.warning(
                 "audit verdict: peer %s banned (%s); %d applied update(s) taken back",
                 peer_name(peer),
-                after[peer],
-                sum(1 for m in changes if m.peer == peer),
+                after.banned[peer],
+                sum(1 for m in drop if m.peer == peer),
                 extra={"fields": {"event": "audit_ban", "peer": peer_name(peer)}},
             )
-        self.banned = dict(after)
-        self.live.apply(changes)
-        self.applied.extend(changes)
+        self.banned = dict(after.banned)
+        if drop:
+            self.applied = [m for m in self.applied if after.counts(m.peer, m.round)]
+            self.waiting.extend(drop)
+        if add:
+            self.waiting = [m for m in self.waiting if not after.counts(m.peer, m.round)]
+            self.applied.extend(add)
+            for m in add:
+                self.arrival[(m.peer, m.round)] = (self.round, next(self._clock))
+            self.counts["counted_late"] += len(add)
+        self.live.apply([m.negated() for m in drop] + add)
         return newly
+
+    def set_banned(self, after: dict[bytes, str]) -> list[bytes]:
+        """`set_standing` without probation: only bans change what counts."""
+        from seedflood_p2p.algorithm.audit import Judgement
+
+        return self.set_standing(
+            Standing(False, frozenset(), frozenset(), {}, {}, Judgement(dict(after), []))
+        )
 
     def audit(self, jobs: list[tuple[bytes, int, str, tuple]], engine, tokenizer, task) -> list:
         """Recompute each job (peer, round, why, claimed scalars) on its settled state;
@@ -293,7 +433,9 @@ class PeerAudits:
             mismatch = rule.mismatches(claimed, recomputed)
             self.counts["audits"] += 1
             self.counts["mismatches"] += mismatch
-            if mismatch or why == "recheck":
+            st = self.standing
+            vouch = st is not None and st.enabled and peer in st.probationers  # a match vouches
+            if mismatch or why in ("recheck", "probation") or vouch:
                 out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
         return out
 

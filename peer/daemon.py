@@ -29,6 +29,7 @@ from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
+from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
@@ -42,6 +43,7 @@ from seedflood_p2p.network.p2pd import create_p2p, host_port, remove_stale_socke
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
 from seedflood_p2p.network.runpage import Observed, RunPage, add_routes, run_sampler
+from seedflood_p2p.network.tickets import ticket_creator
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
 from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger, digest_of, peer_name
@@ -250,7 +252,13 @@ class PeerDaemon:
         m.audit_banned.set(len(audits.banned))
         for work in ("audit", "train"):
             m.audit_cpu_seconds.labels(work).set(audits.cpu_seconds[work])
+        probation = audits.probation_status()
+        if probation is not None:
+            for key in ("established", "on_probation", "vouched_updates", "backlog"):
+                m.probation.labels(key).set(probation[key])
+            m.probation.labels("waiting_updates").set(probation["waiting_updates"])
         return {
+            "probation": probation,
             "done": audits.counts["audits"],
             "mismatches": audits.counts["mismatches"],
             "published": audits.counts["published"],
@@ -657,24 +665,33 @@ class PeerDaemon:
         state: when verdicts went to the ban store, auditors dropped them and convicted
         every honest peer that trained around the bans (bench/results/audit_daemon.md)."""
         after = self.audits.judge()
-        if after == self.audits.banned:
+        before = self.audits.standing
+        if (
+            before is not None
+            and after.banned == before.banned
+            and after.established == before.established
+            and after.vouched.keys() == before.vouched.keys()
+        ):
             return
-        await self.in_model_thread(self.audits.set_banned, after)
+        await self.in_model_thread(self.audits.set_standing, after)
         self.audit_status()  # the /metrics gauges
 
     async def restore_settled(self, first_round: int) -> str:
         """Audited runs: weights = base + the counted updates of rounds < first_round - lag
         (the state round `first_round` trains on); the later ones stay pending. From a
         checkpoint of exactly that cut, else by replay."""
-        self.audits.banned = self.audits.judge()  # nothing applied yet: nothing to undo
+        judged = self.audits.judge()  # nothing applied yet: nothing to undo
+        self.audits.standing, self.audits.banned = judged, dict(judged.banned)
         cut = self.live.cut()
         limit = first_round - self.audits.settings.lag
-        settled = [m for m in cut.messages if m.round < limit and m.peer not in self.audits.banned]
+        earlier = [m for m in cut.messages if m.round < limit]
+        settled = judged.counted(earlier)
         later = [m for m in cut.messages if m.round >= limit]
         how = await self.in_model_thread(
             self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
         )
         self.audits.applied = list(settled)
+        self.audits.waiting = [m for m in earlier if not judged.counts(m.peer, m.round)]
         self.live.receive(later)
         return how + f" (settled state of round {first_round})"
 
@@ -905,6 +922,15 @@ class PeerDaemon:
                 on_accept=self.live.receive,
             )
             audit_settings = AuditSettings.of(self.config.extra)
+            if ticket_creator(self.config) is not None:
+                # The admission rule and the tickets are built (network/tickets.py); handing
+                # each peer's ticket to the others is not, so a ticketed run would drop every
+                # honest update: refused, in one line, rather than started half-closed.
+                raise UserError(
+                    "this run is ticketed (extra.join.mode): the peer daemon cannot join "
+                    "ticketed runs yet (tickets are not passed between peers); use "
+                    "allow_peers for a closed run"
+                )
             if audit_settings.enabled:
                 self.audits = PeerAudits(
                     audit_settings,
@@ -913,11 +939,17 @@ class PeerDaemon:
                     self.ledger,
                     self.live,
                     self.node.audits,
+                    ProbationSettings.of(self.config),
                 )
                 self.node.on_accept = self._accept_audited
                 self.node.on_audit_records = self.on_audit_records
             if chain_period(self.config) and self.audits is None:  # not in audited runs
                 self.chain = await self.in_model_thread(self._make_chain)
+            elif chain_period(self.config):
+                log.warning(
+                    "extra.checkpoint_every is ignored: the run has audits (on unless its "
+                    "manifest sets extra.audit = false), and audited runs build no chain"
+                )
             self.node.not_ready = "starting: syncing with the run first"
             self.page = RunPage(
                 self.ledger,

@@ -86,7 +86,11 @@ def test_rule_tolerance():
 
 
 def test_settings_from_manifest_extra():
-    assert not AuditSettings.of({}).enabled
+    # secure by default: a run that does not turn audits off has them, at the production rate
+    default = AuditSettings.of({})
+    assert default.enabled and default.cpu_share == 0.10 and default.lag == 3
+    assert not AuditSettings.of({"audit": False}).enabled
+    assert not AuditSettings.of({"audit": {"enabled": False}}).enabled
     assert AuditSettings.of({"audit": True}).enabled
     s = AuditSettings.of({"audit": {"quorum": 2, "lag": 1}})
     assert s.enabled and s.quorum == 2 and s.lag == 1

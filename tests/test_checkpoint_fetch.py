@@ -33,7 +33,8 @@ from cluster import RUN, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 70  # long enough for a joiner started at round 13 (process start ~60 s under load)
-CHAIN_RUN = dataclasses.replace(RUN, extra={"checkpoint_every": 8})
+# audits off: audited runs have no chain (their model is a settled state, not the ledger)
+CHAIN_RUN = dataclasses.replace(RUN, extra={"checkpoint_every": 8, "audit": False})
 PEER_FLAGS = [
     "--until-round", str(ROUNDS),
     "--round-interval", "1.5",

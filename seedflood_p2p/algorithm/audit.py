@@ -160,7 +160,7 @@ class AuditSettings:
     """
 
     enabled: bool = False
-    cpu_share: float = 0.10  # of a peer's training CPU spent on audits
+    cpu_share: float = 0.10  # of a peer's training CPU spent on audits (the production rate)
     lag: int = 0
     relative: float = 0.01
     absolute: float = 0.002
@@ -172,10 +172,15 @@ class AuditSettings:
 
     @classmethod
     def of(cls, extra: Mapping) -> AuditSettings:
-        """From a manifest's `extra`; an unknown key or a bad value is a UserError line."""
+        """From a manifest's `extra`; an unknown key or a bad value is a UserError line.
+
+        Secure by default: a manifest without `extra.audit` has audits at the production
+        settings (`DEFAULT_AUDIT`); only `audit = false` (or `enabled = false`) turns them
+        off. A ledger without audit records judges the same either way (nothing is voided),
+        so an older run without the key replays as before."""
         from seedflood_p2p.core.errors import UserError
 
-        body = extra.get("audit")
+        body = extra.get("audit", DEFAULT_AUDIT)
         if body is None or body is False:
             return cls()
         if body is True:
@@ -205,6 +210,12 @@ class AuditSettings:
         return settings
 
 
+# What a run whose manifest does not mention `extra.audit` gets: audits on at 10% of the
+# training CPU. lag 3: the daemon's default --max-staleness is 2, so every peer holds the
+# updates of rounds < t - 3 when it trains round t.
+DEFAULT_AUDIT: Mapping = {"lag": 3, "cpu_share": 0.10, "quorum": 3}
+
+
 # --------------------------------------------------------------------------- verdicts
 
 
@@ -230,20 +241,9 @@ class Judgement:
         return sum(1 for c in self.cases if c.mismatch)
 
 
-def judge(
-    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
-    records: Iterable[AuditRecord],
-    settings: AuditSettings,
-) -> Judgement:
-    """What a set of audit records decides, given the claimed scalars of each (round, peer).
-
-    A pure function of its arguments: the same ledger judges the same everywhere, whatever
-    order its records arrived in. Only cases with at least one mismatch exist (a published
-    match alone accuses no one). An auditor's votes count once per case (of two records
-    from one auditor for one update, the smaller scalars, as `wire.keeps_new` orders
-    equivocations); the accused's own records do not count.
-    """
-    rule = settings.rule
+def choose_records(records: Iterable[AuditRecord]) -> dict[tuple[bytes, int, bytes], AuditRecord]:
+    """One record per (accused, round, auditor): of two, the smaller scalars (as
+    `wire.keeps_new` orders equivocations); the accused's own records are left out."""
     chosen: dict[tuple[bytes, int, bytes], AuditRecord] = {}
     for record in records:
         if record.auditor == record.accused:
@@ -252,6 +252,34 @@ def judge(
         held = chosen.get(key)
         if held is None or _scalar_order(record.scalars) < _scalar_order(held.scalars):
             chosen[key] = record
+    return chosen
+
+
+def judge(
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
+    records: Iterable[AuditRecord],
+    settings: AuditSettings,
+    voters: frozenset[bytes] | None = None,
+    court: frozenset[bytes] = frozenset(),
+) -> Judgement:
+    """What a set of audit records decides, given the claimed scalars of each (round, peer).
+
+    A pure function of its arguments: the same ledger judges the same everywhere, whatever
+    order its records arrived in. Only cases with at least one mismatch exist (a published
+    match alone accuses no one). An auditor's votes count once per case (of two records
+    from one auditor for one update, the smaller scalars, as `wire.keeps_new` orders
+    equivocations); the accused's own records do not count. With `voters` (probation:
+    the established identities), only their records vote. With a `court` (probation: the
+    run's founders), a case any member of the court voted on is decided by the court's
+    votes alone (quorum: min(quorum, court size)), and a confirmed case also bans the
+    voters outside the court that matched the cheat (a false vouch costs its author, as a
+    false accusation does): identities that earned their standing cannot outvote the
+    founders, nor vouch for a cheat unpunished.
+    """
+    rule = settings.rule
+    chosen = choose_records(records)
+    if voters is not None:
+        chosen = {key: r for key, r in chosen.items() if key[2] in voters}
     votes: dict[tuple[bytes, int], list[AuditRecord]] = defaultdict(list)
     for key in sorted(chosen):
         votes[key[:2]].append(chosen[key])
@@ -268,12 +296,17 @@ def judge(
         if not case.mismatch:
             continue
         q = settings.quorum
-        if len(case.mismatch) >= q and len(case.mismatch) > len(case.match):
+        mismatch, match = case.mismatch, case.match
+        if court and (court & (mismatch | match)):
+            mismatch, match = mismatch & court, match & court
+            q = min(q, len(court))
+        if len(mismatch) >= q and len(mismatch) > len(match):
             case.outcome = "confirmed"
-            banned.setdefault(
-                accused, f"update of round {round_} failed {len(case.mismatch)} audits"
-            )
-        elif len(case.match) >= q and len(case.match) > len(case.mismatch):
+            banned.setdefault(accused, f"update of round {round_} failed {len(mismatch)} audits")
+            if court:
+                for auditor in sorted(case.match - court):
+                    banned.setdefault(auditor, f"vouched for round {round_}'s failed update")
+        elif len(match) >= q and len(match) > len(mismatch):
             case.outcome = "refuted"
             for auditor in sorted(case.mismatch):
                 banned.setdefault(auditor, f"false accusation against round {round_}'s update")

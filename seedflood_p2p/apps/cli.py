@@ -90,6 +90,12 @@ COMMANDS: dict[str, Command] = {
         "add_status_arguments",
         "cmd_status",
     ),
+    "ticket": Command(
+        "sign a join ticket for a ticketed run (with the run creator's key)",
+        _LOCAL,
+        "add_ticket_arguments",
+        "cmd_ticket",
+    ),
     "bootstrap": Command(
         "start a run: serve its manifest and an entry point",
         "bootstrap.command",

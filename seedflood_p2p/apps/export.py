@@ -81,8 +81,8 @@ def _base_model(config: RunConfig, base: Path | None):
 
 def rebuild_from_ledger(path: Path, base: Path | None) -> tuple[Any, Any, RunConfig, dict]:
     """Base weights + the ledger at `path` (verified, audits judged): the run's model."""
-    from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
     from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.apps.local import counted_updates, load_schedule
     from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, digest_of
 
@@ -95,8 +95,8 @@ def rebuild_from_ledger(path: Path, base: Path | None) -> tuple[Any, Any, RunCon
             directions=config.directions,
         )
         model, tokenizer = _base_model(config, base)
-        messages, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
-        replay(model, config, messages)
+        messages, judgement = counted_updates(ledger, config)
+        replay(model, config, messages, schedule=load_schedule(ledger))
         facts = {
             "source": f"replay of ledger {path.name}",
             "ledger_digest": digest_of(ledger.messages()),

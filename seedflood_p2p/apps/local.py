@@ -165,8 +165,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def counted_updates(ledger, config: RunConfig) -> tuple[list, object]:
+    """The ledger's updates that count for the model, in canonical order, and the standing
+    they come from: verdicts and probation first (a banned peer's updates are void, a
+    probationer's count only where vouched: algorithm/probation.py:standing). What replay
+    and export both rebuild."""
+    from seedflood_p2p.algorithm.audit import AuditSettings
+    from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
+
+    judged = standing_of_ledger(
+        ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
+    )
+    return list(judged.counted(ledger.messages())), judged
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, peer_name
@@ -200,10 +213,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def progress(done: int, epoch: int) -> None:
         log.info("replayed %d/%d messages (epoch %d)", done, total, epoch)
 
-    # Verdicts first: a banned peer's updates are void (algorithm/audit.py:judge).
-    messages, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
-    for peer, why in sorted(judgement.banned.items()):
+    messages, judged = counted_updates(ledger, config)
+    for peer, why in sorted(judged.banned.items()):
         log.warning("peer %s is banned (%s): its updates are void", peer_name(peer), why)
+    if judged.enabled:
+        log.info(
+            "probation: %d established identities, %d on probation; %d of %d updates count",
+            len(judged.established),
+            len(judged.probationers),
+            len(messages),
+            total,
+        )
     count = replay(
         model,
         config,
@@ -221,4 +241,42 @@ def cmd_replay(args: argparse.Namespace) -> int:
         args.out,
     )
     print(digest)
+    return 0
+
+
+def add_ticket_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--manifest", required=True, help="the run's manifest JSON file")
+    p.add_argument("--key", required=True, help="the run creator's identity.key")
+    p.add_argument("--peer", required=True, help="the holder's peer id (12D3Koo...)")
+    p.add_argument("--days", type=float, default=30.0, help="valid for this many days")
+
+
+def cmd_ticket(args: argparse.Namespace) -> int:
+    """Print a join ticket (base58) for PEER in the run of MANIFEST, signed with KEY."""
+    from pathlib import Path
+
+    import base58
+
+    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.tickets import issue, ticket_creator
+
+    try:
+        config = RunConfig.from_json(Path(args.manifest).read_bytes())
+    except OSError as exc:
+        raise UserError(f"cannot read manifest {args.manifest}: {exc.strerror}") from None
+    creator = ticket_creator(config)
+    if creator is None:
+        raise UserError("the run is not ticketed: its manifest has no extra.join.mode = ticketed")
+    if not Path(args.key).is_file():
+        raise UserError(f"no key file {args.key}")
+    if load_or_create_identity(Path(args.key)).to_bytes() != creator:
+        raise UserError(f"{args.key} is not the key of the run creator named in the manifest")
+    try:
+        peer = base58.b58decode(args.peer)
+    except ValueError:
+        raise UserError("--peer is not a base58 peer id") from None
+    if not (0 < args.days <= 3650):
+        raise UserError("--days must be in (0, 3650]")
+    expires = int(time.time() + args.days * 86400)
+    print(issue(Path(args.key), config, peer, expires).text())
     return 0

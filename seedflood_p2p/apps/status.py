@@ -68,6 +68,15 @@ def format_status(status: dict[str, Any]) -> str:
             f"published {audits['published']}  verdicts {audits['verdicts']}  "
             f"banned {'  '.join(audits['banned']) or 'none'}"
         )
+        probation = audits.get("probation")
+        if probation:  # a run with founders: new identities count once vouched
+            lines.append(
+                f"probation   we are {probation['we_are']}  established {probation['established']}"
+                f" ({probation['founders']} founders)  on probation {probation['on_probation']}  "
+                f"vouched updates {probation['vouched_updates']}  waiting "
+                f"{probation['waiting_updates']}  backlog {probation['backlog']} update(s) of "
+                f"{probation['backlog_peers']} peer(s) (budget {probation['share']} audits/round)"
+            )
     if status.get("laggards"):
         lines.append(f"laggards    {status['laggards']} live peer(s) not waited for")
     if "bytes_out" in status:

@@ -44,6 +44,7 @@ from enum import StrEnum
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.reputation import LogLimiter, PeerBuckets, Reputation, short_id
+from seedflood_p2p.network.tickets import TicketBook
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.wire import (
     SENDER_BURST,
@@ -119,6 +120,7 @@ class Admission:
         max_behind: int = 30,
         reputation: Reputation | None = None,
         allowed: Collection[bytes] | None = None,
+        tickets: TicketBook | None = None,
     ) -> None:
         self.ledger = ledger
         self.run_id = ledger.run_id
@@ -130,6 +132,8 @@ class Admission:
         self.verify = verify
         self.reputation = reputation or Reputation(BanStore(None), metrics.count_ban)
         self.allowed = None if allowed is None else frozenset(allowed)  # None: an open run
+        # A ticketed run: only holders of a valid ticket signed by the run creator
+        self.tickets = tickets if tickets is not None and tickets.required else None
         self.sender_rate = PeerBuckets(SENDER_RATE, SENDER_BURST)
         # rows being checked by a repair exchange now -> its result (`_verify_once`)
         self._verifying: dict[tuple, asyncio.Future] = {}
@@ -173,6 +177,8 @@ class Admission:
             return exc
         if self.allowed is not None and peer not in self.allowed:
             return Rejected("not_allowed", "not in the run's allow_peers")
+        if self.tickets is not None and peer != self.peer_id and not self.tickets.admits(peer):
+            return Rejected("no_ticket", "no valid join ticket of the run creator")
         return None
 
     # -- the three sources ------------------------------------------------------------

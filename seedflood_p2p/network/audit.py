@@ -46,6 +46,8 @@ def audits_on(extra: Mapping) -> bool:
     """Does a run with manifest `extra` have audits? The same answer as
     `algorithm/audit.py:AuditSettings.of(extra).enabled` for every valid `extra` (the
     network layer does not import the algorithm; tests/test_audit.py checks they agree)."""
+    if "audit" not in extra:  # secure by default: audits on unless the run turns them off
+        return True
     body = extra.get("audit")
     if body is None or body is False:
         return False

@@ -71,6 +71,14 @@ class NodeMetrics:
         self.audit_banned = Gauge(
             "seedflood_audit_banned", "peers the ledger's audit records ban", registry=r
         )
+        self.probation = Gauge(
+            "seedflood_probation",
+            "probation (a run with founders): established identities, identities on "
+            "probation, vouched updates, waiting updates (kept, not counted yet), backlog "
+            "(probationers' updates due for an audit our budget did not cover)",
+            ["what"],
+            registry=r,
+        )
         self.audit_cpu_seconds = Gauge(
             "seedflood_audit_cpu_seconds",
             "CPU seconds of the model thread spent on audits and on our own training steps",

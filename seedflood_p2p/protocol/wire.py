@@ -30,6 +30,7 @@ dropped and counted under the named reason (never raised out of the daemon):
     banned         the sender is banned by this peer (network/reputation.py); not a rule
                    every peer applies at once, see `own_backfill` for why ledgers still agree
     not_allowed    a closed run (the manifest's `allow_peers`) and the sender is not in it
+    no_ticket      a ticketed run and the sender holds no valid ticket of the run creator
     rate_limited   the sender sent more updates than `SENDER_RATE` / `SENDER_BURST` allow
     duplicate      same (sender, round, scalars) already in the ledger
     equivocation   same (sender, round) already in the ledger with other scalars; both are
@@ -162,6 +163,7 @@ DROP_REASONS = (
     "own_backfill",
     "banned",
     "not_allowed",
+    "no_ticket",
     "rate_limited",
 )
 

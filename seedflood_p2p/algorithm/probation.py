@@ -1,0 +1,258 @@
+"""Probation: a new identity's updates count only once established peers have matched them.
+
+Identities are free (an Ed25519 key), so a rule per identity (window, rate, score, the
+audit draw) bounds one key, not one attacker. Probation makes an identity's influence
+cost verified work instead: an update of an identity that is not established counts for
+the model only when an established peer has recomputed it and published a match (a
+*vouch*: an audit record whose scalars match the claim, `AuditRule`). An identity
+becomes established after `vouches` of its updates were vouched, each by an already
+established auditor; from then on its updates of later rounds count without a vouch
+(audits sample them as anyone's). The seed set is the run creator's: the manifest's
+`extra.probation.founders` and its `allow_peers`.
+
+Everything is a pure function of the ledger's updates and audit records (`standing`),
+like `audit.judge`, so every peer and every replay agree on which updates count,
+whatever order updates and records arrived in:
+
+    1. E = least fixpoint from the founders: p joins E when >= `vouches` of its updates
+       carry a match record of an auditor in E. Monotone, so the result does not depend on
+       the order records are looked at. A cartel of probationers cannot vouch for itself:
+       a match counts only if its auditor is already in E, and nobody outside E can enter
+       E without `vouches` matches from inside it.
+    2. The audit verdicts (`judge`) with only the auditors in E voting: a thousand fresh
+       keys outvote nobody. The founders are the court: a case any founder voted on is
+       decided by the founders' votes alone, and a confirmed case also bans the earned
+       identities that matched the cheat (a false vouch costs its author). So identities
+       that earned their standing and then turn (or vouch for a fellow's cheat) cannot
+       outvote the founders once those re-check, and lose their vouches when caught.
+    3. E again without the banned peers (neither as members nor as vouchers): a peer
+       convicted later takes its vouches with it.
+
+Update (p, t) counts iff p is not banned and p is a founder, or (p, t) is vouched, or
+p is established and t > since[p], the round of p's `vouches`-th vouched update. So an
+established identity's unverified updates from its probation never count (only those
+matched), and what it sends afterwards counts as any established peer's (audited by
+sampling). A run whose manifest names no founders and no allow-list has probation off:
+nobody could vouch for anyone (`ProbationSettings.enabled`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from seedflood_p2p.algorithm.audit import AuditSettings, Judgement, choose_records, judge
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+
+if TYPE_CHECKING:
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.storage.ledger import Ledger
+
+DEFAULT_VOUCHES = 3  # vouched updates that make an identity established
+DEFAULT_SHARE = 0.25  # of an established peer's training CPU spent on probation audits
+MAX_FOUNDERS = 1000
+
+
+@dataclass(frozen=True)
+class ProbationSettings:
+    """A run's probation rules, from its manifest (`extra.probation`, and `allow_peers`).
+
+    founders: raw peer ids established from the start (the run creator's peers).
+    vouches: vouched updates that make an identity established.
+    share: of an established peer's training CPU that probation audits may take (the
+    verification budget; one audit costs one training step, so `share` audits per round).
+    """
+
+    founders: frozenset[bytes] = frozenset()
+    vouches: int = DEFAULT_VOUCHES
+    share: float = DEFAULT_SHARE
+    off: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.founders) and not self.off
+
+    @classmethod
+    def of(cls, config: RunConfig) -> ProbationSettings:
+        """From a `RunConfig`: `extra.probation` (false, or a table of founders (base58
+        peer ids), vouches, share) and the run's allow-list (allowed peers are founders).
+        A bad value is one UserError line."""
+        import base58
+
+        from seedflood_p2p.core.config import _allow_peers_problem
+        from seedflood_p2p.core.errors import UserError
+
+        body = config.extra.get("probation", {})
+        if body is False:
+            return cls(off=True)
+        if not isinstance(body, Mapping):
+            raise UserError("run setting extra.probation must be false or a table of settings")
+        unknown = sorted(set(body) - {"founders", "vouches", "share"})
+        if unknown:
+            raise UserError(
+                f"run setting extra.probation has unknown keys {unknown}: "
+                "known ['founders', 'share', 'vouches']"
+            )
+        founders = body.get("founders", [])
+        vouches = body.get("vouches", DEFAULT_VOUCHES)
+        share = body.get("share", DEFAULT_SHARE)
+        problems = []
+        if not (isinstance(founders, list) and all(isinstance(f, str) for f in founders)):
+            problems.append("founders must be a list of base58 peer ids")
+            founders = []
+        elif len(founders) > MAX_FOUNDERS:
+            problems.append(f"founders lists more than {MAX_FOUNDERS} peers")
+        elif problem := _allow_peers_problem(founders):
+            problems.append(problem.replace("allow_peers", "founders"))
+        if isinstance(vouches, bool) or not (isinstance(vouches, int) and 1 <= vouches <= 1000):
+            problems.append("vouches must be an integer 1..1000")
+        if isinstance(share, bool) or not (
+            isinstance(share, (int, float)) and math.isfinite(share) and 0 < share <= 100
+        ):
+            problems.append("share must be a number in (0, 100]")
+        if problems:
+            raise UserError("run setting extra.probation: " + "; ".join(problems))
+        ids = {base58.b58decode(f) for f in founders} | set(config.allowed_peer_ids() or ())
+        return cls(frozenset(ids), int(vouches), float(share))
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Who is established, which updates are vouched, who is banned: what counts."""
+
+    enabled: bool
+    founders: frozenset[bytes]
+    established: frozenset[bytes]  # founders included
+    vouched: Mapping[tuple[bytes, int], frozenset[bytes]]  # (peer, round) -> established auditors
+    since: Mapping[bytes, int]  # earned peer -> round of its `vouches`-th vouched update
+    judgement: Judgement
+    probationers: frozenset[bytes] = field(default_factory=frozenset)  # seen, not established
+
+    @property
+    def banned(self) -> dict[bytes, str]:
+        return self.judgement.banned
+
+    def counts(self, peer: bytes, round_: int) -> bool:
+        """Does update (peer, round_) count for the model?"""
+        if peer in self.judgement.banned:
+            return False
+        if not self.enabled or peer in self.founders:
+            return True
+        if (peer, round_) in self.vouched:
+            return True
+        since = self.since.get(peer)
+        return since is not None and round_ > since
+
+    def counted(self, messages: Iterable[UpdateMessage]) -> list[UpdateMessage]:
+        return [m for m in messages if self.counts(m.peer, m.round)]
+
+
+def _matches(
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
+    chosen: Mapping[tuple[bytes, int, bytes], AuditRecord],
+    settings: AuditSettings,
+) -> dict[tuple[bytes, int], set[bytes]]:
+    """(peer, round) -> auditors whose record matches the claimed scalars."""
+    rule = settings.rule
+    out: dict[tuple[bytes, int], set[bytes]] = defaultdict(set)
+    for (accused, round_, auditor), record in chosen.items():
+        claimed = claims.get((round_, accused))
+        if claimed is not None and not rule.mismatches(claimed, record.scalars):
+            out[(accused, round_)].add(auditor)
+    return out
+
+
+def _established(
+    founders: frozenset[bytes],
+    matches: Mapping[tuple[bytes, int], set[bytes]],
+    vouches: int,
+    excluded: Iterable[bytes] = (),
+) -> frozenset[bytes]:
+    """Least fixpoint: founders, then anyone with >= `vouches` updates matched by a member."""
+    excluded = frozenset(excluded)
+    members = set(founders - excluded)
+    by_peer: dict[bytes, list[tuple[int, set[bytes]]]] = defaultdict(list)
+    for (peer, round_), auditors in matches.items():
+        if peer not in excluded:
+            by_peer[peer].append((round_, auditors - excluded))
+    grew = True
+    while grew:
+        grew = False
+        for peer in sorted(by_peer):
+            if peer in members:
+                continue
+            if sum(1 for _, auditors in by_peer[peer] if auditors & members) >= vouches:
+                members.add(peer)
+                grew = True
+    return frozenset(members)
+
+
+def standing(
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
+    records: Iterable[AuditRecord],
+    settings: AuditSettings,
+    probation: ProbationSettings,
+) -> Standing:
+    """What counts, given the claimed scalars of each (round, peer) and the audit records: a
+    pure function of its arguments (see the module docstring for the three steps)."""
+    records = list(records)
+    if not probation.enabled:
+        judgement = judge(claims, records, settings)
+        return Standing(False, frozenset(), frozenset(), {}, {}, judgement)
+    chosen = choose_records(records)
+    matches = _matches(claims, chosen, settings)
+    first = _established(probation.founders, matches, probation.vouches)
+    judgement = judge(claims, records, settings, voters=first, court=probation.founders)
+    banned = set(judgement.banned)
+    members = _established(probation.founders, matches, probation.vouches, excluded=banned)
+    vouched = {
+        key: frozenset(auditors & members)
+        for key, auditors in matches.items()
+        if auditors & members and key[0] not in banned
+    }
+    per_peer: dict[bytes, list[int]] = defaultdict(list)
+    for peer, round_ in vouched:
+        per_peer[peer].append(round_)
+    since = {
+        peer: sorted(rounds)[probation.vouches - 1]
+        for peer, rounds in per_peer.items()
+        if peer in members and peer not in probation.founders
+    }
+    seen = {peer for _, peer in claims}
+    return Standing(
+        True,
+        probation.founders,
+        members,
+        vouched,
+        since,
+        judgement,
+        frozenset(seen - members - banned),
+    )
+
+
+def standing_of_ledger(
+    ledger: Ledger, settings: AuditSettings, probation: ProbationSettings
+) -> Standing:
+    """`standing` over a ledger's updates and audit records."""
+    claims = {(m.round, m.peer): m.scalars for m in ledger.messages()}
+    return standing(claims, ledger.audits(), settings, probation)
+
+
+def rounds_to_count(
+    auditors: int, share: float, vouches: int, lag: int, ahead: int = 0
+) -> tuple[int, int]:
+    """Rounds after an honest newcomer's first update until (one of its updates counts, it is
+    established), with `auditors` established peers each spending `share` audits a round
+    on probation and `ahead` probationers' audits (each `vouches` audits) queued before it.
+
+    An audit of round t waits lag + 3 rounds (peer/audits.py: the sender's settled state
+    and the bans it could know); the probation budget is auditors * share audits a round;
+    a vouch reaches the others by gossip within about a round. An estimate for an
+    unloaded run (auditors may pick the same update, rounds may be late), not a bound."""
+    per_round = max(auditors * share, 1e-9)
+    wait = math.ceil(ahead * vouches / per_round)
+    first = lag + 3 + wait + 1
+    return first, lag + 3 + wait + math.ceil(vouches / per_round) + 1

@@ -1,0 +1,350 @@
+"""Probation (algorithm/probation.py): which updates count, as a pure function of the
+ledger's updates and audit records. No processes."""
+
+import random
+
+import base58
+import pytest
+
+from seedflood_p2p.algorithm.audit import AuditSettings, judge
+from seedflood_p2p.algorithm.probation import ProbationSettings, standing, standing_of_ledger
+from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.message import AuditRecord
+
+AUDIT = AuditSettings(enabled=True, quorum=3)
+F = [f"founder-{i}".encode() for i in range(4)]
+N = b"newcomer"
+SYBILS = [f"sybil-{i:02d}".encode() for i in range(20)]
+PROBATION = ProbationSettings(founders=frozenset(F), vouches=3)
+ROUNDS = 10
+LIVE_CONFIG = RunConfig(
+    model="tiny-llama", rank=4, refresh_period=5, lr=0.05, n_ref=4, batch_size=8
+)
+
+
+def claim(peer: bytes, round_: int) -> tuple[float, ...]:
+    return (round(0.1 + 0.01 * round_ + 0.001 * (sum(peer) % 7), 3),)
+
+
+def claims_of(peers) -> dict:
+    return {(t, p): claim(p, t) for p in peers for t in range(ROUNDS)}
+
+
+def match(accused: bytes, round_: int, auditor: bytes) -> AuditRecord:
+    return AuditRecord(accused, round_, auditor, claim(accused, round_))
+
+
+def mismatch(accused: bytes, round_: int, auditor: bytes) -> AuditRecord:
+    return AuditRecord(accused, round_, auditor, tuple(-x for x in claim(accused, round_)))
+
+
+def counted_keys(st, claims) -> set:
+    return {(p, t) for (t, p) in claims if st.counts(p, t)}
+
+
+def test_founders_count_and_a_newcomer_counts_only_where_vouched_until_established():
+    claims = claims_of(F + [N])
+    st = standing(claims, [], AUDIT, PROBATION)
+    assert st.established == frozenset(F)
+    assert all(st.counts(f, t) for f in F for t in range(ROUNDS))
+    assert not any(st.counts(N, t) for t in range(ROUNDS))  # kept in the ledger, not counted
+    assert N in st.probationers
+    # two vouched updates: those two count, nothing else; not established yet
+    records = [match(N, 2, F[0]), match(N, 4, F[1])]
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert [t for t in range(ROUNDS) if st.counts(N, t)] == [2, 4]
+    assert N not in st.established
+    # the third vouched update (round 6) makes it established: later rounds count unvouched,
+    # its earlier unvouched ones (0, 1, 3, 5) never do
+    st = standing(claims, records + [match(N, 6, F[2])], AUDIT, PROBATION)
+    assert N in st.established and st.since[N] == 6
+    assert [t for t in range(ROUNDS) if st.counts(N, t)] == [2, 4, 6, 7, 8, 9]
+
+
+def test_a_cartel_of_probationers_cannot_vouch_for_itself():
+    claims = claims_of(F + SYBILS)
+    # every sybil matches every other sybil's every update: 20 * 19 * 10 vouches
+    records = [match(s, t, v) for s in SYBILS for v in SYBILS if v != s for t in range(ROUNDS)]
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert st.established == frozenset(F)
+    assert not any(st.counts(s, t) for s in SYBILS for t in range(ROUNDS))
+    assert st.probationers == frozenset(SYBILS)
+
+
+def test_probationers_cannot_outvote_established_auditors():
+    claims = claims_of(F + SYBILS)
+    # 20 sybils accuse an honest founder's update; one founder re-checks and matches
+    records = [mismatch(F[0], 3, s) for s in SYBILS] + [match(F[0], 3, F[1])]
+    assert F[0] in judge(claims, records, AUDIT).banned  # without probation: banned
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert not st.banned and all(st.counts(F[0], t) for t in range(ROUNDS))
+    # ... and a sybil's cheat confirmed by 3 founders bans it, whatever the sybils vote
+    records = [mismatch(SYBILS[0], 1, f) for f in F[:3]]
+    records += [match(SYBILS[0], 1, s) for s in SYBILS[1:]]
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert SYBILS[0] in st.banned
+
+
+def test_trust_is_transitive_only_through_established_auditors():
+    claims = claims_of(F + [N, b"second"])
+    records = [match(N, t, F[t % 4]) for t in (0, 1, 2)]  # N established by founders
+    records += [match(b"second", t, N) for t in (3, 4, 5)]  # N vouches for "second"
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert {N, b"second"} <= st.established
+    # without N's own vouches, N's vouches count for nothing
+    st = standing(claims, records[3:], AUDIT, PROBATION)
+    assert st.established == frozenset(F)
+
+
+def test_a_banned_peer_takes_its_vouches_with_it():
+    claims = claims_of(F + [N, b"friend"])
+    records = [match(N, t, F[0]) for t in (0, 1, 2)]
+    records += [match(b"friend", t, N) for t in (3, 4, 5)]
+    records += [mismatch(N, 7, f) for f in F[:3]]  # N cheats once established: banned
+    st = standing(claims, records, AUDIT, PROBATION)
+    assert N in st.banned and not any(st.counts(N, t) for t in range(ROUNDS))
+    assert b"friend" not in st.established
+    assert not any(st.counts(b"friend", t) for t in range(ROUNDS))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_standing_does_not_depend_on_arrival_order(seed):
+    rng = random.Random(seed)
+    peers = F + [N, b"second"] + SYBILS[:5]
+    claims = claims_of(peers)
+    records = [match(N, t, F[rng.randrange(4)]) for t in range(ROUNDS) if rng.random() < 0.6]
+    records += [match(b"second", t, N) for t in range(ROUNDS) if rng.random() < 0.5]
+    records += [match(s, t, v) for s in SYBILS[:5] for v in SYBILS[:5] for t in (1, 2, 3)]
+    records += [mismatch(SYBILS[0], 4, f) for f in F[:3]]
+    records += [mismatch(F[1], 5, s) for s in SYBILS[:5]]
+    records += [AuditRecord(N, 8, F[3], (9.0,)), match(N, 8, F[3])]  # an equivocating auditor
+    reference = standing(claims, records, AUDIT, PROBATION)
+    for _ in range(5):
+        rng.shuffle(records)
+        items = list(claims.items())
+        rng.shuffle(items)
+        st = standing(dict(items), records, AUDIT, PROBATION)
+        assert st.established == reference.established
+        assert st.banned == reference.banned
+        assert st.since == reference.since
+        assert counted_keys(st, claims) == counted_keys(reference, claims)
+    # a record set that grows only ever adds counted updates of unbanned peers
+    st = standing(claims, records[: len(records) // 2], AUDIT, PROBATION)
+    unbanned = {(p, t) for (p, t) in counted_keys(st, claims) if p not in reference.banned}
+    assert unbanned <= counted_keys(reference, claims)
+
+
+def _peer_id(i: int) -> str:
+    return base58.b58encode(ED25519_PEER_ID_PREFIX + bytes([i]) * 32).decode()
+
+
+def test_settings_seed_from_founders_or_the_allow_list():
+    assert not ProbationSettings.of(RunConfig()).enabled  # no founders: nobody could vouch
+    founders = [_peer_id(1), _peer_id(2)]
+    st = ProbationSettings.of(RunConfig(extra={"probation": {"founders": founders}}))
+    assert st.enabled and st.vouches == 3 and st.share == 0.25
+    assert st.founders == {base58.b58decode(f) for f in founders}
+    closed = ProbationSettings.of(RunConfig(allow_peers=[_peer_id(3)]))
+    assert closed.founders == {base58.b58decode(_peer_id(3))}
+    off = RunConfig(extra={"probation": False}, allow_peers=[_peer_id(3)])
+    assert not ProbationSettings.of(off).enabled
+    for bad, why in [
+        ({"founders": ["nope"]}, "not a base58 Ed25519"),
+        ({"founders": founders, "vouches": 0}, "vouches"),
+        ({"founders": founders, "share": float("inf")}, None),  # extra refuses non-finite
+        ({"founders": founders, "share": -1}, "share"),
+        ({"founders": founders, "other": 1}, "unknown keys"),
+        ("yes", "must be false or a table"),
+    ]:
+        with pytest.raises(UserError, match=why):
+            ProbationSettings.of(RunConfig(extra={"probation": bad}))
+
+
+def test_without_founders_everything_unbanned_counts():
+    claims = claims_of(F + SYBILS)
+    records = [mismatch(SYBILS[0], 1, f) for f in F[:3]]
+    st = standing(claims, records, AUDIT, ProbationSettings())
+    assert not st.enabled and SYBILS[0] in st.banned
+    assert counted_keys(st, claims) == {(p, t) for (t, p) in claims if p != SYBILS[0]}
+
+
+# ---------------------------------------------------------------- live peer against replay
+
+
+def _live_run(tmp_path, name, updates, records, probation, seed):
+    """A daemon's audit state (peer/audits.py) fed `updates` and `records` in an order drawn
+    from `seed`, judging after every arrival; returns (ledger, live weights)."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.live import LiveModel
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model
+
+    rng = random.Random(seed)
+    model, _ = load_model("tiny-llama")
+    ledger = Ledger(tmp_path / f"{name}.sqlite", LIVE_CONFIG.run_id)
+    live = LiveModel(SubCGE(model, LIVE_CONFIG), ledger)
+    audits = PeerAudits(AUDIT, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), probation)
+    events = [("u", m) for m in updates] + [("r", r) for r in records]
+    rng.shuffle(events)
+    for i in range(0, len(events), 5):
+        batch = events[i : i + 5]
+        ledger.add([m for kind, m in batch if kind == "u"])
+        ledger.add_audits([r for kind, r in batch if kind == "r"])
+        audits.apply([m for kind, m in batch if kind == "u"])  # what take_settled hands on
+        audits.set_standing(audits.judge())
+    return ledger, audits
+
+
+def test_a_live_peer_ends_where_the_replay_of_the_counted_updates_is(tmp_path):
+    """Updates and audit records arrive in three different orders; each live peer judges
+    after every arrival, keeps what does not count yet and applies it when it starts to
+    count (as a late row). The counted set is the same every time, its replay is bitwise
+    the same, and each live model equals it to float32 rounding."""
+    import numpy as np
+    import torch
+
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+    from seedflood_p2p.workload.models import load_model, weights_sha256
+
+    rng = np.random.default_rng(0)
+    peers = F[:3] + [N, b"second", SYBILS[0], SYBILS[1]]
+    updates = [
+        UpdateMessage(t, p, quantize_scalars(rng.normal(size=1))) for t in range(8) for p in peers
+    ]
+    claims = {(m.round, m.peer): m.scalars for m in updates}
+
+    def rec(accused, round_, auditor, ok=True):
+        (c,) = claims[(round_, accused)]
+        return AuditRecord(accused, round_, auditor, (c,) if ok else (-c - 1.0,))
+
+    records = [rec(N, t, F[t % 3]) for t in (1, 2, 3)]  # N established, since round 3
+    records += [rec(b"second", 5, N)]  # one vouched update by an earned member
+    records += [rec(SYBILS[0], t, SYBILS[1]) for t in range(8)]  # the cartel's vouches
+    records += [rec(SYBILS[1], 2, f, ok=False) for f in F[:3]]  # a sybil's cheat, confirmed
+    probation = ProbationSettings(founders=frozenset(F[:3]), vouches=3)
+    expected = standing(claims, records, AUDIT, probation)
+    counted = sorted(expected.counted(updates), key=lambda m: (m.round, m.peer))
+    assert {(m.peer, m.round) for m in counted if m.peer == N} == {(N, t) for t in (1, 2, 3)} | {
+        (N, t) for t in range(4, 8)
+    }
+    assert [m.round for m in counted if m.peer == b"second"] == [5]
+    assert not any(m.peer in SYBILS[:2] for m in counted)
+    model, _ = load_model("tiny-llama")
+    replay(model, LIVE_CONFIG, counted)
+    reference = {n: p.detach().clone() for n, p in model.named_parameters()}
+    hashes = set()
+    for seed in range(3):
+        ledger, audits = _live_run(tmp_path, f"l{seed}", updates, records, probation, seed)
+        judged = standing_of_ledger(ledger, AUDIT, probation)
+        again = sorted(judged.counted(ledger.messages()), key=lambda m: (m.round, m.peer))
+        assert again == counted
+        replayed, _ = load_model("tiny-llama")
+        replay(replayed, LIVE_CONFIG, again)
+        hashes.add(weights_sha256(replayed))
+        got = dict(audits.live.model.named_parameters())
+        for name, tensor in reference.items():
+            torch.testing.assert_close(got[name].detach(), tensor, atol=1e-5, rtol=0)
+        assert {(m.peer, m.round) for m in audits.waiting} == {
+            (m.peer, m.round) for m in updates
+        } - {(m.peer, m.round) for m in counted}
+        ledger.close()
+    assert len(hashes) == 1
+
+
+def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
+    """An established peer spends at most `share` audits a round on probationers' updates
+    (re-checks of their updates included); the oldest probationer goes first; what it
+    cannot audit is kept and reported as backlog; a peer on probation audits nobody."""
+    import numpy as np
+
+    from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.live import LiveModel
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model
+
+    rng = np.random.default_rng(1)
+    newcomers = [b"old-newcomer"] + SYBILS[:5]
+    rows = [
+        UpdateMessage(t, p, quantize_scalars(rng.normal(size=1)))
+        for t in range(30)
+        for p in F[:3] + newcomers
+        if not (p != newcomers[0] and t < 2)  # the first newcomer came two rounds earlier
+    ]
+    model, _ = load_model("tiny-llama")
+    ledger = Ledger(tmp_path / "l.sqlite", LIVE_CONFIG.run_id)
+    ledger.add(rows)
+    live = LiveModel(SubCGE(model, LIVE_CONFIG), ledger)
+    probation = ProbationSettings(founders=frozenset(F[:3]), vouches=3, share=0.25)
+    settings = AuditSettings(enabled=True, lag=0)
+    audits = PeerAudits(settings, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), probation)
+    audits.set_standing(audits.judge())
+    assert audits.standing.probationers == frozenset(newcomers)
+    audits.due[(SYBILS[3], 5)] = "recheck"  # a re-check of a probationer: budgeted too
+    jobs = []
+    for round_ in range(10, 30):
+        jobs += [j for j in audits.ready(round_) if j[2] in ("probation", "recheck")]
+    assert len(jobs) <= 0.25 * 20 + 1  # the budget (plus one saved-up round)
+    assert jobs and all(j[0] == newcomers[0] for j in jobs if j[2] == "probation")
+    status = audits.probation_status()
+    assert status["backlog"] > 0 and status["backlog_peers"] == len(newcomers)
+    assert status["we_are"] == "established" and status["on_probation"] == len(newcomers)
+    # a peer on probation does no probation audits
+    other = PeerAudits(
+        settings, b"other", newcomers[1], ledger, live, AuditIntake(ledger, 1), probation
+    )
+    other.set_standing(other.judge())
+    assert not any(j[2] == "probation" for r in range(10, 30) for j in other.ready(r))
+    ledger.close()
+
+
+def test_identities_that_earned_standing_cannot_outvote_the_founders():
+    """Five sybils train honestly through probation (established by founders' vouches),
+    then one negates and the others vouch for it and accuse an honest newcomer."""
+    cartel = SYBILS[:5]
+    claims = claims_of(F + cartel + [N])
+    records = [match(s, t, F[t % 4]) for s in cartel + [N] for t in (0, 1, 2)]
+    assert standing(claims, records, AUDIT, PROBATION).established == frozenset(F + cartel + [N])
+    turned = records + [mismatch(cartel[0], 8, f) for f in F[:3]]  # the founders re-check
+    turned += [match(cartel[0], 8, s) for s in cartel[1:]]  # the cartel vouches: 4 votes
+    turned += [mismatch(N, 8, s) for s in cartel]  # ... and accuses an honest peer: 5 votes
+    turned += [match(N, 8, f) for f in F[:3]]
+    # plain majority voting: the cheat is refuted (its accusers banned), the honest convicted
+    open_vote = judge(claims, turned, AUDIT, voters=frozenset(F + cartel + [N]))
+    assert set(F[:3]) <= set(open_vote.banned) and N in open_vote.banned
+    st = standing(claims, turned, AUDIT, PROBATION)
+    assert set(st.banned) == set(cartel)  # the cheat and every vouch / false accusation
+    assert N not in st.banned and N in st.established
+    assert not any(st.counts(s, t) for s in cartel for t in range(ROUNDS))
+    assert all(st.counts(N, t) for t in range(3, ROUNDS))
+
+
+def test_status_shows_probation_vouches_and_the_backlog():
+    from seedflood_p2p.apps.status import format_status
+
+    audits = {"done": 7, "mismatches": 1, "published": 3, "verdicts": 1, "banned": []}
+    probation = {
+        "we_are": "established",
+        "established": 5,
+        "founders": 4,
+        "on_probation": 20,
+        "vouched_updates": 6,
+        "waiting_updates": 180,
+        "backlog": 57,
+        "backlog_peers": 19,
+        "share": 0.25,
+    }
+    text = format_status({"banned": [], "audits": {**audits, "probation": probation}})
+    (line,) = [x for x in text.splitlines() if x.startswith("probation")]
+    assert "established 5 (4 founders)" in line and "on probation 20" in line
+    assert "vouched updates 6" in line and "backlog 57 update(s) of 19 peer(s)" in line
+    assert not any(
+        x.startswith("probation")
+        for x in format_status({"banned": [], "audits": {**audits, "probation": None}}).splitlines()
+    )

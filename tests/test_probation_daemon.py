@@ -1,0 +1,123 @@
+"""Probation on real daemons (127.0.0.1, tiny model): 3 founders, an honest newcomer and a
+newcomer that negates its scalars (the test hook `--test-cheat flip`).
+
+The founders' peer ids are in the manifest (`extra.probation.founders`); their identity
+keys are made before the bootstrap starts. Every founder's ledger judges the same: the
+honest newcomer's updates count once vouched (it ends established), none of the cheater's
+ever counts, and each live model equals the replay of its ledger's counted updates.
+"""
+
+import dataclasses
+import json
+
+import base58
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from peer.audits import TEST_HOOKS_ENV
+from seedflood_p2p.algorithm.audit import AuditSettings
+from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.apps.localnet import start_bootstrap
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.identity import load_or_create_identity
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.models import load_model, weights_sha256
+
+from cluster import RUN, start_peer
+
+pytestmark = pytest.mark.slow
+ROUNDS = 20
+FOUNDERS = ["a", "b", "c"]
+# lag 2 with --max-staleness 1 (as tests/test_audit_daemon.py); quorum 2 of 3 founders;
+# 2 vouches make an identity established; share 1: a probation audit per founder a round
+AUDIT = {"lag": 2, "cpu_share": 0.3, "quorum": 2}
+PEER_FLAGS = [
+    *("--until-round", str(ROUNDS), "--round-interval", "0.6", "--max-staleness", "1"),
+    *("--round-deadline", "20", "--linger", "4", "--repair-interval", "1", "--min-peers", "4"),
+]
+LIVE_VS_REPLAY_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    work = tmp_path_factory.mktemp("probation_daemon")
+    founders = []
+    for name in FOUNDERS:
+        (work / name).mkdir()
+        founders.append(load_or_create_identity(work / name / "identity.key").to_base58())
+    run = dataclasses.replace(
+        RUN,
+        extra={
+            "audit": AUDIT,
+            "probation": {"founders": founders, "vouches": 2, "share": 1.0},
+        },
+    )
+    procs = []
+    switch = pytest.MonkeyPatch()
+    switch.setenv(TEST_HOOKS_ENV, "1")
+    try:
+        boot, address = start_bootstrap(work, run)
+        procs.append(boot)
+        peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in [*FOUNDERS, "n"]}
+        peers["x"] = start_peer(work, "x", address, [*PEER_FLAGS, "--test-cheat", "flip"])
+        procs += peers.values()
+        codes = {n: p.wait_exit(900) for n, p in peers.items()}
+        finals = {
+            n: json.loads((work / n / "final_status.json").read_text())
+            for n, code in codes.items()
+            if code == 0
+        }
+        print(json.dumps({n: f.get("audits") for n, f in finals.items()}, indent=1))
+        yield {"work": work, "codes": codes, "finals": finals, "peers": peers}
+    finally:
+        for p in procs:
+            p.stop()
+        switch.undo()
+
+
+def _standing(scenario, name):
+    with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        st = standing_of_ledger(
+            ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
+        )
+        messages = list(ledger.messages())
+        return config, st, messages, st.counted(messages)
+
+
+def test_every_peer_finishes(scenario):
+    assert all(code == 0 for code in scenario["codes"].values()), {
+        n: scenario["peers"][n].tail() for n, c in scenario["codes"].items() if c
+    }
+
+
+def test_the_honest_newcomer_counts_and_the_cheater_never_does(scenario):
+    newcomer = base58.b58decode(scenario["finals"]["n"]["peer_id"])
+    cheater = base58.b58decode(scenario["finals"]["x"]["peer_id"])
+    for name in FOUNDERS:
+        _, st, messages, counted = _standing(scenario, name)
+        assert st.enabled and newcomer in st.established, (name, st.since)
+        assert any(m.peer == newcomer for m in counted)
+        assert any(m.peer == cheater for m in messages)  # logged ...
+        assert not any(m.peer == cheater for m in counted)  # ... never counted
+        probation = scenario["finals"][name]["audits"]["probation"]
+        assert probation["we_are"] == "established" and probation["probation_audits"] > 0
+        print(name, probation, {base58.b58encode(p).decode()[-6:]: r for p, r in st.since.items()})
+
+
+def test_live_models_equal_the_replay_of_what_counts_and_founders_agree(scenario):
+    hashes = {}
+    for name in FOUNDERS:
+        config, _, _, counted = _standing(scenario, name)
+        model, _ = load_model(config.model)
+        replay(model, config, counted)
+        hashes[name] = weights_sha256(model)
+        live = load_file(scenario["work"] / name / "checkpoint.safetensors")
+        for matrix in make_estimator(model, config).matrices:
+            torch.testing.assert_close(
+                live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
+            )
+    assert len(set(hashes.values())) == 1, hashes
