@@ -39,14 +39,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CACHE_DIR = Path(os.environ.get("SEEDFLOOD_BENCH_CACHE", "/tmp/seedflood-bench-cache"))
 # Method rows: RunConfig overrides. "adam" is the first-order reference.
 ROWS: dict[str, dict[str, Any]] = {
-    "adam": dict(method="adam", lr=1e-4),
-    "random": dict(rank=32, directions=16, step_rule="round_mean", n_ref=4, lr=4e-3),
+    "adam": dict(method="adam", lr=3e-4),
+    "random": dict(rank=32, directions=16, step_rule="round_mean", n_ref=4, lr=6.4e-2),
     "activation": dict(
         rank=32,
         directions=16,
         step_rule="round_mean",
         n_ref=4,
-        lr=4e-3,
+        lr=6.4e-2,
         basis="activation",
         basis_refresh=1,
     ),
@@ -177,30 +177,30 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
 
     if cache is None or not cache.active:
         return
-    examples = task.train + task.test[: args.eval_examples]
-    name = f"{args.model}-{args.task}-{len(task.train)}-{len(examples)}-first{cache.first}"
-    path = CACHE_DIR / f"prefix-{name}-len{config.max_length}.pt"
-    if path.exists():
-        tensors = torch.load(path)
-        cache.hidden = {id(e): t for e, t in zip(examples, tensors)}
-        return
-    started = time.time()
-    with torch.no_grad():
-        for i in range(0, len(examples), 32):
-            chunk = examples[i : i + 32]
-            batch = make_batch(chunk, tokenizer, task, config.max_length)
-            with cache.batch(chunk, batch["attention_mask"]):
-                model.base_model(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                )
-            if i % 640 == 0:
-                print(
-                    f"  prefix cache {i}/{len(examples)} ({time.time() - started:.0f} s)",
-                    flush=True,
-                )
-    CACHE_DIR.mkdir(exist_ok=True)
-    torch.save([cache.hidden[id(e)] for e in examples], path.with_suffix(".tmp"))
-    os.replace(path.with_suffix(".tmp"), path)
+    for split, examples in (("train", task.train), ("test", task.test[: args.eval_examples])):
+        name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
+        path = CACHE_DIR / f"prefix-{name}-len{config.max_length}.pt"
+        if path.exists():
+            cache.hidden.update(zip(map(id, examples), torch.load(path)))
+            continue
+        started = time.time()
+        with torch.no_grad():
+            for i in range(0, len(examples), 32):
+                chunk = examples[i : i + 32]
+                batch = make_batch(chunk, tokenizer, task, config.max_length)
+                with cache.batch(chunk, batch["attention_mask"]):
+                    model.base_model(
+                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                    )
+                if i % 640 == 0:
+                    print(
+                        f"  prefix cache {split} {i}/{len(examples)} "
+                        f"({time.time() - started:.0f} s)",
+                        flush=True,
+                    )
+        CACHE_DIR.mkdir(exist_ok=True)
+        torch.save([cache.hidden[id(e)] for e in examples], path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
 
 
 class _null:
