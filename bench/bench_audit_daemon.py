@@ -1,4 +1,4 @@
-"""Audits against real daemons (issue 11): 4 honest peers + a sign-flipper, a random-scalar
+"""Audits against real daemons: 4 honest peers + a sign-flipper, a random-scalar
 sender and a x3 scaler, each its own process and p2pd on 127.0.0.1 (tiny model).
 
     nice -n 19 python bench/bench_audit_daemon.py [--rounds 60] [--rates default,high]

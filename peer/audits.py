@@ -1,4 +1,4 @@
-"""The peer daemon's audits (issue 11): on unless the manifest sets `extra.audit = false`.
+"""The peer daemon's audits: on unless the manifest sets `extra.audit = false`.
 
 What the daemon does with `algorithm/audit.py` and `network/audit.py`:
 
@@ -27,7 +27,7 @@ unvouched one, a banned peer's) waits in `waiting` and is applied when it starts
 count, as a late row; probation audits take at most `share` audits a round
 (`probation_jobs`, docs/SYBIL.md).
 
-Limits (README, "What is not built yet"): an update older than MAX_REWIND rounds is not
+Limits (docs/ROADMAP.md): an update older than MAX_REWIND rounds is not
 audited.
 """
 

@@ -98,7 +98,7 @@ class PeerSettings:
     # environment sets SEEDFLOOD_TEST_HOOKS=1): "flip", "random" or "x3" makes this peer a
     # cheater, so tests can show audits catch it (tests/test_audit_daemon.py).
     test_cheat: str = ""
-    # Late join (issue 13): fetch a checkpoint of the run's chain from peers instead of
+    # Late join: fetch a checkpoint of the run's chain from peers instead of
     # replaying the rows it covers: "auto" when the download (at checkpoint_bandwidth Mbit/s)
     # is estimated faster than the replay, "always", or "never".
     checkpoint_fetch: str = field(default="auto", metadata={"choices": ("auto", "always", "never")})
@@ -1096,7 +1096,7 @@ class PeerDaemon:
             await self.p2p.shutdown()
             self._model_thread.shutdown(wait=False)
 
-    # -- checkpoint chain and download (issue 13) --------------------------------------
+    # -- checkpoint chain and download --------------------------------------
     def _make_chain(self) -> CheckpointChain:
         """The chain builder, on a second copy of the base model (model thread)."""
         from seedflood_p2p.workload.models import load_model

@@ -1,6 +1,6 @@
 """A hostile participant for integration tests: one identity on its own real p2pd daemon,
 using the project's own transport and signing (its updates are validly signed GossipSub
-messages, exactly what an honest peer's daemon sends), running the attacks of issue 12:
+messages, exactly what an honest peer's daemon sends), running these attacks:
 
     flood        valid signed updates with scalar +-100 on fresh rounds, spread far
                  behind and ahead of the run's round, as fast as the daemon publishes

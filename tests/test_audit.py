@@ -1,4 +1,4 @@
-"""Audits (issue 11): who audits what, the recomputation, the verdict rule, verdicts in the
+"""Audits: who audits what, the recomputation, the verdict rule, verdicts in the
 ledger and in replay. No processes: the tiny model and SQLite files."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Audits in the real peer daemon (issue 11): a bootstrap node, three honest tiny-model
+"""Audits in the real peer daemon: a bootstrap node, three honest tiny-model
 peers and one cheater on 127.0.0.1, each its own process and p2pd, and a fourth honest
 peer that joins late (after the cheater's first rounds were audited, so the records of
 its case reach the joiner only by repair). The run's manifest enables audits

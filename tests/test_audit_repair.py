@@ -1,4 +1,4 @@
-"""Audit records are repaired like updates (issue 11): FloodNodes on real p2pd daemons
+"""Audit records are repaired like updates: FloodNodes on real p2pd daemons
 (127.0.0.1), a run whose manifest has audits. A node that missed the records' gossip (it
 joined later) ends with the same audit table, signed; a server that hands out a forged
 record is treated like one that hands out a forged update. The whole daemon, with a late

@@ -1,4 +1,4 @@
-"""Audits in the real peer daemon when an honest peer sleeps (issue 11): four honest
+"""Audits in the real peer daemon when an honest peer sleeps: four honest
 tiny-model peers on 127.0.0.1, audits on, and peer d frozen (SIGSTOP, daemon and p2pd)
 for 25 s after its round 6, like a laptop whose lid was closed.
 
@@ -7,7 +7,7 @@ late, so every update the others trained meanwhile was computed on a settled sta
 lacked d's late updates, and d's own audits of those updates run after a burst of
 buffered gossip. Before audits tried the states without the updates that reached the
 auditor after the sender's (peer/audits.py:_late_states), this run convicted 3 of the 4
-honest peers (bench/results/audit_daemon-pause-old.md). Each test asserts one promise.
+honest peers (bench/results/archive/audit_daemon-pause-old.md). Each test asserts one promise.
 """
 
 from __future__ import annotations

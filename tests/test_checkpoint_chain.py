@@ -1,5 +1,5 @@
-"""The checkpoint chain and the checkpoint offer/chunk codecs, without processes (issue 13
-part 4): equal rows give byte-equal links however they were reached; a late row rebuilds
+"""The checkpoint chain and the checkpoint offer/chunk codecs, without processes:
+equal rows give byte-equal links however they were reached; a late row rebuilds
 the chain; a link + tail restores base + ledger; garbage replies are `bad_reply`."""
 
 import hashlib

@@ -1,4 +1,4 @@
-"""Late joiners fetch a checkpoint of the run's chain from peers (issue 13 part 4): real
+"""Late joiners fetch a checkpoint of the run's chain from peers: real
 bootstrap and peer daemons on 127.0.0.1 (tiny model), each with its own p2pd.
 
     honest:  A and B train and serve chain links; J joins late with --checkpoint-fetch

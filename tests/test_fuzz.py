@@ -65,7 +65,7 @@ def test_identity_key_files(r):
 
 
 def test_known_edges_are_refused():
-    """The edges issue 12 found, each checked by the same properties."""
+    """The edges the hardening work found, each checked by the same properties."""
     pack = F.msgpack.packb
     assert F.check_update(pack([True, F.TAG, 1, b"\0<"])) == "rejected"
     assert F.check_digest_request(pack([F.RUN, 64.0])) == "rejected"

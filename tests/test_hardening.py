@@ -1,4 +1,4 @@
-"""Open-network hardening (issue 12) without daemons: the round policy, repair's old-row
+"""Open-network hardening without daemons: the round policy, repair's old-row
 rule, sender keys, closed runs, reputation and bans, rate limits, thinned drop logs, the
 set digest, the start round and the liveness rule."""
 

@@ -1,4 +1,4 @@
-"""Hostile identities against real daemons (issue 12): a bootstrap node and three honest
+"""Hostile identities against real daemons: a bootstrap node and three honest
 tiny-model peers on 127.0.0.1, a late joiner, and three attackers (tests/hostile.py), each
 one identity on its own p2pd:
 

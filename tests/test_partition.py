@@ -5,7 +5,7 @@ cut {h1, h2, h3} | {h4, h5} for PARTITION seconds (second bridge + `ss -K`: ever
 connection across it ends, new dials fail), then the hosts share one bridge again and
 only the nodes' own redialling can reconnect them. Both sides must say "partitioned"
 naming the other side, train on through the cut, reconnect after it, and end with one
-ledger digest holding every peer's every round. The cut lasts 180 s, as issue 14 asks;
+ledger digest holding every peer's every round. The cut lasts 180 s;
 bench/bench_partition.py measures the heal times (180 s and 30 minutes).
 
 Needs root, `ip netns` and `ss` (iproute2); skips naming what is missing otherwise.

@@ -1,4 +1,4 @@
-"""Repair after a long partition (issue 14): few round trips, no set fetched in vain, no
+"""Repair after a long partition: few round trips, no set fetched in vain, no
 row's signature checked twice, and the hostile-peer bounds kept. FloodNodes on ledger
 files, repair calls routed to the server's handlers (no daemons); the same code the
 partition benchmarks run (bench/bench_repair_heal.py, bench/bench_partition.py)."""

@@ -35,7 +35,7 @@ from seedflood_p2p.core.flags import (
 
 log = logging.getLogger("seedflood.demo")
 
-# The demo's built-in default: see README ("Why this default") for the measurements.
+# The demo's built-in default: see docs/DEMO.md ("Why this default") for the measurements.
 DEMO_DEFAULTS: dict[str, Any] = {
     "model": "smollm2-135m",
     "dataset": "mr",

@@ -1,4 +1,4 @@
-"""Audit records from the network: decode -> validate -> ledger, each counted (issue 11).
+"""Audit records from the network: decode -> validate -> ledger, each counted.
 
 The audit topic (`wire.audit_topic_for`) carries signed `AuditRecord`s, and repair
 (`network/flood.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`) carries the

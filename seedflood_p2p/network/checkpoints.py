@@ -1,4 +1,4 @@
-"""Checkpoint download for late joiners: offers, chunks, several peers at once (issue 13).
+"""Checkpoint download for late joiners: offers, chunks, several peers at once.
 
 A peer serves the newest link of the run's checkpoint chain (algorithm/chain.py), which
 every honest peer holding the same rows builds bit for bit alike. A joiner asks every peer

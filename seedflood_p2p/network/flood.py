@@ -16,7 +16,7 @@ Request/response protocols (msgpack over the same libp2p daemon):
     seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, sha256], ...]
     seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
     seedflood.audit_digest, seedflood.audit_fetch: the same for audit records (runs with
-                        audits, issue 11; protocol/wire.py, "audit repair")
+                        audits; protocol/wire.py, "audit repair")
 
 A run with audits (the manifest's `extra.audit`) has a second topic for audit records,
 and a repair exchange pulls the audit table's differing buckets after the updates', with
@@ -367,7 +367,7 @@ class FloodNode:
             reputation=self.reputation,
             allowed=RunConfig.from_json(manifest_json).allowed_peer_ids(),
         )
-        # Audit records (issue 11), in a run whose manifest has them: gossip on their own
+        # Audit records, in a run whose manifest has them: gossip on their own
         # topic and repair, through the same sender rules. New records go to
         # `on_audit_records` (the peer daemon judges them; the bootstrap keeps and serves).
         with_audits = audits_on(RunConfig.from_json(manifest_json).extra)

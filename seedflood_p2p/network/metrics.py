@@ -60,7 +60,7 @@ class NodeMetrics:
             "seedflood_staleness_rounds", "own round minus slowest live peer's", registry=r
         )
         self.ledger_size = Gauge("seedflood_ledger_messages", "messages in the ledger", registry=r)
-        # Audits (issue 11; stay 0 in a run without extra.audit)
+        # Audits (stay 0 in a run without extra.audit)
         self.audits_done = Gauge("seedflood_audits_done", "updates recomputed", registry=r)
         self.audit_mismatches = Gauge(
             "seedflood_audit_mismatches", "own audits that contradicted the claim", registry=r

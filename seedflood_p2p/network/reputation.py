@@ -47,7 +47,7 @@ PENALTIES: dict[str, float] = {
     "repair_timeout": 25.0,
     "non_finite": 10.0,
     "malformed": 5.0,
-    "self_audit": 5.0,  # an audit record naming its own signer (issue 11)
+    "self_audit": 5.0,  # an audit record naming its own signer
     "oversized": 5.0,
     "rate_limited": 2.0,
     "out_of_window": 1.0,

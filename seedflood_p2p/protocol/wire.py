@@ -54,7 +54,7 @@ forge another's update:
     own_backfill   a row older than the window's lower bound, served by its own author.
                    A row that was on time reached some honest peer by gossip, so another
                    peer can relay it; a row only its author holds was written late, to
-                   backfill rounds the window closed (the attack of issue 12). Not held
+                   backfill rounds the window closed. Not held
                    against the author: a late joiner asks honest peers for their history.
                    Where the server is the only peer we know, it is accepted (a two-peer
                    run has nobody else to relay).
@@ -612,7 +612,7 @@ def decode_summary(data: bytes) -> Summary:
 
 # ------------------------------------------------------------------------------ audits
 #
-# Audit record (issue 11), GossipSub payload on the run's audit topic, msgpack array:
+# Audit record, GossipSub payload on the run's audit topic, msgpack array:
 #
 #     [version: int = 2, run_tag: bin(4), accused: bin(1..64), round: uint, scalars: bin(2k)]
 #
@@ -696,7 +696,7 @@ def check_audit_envelope(
         raise Rejected("mismatch", f"audit of round {record.round}")
 
 
-# -- audit repair (issue 11) --------------------------------------------------------------
+# -- audit repair --------------------------------------------------------------
 #
 # Audit records are repaired like updates, so a peer that missed some (a late joiner, a
 # partition) ends with the same audit table, hence the same verdicts (`judge` is a pure
@@ -807,7 +807,7 @@ def decode_audit_fetch_request(data: bytes) -> tuple[str, tuple, int, int] | Non
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoint download (issue 13 part 4, network/checkpoints.py)
+# Checkpoint download (network/checkpoints.py)
 #
 #   seedflood.ckpt_offer  request [run_id]                      reply nil (none) or
 #       [meta_json: str, size: int, file_sha256: bin(32), chunk_hashes: [bin(32)]]

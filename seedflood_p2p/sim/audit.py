@@ -1,4 +1,4 @@
-"""Cheaters and audits in the simulator (issue 11): n peers in lockstep, some of them cheat.
+"""Cheaters and audits in the simulator: n peers in lockstep, some of them cheat.
 
 Every peer trains on the settled model S_t = base + every counted update of rounds
 < t - lag (lag 0: each round's updates are merged before the next, as `seedflood train`

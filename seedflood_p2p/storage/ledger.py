@@ -605,7 +605,7 @@ class Ledger:
             except Rejected as exc:
                 raise refuse(_update_label(round_, peer), bad_envelope(exc, "sender")) from None
             signed += 1
-        # Audit records (issue 11): the same checks, against the auditor's signature on the
+        # Audit records: the same checks, against the auditor's signature on the
         # audit topic. A forged record could ban an honest peer in every replay.
         audits_signed = audits_unsigned = 0
         rows = self._db.execute(
