@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.p2pd import create_p2p
 from seedflood_p2p.network.pubsub import PubSubClient
@@ -207,7 +208,8 @@ def _replay_hash(cluster, name) -> tuple[str, dict]:
     with Ledger.open_existing(cluster["work"] / name / "ledger.sqlite") as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
         model, _ = load_model(config.model)
-        replay(model, config, ledger.messages())
+        messages, _ = counted_updates(ledger, config)  # what `seedflood replay` rebuilds
+        replay(model, config, messages)
     engine = make_estimator(model, config)
     weights = {m.name: m.weight.detach().clone() for m in engine.matrices}
     return weights_sha256(model), weights

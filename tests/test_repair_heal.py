@@ -30,7 +30,7 @@ def _node(tmp_path, who: Peer, name: str, own_round: int = -1) -> FloodNode:
     node = FloodNode(
         p2p,
         Ledger(tmp_path / name / "ledger.sqlite", RUN),
-        RunConfig().to_json(),
+        RunConfig(extra={"audit": False}).to_json(),  # update repair only: no audit digests
         NodeMetrics(),
         NodeSettings(),
     )
