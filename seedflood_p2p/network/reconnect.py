@@ -291,6 +291,7 @@ class Reconnector:
         self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
         self.hole_punches = 0
         self.relay_service: dict[str, int] | None = None
+        self._logged_relay: dict[str, int] | None = None
         self._last_relay_log = -math.inf
         # relayed-only peer -> (monotonic time first seen relayed-only, redials made)
         self._relayed_since: dict[str, tuple[float, int]] = {}
@@ -446,8 +447,10 @@ class Reconnector:
         if counters is None:
             return
         now = time.monotonic()
-        if counters != self.relay_service and now - self._last_relay_log >= RELAY_LOG_EVERY:
-            self._last_relay_log = now
+        # Compared with the last counters LOGGED, not the last read: a change that came within
+        # RELAY_LOG_EVERY of the previous line is still logged once the interval is over.
+        if counters != self._logged_relay and now - self._last_relay_log >= RELAY_LOG_EVERY:
+            self._last_relay_log, self._logged_relay = now, counters
             log.info(
                 "relayed for others: %d bytes, %d reservations, %d circuits opened",
                 counters["bytes_relayed"],
