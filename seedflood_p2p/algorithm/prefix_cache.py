@@ -21,7 +21,12 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from seedflood_p2p.algorithm.trainable import SharedPrefix, TrainableMatrix
+from seedflood_p2p.algorithm.trainable import (
+    SharedPrefix,
+    TrainableMatrix,
+    _PassThrough,
+    _Recorded,
+)
 
 
 class ExamplePrefixCache:
@@ -59,7 +64,7 @@ class ExamplePrefixCache:
             try:
                 for i in range(self.first - 1):
                     self.layers[i] = _PassThrough()
-                self.layers[self.first - 1] = _Fixed(out)
+                self.layers[self.first - 1] = _Recorded(out)
                 yield
             finally:
                 for i, block in enumerate(originals):
@@ -80,17 +85,3 @@ class ExamplePrefixCache:
         if seen:
             for row, (key, n) in enumerate(zip(keys, lengths)):
                 self.hidden.setdefault(key, seen[0][row, :n].clone())
-
-
-class _PassThrough(nn.Module):
-    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        return hidden_states
-
-
-class _Fixed(nn.Module):
-    def __init__(self, output: torch.Tensor) -> None:
-        super().__init__()
-        self.output = output
-
-    def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
-        return self.output
