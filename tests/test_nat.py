@@ -417,15 +417,12 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
         first = min(e["time"] for e in relayed) - max(_ready_time(p) for p in peers.values())
         time.sleep(12)  # one more `relay_service` line from the bootstrap node (every 10 s)
         served = _events(boot, "relay_service")
-        if served and not any(
+        counted_nothing = bool(served) and not any(
             v for k, v in served[-1].items() if k != "event" and isinstance(v, int)
-        ):
-            pytest.xfail(
-                "the relay's p2pd metrics endpoint answered but counted nothing "
-                "(intermittent; cause not found: docs/ROADMAP.md)"
-            )
-        assert served and served[-1]["circuits_opened"] >= 1, served
-        relayed_bytes = served[-1]["bytes_relayed"]
+        )
+        if not counted_nothing:
+            assert served and served[-1]["circuits_opened"] >= 1, served
+        relayed_bytes = served[-1]["bytes_relayed"] if served else 0
         boot.stop()
         with Ledger.open_existing(tmp_path / "bootstrap" / "ledger.sqlite") as ledger:
             boot_digest = ledger.digest()
@@ -437,6 +434,11 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
             f"the relay carried {relayed_bytes} bytes ({relayed_bytes / 20:.0f} per round); "
             f"identical digest {boot_digest[:16]}; {time.monotonic() - started:.0f} s in all"
         )
+        if counted_nothing:  # only after the training and ledger assertions above
+            pytest.xfail(
+                "the relay's p2pd metrics endpoint answered but counted nothing "
+                "(intermittent; cause not found: docs/ROADMAP.md)"
+            )
     finally:
         for p in procs:
             p.stop()
