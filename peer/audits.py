@@ -520,12 +520,12 @@ class PeerAudits:
         newer = [m for m in self.applied if m.round >= round_ - self.settings.lag]
         if not newer and not counted_too:
             return compute()
-        saved = {name: w.clone() for name, w in self.live.weights().items()}
+        saved = self.live.save_state()
         try:
             self.live.apply([m.negated() for m in newer] + counted_too)
             return compute()
         finally:
-            self.live.load_weights(saved)
+            self.live.load_state(saved)
 
 
 def _ban_sets(voided: list[UpdateMessage]) -> list[frozenset[bytes]]:

@@ -270,17 +270,11 @@ class RunConfig:
     def daemon_problem(self) -> str | None:
         """Why the peer daemon and bootstrap node cannot run these settings yet (None: they
         can). Basis artifacts are computed and replayed by `seedflood train`/`replay`, but
-        no node publishes or fetches them over the network yet, and the live model does not
-        re-scale a round's applied updates when a late one changes its size."""
+        no node publishes or fetches them over the network yet."""
         if self.basis != "random":
             return (
                 f"basis '{self.basis}' runs in `seedflood train` only: the network does not "
                 "carry basis artifacts yet; use basis 'random' for a network run"
-            )
-        if self.step_rule != "per_update":
-            return (
-                f"step_rule '{self.step_rule}' runs in `seedflood train` only: live peers do "
-                "not re-scale a round when a late update changes its size yet; use 'per_update'"
             )
         return None
 
