@@ -278,8 +278,7 @@ def test_round_mean_late_rows_and_take_backs_end_where_the_replay_is():
         replay(model, CONFIG.replace(n_ref=2), sorted(kept, key=lambda m: (m.round, m.peer)))
         other = LiveModel(make_estimator(model, CONFIG)).weights()
         assert any(
-            (other[n] - w).abs().max() > 10 * LIVE_VS_REPLAY_ATOL
-            for n, w in live.weights().items()
+            (other[n] - w).abs().max() > 10 * LIVE_VS_REPLAY_ATOL for n, w in live.weights().items()
         )
 
 
