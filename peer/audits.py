@@ -67,9 +67,12 @@ ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count 
 # (algorithm/audit.py:cheat) so tests and bench/bench_audit_daemon.py can show audits catch
 # it. Refused unless the environment sets TEST_HOOKS_ENV=1: a flag alone, e.g. copied from
 # a test into a config file, must not turn a volunteer into a cheater.
-TEST_CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3"}
+# "turn": honest while on probation, then negating ("flip") from the first update it sends
+# once its own ledger's standing says it is established (it stays turned after a ban).
+TEST_CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3", "turn": "sign-flip"}
 TEST_HOOKS_ENV = "SEEDFLOOD_TEST_HOOKS"
 RANDOM_POOL_ROUNDS = 4  # "random" draws among others' claims of this many recent rounds
+_TURNED: set[bytes] = set()  # "turn" peers of this process that have turned
 
 
 def check_test_cheat(value: str, environ: Mapping[str, str]) -> None:
@@ -88,7 +91,11 @@ def check_test_cheat(value: str, environ: Mapping[str, str]) -> None:
 def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
     """The test hook's update: `message` (the honest one) as the `--test-cheat` HOW cheater
     sends it. "random" picks one of the other peers' claims of the last few rounds (the
-    size of an honest scalar), seeded by (peer, round) so a rerun cheats the same way."""
+    size of an honest scalar), seeded by (peer, round) so a rerun cheats the same way.
+    "turn" sends the honest update until the ledger's standing (as `seedflood replay`
+    judges it) has this peer established, then negates for good."""
+    if how == "turn" and not _turned(message.peer, ledger):
+        return message
     pool = [
         m.scalars
         for m in ledger.messages(max(0, message.round - RANDOM_POOL_ROUNDS), message.round - 1)
@@ -98,6 +105,20 @@ def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
     return UpdateMessage(
         message.round, message.peer, cheat(TEST_CHEATS[how], message.scalars, pool, rng)
     )
+
+
+def _turned(peer: bytes, ledger: Ledger) -> bool:
+    """Has the "turn" test hook's peer been established in its own ledger's view?"""
+    if peer not in _TURNED:
+        from seedflood_p2p.algorithm.probation import standing_of_ledger
+        from seedflood_p2p.core.config import RunConfig
+
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        probation = ProbationSettings.of(config)
+        st = standing_of_ledger(ledger, AuditSettings.of(config.extra), probation)
+        if probation.enabled and peer in st.established and peer not in st.founders:
+            _TURNED.add(peer)
+    return peer in _TURNED
 
 
 class PeerAudits:

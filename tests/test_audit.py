@@ -390,6 +390,9 @@ def test_test_cheat_needs_the_test_hook_switch(capsys, tmp_path, monkeypatch):
 
     check_test_cheat("", {})  # an honest peer needs no switch
     check_test_cheat("x3", {TEST_HOOKS_ENV: "1"})
+    check_test_cheat("turn", {TEST_HOOKS_ENV: "1"})
+    with pytest.raises(UserError, match="test hook"):
+        check_test_cheat("turn", {})
     with pytest.raises(UserError, match="one of"):
         check_test_cheat("double", {TEST_HOOKS_ENV: "1"})
     monkeypatch.delenv(TEST_HOOKS_ENV, raising=False)
@@ -591,3 +594,41 @@ def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
     assert settings.rule.mismatches(claim.scalars, whole)  # the whole settled state does not
     assert not mismatch and audits.counts["late_state_matches"] == 1
     ledger.close()
+
+
+def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
+    """`--test-cheat turn`: the honest update while its ledger's standing has it on
+    probation; negated from the first update once that standing has it established."""
+    import base58
+
+    from peer.audits import cheated
+    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+
+    founders = [ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2)]
+    turner = ED25519_PEER_ID_PREFIX + bytes([9]) * 32
+    config = dataclasses.replace(
+        CONFIG,
+        extra={
+            "audit": {"quorum": 2},
+            "probation": {"founders": [base58.b58encode(f).decode() for f in founders],
+                          "vouches": 2},
+        },
+    )  # fmt: skip
+    with Ledger(tmp_path / "l.sqlite", config.run_id) as ledger:
+        ledger.set_meta("manifest", config.to_json())
+        mine = [UpdateMessage(r, turner, quantize_scalars([0.25 + r])) for r in range(4)]
+        ledger.add(mine[:2])
+        honest = UpdateMessage(2, turner, quantize_scalars([0.5]))
+        assert cheated("turn", honest, ledger) == honest  # on probation: honest
+        ledger.add_audits([AuditRecord(turner, 0, founders[0], mine[0].scalars)])
+        assert cheated("turn", honest, ledger) == honest  # one vouch of two: still honest
+        ledger.add_audits([AuditRecord(turner, 1, founders[1], mine[1].scalars)])
+        assert cheated("turn", honest, ledger).scalars == (-0.5,)  # established: negates
+        # ... for good: a later ban (or any later view) does not turn it back
+        ledger.add_audits([AuditRecord(turner, 1, f, (-9.0,)) for f in founders])
+        assert cheated("turn", honest, ledger).scalars == (-0.5,)
+    # a peer of a run without founders (probation off) never turns
+    with Ledger(tmp_path / "m.sqlite", CONFIG.run_id) as ledger:
+        ledger.set_meta("manifest", CONFIG.to_json())
+        other = UpdateMessage(2, X, quantize_scalars([0.5]))
+        assert cheated("turn", other, ledger) == other
