@@ -1,0 +1,590 @@
+"""Many identities, one attacker, on real daemons: 4 honest founders + N attacker identities,
+each identity its own peer process with its own p2pd and its own Ed25519 key (127.0.0.1,
+tiny model, synthetic task), under probation (`algorithm/probation.py`).
+
+    PYTHONPATH=. python bench/bench_sybil_daemon.py [--sybils 20] [--rounds 30] [--seeds 0 1]
+        [--scenarios honest-only,flip,turn,random,honest]
+
+Scenarios (the attacker identities use the test hook `--test-cheat`, switched on by
+SEEDFLOOD_TEST_HOOKS=1; a cheater still audits honestly):
+
+    honest-only  the 4 founders alone: the reference row of the seed
+    flip         N identities negating their scalars from the start
+    turn         N identities honest through probation, negating from their first update
+                 after their own ledger's standing says they are established
+    random       N identities sending others' recent scalars
+    honest       N new identities that train honestly (they should simply help)
+
+Every scenario of a seed has the same manifest (the founders' keys are made once per seed
+and listed in `extra.probation.founders`; the seed is the run's salt), so the same run id
+and the same honest peers' minibatches and directions. Per row: from each founder's ledger
+(`standing_of_ledger`, as `seedflood replay` judges it) the attacker updates that count at
+the end and whether the founders agree on what counts (and on the counted rows' scalars);
+from each founder's log the attacker updates it applied and took back at a ban
+(`audit_ban`: "N applied update(s) taken back"), the round it saw each key established and
+banned; the held-out loss/accuracy (200 examples) of the replay of the first founder's
+counted updates against the honest-only row of the seed; the founders' audit CPU over
+training CPU (final_status audits.cpu_seconds); the probation backlog; and each process's
+peak RSS and CPU seconds (daemon + its p2pd, /proc). Every daemon runs under `nice -n 10`.
+
+Rows go to bench/results/sybil_daemon.json as each finishes; a rerun skips finished
+(scenario, seed, sybils) rows, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # where tests/cluster.py is moving
+from peer.audits import TEST_HOOKS_ENV  # noqa: E402
+from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap  # noqa: E402
+
+try:
+    from cluster import RUN  # noqa: E402
+except ImportError:  # pragma: no cover - a layout without tests/ on the path
+    from tests.helpers.cluster import RUN  # noqa: E402
+
+OUT = ROOT / "bench" / "results"
+FOUNDERS = ["a", "b", "c", "d"]
+SCENARIOS = {"honest-only": None, "flip": "flip", "turn": "turn", "random": "random", "honest": ""}
+# sampled audits at cpu_share 0.3 (q = 0.3 / (n-1) per auditor: the test setting of
+# tests/test_probation_daemon.py, so a turned key is caught within a short run); lag 2 with
+# --max-staleness 1; quorum 3 of the 4 founders. Probation: 2 vouches, share 1 (each
+# established peer may spend one audit a round on probationers).
+AUDIT = {"lag": 2, "cpu_share": 0.3, "quorum": 3}
+VOUCHES, SHARE = 2, 1.0
+EVAL_EXAMPLES = 200
+NICE = ("nice", "-n", "10")
+
+
+def peer_flags(rounds: int, min_peers: int, interval: float, deadline: float) -> list[str]:
+    return [
+        *("--until-round", str(rounds), "--round-interval", str(interval)),
+        *("--max-staleness", "1", "--round-deadline", str(deadline), "--linger", "8"),
+        *("--repair-interval", "2", "--min-peers", str(min_peers)),
+    ]
+
+
+def start_peer(work: Path, name: str, bootstrap: str, flags: list[str]) -> NodeProcess:
+    """localnet.start_peer under `nice -n 10` (NodeProcess's prefix)."""
+    args = [
+        "peer",
+        *("--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0"),
+        *("--data-dir", str(work / name), "--threads", "1", *flags),
+    ]
+    return NodeProcess(name, args, work, 1, prefix=NICE)
+
+
+# -------------------------------------------------------------------- processes' cost
+
+
+class Meter:
+    """Samples /proc every few seconds: per process (daemon + its children, i.e. its p2pd)
+    the peak RSS and the last CPU seconds seen; the p2pd pids, to kill any left over."""
+
+    def __init__(self, procs: dict[str, NodeProcess], every: float = 3.0) -> None:
+        self.procs, self.every = procs, every
+        self.peak_rss: dict[str, float] = {}
+        self.cpu_s: dict[str, float] = {}
+        self.total_peak_rss = 0.0
+        self.children: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _pids(pid: int) -> list[int]:
+        try:
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return [pid]
+        return [pid, *(int(k) for k in kids)]
+
+    @staticmethod
+    def _sample(pid: int) -> tuple[float, float]:
+        """(RSS MiB, CPU s) of one process (0, 0 if gone)."""
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0.0, 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        return rss * os.sysconf("SC_PAGE_SIZE") / 2**20, (int(stat[11]) + int(stat[12])) / tick
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            total = 0.0
+            for name, proc in list(self.procs.items()):
+                if not proc.alive:
+                    continue
+                pids = self._pids(proc.proc.pid)
+                self.children.update(pids[1:])
+                samples = [self._sample(p) for p in pids]
+                rss, cpu = sum(s[0] for s in samples), sum(s[1] for s in samples)
+                total += rss
+                self.peak_rss[name] = max(self.peak_rss.get(name, 0.0), rss)
+                if cpu:
+                    self.cpu_s[name] = max(self.cpu_s.get(name, 0.0), cpu)
+            self.total_peak_rss = max(self.total_peak_rss, total)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def stop_all(procs: list[NodeProcess], children: set[int]) -> None:
+    """SIGTERM every process we started (by pid), wait, SIGKILL the rest; then any p2pd
+    child (pids the meter saw under our daemons) still alive."""
+    for p in procs:
+        if p.alive:
+            with contextlib.suppress(ProcessLookupError):
+                p.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.proc.wait(max(1.0, deadline - time.monotonic()))
+        if p.alive:
+            p.proc.kill()
+            p.proc.wait()
+        with contextlib.suppress(Exception):
+            p._log.close()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"p2pd" in cmdline:
+                os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------ one scenario
+
+
+def founder_keys(work: Path, seed: int) -> list[str]:
+    """The founders' identity files in WORK/NAME/identity.key, derived from (seed, name), so
+    every scenario of a seed (and a resumed run) has the same manifest: same run id."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from seedflood_p2p.network.identity import crypto_pb2, load_or_create_identity
+
+    ids = []
+    for name in FOUNDERS:
+        raw = hashlib.sha256(f"bench_sybil_daemon/{seed}/{name}".encode()).digest()
+        key = Ed25519PrivateKey.from_private_bytes(raw)
+        public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+        blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=raw + public)
+        path = work / name / "identity.key"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob.SerializeToString())
+        path.chmod(0o600)
+        ids.append(load_or_create_identity(path).to_base58())
+    return ids
+
+
+def run_config(seed: int, founders: list[str]):
+    salt = "seedflood" if seed == 0 else f"seedflood-{seed}"
+    return dataclasses.replace(
+        RUN,
+        salt=salt,
+        extra={
+            "audit": AUDIT,
+            "probation": {"founders": founders, "vouches": VOUCHES, "share": SHARE},
+        },
+    )
+
+
+def log_view(events: list[dict]) -> dict[str, dict]:
+    """{peer: {"established": round, "banned": round, "taken_back": n}} as one peer's log
+    saw them (the round is the peer's training round when it logged it)."""
+    current, out = -1, {}
+    for e in events:
+        if e.get("event") == "round":
+            current = e["round"]
+        elif e.get("event") in ("established", "audit_ban"):
+            row = out.setdefault(e["peer"], {})
+            if e["event"] == "established":
+                row.setdefault("established", current)
+            else:
+                row.setdefault("banned", current)
+                words = e.get("message", "").rsplit(";", 1)[-1].split()
+                if words and words[0].isdigit():
+                    row["taken_back"] = int(words[0])
+    return out
+
+
+def ledger_view(path: Path, attackers: set[str]) -> dict:
+    from seedflood_p2p.algorithm.audit import AuditSettings
+    from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.storage.ledger import Ledger, peer_name
+
+    with Ledger.open_existing(path) as ledger:
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        st = standing_of_ledger(
+            ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
+        )
+        messages = list(ledger.messages())
+    counted = st.counted(messages)
+    per_key: dict[str, dict] = {}
+    for m in messages:
+        name = peer_name(m.peer)
+        if name not in attackers:
+            continue
+        row = per_key.setdefault(name, {"sent": 0, "counted": 0, "first_round": m.round})
+        row["sent"] += 1
+        row["first_round"] = min(row["first_round"], m.round)
+    for m in counted:
+        name = peer_name(m.peer)
+        if name in per_key:
+            row = per_key[name]
+            row["counted"] += 1
+            row["first_counted"] = min(row.get("first_counted", m.round), m.round)
+    for peer, since in st.since.items():
+        if peer_name(peer) in per_key:
+            per_key[peer_name(peer)]["established_since"] = since
+    return {
+        "config": config,
+        "counted": counted,
+        "counted_rows": sorted((m.round, peer_name(m.peer), m.scalars) for m in counted),
+        "banned": sorted(peer_name(p) for p in st.banned),
+        "established": sorted(peer_name(p) for p in st.established),
+        "per_key": per_key,
+        "messages": len(messages),
+    }
+
+
+def held_out(config, counted) -> dict:
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.algorithm.trainer import evaluate
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model, weights_sha256
+
+    model, tokenizer = load_model(config.model)
+    replay(model, config, counted)
+    task = load_task(
+        config.dataset, text_column=config.text_column, label_column=config.label_column
+    )
+    loss, accuracy = evaluate(model, tokenizer, task, config, EVAL_EXAMPLES)
+    return {"loss": loss, "accuracy": accuracy, "sha256": weights_sha256(model)}
+
+
+def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dict:
+    cheat = SCENARIOS[scenario]
+    n_attack = 0 if cheat is None else sybils
+    attackers = [f"s{i:02d}" for i in range(n_attack)]
+    names = FOUNDERS + attackers
+    config = run_config(seed, founder_keys(work, seed))
+    flags = peer_flags(args.rounds, len(names) - 1, args.interval, args.deadline)
+    started = time.time()
+    procs: list[NodeProcess] = []
+    peers: dict[str, NodeProcess] = {}
+    meter = None
+    try:
+        boot, address = start_bootstrap(work, config)
+        procs.append(boot)
+        meter = Meter(peers)
+        for name in names:
+            (work / name).mkdir(parents=True, exist_ok=True)
+            extra = ["--test-cheat", cheat] if name in attackers and cheat else []
+            peers[name] = start_peer(work, name, address, [*flags, *extra])
+            procs.append(peers[name])
+        codes = {}
+        for name, p in peers.items():
+            try:
+                codes[name] = p.wait_exit(args.timeout)
+            except TimeoutError:
+                codes[name] = None
+        logs = {n: log_view(peers[n].events()) for n in FOUNDERS}
+        ids = {}
+        for n, p in peers.items():
+            joined = [e["peer_id"] for e in p.events() if e.get("event") == "join"]
+            final = work / n / "final_status.json"
+            if final.exists():
+                ids[n] = json.loads(final.read_text())["peer_id"]
+            elif joined:
+                ids[n] = joined[0]
+    finally:
+        if meter is not None:
+            meter.stop()
+        stop_all(procs, meter.children if meter else set())
+    finals = {
+        n: json.loads((work / n / "final_status.json").read_text())
+        for n in names
+        if (work / n / "final_status.json").exists()
+    }
+    attacker_ids = {ids[n] for n in attackers if n in ids}
+    views = {n: ledger_view(work / n / "ledger.sqlite", attacker_ids) for n in FOUNDERS}
+    first = views[FOUNDERS[0]]
+    evaluation = held_out(first["config"], first["counted"])
+    per_key = {}
+    for n in attackers:
+        pid = ids.get(n)
+        ledger_rows = [views[f]["per_key"].get(pid, {}) for f in FOUNDERS]
+        seen = [logs[f].get(pid, {}) for f in FOUNDERS]
+        applied = [r.get("counted", 0) + s.get("taken_back", 0) for r, s in zip(ledger_rows, seen)]
+        per_key[n] = {
+            "peer_id": pid,
+            "exit": codes.get(n),
+            "sent": ledger_rows[0].get("sent", 0),
+            "first_round": ledger_rows[0].get("first_round"),
+            "counted_at_end": [r.get("counted", 0) for r in ledger_rows],
+            "first_counted": ledger_rows[0].get("first_counted"),
+            "established_since": ledger_rows[0].get("established_since"),
+            "established_seen": [s.get("established") for s in seen],
+            "banned_seen": [s.get("banned") for s in seen],
+            "taken_back": [s.get("taken_back", 0) for s in seen],
+            "applied_ever": applied,
+        }
+    per_founder = {}
+    for n in FOUNDERS:
+        audits = finals.get(n, {}).get("audits") or {}
+        cpu = audits.get("cpu_seconds", {})
+        probation = audits.get("probation") or {}
+        per_founder[n] = {
+            "exit": codes.get(n),
+            "final_round": finals.get(n, {}).get("round"),
+            "audits_done": audits.get("done"),
+            "probation_audits": probation.get("probation_audits"),
+            "backlog": probation.get("backlog"),
+            "backlog_peers": probation.get("backlog_peers"),
+            "waiting_updates": probation.get("waiting_updates"),
+            "established": probation.get("established"),
+            "on_probation": probation.get("on_probation"),
+            "audit_cpu_s": cpu.get("audit", 0.0),
+            "train_cpu_s": cpu.get("train", 0.0),
+            "audit_cpu_share": cpu.get("audit", 0.0) / max(cpu.get("train", 0.0), 1e-9),
+            "banned": len(audits.get("banned") or []),
+            "counted_attacker_updates": sum(r["counted"] for r in views[n]["per_key"].values()),
+        }
+    founder_ids = {ids.get(n) for n in FOUNDERS}
+    counted_sets = [{(r[0], r[1]) for r in v["counted_rows"]} for v in views.values()]
+    common = set.intersection(*counted_sets)
+    rows_of = [{(r[0], r[1]): r[2] for r in v["counted_rows"]} for v in views.values()]
+    daemon_rss = [v for k, v in meter.peak_rss.items()] if meter else []
+    daemon_cpu = [v for k, v in meter.cpu_s.items()] if meter else []
+    return {
+        "scenario": scenario,
+        "seed": seed,
+        "sybils": n_attack,
+        "cheat": cheat,
+        "rounds": args.rounds,
+        "run_id": config.run_id,
+        "exit_codes": codes,
+        "seconds": round(time.time() - started, 1),
+        "attacker_updates_sent": sum(k["sent"] for k in per_key.values()),
+        "attacker_updates_counted_at_end": [
+            sum(k["counted_at_end"][i] for k in per_key.values()) for i in range(len(FOUNDERS))
+        ],
+        "attacker_updates_applied_ever": [
+            sum(k["applied_ever"][i] for k in per_key.values()) for i in range(len(FOUNDERS))
+        ],
+        "attacker_keys_ever_counted": sum(
+            1 for k in per_key.values() if max(k["applied_ever"], default=0)
+        ),
+        "attacker_keys_banned": [
+            sum(1 for k in per_key.values() if k["banned_seen"][i] is not None)
+            for i in range(len(FOUNDERS))
+        ],
+        "attacker_keys_established": sum(
+            1 for k in per_key.values() if k["established_since"] is not None
+        ),
+        "honest_banned": sorted(set(first["banned"]) & founder_ids),
+        "ledgers_agree_on_what_counts": all(s == counted_sets[0] for s in counted_sets),
+        "counted_rows_identical": all(r[key] == rows_of[0][key] for r in rows_of for key in common),
+        "counted_differ": len(set.union(*counted_sets) - common),
+        "replay_loss": evaluation["loss"],
+        "replay_accuracy": evaluation["accuracy"],
+        "replay_sha256": evaluation["sha256"],
+        "audit_cpu_share": _mean([f["audit_cpu_share"] for f in per_founder.values()]),
+        "per_founder": per_founder,
+        "per_key": per_key,
+        "cost": {
+            "peak_rss_mib_per_peer": _mean(daemon_rss),
+            "max_rss_mib_per_peer": max(daemon_rss, default=None),
+            "cpu_s_per_peer": _mean(daemon_cpu),
+            "cpu_s_founders": _mean([meter.cpu_s.get(n) for n in FOUNDERS]) if meter else None,
+            "peak_rss_mib_all": meter.total_peak_rss if meter else None,
+            "note": "per process: the daemon + its p2pd (/proc, sampled every 3 s)",
+        },
+    }
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def _span(values: list) -> str:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return "-"
+    return str(values[0]) if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
+
+
+def summarize(row: dict, reference: dict | None) -> dict:
+    keys = row["per_key"].values()
+    counted_keys = [k for k in keys if max(k["applied_ever"], default=0)]
+    stop = [max(b for b in k["banned_seen"] if b is not None) for k in counted_keys
+            if all(b is not None for b in k["banned_seen"])]  # fmt: skip
+    start = [k["established_since"] for k in counted_keys if k["established_since"] is not None]
+    newcomer_count = [
+        k["first_counted"] - k["first_round"] for k in keys if k["first_counted"] is not None
+    ]
+    newcomer_est = [
+        k["established_since"] - k["first_round"]
+        for k in keys
+        if k["established_since"] is not None
+    ]
+    delta = None if reference is None else row["replay_loss"] - reference["replay_loss"]
+    return {
+        "counted_ever": max(row["attacker_updates_applied_ever"], default=0),
+        "counted_end": max(row["attacker_updates_counted_at_end"], default=0),
+        "sent": row["attacker_updates_sent"],
+        "keys_counted": len(counted_keys),
+        "stop_rounds": _span(stop),
+        "start_rounds": _span(start),
+        "delta": delta,
+        "newcomer_count": _span(newcomer_count),
+        "newcomer_est": _span(newcomer_est),
+        "backlog": _span([f["backlog"] for f in row["per_founder"].values()]),
+        "banned": _span(row["attacker_keys_banned"]),
+    }
+
+
+def write_markdown(result: dict, path: Path) -> None:
+    rows = result["rows"]
+    lines = [
+        "# Many identities, one attacker: real daemons (bench/bench_sybil_daemon.py)",
+        "",
+        f"{result['machine']}; `{result['command']}`. tiny-llama on synthetic-sentiment "
+        f"(tests/cluster.py RUN: lr 8e-3, n_ref 4, batch 8), 4 founders "
+        f"(`extra.probation.founders`) + N attacker identities, each its own peer daemon and "
+        f"p2pd with its own key, all under `nice -n 10` on 127.0.0.1; audits {AUDIT} "
+        f"(--max-staleness 1), probation vouches {VOUCHES}, share {SHARE}. Held-out loss: "
+        f"replay of the first founder's counted updates, {EVAL_EXAMPLES} examples; delta "
+        "against the honest-only row of the same seed.",
+        "",
+        "| scenario | seed | N | attacker updates counted ever / at end / sent | keys that "
+        "counted | established (round) -> banned (round) of keys that counted | keys banned "
+        "| held-out loss (delta) | accuracy | audit CPU / training (founders) | newcomer "
+        "rounds to first count / established | backlog at end | founders' ledgers agree, "
+        "counted rows identical | peer RSS MiB / CPU s | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    refs = {(r["seed"]): r for r in rows.values() if r["scenario"] == "honest-only"}
+    order = list(SCENARIOS)
+    for key in sorted(
+        rows, key=lambda k: (rows[k]["seed"], order.index(rows[k]["scenario"]), rows[k]["sybils"])
+    ):
+        r = rows[key]
+        ref = refs.get(r["seed"])
+        s = summarize(r, ref if r["scenario"] != "honest-only" else None)
+        delta = f" ({s['delta']:+.4f})" if s["delta"] is not None else ""
+        cost = r["cost"]
+        lines.append(
+            f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {s['counted_ever']} / "
+            f"{s['counted_end']} / {s['sent']} | {s['keys_counted']} | {s['start_rounds']} -> "
+            f"{s['stop_rounds']} | {s['banned']} | {r['replay_loss']:.4f}{delta} | "
+            f"{r['replay_accuracy']:.3f} | {r['audit_cpu_share']:.3f} | "
+            f"{s['newcomer_count']} / {s['newcomer_est']} | {s['backlog']} | "
+            f"{r['ledgers_agree_on_what_counts']}, {r['counted_rows_identical']} | "
+            f"{cost['peak_rss_mib_per_peer']:.0f} / {cost['cpu_s_per_peer']:.0f} | "
+            f"{r['seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        "Counted ever: the most, over the founders, of the attacker updates a founder applied "
+        "to its live model (those counted in its final ledger + those its log says it took "
+        "back at a ban); at end: counted by the final ledger's standing. Established -> "
+        "banned: the round of a key's 2nd vouched update (ledger) and the last founder's "
+        "training round when it logged the ban (`-`: none). Keys banned: by each founder's "
+        "log (span over founders). Newcomer rounds: from a key's first update to its first "
+        "counted one / to its establishing vouched one. Backlog: probation audits due that "
+        "the founders' budget had not paid for, at the end. Agree: the 4 founders' final "
+        "ledgers count the same (round, peer) set, with equal scalars. RSS / CPU: mean over "
+        "the run's peer processes (daemon + its p2pd), peak RSS and CPU seconds.",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sybils", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--interval", type=float, default=1.0, help="--round-interval")
+    parser.add_argument("--deadline", type=float, default=60, help="--round-deadline")
+    parser.add_argument("--timeout", type=float, default=1800, help="per peer, to exit")
+    parser.add_argument("--name", default="sybil_daemon", help="results file name")
+    parser.add_argument("--keep", default="", help="keep the runs' files under this folder")
+    args = parser.parse_args()
+    os.environ[TEST_HOOKS_ENV] = "1"  # --test-cheat: the attackers are a test hook
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    out_json, out_md = OUT / f"{args.name}.json", OUT / f"{args.name}.md"
+    result = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}
+    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
+    result["command"] = "python bench/bench_sybil_daemon.py " + " ".join(sys.argv[1:])
+    scenarios = args.scenarios.split(",")
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}: one of {list(SCENARIOS)}")
+    with contextlib.ExitStack() as stack:
+        base = (
+            Path(args.keep)
+            if args.keep
+            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sybil-daemon-")))
+        )
+        for seed in args.seeds:
+            for scenario in scenarios:
+                n = 0 if scenario == "honest-only" else args.sybils
+                key = f"{scenario}/seed{seed}/n{n}/r{args.rounds}"
+                if key in result["rows"]:
+                    print("done already:", key)
+                    continue
+                work = base / f"seed{seed}-{scenario}-n{n}"
+                work.mkdir(parents=True, exist_ok=True)
+                print(time.strftime("%H:%M:%S"), "running", key, "in", work, flush=True)
+                row = run_scenario(scenario, seed, args.sybils, args, work)
+                result["rows"][key] = row
+                out_json.write_text(json.dumps(result, indent=1, default=str))
+                write_markdown(result, out_md)
+                print(
+                    time.strftime("%H:%M:%S"),
+                    json.dumps(
+                        {
+                            k: row[k]
+                            for k in (
+                                "seconds",
+                                "attacker_updates_applied_ever",
+                                "attacker_updates_counted_at_end",
+                                "replay_loss",
+                                "audit_cpu_share",
+                                "ledgers_agree_on_what_counts",
+                                "exit_codes",
+                            )
+                        }
+                    ),  # fmt: skip
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
