@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
@@ -162,7 +163,7 @@ def stop_all(procs: list[NodeProcess], children: set[int]) -> None:
         with contextlib.suppress(Exception):
             p._log.close()
     for pid in children:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"p2pd" in cmdline:
                 os.kill(pid, signal.SIGKILL)
@@ -560,7 +561,9 @@ def main() -> None:
                     print("done already:", key)
                     continue
                 work = base / f"seed{seed}-{scenario}-n{n}"
-                work.mkdir(parents=True, exist_ok=True)
+                if work.exists():  # an interrupted row: start it again from nothing
+                    shutil.rmtree(work)
+                work.mkdir(parents=True)
                 print(time.strftime("%H:%M:%S"), "running", key, "in", work, flush=True)
                 row = run_scenario(scenario, seed, args.sybils, args, work)
                 result["rows"][key] = row
