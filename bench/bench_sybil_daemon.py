@@ -303,12 +303,19 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
             extra = ["--test-cheat", cheat] if name in attackers and cheat else []
             peers[name] = start_peer(work, name, address, [*flags, *extra])
             procs.append(peers[name])
-        codes = {}
-        for name, p in peers.items():
-            try:
-                codes[name] = p.wait_exit(args.timeout)
-            except TimeoutError:
-                codes[name] = None
+        deadline = time.monotonic() + args.timeout
+        while any(p.alive for p in peers.values()) and time.monotonic() < deadline:
+            time.sleep(2)
+        stopped_early = any(p.alive for p in peers.values())
+        if stopped_early:  # SIGTERM: each daemon ends its round, checkpoints, final_status
+            print(time.strftime("%H:%M:%S"), f"--timeout {args.timeout:.0f} s: stopping")
+            for p in peers.values():
+                if p.alive:
+                    p.proc.send_signal(signal.SIGTERM)
+            for p in peers.values():
+                with contextlib.suppress(Exception):
+                    p.proc.wait(120)
+        codes = {name: p.proc.poll() for name, p in peers.items()}
         logs = {n: log_view(peers[n].events()) for n in FOUNDERS}
         ids = {}
         for n, p in peers.items():
@@ -385,6 +392,8 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         "rounds": args.rounds,
         "run_id": config.run_id,
         "exit_codes": codes,
+        "stopped_early": stopped_early,
+        "final_rounds": {n: finals.get(n, {}).get("round") for n in names},
         "seconds": round(time.time() - started, 1),
         "attacker_updates_sent": sum(k["sent"] for k in per_key.values()),
         "attacker_updates_counted_at_end": [
@@ -533,7 +542,13 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--interval", type=float, default=1.0, help="--round-interval")
     parser.add_argument("--deadline", type=float, default=60, help="--round-deadline")
-    parser.add_argument("--timeout", type=float, default=1800, help="per peer, to exit")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        help="seconds per scenario; then the daemons are stopped (SIGTERM) and the row says "
+        "so (stopped_early, final_rounds)",
+    )
     parser.add_argument("--name", default="sybil_daemon", help="results file name")
     parser.add_argument("--keep", default="", help="keep the runs' files under this folder")
     args = parser.parse_args()
