@@ -283,6 +283,28 @@ def held_out(config, counted) -> dict:
     return {"loss": loss, "accuracy": accuracy, "sha256": weights_sha256(model)}
 
 
+CUTOFF_EVERY = 5
+
+
+def losses_by_round(config, counted) -> dict[str, float]:
+    """{R: held-out loss of the replay of the counted updates of rounds < R}, R every
+    CUTOFF_EVERY rounds: rows stopped at different rounds compare at a common R."""
+    last = max((m.round for m in counted), default=0)
+    return {
+        str(r): held_out(config, [m for m in counted if m.round < r])["loss"]
+        for r in range(CUTOFF_EVERY, last + 1, CUTOFF_EVERY)
+    }
+
+
+def compare(row: dict, reference: dict | None) -> tuple[int, float] | None:
+    """(R, row's loss - reference's) at the largest cutoff R both have."""
+    if reference is None:
+        return None
+    a, b = row.get("replay_loss_by_round", {}), reference.get("replay_loss_by_round", {})
+    common = sorted((int(r) for r in set(a) & set(b)), reverse=True)
+    return (common[0], a[str(common[0])] - b[str(common[0])]) if common else None
+
+
 def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dict:
     cheat = SCENARIOS[scenario]
     n_attack = 0 if cheat is None else sybils
@@ -338,6 +360,7 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
     views = {n: ledger_view(work / n / "ledger.sqlite", attacker_ids) for n in FOUNDERS}
     first = views[FOUNDERS[0]]
     evaluation = held_out(first["config"], first["counted"])
+    by_round = losses_by_round(first["config"], first["counted"])
     per_key = {}
     for n in attackers:
         pid = ids.get(n)
@@ -419,6 +442,8 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         "replay_loss": evaluation["loss"],
         "replay_accuracy": evaluation["accuracy"],
         "replay_sha256": evaluation["sha256"],
+        "replay_loss_by_round": by_round,
+        "work": str(work),
         "audit_cpu_share": _mean([f["audit_cpu_share"] for f in per_founder.values()]),
         "per_founder": per_founder,
         "per_key": per_key,
@@ -462,7 +487,7 @@ def summarize(row: dict, reference: dict | None) -> dict:
         for k in keys
         if k["established_since"] is not None
     ]
-    delta = None if reference is None else row["replay_loss"] - reference["replay_loss"]
+    delta = compare(row, reference)
     return {
         "counted_ever": max(row["attacker_updates_applied_ever"], default=0),
         "counted_end": max(row["attacker_updates_counted_at_end"], default=0),
@@ -488,17 +513,23 @@ def write_markdown(result: dict, path: Path) -> None:
         f"(`extra.probation.founders`) + N attacker identities, each its own peer daemon and "
         f"p2pd with its own key, all under `nice -n 10` on 127.0.0.1; audits {AUDIT} "
         f"(--max-staleness 1), probation vouches {VOUCHES}, share {SHARE}. Held-out loss: "
-        f"replay of the first founder's counted updates, {EVAL_EXAMPLES} examples; delta "
-        "against the honest-only row of the same seed.",
+        f"replay of the first founder's counted updates, {EVAL_EXAMPLES} examples; delta: "
+        "the same replay limited to rounds < R against the honest-only row's (same seed, "
+        "same manifest), R the largest multiple of 5 both rows reached.",
         "",
         "| scenario | seed | N | attacker updates counted ever / at end / sent | keys that "
         "counted | established (round) -> banned (round) of keys that counted | keys banned "
-        "| held-out loss (delta) | accuracy | audit CPU / training (founders) | newcomer "
-        "rounds to first count / established | backlog at end | founders' ledgers agree, "
+        "| held-out loss (end; delta vs honest-only at round R) | accuracy "
+        "| audit CPU / training (founders) | newcomer rounds to first count / established "
+        "| backlog at end | founders' ledgers agree, "
         "counted rows identical | peer RSS MiB / CPU s | s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    refs = {(r["seed"]): r for r in rows.values() if r["scenario"] == "honest-only"}
+    refs = {  # per seed: the honest-only row with losses by round (the longest)
+        r["seed"]: r
+        for r in sorted(rows.values(), key=lambda r: len(r.get("replay_loss_by_round", {})))
+        if r["scenario"] == "honest-only"
+    }
     order = list(SCENARIOS)
     for key in sorted(
         rows, key=lambda k: (rows[k]["seed"], order.index(rows[k]["scenario"]), rows[k]["sybils"])
@@ -506,7 +537,7 @@ def write_markdown(result: dict, path: Path) -> None:
         r = rows[key]
         ref = refs.get(r["seed"])
         s = summarize(r, ref if r["scenario"] != "honest-only" else None)
-        delta = f" ({s['delta']:+.4f})" if s["delta"] is not None else ""
+        delta = f"; at R {s['delta'][0]}: {s['delta'][1]:+.4f}" if s["delta"] else ""
         cost = r["cost"]
         lines.append(
             f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {s['counted_ever']} / "
@@ -534,6 +565,23 @@ def write_markdown(result: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def backfill(result: dict, base: Path) -> None:
+    """Rows written without `replay_loss_by_round` (an earlier version): from their kept
+    ledgers (WORK/a/ledger.sqlite under --keep), where they still exist."""
+    for key, row in result["rows"].items():
+        if row.get("replay_loss_by_round"):
+            continue
+        n, seed, scenario = row["sybils"], row["seed"], row["scenario"]
+        for name in (f"seed{seed}-{scenario}-n{n}-r{row['rounds']}", f"seed{seed}-{scenario}-n{n}"):
+            ledger = base / name / FOUNDERS[0] / "ledger.sqlite"
+            if ledger.exists():
+                view = ledger_view(ledger, set())
+                row["replay_loss_by_round"] = losses_by_round(view["config"], view["counted"])
+                row["work"] = str(base / name)
+                print("backfilled", key, "from", ledger)
+                break
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sybils", type=int, default=20)
@@ -551,6 +599,11 @@ def main() -> None:
     )
     parser.add_argument("--name", default="sybil_daemon", help="results file name")
     parser.add_argument("--keep", default="", help="keep the runs' files under this folder")
+    parser.add_argument(
+        "--backfill",
+        action="store_true",
+        help="only add losses by round to finished rows from their kept ledgers (--keep)",
+    )
     args = parser.parse_args()
     os.environ[TEST_HOOKS_ENV] = "1"  # --test-cheat: the attackers are a test hook
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -558,6 +611,11 @@ def main() -> None:
     result = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
     result["command"] = "python bench/bench_sybil_daemon.py " + " ".join(sys.argv[1:])
+    if args.backfill:
+        backfill(result, Path(args.keep))
+        out_json.write_text(json.dumps(result, indent=1, default=str))
+        write_markdown(result, out_md)
+        return
     scenarios = args.scenarios.split(",")
     unknown = set(scenarios) - set(SCENARIOS)
     if unknown:
@@ -575,7 +633,7 @@ def main() -> None:
                 if key in result["rows"]:
                     print("done already:", key)
                     continue
-                work = base / f"seed{seed}-{scenario}-n{n}"
+                work = base / f"seed{seed}-{scenario}-n{n}-r{args.rounds}"
                 if work.exists():  # an interrupted row: start it again from nothing
                     shutil.rmtree(work)
                 work.mkdir(parents=True)
