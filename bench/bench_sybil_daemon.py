@@ -478,7 +478,11 @@ def summarize(row: dict, reference: dict | None) -> dict:
     counted_keys = [k for k in keys if max(k["applied_ever"], default=0)]
     stop = [max(b for b in k["banned_seen"] if b is not None) for k in counted_keys
             if all(b is not None for b in k["banned_seen"])]  # fmt: skip
-    start = [k["established_since"] for k in counted_keys if k["established_since"] is not None]
+    start = [  # the first founder's round at which a founder logged it established
+        min(e for e in k["established_seen"] if e is not None)
+        for k in counted_keys
+        if any(e is not None for e in k["established_seen"])
+    ]
     newcomer_count = [
         k["first_counted"] - k["first_round"] for k in keys if k["first_counted"] is not None
     ]
@@ -500,6 +504,7 @@ def summarize(row: dict, reference: dict | None) -> dict:
         "newcomer_est": _span(newcomer_est),
         "backlog": _span([f["backlog"] for f in row["per_founder"].values()]),
         "banned": _span(row["attacker_keys_banned"]),
+        "honest_banned": len(row["honest_banned"]),
     }
 
 
@@ -519,11 +524,12 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         "| scenario | seed | N | attacker updates counted ever / at end / sent | keys that "
         "counted | established (round) -> banned (round) of keys that counted | keys banned "
+        "| founders banned "
         "| held-out loss (end; delta vs honest-only at round R) | accuracy "
         "| audit CPU / training (founders) | newcomer rounds to first count / established "
         "| backlog at end | founders' ledgers agree, "
         "counted rows identical | peer RSS MiB / CPU s | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     refs = {  # per seed: the honest-only row with losses by round (the longest)
         r["seed"]: r
@@ -542,7 +548,8 @@ def write_markdown(result: dict, path: Path) -> None:
         lines.append(
             f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {s['counted_ever']} / "
             f"{s['counted_end']} / {s['sent']} | {s['keys_counted']} | {s['start_rounds']} -> "
-            f"{s['stop_rounds']} | {s['banned']} | {r['replay_loss']:.4f}{delta} | "
+            f"{s['stop_rounds']} | {s['banned']} | {s['honest_banned']} | "
+            f"{r['replay_loss']:.4f}{delta} | "
             f"{r['replay_accuracy']:.3f} | {r['audit_cpu_share']:.3f} | "
             f"{s['newcomer_count']} / {s['newcomer_est']} | {s['backlog']} | "
             f"{r['ledgers_agree_on_what_counts']}, {r['counted_rows_identical']} | "
@@ -554,8 +561,9 @@ def write_markdown(result: dict, path: Path) -> None:
         "Counted ever: the most, over the founders, of the attacker updates a founder applied "
         "to its live model (those counted in its final ledger + those its log says it took "
         "back at a ban); at end: counted by the final ledger's standing. Established -> "
-        "banned: the round of a key's 2nd vouched update (ledger) and the last founder's "
-        "training round when it logged the ban (`-`: none). Keys banned: by each founder's "
+        "banned: the earliest founder's training round when it logged the key established "
+        "(-1: before its first round) and the last founder's when it logged the ban (`-`: "
+        "none). Founders banned: by the first founder's final ledger (target 0). Keys banned: by each founder's "
         "log (span over founders). Newcomer rounds: from a key's first update to its first "
         "counted one / to its establishing vouched one. Backlog: probation audits due that "
         "the founders' budget had not paid for, at the end. Agree: the 4 founders' final "
@@ -576,6 +584,9 @@ def backfill(result: dict, base: Path) -> None:
             ledger = base / name / FOUNDERS[0] / "ledger.sqlite"
             if ledger.exists():
                 view = ledger_view(ledger, set())
+                last = max((m.round for m in view["counted"]), default=-1)
+                if last + 2 < (row["per_founder"][FOUNDERS[0]].get("final_round") or 0):
+                    continue  # another run's directory (the same name, fewer rounds)
                 row["replay_loss_by_round"] = losses_by_round(view["config"], view["counted"])
                 row["work"] = str(base / name)
                 print("backfilled", key, "from", ledger)
