@@ -558,17 +558,18 @@ def write_markdown(result: dict, path: Path) -> None:
         )
     lines += [
         "",
-        "Counted ever: the most, over the founders, of the attacker updates a founder applied "
-        "to its live model (those counted in its final ledger + those its log says it took "
+        "Counted ever: the most, over the founders, of the attacker updates a founder applied"
+        " to its live model (those counted in its final ledger + those its log says it took "
         "back at a ban); at end: counted by the final ledger's standing. Established -> "
         "banned: the earliest founder's training round when it logged the key established "
         "(-1: before its first round) and the last founder's when it logged the ban (`-`: "
-        "none). Founders banned: by the first founder's final ledger (target 0). Keys banned: by each founder's "
-        "log (span over founders). Newcomer rounds: from a key's first update to its first "
-        "counted one / to its establishing vouched one. Backlog: probation audits due that "
-        "the founders' budget had not paid for, at the end. Agree: the 4 founders' final "
-        "ledgers count the same (round, peer) set, with equal scalars. RSS / CPU: mean over "
-        "the run's peer processes (daemon + its p2pd), peak RSS and CPU seconds.",
+        "none). Founders banned: by the first founder's final ledger (target 0). Keys banned:"
+        " by each founder's log (span over founders). Newcomer rounds: from a key's first "
+        "update to its first counted one / to its establishing vouched one. Backlog: "
+        "probation audits due that the founders' budget had not paid for, at the end. Agree: "
+        "the 4 founders' final ledgers count the same (round, peer) set, with equal scalars. "
+        "RSS / CPU: mean over the run's peer processes (daemon + its p2pd), peak RSS and CPU "
+        "seconds.",
     ]
     path.write_text("\n".join(lines) + "\n")
 
