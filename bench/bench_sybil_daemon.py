@@ -286,14 +286,18 @@ def held_out(config, counted) -> dict:
 CUTOFF_EVERY = 5
 
 
-def losses_by_round(config, counted) -> dict[str, float]:
-    """{R: held-out loss of the replay of the counted updates of rounds < R}, R every
-    CUTOFF_EVERY rounds: rows stopped at different rounds compare at a common R."""
-    last = max((m.round for m in counted), default=0)
-    return {
-        str(r): held_out(config, [m for m in counted if m.round < r])["loss"]
-        for r in range(CUTOFF_EVERY, last + 1, CUTOFF_EVERY)
-    }
+def losses_by_round(config, counted, cache: Path | None = None) -> dict[str, float]:
+    """{R: held-out loss of the replay of the counted updates of rounds < R}, for the two
+    largest multiples of CUTOFF_EVERY the run reached: rows stopped at different rounds
+    compare at a common R. Cached in `cache` (a JSON file) when given."""
+    if cache is not None and cache.exists():
+        return json.loads(cache.read_text())
+    last = max((m.round for m in counted), default=0) + 1
+    cutoffs = list(range(CUTOFF_EVERY, last + 1, CUTOFF_EVERY))[-2:]
+    out = {str(r): held_out(config, [m for m in counted if m.round < r])["loss"] for r in cutoffs}
+    if cache is not None:
+        cache.write_text(json.dumps(out))
+    return out
 
 
 def compare(row: dict, reference: dict | None) -> tuple[int, float] | None:
@@ -360,7 +364,7 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
     views = {n: ledger_view(work / n / "ledger.sqlite", attacker_ids) for n in FOUNDERS}
     first = views[FOUNDERS[0]]
     evaluation = held_out(first["config"], first["counted"])
-    by_round = losses_by_round(first["config"], first["counted"])
+    by_round = losses_by_round(first["config"], first["counted"], work / "losses_by_round.json")
     per_key = {}
     for n in attackers:
         pid = ids.get(n)
@@ -588,7 +592,9 @@ def backfill(result: dict, base: Path) -> None:
                 last = max((m.round for m in view["counted"]), default=-1)
                 if last + 2 < (row["per_founder"][FOUNDERS[0]].get("final_round") or 0):
                     continue  # another run's directory (the same name, fewer rounds)
-                row["replay_loss_by_round"] = losses_by_round(view["config"], view["counted"])
+                row["replay_loss_by_round"] = losses_by_round(
+                    view["config"], view["counted"], base / name / "losses_by_round.json"
+                )
                 row["work"] = str(base / name)
                 print("backfilled", key, "from", ledger)
                 break
