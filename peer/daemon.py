@@ -733,7 +733,13 @@ class PeerDaemon:
         self.last_eval_round = self.round
         if self.page is not None:
             self.page.record_eval(self.round, loss, accuracy)
-        fields = {"event": "eval", "rounds_done": self.round, "eval_loss": round(loss, 5)}
+        examples = min(self.s.eval_examples, len(self.task.test))
+        fields = {
+            "event": "eval",
+            "rounds_done": self.round,
+            "eval_examples": examples,
+            "eval_loss": round(loss, 5),
+        }
         if accuracy is not None:
             fields["eval_accuracy"] = round(accuracy, 4)
             self.metrics.eval_accuracy.set(accuracy)
@@ -741,8 +747,9 @@ class PeerDaemon:
             if name in metrics:
                 fields[f"eval_{name}"] = round(metrics[name], 4)
         log.info(
-            "eval after %d rounds: %s",
+            "eval after %d rounds on %d held-out examples: %s",
             self.round,
+            examples,
             format_metrics(metrics),
             extra={"fields": fields},
         )
