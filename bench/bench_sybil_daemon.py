@@ -628,7 +628,8 @@ def main() -> None:
     out_json, out_md = OUT / f"{args.name}.json", OUT / f"{args.name}.md"
     result = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
-    result["command"] = "python bench/bench_sybil_daemon.py " + " ".join(sys.argv[1:])
+    if not args.backfill:
+        result["command"] = "python bench/bench_sybil_daemon.py " + " ".join(sys.argv[1:])
     if args.backfill:
         backfill(result, Path(args.keep))
         out_json.write_text(json.dumps(result, indent=1, default=str))
