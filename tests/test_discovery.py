@@ -5,6 +5,7 @@ re-dated records."""
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 
@@ -143,8 +144,9 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     spawn, tmp_path
 ):
     """A real node's not-ready `seedflood.manifest` reply goes through the joiner's decoder
-    (`PeerDaemon.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
-    from peer.daemon import NotReady, PeerDaemon, PeerSettings
+    (`Joiner.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
+    from peer.join import Joiner, NotReady
+    from peer.settings import PeerSettings
     from seedflood_p2p.network.discovery import node_records
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
@@ -161,8 +163,10 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     )
     node.not_ready = "restarted: syncing with the run's other nodes first"
     joiner, joiner_discovery = await _joined(spawn, tmp_path, "joiner")
-    daemon = PeerDaemon(PeerSettings(data_dir=tmp_path / "joiner"))
-    daemon.p2p, daemon.discovery = joiner, joiner_discovery
+    host = types.SimpleNamespace(p2p=joiner, discovery=joiner_discovery)  # a NetworkHost's
+    daemon = Joiner(
+        PeerSettings(data_dir=tmp_path / "joiner"), host, lambda: False, lambda state: None
+    )
     try:
         await node.start()
         records = node_records(node, [], 0)
@@ -181,4 +185,3 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
         await node.stop()
         await server_discovery.stop()
         await joiner_discovery.stop()
-        daemon._model_thread.shutdown(wait=False)
