@@ -61,6 +61,7 @@ log = logging.getLogger("seedflood.audit")
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
 MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
 MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
+LATE_JUDGEMENTS = 3  # ... of them: without the rows our last 1..3 judgements made count
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
@@ -137,6 +138,11 @@ class PeerAudits:
         # came later here than a sender's update are the ones it most likely did not have
         # yet when it trained (`_late_states`).
         self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
+        # Updates that started counting late (a vouch, an establishment, an unban), with the
+        # number of the judgement that made them count: a sender that had not seen those
+        # records yet trained without them - its own vouched updates included (`_late_states`).
+        self.counted_late: dict[tuple[bytes, int], int] = {}
+        self._judgements = count(1)
         self.round = 0  # the round we are training (take_settled)
         self._clock = count()
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
@@ -372,8 +378,10 @@ class PeerAudits:
         if add:
             self.waiting = [m for m in self.waiting if not after.counts(m.peer, m.round)]
             self.applied.extend(add)
+            judgement = next(self._judgements)
             for m in add:
                 self.arrival[(m.peer, m.round)] = (self.round, next(self._clock))
+                self.counted_late[(m.peer, m.round)] = judgement
             self.counts["counted_late"] += len(add)
         self.live.apply([m.negated() for m in drop] + add)
         return newly
@@ -451,9 +459,14 @@ class PeerAudits:
         latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
         updates in `after` first: a straggler); and it may have got the first one or two
         of `after` just before it trained. Last, without our arrival record of its
-        update, the newest-arrived 1, 2, ... updates. Its own updates it always held; one
-        without an arrival stamp (restored at start) counts as old; a banned peer's are
-        not in S_round (applied, then taken back)."""
+        update, the newest-arrived 1, 2, ... updates. Its own updates it held; one without
+        an arrival stamp (restored at start) counts as old; a banned peer's are not in
+        S_round (applied, then taken back).
+
+        Tried before all those: rows that count only by a judgement (a vouch, an
+        establishment, on probation), the sender's own included. It applied them when the
+        records reached it, whatever order the rows themselves came in, so it may have
+        lacked those that our last 1, 2, 3 judgements made count."""
         limit = round_ - self.settings.lag
         settled = {
             (m.peer, m.round): m
@@ -464,9 +477,22 @@ class PeerAudits:
             ((self.arrival[key], key) for key in settled if key in self.arrival), reverse=True
         )
         heard = self.arrival.get((peer, round_))
+        after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
+        late = [
+            (self.counted_late[(m.peer, m.round)], m)
+            for m in self.applied
+            if m.round < limit
+            and m.peer not in self.banned
+            and (m.peer, m.round) in self.counted_late
+        ]
         candidates: list[list[UpdateMessage]] = []
+        for cut in sorted({j for j, _ in late}, reverse=True)[:LATE_JUDGEMENTS]:
+            dropped = {(m.peer, m.round) for j, m in late if j >= cut}
+            candidates.append(
+                [m for j, m in late if j >= cut]
+                + [m for m in after if (m.peer, m.round) not in dropped]
+            )
         if heard is not None:
-            after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]]
             tied: dict[bytes, list[UpdateMessage]] = {}
             for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
                 tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
@@ -495,12 +521,12 @@ class PeerAudits:
         newer = [m for m in self.applied if m.round >= round_ - self.settings.lag]
         if not newer and not counted_too:
             return compute()
-        saved = {name: w.clone() for name, w in self.live.weights().items()}
+        saved = self.live.save_state()
         try:
             self.live.apply([m.negated() for m in newer] + counted_too)
             return compute()
         finally:
-            self.live.load_weights(saved)
+            self.live.load_state(saved)
 
 
 def _ban_sets(voided: list[UpdateMessage]) -> list[frozenset[bytes]]:

@@ -343,7 +343,13 @@ class Rounds:
         self.last_eval_round = done
         if self.page is not None:
             self.page.record_eval(done, loss, accuracy)
-        fields = {"event": "eval", "rounds_done": done, "eval_loss": round(loss, 5)}
+        examples = min(self.s.eval_examples, len(self.task.test))
+        fields = {
+            "event": "eval",
+            "rounds_done": done,
+            "eval_examples": examples,
+            "eval_loss": round(loss, 5),
+        }
         if accuracy is not None:
             fields["eval_accuracy"] = round(accuracy, 4)
             self.metrics.eval_accuracy.set(accuracy)
@@ -351,8 +357,9 @@ class Rounds:
             if name in metrics:
                 fields[f"eval_{name}"] = round(metrics[name], 4)
         log.info(
-            "eval after %d rounds: %s",
+            "eval after %d rounds on %d held-out examples: %s",
             done,
+            examples,
             format_metrics(metrics),
             extra={"fields": fields},
         )

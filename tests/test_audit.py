@@ -549,3 +549,45 @@ def test_a_sender_that_had_the_first_of_the_late_updates_is_matched(tmp_path):
     ((record, mismatch),) = audits.audit(audits.ready(9), live.engine, tokenizer, task)
     assert not mismatch and audits.counts["late_state_matches"] == 1
     ledger.close()
+
+
+def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
+    """On probation a newcomer's own updates count only once vouched, and it applies them
+    when the vouches reach it. Its round-3 update was trained before they did; the auditor
+    had counted them before that update arrived (so arrival order alone does not point at
+    them). The auditor tries the state without the rows its last judgement made count."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.probation import ProbationSettings
+    from seedflood_p2p.network.audit import AuditIntake
+
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.5)
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    history = _updates(3, [A, B], seed=11) + _updates(2, [D], seed=12)
+    own = [m for m in history if m.peer == D]
+    base = {k: w.clone() for k, w in live.weights().items()}
+    live.apply([m for m in history if m.peer != D])  # the newcomer's state: no vouch seen
+    claim, _ = zo_step(live.engine, tokenizer, task, D, 3)
+    live.load_weights(base)
+    ledger.add(history + [claim])
+    settings = AuditSettings(enabled=True, lag=0)
+    probation = ProbationSettings(founders=frozenset([A, B, C]), vouches=2)
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1), probation)
+    audits.set_standing(audits.judge())
+    audits.round = 3
+    audits.on_accept(history, 4)
+    audits.apply(history)  # the newcomer's rows wait: not vouched yet
+    assert len(audits.waiting) == len(own)
+    ledger.add_audits([AuditRecord(D, m.round, A, m.scalars) for m in own])  # two vouches
+    audits.set_standing(audits.judge())  # ... so D is established: its rows count late
+    assert D in audits.standing.established and not audits.waiting
+    whole = recompute(live.engine, tokenizer, task, claim)
+    audits.round = 4
+    audits.on_accept([claim], 4)  # it arrives after the vouches had been counted here
+    audits.due[(D, 3)] = "recheck"
+    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    assert settings.rule.mismatches(claim.scalars, whole)  # the whole settled state does not
+    assert not mismatch and audits.counts["late_state_matches"] == 1
+    ledger.close()

@@ -187,6 +187,7 @@ def test_ports_outside_the_tcp_range(capsys, tmp_path, flag, address, problem):
         ('{"manifest_version": 2, "lr": NaN}', "lr must be a non-negative finite number"),
         ('{"manifest_version": 2, "eps": -1e-3}', "eps must be a positive finite number"),
         ('{"manifest_version": 2, "eps": 1' + "0" * 400 + "}", "eps must be a positive finite"),
+        ('{"manifest_version": 2, "eps": 1e-300}', r"eps must be .* in \[1e-06, 1\]"),
         ('{"manifest_version": 2, "rank": 1' + "0" * 30 + "}", r"rank must be 1\.\.4096"),
         ('{"manifest_version": 2, "total_rounds": -1}', "total_rounds must be 0"),
         ('{"manifest_version": 2, "rank": 1' + "0" * 5000 + "}", "not valid JSON"),

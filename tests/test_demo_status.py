@@ -9,6 +9,7 @@ from seedflood_p2p.apps.cli import main
 from cluster import run_toml, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
+TEST_EXAMPLES = 400  # synthetic-sentiment's test split: the final score takes all of it
 
 
 def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
@@ -37,6 +38,10 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     assert len(summary["ledger_digests"]) == 3
     assert all(v < 1e-5 for v in summary["max_live_deviation"].values())
     assert [e["rounds_done"] for e in summary["evals"]][:1] == [0]  # zero-shot point
+    assert {e["eval_examples"] for e in summary["evals"]} == {64}  # each eval says on how many
+    final = summary["final_eval"]  # the replayed model on up to 1000 test examples
+    assert final["eval_examples"] == TEST_EXAMPLES and 0 <= final["accuracy"] <= 1
+    assert f"replayed model on {TEST_EXAMPLES} held-out examples" in out
     assert (work / "demo.png").stat().st_size > 20_000
     assert summary["progress"]["round"] in (11, 12)  # progress read from the peers' events
     assert summary["time_budget_final_round"] is None  # ended by --rounds, not the clock
@@ -46,11 +51,13 @@ def test_demo_time_budget_ends_every_peer_at_the_same_round(tmp_path, capsys):
     work = tmp_path / "demo"
     args = ["--config", str(run_toml(tmp_path)), "--peers", "2", "--rounds", "100000"]
     args += ["--minutes", "0.3"]
-    code = main(["demo", *args, "--eval-every", "0", "--work-dir", str(work)])
+    args += ["--eval-every", "0", "--final-eval-examples", "0"]
+    code = main(["demo", *args, "--work-dir", str(work)])
     out = capsys.readouterr().out
     assert code == 0, out
     summary = json.loads((work / "summary.json").read_text())
     assert summary["time_budget_final_round"] is not None  # the clock ended the run
+    assert summary["final_eval"] is None
     assert summary["ledgers_identical"]
     assert len({final["round"] for final in summary["finals"].values()}) == 1
     assert all(v < 1e-5 for v in summary["max_live_deviation"].values())

@@ -108,6 +108,35 @@ def test_corrupt_file_is_a_readable_error(tmp_path):
         Ledger.open_existing(tmp_path / "missing.sqlite")
 
 
+def test_damage_inside_a_valid_file_is_one_error_naming_the_row_or_the_file(tmp_path):
+    """A fuzzer's finds: a blob turned text by `||` (not UTF-8), and a byte that is not UTF-8
+    in the schema text, once ended in sqlite3's OperationalError and UnicodeDecodeError."""
+    import sqlite3
+
+    from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+
+    config = RunConfig(model="tiny-llama")
+    path = tmp_path / "l.sqlite"
+    with Ledger(path, config.run_id) as ledger:
+        ledger.set_meta("manifest", config.to_json())
+        ledger.add([UpdateMessage(t, b"peer-%d" % p, (0.5,)) for t in range(3) for p in range(2)])
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE messages SET scalars = scalars || x'ff' WHERE round = 1")
+    with Ledger.open_existing(path) as ledger:
+        with pytest.raises(UserError, match=r"row \(round 1, peer .*\) does not hold 1..16"):
+            ledger.verify(check, "FIX")
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA writable_schema = ON")
+        (sql,) = db.execute("SELECT sql FROM sqlite_master WHERE name = 'meta'").fetchone()
+        db.execute(
+            "UPDATE sqlite_master SET sql = ? WHERE name = 'meta'", (sql.encode() + b" \xff",)
+        )
+    with pytest.raises(UserError, match="corrupt or not a seedflood ledger") as info:
+        Ledger.open_existing(path)
+    assert str(path) in str(info.value)
+
+
 def _signer(key):
     """sign(round, scalars) -> (message, envelope), exactly as go-libp2p-pubsub signs."""
     from cryptography.hazmat.primitives import serialization as ser

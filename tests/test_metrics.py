@@ -50,6 +50,9 @@ async def test_endpoints_serve_status_metrics_and_finish():
             for query in ["", "?after_round=", "?after_round=-1", "?after_round=x", "?round=2"]:
                 async with session.post(f"{base}/finish{query}") as r:
                     assert r.status == 400 and "usage" in await r.text()
+            for huge in [str(10**26), "1" * 5000, str(2**62)]:  # beyond any round: not a 500
+                async with session.post(f"{base}/finish?after_round={huge}") as r:
+                    assert r.status == 400 and "after_round must be 0.." in await r.text()
             assert asked == []
             async with session.post(f"{base}/finish?after_round=7") as r:
                 assert r.status == 200 and await r.json() == {"final_round": 8}

@@ -94,14 +94,6 @@ def test_every_peer_finishes(scenario):
     }
 
 
-@pytest.mark.xfail(
-    reason=(
-        "known defect on main since the branches were merged: in two full-suite runs no "
-        "founder vouched for the honest newcomer within 20 rounds (standing.since == {}); "
-        "it passed on the probation branch alone. Cause not found yet: see docs/ROADMAP.md"
-    ),
-    strict=False,
-)
 def test_the_honest_newcomer_counts_and_the_cheater_never_does(scenario):
     newcomer = base58.b58decode(scenario["finals"]["n"]["peer_id"])
     cheater = base58.b58decode(scenario["finals"]["x"]["peer_id"])

@@ -19,6 +19,14 @@ Threads: `receive`, `take` and `cut` run where updates are accepted (the daemon'
 loop), `apply`, `restore` and `checkpoint` where the model lives (its model thread).
 Taking the cut where accepts run, with no other work in between, puts every update in
 exactly one of the cut and the new pending list: none applied twice, none missed.
+
+Under step_rule "round_mean" an update's step is lr / max(n_t, n_ref), n_t the updates its
+round holds, so a row arriving late (or taken back) changes the step of every row of its
+round already applied. The live model keeps the rows it holds per round (`held`) and, when
+a round's size changes, re-scales that round's applied rows: each is added again at the
+new size and taken back at the old one (two more additions each, O(n_t) for the round).
+A replay applies each row once at the ledger's final size; the live weights agree with it
+to float32 rounding, as for any late row.
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ class LiveModel:
         self.engine = engine
         self.ledger = ledger  # needed by `cut` only
         self.pending: list[UpdateMessage] = []
+        # step_rule "round_mean" only: round -> peer -> the scalars applied for it
+        self.held: dict[int, dict[bytes, tuple[float, ...]]] = {}
 
     @property
     def model(self) -> torch.nn.Module:
@@ -99,10 +109,53 @@ class LiveModel:
     # -- where the model lives --------------------------------------------------------
     def apply(self, messages: list[UpdateMessage]) -> int:
         """Fold `messages` into the weights; the sender's own update goes through here too,
-        with the float16 scalars it published, so it applies what every receiver applies."""
-        count = self.engine.accumulate(messages)
+        with the float16 scalars it published, so it applies what every receiver applies.
+        A message that negates a held row takes that row back."""
+        if self.config.step_rule != "round_mean":
+            count = self.engine.accumulate(messages)
+            self.engine.commit()
+            return count
+        before = {m.round: dict(self.held.get(m.round, {})) for m in messages}
+        for m in messages:
+            rows = self.held.setdefault(m.round, {})
+            if rows.get(m.peer) == m.negated().scalars:
+                del rows[m.peer]  # taken back (a ban, an equivocation, an audit's trial)
+            else:
+                rows[m.peer] = m.scalars
+        for round_, old in sorted(before.items()):
+            new = self.held[round_]
+            if not new:
+                del self.held[round_]
+            # Every row of the round moves from its old size to its new one: added at the
+            # new size (if held now), taken back at the old one (if held before).
+            added = [UpdateMessage(round_, p, g) for p, g in sorted(new.items())]
+            taken = [UpdateMessage(round_, p, g).negated() for p, g in sorted(old.items())]
+            if len(old) == len(new) or max(len(old), len(new)) <= self.config.n_ref:
+                # same step size: only the rows that changed
+                added = [m for m in added if old.get(m.peer) != m.scalars]
+                taken = [m for m in taken if new.get(m.peer) != m.negated().scalars]
+            self.engine.accumulate(added, {round_: len(new)})
+            self.engine.accumulate(taken, {round_: len(old)})
         self.engine.commit()
-        return count
+        return len(messages)
+
+    def hold(self, messages: Iterable[UpdateMessage]) -> None:
+        """Record `messages` as what the weights hold (they were put there by a replay or a
+        checkpoint), so later rows of their rounds re-scale them (step_rule "round_mean")."""
+        if self.config.step_rule == "round_mean":
+            self.held = {}
+            for m in messages:
+                self.held.setdefault(m.round, {})[m.peer] = m.scalars
+
+    def save_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The weights and what they hold, for `load_state` (an audit's trial states)."""
+        held = {t: dict(rows) for t, rows in self.held.items()}
+        return {name: w.clone() for name, w in self.weights().items()}, held
+
+    def load_state(self, state: tuple[dict[str, torch.Tensor], dict]) -> None:
+        weights, held = state
+        self.load_weights(weights)
+        self.held = {t: dict(rows) for t, rows in held.items()}
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The trainable tensors (everything a checkpoint must hold: the rest is base)."""
@@ -150,6 +203,7 @@ class LiveModel:
             except Exception as exc:  # unreadable: the ledger alone rebuilds the model
                 log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
         count = replay(self.model, self.config, cut.messages)
+        self.hold(cut.messages)
         return f"replay of {count} ledger messages"
 
     def _restore_from_checkpoint(self, cut: LedgerCut, directory: Path) -> str | None:
@@ -178,9 +232,13 @@ class LiveModel:
             )
             return None
         self.load_weights(weights)
-        # The tail in canonical order with replay's grouped merges: one pass over the weights
-        # per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
-        replay(self.model, self.config, tail)
+        if self.config.step_rule == "round_mean":  # the tail re-scales the rounds it joins
+            self.hold(inside)
+            self.apply(tail)
+        else:
+            # The tail in canonical order with replay's grouped merges: one pass over the
+            # weights per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
+            replay(self.model, self.config, tail)
         how = f"checkpoint of round {meta['round']}"
         return how + (f" + {len(tail)} ledger messages after it" if tail else "")
 

@@ -53,7 +53,10 @@ class DemoSettings:
     rounds: int = 60
     minutes: float = field(default=10.0, metadata={"help": "training time budget"})
     eval_every: int = field(default=15, metadata={"help": "peer0 scores the model"})
-    eval_examples: int = 200
+    eval_examples: int = field(default=200, metadata={"help": "test sentences per eval"})
+    final_eval_examples: int = field(
+        default=1000, metadata={"help": "the replayed model scored at the end; 0: skip"}
+    )
     round_interval: float = 0.0
     work_dir: Path | None = field(default=None, metadata={"help": "runs/demo-TIMESTAMP if unset"})
 
@@ -102,6 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         eval_every=demo.eval_every,
         eval_examples=demo.eval_examples,
         round_interval=demo.round_interval,
+        final_eval_examples=demo.final_eval_examples,
     )
     return 0 if result["ledgers_identical"] else 1
 
@@ -182,15 +186,20 @@ def _print_progress(p: dict, n_peers: int) -> None:
     )
 
 
-def consensus(work: Path, names: list[str]) -> dict:
-    """Ledger digests of all peers, the canonical replay's hash, live-vs-replay deviation."""
+def consensus(work: Path, names: list[str], final_eval_examples: int = 0) -> dict:
+    """Ledger digests of all peers, the canonical replay's hash, live-vs-replay deviation,
+    and with `final_eval_examples` the replayed model's held-out figures on that many
+    test examples (the count recorded with them)."""
     import torch
     from safetensors.torch import load_file
 
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import trainable_tensors
+    from seedflood_p2p.algorithm.trainer import evaluate_metrics
+    from seedflood_p2p.apps.local import counted_updates
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256
+    from seedflood_p2p.workload.tasks import load_run_task
 
     finals = {
         n: json.loads((work / n / "final_status.json").read_text())
@@ -200,8 +209,8 @@ def consensus(work: Path, names: list[str]) -> dict:
     digests = {n: f["ledger_digest"] for n, f in finals.items()}
     with Ledger.open_existing(work / names[0] / "ledger.sqlite") as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
-        model, _ = load_model(config.model)
-        replay(model, config, ledger.messages())
+        model, tokenizer = load_model(config.model)
+        replay(model, config, counted_updates(ledger, config)[0])  # `seedflood replay`'s
         per_round: dict[int, int] = {}
         for m in ledger.messages():
             per_round[m.round] = per_round.get(m.round, 0) + 1
@@ -210,7 +219,14 @@ def consensus(work: Path, names: list[str]) -> dict:
     for n in finals:
         live = load_file(work / n / "checkpoint.safetensors")
         deviation[n] = max(float((live[k] - t).abs().max()) for k, t in replayed.items())
+    final_eval = None
+    if final_eval_examples:
+        print(f"scoring the replayed model on {final_eval_examples} test examples...", flush=True)
+        task = load_run_task(config)
+        metrics = evaluate_metrics(model, tokenizer, task, config, final_eval_examples)
+        final_eval = {"eval_examples": min(final_eval_examples, len(task.test)), **metrics}
     return {
+        "final_eval": final_eval,
         "ledgers_identical": len(set(digests.values())) == 1 and len(digests) == len(names),
         "ledger_digests": digests,
         "replay_sha256": weights_sha256(model),
@@ -289,6 +305,7 @@ def run_demo(
     eval_every: int,
     eval_examples: int,
     round_interval: float = 0.0,
+    final_eval_examples: int = 0,
 ) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 2) // peers)
@@ -360,7 +377,7 @@ def run_demo(
         if boot is not None:
             boot.stop()
     print("checking consensus (canonical replay of the ledger)...", flush=True)
-    result = consensus(work, list(procs))
+    result = consensus(work, list(procs), final_eval_examples)
     evals = [e for e in procs["peer0"].events() if e.get("event") == "eval"]
     result["evals"] = evals
     result["progress"] = final_progress
@@ -385,10 +402,17 @@ def print_summary(result: dict, evals: list[dict]) -> None:
         acc = ""
         if "eval_accuracy" in first:
             acc = f", accuracy {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f}"
+        on = f" on {last['eval_examples']} examples" if "eval_examples" in last else ""
         print(
             f"\nheld-out loss {first['eval_loss']:.4f} -> {last['eval_loss']:.4f}{acc} "
-            f"(rounds {first['rounds_done']} -> {last['rounds_done']})"
+            f"(rounds {first['rounds_done']} -> {last['rounds_done']}{on})"
         )
+    if result.get("final_eval"):
+        final = result["final_eval"]
+        shown = "  ".join(
+            f"{k} {v:.4f}" for k, v in final.items() if k not in ("eval_examples", "examples")
+        )
+        print(f"replayed model on {final['eval_examples']} held-out examples: {shown}")
     verdict = "yes" if result["ledgers_identical"] else "NO"
     print(
         f"consensus: all ledgers identical: {verdict}; canonical model sha256 "

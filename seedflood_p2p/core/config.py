@@ -17,6 +17,7 @@ from typing import Any
 from seedflood_p2p.core.errors import UserError
 
 MANIFEST_VERSION = 2
+EPS_RANGE = (1e-6, 1.0)  # perturbation scales whose loss difference estimates a derivative
 MAX_DIRECTIONS = 16  # scalars per message: 2 bytes each keeps the payload under 64 bytes
 FLOAT16_MAX = 65504.0  # scalars travel as float16
 # How a message's k scalars become step sizes (RunConfig.normalize): "none" as sent (up to
@@ -131,8 +132,12 @@ class RunConfig:
             value = getattr(self, name)
             if not low <= value <= high:
                 problems.append(f"{name} must be {low}..{high} (got {_short(value)})")
-        if not (self.eps > 0 and _finite(self.eps)):
-            problems.append(f"eps must be a positive finite number (got {_short(self.eps)})")
+        if not (_finite(self.eps) and EPS_RANGE[0] <= self.eps <= EPS_RANGE[1]):
+            problems.append(
+                f"eps must be a positive finite number in [{EPS_RANGE[0]:g}, {EPS_RANGE[1]:g}] "
+                f"(got {_short(self.eps)}): smaller, the two losses differ by float32 "
+                "rounding only; larger, the difference is no longer a derivative"
+            )
         if not (self.lr >= 0 and _finite(self.lr)):
             problems.append(f"lr must be a non-negative finite number (got {_short(self.lr)})")
         if self.lr_schedule not in ("constant", "cosine"):
@@ -265,17 +270,11 @@ class RunConfig:
     def daemon_problem(self) -> str | None:
         """Why the peer daemon and bootstrap node cannot run these settings yet (None: they
         can). Basis artifacts are computed and replayed by `seedflood train`/`replay`, but
-        no node publishes or fetches them over the network yet, and the live model does not
-        re-scale a round's applied updates when a late one changes its size."""
+        no node publishes or fetches them over the network yet."""
         if self.basis != "random":
             return (
                 f"basis '{self.basis}' runs in `seedflood train` only: the network does not "
                 "carry basis artifacts yet; use basis 'random' for a network run"
-            )
-        if self.step_rule != "per_update":
-            return (
-                f"step_rule '{self.step_rule}' runs in `seedflood train` only: live peers do "
-                "not re-scale a round when a late update changes its size yet; use 'per_update'"
             )
         return None
 

@@ -25,7 +25,7 @@ from prometheus_client import (
 )
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.wire import DROP_REASONS
+from seedflood_p2p.protocol.wire import DROP_REASONS, MAX_ROUND
 
 # Where an update can come from, and how its admission can end (network/admission.py:
 # Source and Outcome hold the same strings; admission imports this module, not the reverse).
@@ -318,6 +318,8 @@ async def serve_http(
         after = request.query.get("after_round", "")
         if not (after.isascii() and after.isdigit()):
             return web.Response(status=400, text="usage: POST /finish?after_round=N\n")
+        if len(after) > len(str(MAX_ROUND)) or int(after) > MAX_ROUND:
+            return web.Response(status=400, text=f"after_round must be 0..{MAX_ROUND}\n")
         return web.json_response(finish_after(int(after)))
 
     async def not_found(request: web.Request) -> web.Response:

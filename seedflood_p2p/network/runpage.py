@@ -33,11 +33,11 @@ from typing import Any
 import base58
 from aiohttp import web
 
+from seedflood_p2p.protocol.wire import MAX_ROUND
 from seedflood_p2p.storage.ledger import Ledger
 
 MAX_LIMIT = 500  # rounds per answer: ~16 peers x 500 rounds stays well under 100 KB
 MAX_PEERS = 1000  # peers listed per answer
-MAX_ROUND = 1 << 62  # the ledger's own upper bound for a round
 MAX_SAMPLES = 20_000  # observations kept in memory (one per round change or per 10 s)
 SAMPLE_EVERY = 10.0  # seconds: a sample even when the round did not move
 SAMPLER_PERIOD = 2.0  # seconds between two looks at the node's state

@@ -152,6 +152,9 @@ class Ledger:
         self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            # A damaged cell may hold text that is not UTF-8 (e.g. a blob turned text by
+            # `||`): read it anyway, so `verify` names the row instead of sqlite3 failing.
+            self._db.text_factory = _lenient_text
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             check = self._db.execute("PRAGMA quick_check").fetchone()[0]
@@ -167,7 +170,8 @@ class Ledger:
                 )
         except sqlite3.OperationalError as exc:  # before its base class DatabaseError
             raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a damaged schema: the
+            # latter when sqlite3's own error text quotes bytes that are not UTF-8
             raise UserError(
                 f"ledger {self.path} is corrupt or not a seedflood ledger ({exc}): move it "
                 "aside and let the peer re-sync from the network, or rebuild it from a "
@@ -183,7 +187,7 @@ class Ledger:
         try:  # look before opening for writing: never add our tables to someone else's file
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 ours = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
             ours = True  # unreadable: the constructor says how (corrupt, locked, ...)
         if not ours:
             raise UserError(f"{path} is not a seedflood ledger (no run manifest)")
@@ -669,6 +673,11 @@ class Ledger:
                     h.update(b"|%d|" % (-1 if column is None else len(column)))
                     h.update(column or b"")
         return h.hexdigest()
+
+
+def _lenient_text(raw: bytes) -> str:
+    """SQLite text as str; bytes that are not UTF-8 kept as surrogates (see `Ledger`)."""
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _update_label(round_: object, peer: object) -> str:
