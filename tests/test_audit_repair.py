@@ -82,8 +82,9 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
         await _until(lambda: not ledgers["b"].unsigned_audits(b.peer_id.to_bytes()))
 
         c = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
-        nodes["c"] = FloodNode(c, ledgers["c"], CONFIG.to_json(), NodeMetrics(), SETTINGS)
-        nodes["c"].on_audit_records = note
+        nodes["c"] = FloodNode(
+            c, ledgers["c"], CONFIG.to_json(), NodeMetrics(), SETTINGS, on_audit_records=note
+        )
         nodes["c"].admission.own_round = 70
         await nodes["c"].start()
         # c heard none of the gossip: repair alone brings the records, in two buckets.
