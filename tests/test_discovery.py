@@ -83,6 +83,7 @@ async def _connect(a, b):
     await connect_peer(a, b.peer_id, addrs, 10.0)
 
 
+@pytest.mark.slow
 async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_and_dropped(
     spawn, tmp_path
 ):
@@ -139,6 +140,7 @@ async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_an
         await d2.stop()
 
 
+@pytest.mark.slow
 async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_the_dht(
     spawn, tmp_path
 ):
