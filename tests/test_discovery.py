@@ -151,7 +151,7 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
-    from cluster import RUN
+    from helpers.cluster import RUN
 
     server, server_discovery = await _joined(spawn, tmp_path, "server")
     node = FloodNode(

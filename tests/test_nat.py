@@ -40,7 +40,7 @@ import pytest
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import run_toml
+from helpers.cluster import run_toml
 
 pytestmark = pytest.mark.slow
 
