@@ -46,6 +46,7 @@ def _table(ledger: Ledger) -> list[AuditRecord]:
     return ledger.audits()
 
 
+@pytest.mark.slow
 async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatch):
     monkeypatch.setattr(flood, "AUDIT_FETCH_LIMIT", 2)  # several pages, cursors followed
     a = await spawn()
@@ -103,6 +104,7 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
             ledger.close()
 
 
+@pytest.mark.slow
 async def test_a_server_of_a_forged_audit_record_is_banned(spawn, tmp_path):
     a = await spawn()
     ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", CONFIG.run_id) for n in "ab"}

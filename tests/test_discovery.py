@@ -84,6 +84,7 @@ async def _connect(a, b):
     await connect_peer(a, b.peer_id, addrs, 10.0)
 
 
+@pytest.mark.slow
 async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_and_dropped(
     spawn, tmp_path
 ):
@@ -140,6 +141,7 @@ async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_an
         await d2.stop()
 
 
+@pytest.mark.slow
 async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_the_dht(
     spawn, tmp_path
 ):
@@ -151,7 +153,7 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     from seedflood_p2p.network.flood import FloodNode, NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
-    from cluster import RUN
+    from helpers.cluster import RUN
 
     server, server_discovery = await _joined(spawn, tmp_path, "server")
     node = FloodNode(

@@ -160,6 +160,7 @@ def test_completion_loss_is_on_the_answer_only():
     assert scored == answer + [tokenizer.eos_token_id]
 
 
+@pytest.mark.slow
 def test_completion_held_out_loss_falls_on_tiny_llama():
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import evaluate_metrics, train_local
