@@ -518,7 +518,7 @@ def write_markdown(result: dict, path: Path) -> None:
         "# Many identities, one attacker: real daemons (bench/bench_sybil_daemon.py)",
         "",
         f"{result['machine']}; `{result['command']}`. tiny-llama on synthetic-sentiment "
-        f"(tests/cluster.py RUN: lr 8e-3, n_ref 4, batch 8), 4 founders "
+        f"(tests/helpers/cluster.py RUN: lr 8e-3, n_ref 4, batch 8), 4 founders "
         f"(`extra.probation.founders`) + N attacker identities, each its own peer daemon and "
         f"p2pd with its own key, all under `nice -n 10` on 127.0.0.1; audits {AUDIT} "
         f"(--max-staleness 1), probation vouches {VOUCHES}, share {SHARE}. Held-out loss: "
