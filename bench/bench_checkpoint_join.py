@@ -61,9 +61,10 @@ async def fetch_path(config, link_dir: Path, ledger, work: Path) -> dict:
     from hivemind.p2p import PeerID
 
     from seedflood_p2p.network.checkpoints import CheckpointServer, fetch_checkpoint
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.network.metrics import NodeMetrics
     from seedflood_p2p.network.p2pd import connect_peer, create_p2p
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     nodes, servers = [], []

@@ -274,9 +274,10 @@ def _tail(path: Path, n: int = 25) -> str:
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.network.metrics import NodeMetrics
     from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -772,9 +773,10 @@ def build_ledger_worker(a: dict) -> None:
 async def donor_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.network.metrics import NodeMetrics
     from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])
@@ -806,9 +808,10 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.network.metrics import NodeMetrics, value
     from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])

@@ -34,8 +34,9 @@ from test_admission import RUN, Peer  # noqa: E402
 
 from seedflood_p2p.core.config import RunConfig  # noqa: E402
 from seedflood_p2p.network import flood  # noqa: E402
-from seedflood_p2p.network.flood import FloodNode, NodeSettings  # noqa: E402
+from seedflood_p2p.network.flood import FloodNode  # noqa: E402
 from seedflood_p2p.network.metrics import NodeMetrics, histogram_totals  # noqa: E402
+from seedflood_p2p.network.settings import NodeSettings  # noqa: E402
 from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
 
 SIDE_A, SIDE_B = (1, 2, 3), (4, 5)

@@ -17,7 +17,7 @@ from seedflood_p2p.core.flags import (
     settings_of,
     settings_values,
 )
-from seedflood_p2p.network.flood import NodeSettings
+from seedflood_p2p.network.settings import NodeSettings
 
 BOOTSTRAP_FIELDS = settings_of(BootstrapSettings)
 NODE_FIELDS = settings_of(NodeSettings)

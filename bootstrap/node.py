@@ -25,7 +25,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, bounded
 from seedflood_p2p.network.discovery import Discovery, run_discovery
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
 from seedflood_p2p.network.p2pd import create_p2p
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
@@ -36,6 +36,7 @@ from seedflood_p2p.network.runpage import (
     add_routes,
     run_sampler,
 )
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.bootstrap")

@@ -36,13 +36,14 @@ from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.assets import AssetServer
 from seedflood_p2p.network.checkpoints import CheckpointServer, FetchFailed, fetch_checkpoint
 from seedflood_p2p.network.discovery import Discovery, run_discovery
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics, serve_http, timed, value
 from seedflood_p2p.network.p2pd import create_p2p, host_port, remove_stale_sockets
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
 from seedflood_p2p.network.runpage import Observed, RunPage, add_routes, run_sampler
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.network.tickets import ticket_creator
 from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit, quorum_round
 from seedflood_p2p.storage.checkpoint import unchanged_rows

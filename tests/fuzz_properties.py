@@ -756,7 +756,7 @@ def check_toml(text: str, daemon: bool) -> str:
         table = parse_toml(text, args.config)
         if daemon:
             from peer.daemon import PeerSettings
-            from seedflood_p2p.network.flood import NodeSettings
+            from seedflood_p2p.network.settings import NodeSettings
 
             peer_fields, node_fields = _daemon_fields()
             check_unknown(table, peer_fields + node_fields, args)

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network import flood
 from seedflood_p2p.network.audit import audits_on
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import AuditRecord, pack_scalars
 from seedflood_p2p.protocol.wire import Rejected, audit_topic_for, encode_audit
 from seedflood_p2p.storage.ledger import Ledger

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 
-from seedflood_p2p.network.flood import NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reconnect import Reconnector, tcp_answers
+from seedflood_p2p.network.settings import NodeSettings
 
 
 async def test_a_peer_back_on_its_address_is_dialled_at_once(spawn, tmp_path):

@@ -16,6 +16,7 @@ from seedflood_p2p.network.admission import Admission, Outcome
 from seedflood_p2p.network.flood import PeerState
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
     SENDER_BURST,
@@ -256,7 +257,7 @@ def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_se
     and our fetch. The client takes what the digest claimed, blames no one, and fetches the
     rest next time (blaming it got honest peers banned in a 0.4 s-round run)."""
     from seedflood_p2p.network import flood
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
 
     alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
     manifest = RunConfig().to_json()
@@ -304,7 +305,7 @@ def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, mo
     long history partly behind; the joiner's catch-up (`sync_until_complete`) goes on
     until nothing was left out (a joiner once became ready with 32,768 of 80,000 rows)."""
     from seedflood_p2p.network import flood
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 
     monkeypatch.setattr(flood, "MAX_EXCHANGE_PAGES", 1)  # one page per exchange ...

@@ -10,8 +10,9 @@ from test_admission import RUN, Peer
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network import flood
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 from seedflood_p2p.storage.ledger import Ledger
 
