@@ -9,7 +9,7 @@ import types
 from test_admission import RUN, Peer
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network import flood
+from seedflood_p2p.network import repair
 from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
@@ -45,11 +45,10 @@ def _route(monkeypatch, nodes: dict[bytes, FloodNode], calls: list) -> None:
     async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
         server = nodes[peer_id.to_bytes()]
         calls.append((peer_id.to_bytes(), name.split(".")[1]))
-        handler = server._serve_digest if name == "seedflood.digest" else server._serve_fetch
         await asyncio.sleep(0)
-        return await handler(p2p.peer_id, request)
+        return await server.repair.handlers[name](p2p.peer_id, request)
 
-    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+    monkeypatch.setattr(repair, "call_bytes", call_bytes)
 
 
 def _add(node: FloodNode, rows) -> None:
