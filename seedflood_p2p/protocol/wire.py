@@ -44,7 +44,8 @@ dropped and counted under the named reason (never raised out of the daemon):
 
 Repair (request/response between peers) carries ledger entries as msgpack rows
 `[round, peer, scalars, data, seqno, signature]`: the update together with the
-signed GossipSub envelope it first arrived in. A repaired row passes the same
+signed GossipSub envelope it first arrived in (one row codec for updates and audit
+records, `RowKind`, with its rules: "repair rows" below). A repaired row passes the same
 checks except the window's lower bound (a late message is still valid: additions
 commute, and a late joiner fetches the whole history), and two more, so that no peer can
 forge another's update:
@@ -68,7 +69,7 @@ is dropped whole, counted as `bad_reply`, and that peer is not asked further thi
                    the requested round; a page holding a row with a bad signature or
                    payload (the whole exchange ends, the peer is backed off)
 
-Repair budgets (network/flood.py applies them): an exchange with one peer fetches at most
+Repair budgets (network/repair.py applies them): an exchange with one peer fetches at most
 `MAX_EXCHANGE_PAGES` pages, stops after `exchange_deadline(pages claimed)` seconds, and
 takes at most the rows the digest claimed per bucket (more is not an offence: an honest
 server's bucket grows while the run goes on; the rest waits for the next exchange); a
@@ -940,13 +941,29 @@ def decode_chunk_request(data: bytes) -> tuple[str, bytes, int] | None:
     return run_id, file_sha256, index
 
 
+def check_chunk_bytes(
+    data: bytes, index: int, size: int, chunk_bytes: int, expected: bytes, what: str
+) -> None:
+    """Rejected ("bad_reply") unless `data` is chunk `index` of a `size`-byte file cut in
+    `chunk_bytes` chunks: its length (the last chunk shorter) and its SHA-256 `expected`.
+    The rule for checkpoint chunks and run assets alike (network/chunks.py)."""
+    import hashlib
+
+    start = index * chunk_bytes
+    if len(data) != min(start + chunk_bytes, size) - start:
+        raise Rejected("bad_reply", f"{what} {index}: {len(data)} bytes")
+    if hashlib.sha256(data).digest() != expected:
+        raise Rejected("bad_reply", f"{what} {index}: SHA-256 differs from the offer")
+
+
 def check_chunk(offer: CheckpointOffer, index: int, data: bytes) -> None:
     """Rejected ("bad_reply") unless `data` is chunk `index` of `offer`: its length and
     SHA-256 as the offer states them."""
-    import hashlib
-
-    start, end = offer.chunk_range(index)
-    if len(data) != end - start:
-        raise Rejected("bad_reply", f"checkpoint chunk {index}: {len(data)} bytes")
-    if hashlib.sha256(data).digest() != offer.chunk_hashes[index]:
-        raise Rejected("bad_reply", f"checkpoint chunk {index}: SHA-256 differs from the offer")
+    check_chunk_bytes(
+        data,
+        index,
+        offer.size,
+        CHECKPOINT_CHUNK_BYTES,
+        offer.chunk_hashes[index],
+        "checkpoint chunk",
+    )
