@@ -139,8 +139,7 @@ class FloodNode:
             tables,
             self.admission,
             metrics,
-            call_timeout=settings.call_timeout,
-            repair_interval=settings.repair_interval,
+            settings,
             may_serve=self.may_serve,
             refuses=self.refuses,
             peers=lambda: self.connected_peers(),  # late-bound: tools replace it

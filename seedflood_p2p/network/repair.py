@@ -61,6 +61,7 @@ from seedflood_p2p.network.audit import AuditIntake
 from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.reputation import short_id
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     AUDIT_ROWS,
@@ -364,9 +365,8 @@ class Repair:
         tables: list[RepairTable],
         admission: Admission,
         metrics: NodeMetrics,
+        settings: NodeSettings,
         *,
-        call_timeout: float,
-        repair_interval: float,
         may_serve: Callable[[Any, int], bool],
         refuses: Callable[[bytes], str | None],
         peers: Callable[[], Awaitable[list]],
@@ -376,8 +376,7 @@ class Repair:
         self.tables = tables
         self.admission = admission
         self.metrics = metrics
-        self.call_timeout = call_timeout
-        self.repair_interval = repair_interval
+        self.settings = settings  # call_timeout, repair_interval (read when used)
         self.may_serve = may_serve
         self.refuses = refuses
         self.peers = peers
@@ -458,7 +457,7 @@ class Repair:
 
         async def call(name: str, request: bytes) -> bytes:
             """One repair request, within the exchange's deadline, timed, its reply counted."""
-            left = min(self.call_timeout, exchange.deadline - loop.time())
+            left = min(self.settings.call_timeout, exchange.deadline - loop.time())
             if left <= 0:
                 raise RemoteCallError(f"repair exchange with {short_id(server)} over its deadline")
             label = name.removeprefix("seedflood.")
@@ -600,7 +599,7 @@ class Repair:
         if penalty is not None:
             self.admission.reputation.penalize(server, penalty)
         failures = self._backoff.get(server, (0.0, 0))[1] + 1
-        wait = min(MAX_BACKOFF, self.repair_interval * 2**failures)
+        wait = min(MAX_BACKOFF, self.settings.repair_interval * 2**failures)
         self._backoff[server] = (time.monotonic() + wait, failures)
         log.info(
             "repair with %s ended (%s): not asked again for %.0f s",
@@ -688,7 +687,7 @@ class Repair:
                     peer_id,
                     table.kind.digest_rpc,
                     request,
-                    self.call_timeout,
+                    self.settings.call_timeout,
                     max_response=MAX_FETCH_REPLY_BYTES,
                 )
                 theirs = decode_digests(reply)
