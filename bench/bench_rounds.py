@@ -225,10 +225,13 @@ def render(path: Path, meta: dict) -> None:
         key = (run["row"], run["peers"] if run["settings"]["method"] != "adam" else 1)
         groups.setdefault(key, []).append(run)
     eval_at = sorted({int(r) for run in runs for r in run["curve"]})
+    commands = list(dict.fromkeys(run.get("command", meta.get("command")) for run in runs))
     lines = [
         f"# Accuracy against rounds: {meta.get('model')} on {meta.get('task')}",
         "",
-        f"Command: `{meta.get('command')}`. Held-out: the first {meta.get('eval_examples')} "
+        "Commands (each run records its own): "
+        + "; ".join(f"`{c}`" for c in commands)
+        + f". Held-out: the first {meta.get('eval_examples')} "
         "test sentences; +- is the standard error of the mean over seeds (sample std / "
         "sqrt(seeds)); one score on 1,000 sentences alone has SE ~0.015. Trained weights: "
         f"`{meta.get('train_only') or 'all matrices'}`"
@@ -353,6 +356,7 @@ def main() -> None:
                     continue
                 print(f"{name} N={peers} seed={seed} ...", flush=True)
                 run = run_one(args, name, spec, peers, seed)
+                run["command"] = meta["command"]
                 with open(path.with_suffix(".lock"), "w") as lock:  # several --peers processes
                     fcntl.flock(lock, fcntl.LOCK_EX)
                     data = load(path)
