@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from peer.audits import TEST_HOOKS_ENV  # noqa: E402
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer  # noqa: E402
 
-from cluster import RUN  # noqa: E402
+from helpers.cluster import RUN  # noqa: E402
 
 HONEST = ["a", "b", "c", "d"]
 CHEATERS = {"x": "flip", "y": "random", "z": "x3"}

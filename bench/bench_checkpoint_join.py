@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -61,23 +62,23 @@ async def fetch_path(config, link_dir: Path, ledger, work: Path) -> dict:
     from hivemind.p2p import PeerID
 
     from seedflood_p2p.network.checkpoints import CheckpointServer, fetch_checkpoint
-    from seedflood_p2p.network.flood import FloodNode
-    from seedflood_p2p.network.metrics import NodeMetrics
-    from seedflood_p2p.network.p2pd import connect_peer, create_p2p
-    from seedflood_p2p.network.settings import NodeSettings
+    from seedflood_p2p.network.host import HostSettings, NetworkHost
+    from seedflood_p2p.network.p2pd import connect_peer
     from seedflood_p2p.storage.ledger import Ledger
 
-    nodes, servers = [], []
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = []
         for name in ("donor-a", "donor-b", "joiner"):
-            p2p = await create_p2p(identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+            # a fresh identity, no reconnection or discovery; the nodes are never started
+            # (no flood, no repair): only the checkpoint download is measured
+            host = await stack.enter_async_context(NetworkHost(HostSettings()))
             own = Ledger(":memory:", config.run_id) if name != "joiner" else ledger
-            nodes.append(FloodNode(p2p, own, config.to_json(), NodeMetrics(), NodeSettings()))
+            nodes.append(host.flood_node(own, config.to_json()))
         for node in nodes[:2]:
             server = CheckpointServer(node)
             await server.start()
+            stack.callback(server.close)
             await server.publish(link_dir)
-            servers.append(server)
         joiner = nodes[2]
         donors = []
         for node in nodes[:2]:
@@ -95,12 +96,6 @@ async def fetch_path(config, link_dir: Path, ledger, work: Path) -> dict:
             "refused": result.refused,
             "mbyte_per_s": round(result.offer.size / seconds / 1e6, 1),
         }
-    finally:
-        for server in servers:
-            server.close()
-        for node in nodes:
-            node.bans.close()
-            await node.p2p.shutdown()
 
 
 def measure(rounds: int, peers: int, tail: int, model_name: str, work: Path) -> dict:

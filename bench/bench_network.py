@@ -274,9 +274,7 @@ def _tail(path: Path, n: int = 25) -> str:
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.flood import FloodNode
-    from seedflood_p2p.network.metrics import NodeMetrics
-    from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.host import HostSettings, NetworkHost
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
     from seedflood_p2p.storage.ledger import Ledger
@@ -284,109 +282,108 @@ async def flood_worker(a: dict) -> None:
     assert "torch" not in sys.modules, "flood worker imported torch"
     work, index = Path(a["work"]), a["index"]
     config = RunConfig(salt="bench-network-flood", base_sha256="0" * 64)
-    p2p = await create_p2p(
-        identity_path=None,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        initial_peers=[a["bootstrap"]] if a.get("bootstrap") else [],
-    )
-    p2pd_pid = p2p._child.pid
-    suffix = f"/p2p/{p2p.peer_id.to_base58()}"
-    addr = [str(m) for m in await p2p.get_visible_maddrs()][0]
-    addr = addr if addr.endswith(suffix) else addr + suffix
+    # no repair while measuring; p2pd's defaults otherwise (no auto relay)
+    settings = NodeSettings(repair_interval=1e9, publish_rate=50.0, auto_relay=False)
+    initial = [a["bootstrap"]] if a.get("bootstrap") else []
+    async with NetworkHost(HostSettings(node=settings, initial_peers=initial)) as host:
+        p2p = host.p2p
+        p2pd_pid = p2p._child.pid
+        suffix = f"/p2p/{p2p.peer_id.to_base58()}"
+        addr = [str(m) for m in await p2p.get_visible_maddrs()][0]
+        addr = addr if addr.endswith(suffix) else addr + suffix
 
-    accepts: list[tuple[str, int, float]] = []
+        accepts: list[tuple[str, int, float]] = []
 
-    def on_accept(messages) -> None:
-        t = time.time()
-        accepts.extend((m.peer.hex(), m.round, t) for m in messages)
+        def on_accept(messages) -> None:
+            t = time.time()
+            accepts.extend((m.peer.hex(), m.round, t) for m in messages)
 
-    ledger = Ledger(Path(a.get("ledger_dir") or work) / f"ledger{index}.sqlite", config.run_id)
-    ledger.set_meta("manifest", config.to_json())
-    prefill = int(a.get("prefill") or 0)
-    if prefill:  # the same old rows on every peer (as after a long run): digests agree
-        old_rng = random.Random(42)
-        old_peers = [bytes.fromhex("002408011220") + old_rng.randbytes(32) for _ in range(8)]
-        ledger.add(
-            UpdateMessage(1_000_000 + r, p, (0.5,)) for r in range(prefill // 8) for p in old_peers
-        )
-    settings = NodeSettings(repair_interval=1e9, publish_rate=50.0)  # no repair while measuring
-    node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings, on_accept)
-    await node.start()
-    if index == 0:
-        (work / "addr0.txt").write_text(addr)
-    deadline = time.monotonic() + 60
-    while len(await node.connected_peers()) < 1 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    ready = {"peer": node.peer_id.hex(), "pid": os.getpid(), "p2pd_pid": p2pd_pid}
-    (work / f"ready{index}.json").write_text(json.dumps(ready))
+        ledger = Ledger(Path(a.get("ledger_dir") or work) / f"ledger{index}.sqlite", config.run_id)
+        ledger.set_meta("manifest", config.to_json())
+        prefill = int(a.get("prefill") or 0)
+        if prefill:  # the same old rows on every peer (as after a long run): digests agree
+            old_rng = random.Random(42)
+            old_peers = [bytes.fromhex("002408011220") + old_rng.randbytes(32) for _ in range(8)]
+            ledger.add(
+                UpdateMessage(1_000_000 + r, p, (0.5,))
+                for r in range(prefill // 8)
+                for p in old_peers
+            )
+        node = host.flood_node(ledger, config.to_json(), on_accept)
+        await host.start_node()
+        if index == 0:
+            (work / "addr0.txt").write_text(addr)
+        deadline = time.monotonic() + 60
+        while len(await node.connected_peers()) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        ready = {"peer": node.peer_id.hex(), "pid": os.getpid(), "p2pd_pid": p2pd_pid}
+        (work / f"ready{index}.json").write_text(json.dumps(ready))
 
-    go_path = work / "go.json"
-    while not go_path.exists():
-        await asyncio.sleep(0.05)
-    go = json.loads(go_path.read_text())
-    topic_peers_at_go = len(await node.connected_peers())
-    cpu0 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
-    rng = random.Random(1000 + index)
-    publishes = []
-    t0, period = go["t0"], go["period"]
-    for k in range(go["rounds"]):
-        target = t0 + k * period + rng.random() * period * go["jitter"]
-        await asyncio.sleep(max(0.0, target - time.time()))
-        scalar = quantize_scalars(rng.gauss(0.0, 1.0))
-        t_pub = time.time()
-        await node.publish(UpdateMessage(k, node.peer_id, scalar))
-        publishes.append((k, t_pub, time.time()))
-    await asyncio.sleep(go["drain"])
-    cpu1 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
-    ledger_before_repair = len(ledger) - prefill
-    gossip_accepts = list(accepts)
-    topic_peers = len(await node.connected_peers())
-    connections = len(await p2p.list_peers())
-    # Repair: the anti-entropy path, run explicitly (every peer at once).
-    t = time.perf_counter()
-    repaired = 0
-    for _ in range(3):
-        new = await node.sync_round()
-        repaired += new
-        if len(ledger) - prefill >= go["expected_ledger"]:
-            break
-        await asyncio.sleep(0.5)
-    repair_s = time.perf_counter() - t
-    result = {
-        "index": index,
-        "peer": node.peer_id.hex(),
-        "publishes": publishes,
-        "accepts": gossip_accepts,
-        "gossip_duplicates": node.metrics.admission_counts()["gossip"]["duplicate"],
-        "stages": _stage_totals(node.metrics),
-        "accepts_all": accepts,
-        "gossip_accepted_total": node.metrics.accepted_counts()["gossip"],
-        "ledger_before_repair": ledger_before_repair,
-        "ledger_after_repair": len(ledger) - prefill,
-        "repaired": repaired,
-        "repair_s": round(repair_s, 3),
-        "drops": node.metrics.drop_counts(),
-        "topic_peers_at_go": topic_peers_at_go,
-        "topic_peers_end": topic_peers,
-        "connections_end": connections,
-        "subscription_dropped": sum(s.dropped for s in node._pubsub._subscriptions),
-        "rss_python_mib": _proc_rss_mib(os.getpid()),
-        "rss_p2pd_mib": _proc_rss_mib(p2pd_pid),
-        "cpu_python_s": None if None in (cpu0[0], cpu1[0]) else cpu1[0] - cpu0[0],
-        "cpu_p2pd_s": None if None in (cpu0[1], cpu1[1]) else cpu1[1] - cpu0[1],
-        "torch_imported": "torch" in sys.modules,
-    }
-    tmp = work / f"result{index}.json.tmp"
-    tmp.write_text(json.dumps(result))
-    tmp.replace(work / f"result{index}.json")
-    # Stay up until everyone has repaired (others sync from us), then leave.
-    stop = work / "stop"
-    deadline = time.monotonic() + 120
-    while not stop.exists() and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    await node.stop()
+        go_path = work / "go.json"
+        while not go_path.exists():
+            await asyncio.sleep(0.05)
+        go = json.loads(go_path.read_text())
+        topic_peers_at_go = len(await node.connected_peers())
+        cpu0 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
+        rng = random.Random(1000 + index)
+        publishes = []
+        t0, period = go["t0"], go["period"]
+        for k in range(go["rounds"]):
+            target = t0 + k * period + rng.random() * period * go["jitter"]
+            await asyncio.sleep(max(0.0, target - time.time()))
+            scalar = quantize_scalars(rng.gauss(0.0, 1.0))
+            t_pub = time.time()
+            await node.publish(UpdateMessage(k, node.peer_id, scalar))
+            publishes.append((k, t_pub, time.time()))
+        await asyncio.sleep(go["drain"])
+        cpu1 = (_proc_cpu_s(os.getpid()), _proc_cpu_s(p2pd_pid))
+        ledger_before_repair = len(ledger) - prefill
+        gossip_accepts = list(accepts)
+        topic_peers = len(await node.connected_peers())
+        connections = len(await p2p.list_peers())
+        # Repair: the anti-entropy path, run explicitly (every peer at once).
+        t = time.perf_counter()
+        repaired = 0
+        for _ in range(3):
+            new = await node.sync_round()
+            repaired += new
+            if len(ledger) - prefill >= go["expected_ledger"]:
+                break
+            await asyncio.sleep(0.5)
+        repair_s = time.perf_counter() - t
+        result = {
+            "index": index,
+            "peer": node.peer_id.hex(),
+            "publishes": publishes,
+            "accepts": gossip_accepts,
+            "gossip_duplicates": node.metrics.admission_counts()["gossip"]["duplicate"],
+            "stages": _stage_totals(node.metrics),
+            "accepts_all": accepts,
+            "gossip_accepted_total": node.metrics.accepted_counts()["gossip"],
+            "ledger_before_repair": ledger_before_repair,
+            "ledger_after_repair": len(ledger) - prefill,
+            "repaired": repaired,
+            "repair_s": round(repair_s, 3),
+            "drops": node.metrics.drop_counts(),
+            "topic_peers_at_go": topic_peers_at_go,
+            "topic_peers_end": topic_peers,
+            "connections_end": connections,
+            "subscription_dropped": sum(s.dropped for s in node._pubsub._subscriptions),
+            "rss_python_mib": _proc_rss_mib(os.getpid()),
+            "rss_p2pd_mib": _proc_rss_mib(p2pd_pid),
+            "cpu_python_s": None if None in (cpu0[0], cpu1[0]) else cpu1[0] - cpu0[0],
+            "cpu_p2pd_s": None if None in (cpu0[1], cpu1[1]) else cpu1[1] - cpu0[1],
+            "torch_imported": "torch" in sys.modules,
+        }
+        tmp = work / f"result{index}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        tmp.replace(work / f"result{index}.json")
+        # Stay up until everyone has repaired (others sync from us), then leave.
+        stop = work / "stop"
+        deadline = time.monotonic() + 120
+        while not stop.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
     ledger.close()
-    await p2p.shutdown()
 
 
 def run_flood(
@@ -773,9 +770,7 @@ def build_ledger_worker(a: dict) -> None:
 async def donor_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.flood import FloodNode
-    from seedflood_p2p.network.metrics import NodeMetrics
-    from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.host import HostSettings, NetworkHost
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -784,23 +779,24 @@ async def donor_worker(a: dict) -> None:
     manifest = ledger.get_meta("manifest")
     assert RunConfig.from_json(manifest).run_id == ledger.run_id
     port = _free_port()
-    p2p = await create_p2p(identity_path=None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])
-    node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
-    await node.start()
-    info = {
-        "addr": f"/ip4/127.0.0.1/tcp/{port}/p2p/{p2p.peer_id.to_base58()}",
-        "port": port,
-        "peer": p2p.peer_id.to_base58(),
-        "p2pd_pid": p2p._child.pid,
-    }
-    (work / "donor.json").write_text(json.dumps(info))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    (work / "donor_timings.json").write_text(json.dumps(_stage_totals(node.metrics)))
-    await node.stop()
-    await p2p.shutdown()
+    settings = NodeSettings(repair_interval=1e9, auto_relay=False)  # p2pd defaults
+    listen = [f"/ip4/127.0.0.1/tcp/{port}"]
+    async with NetworkHost(HostSettings(node=settings, listen=listen)) as host:
+        p2p = host.p2p
+        node = host.flood_node(ledger, manifest)
+        await host.start_node()
+        info = {
+            "addr": f"/ip4/127.0.0.1/tcp/{port}/p2p/{p2p.peer_id.to_base58()}",
+            "port": port,
+            "peer": p2p.peer_id.to_base58(),
+            "p2pd_pid": p2p._child.pid,
+        }
+        (work / "donor.json").write_text(json.dumps(info))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        (work / "donor_timings.json").write_text(json.dumps(_stage_totals(node.metrics)))
 
 
 async def joiner_worker(a: dict) -> None:
@@ -808,9 +804,8 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
-    from seedflood_p2p.network.flood import FloodNode
-    from seedflood_p2p.network.metrics import NodeMetrics, value
-    from seedflood_p2p.network.p2pd import create_p2p
+    from seedflood_p2p.network.host import HostSettings, NetworkHost
+    from seedflood_p2p.network.metrics import value
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -819,6 +814,7 @@ async def joiner_worker(a: dict) -> None:
     with Ledger.open_existing(a["source"]) as src:
         manifest, run_id, source_rows = src.get_meta("manifest"), src.run_id, len(src)
     donor_id = PeerID.from_base58(donor["peer"])
+    settings = NodeSettings(repair_interval=1e9, auto_relay=False)  # p2pd defaults
     results = {}
     proxy = None
     for label in a["passes"]:
@@ -830,62 +826,59 @@ async def joiner_worker(a: dict) -> None:
         else:
             initial = donor["addr"]
         t_start = time.perf_counter()
-        p2p = await create_p2p(
-            identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[initial]
-        )
-        daemon_s = time.perf_counter() - t_start
-        ledger = Ledger(path, run_id)
-        ledger.set_meta("manifest", manifest)
-        node = FloodNode(p2p, ledger, manifest, NodeMetrics(), NodeSettings(repair_interval=1e9))
-        await node.start()
-        # What the peer daemon does with the default min_peers=0: sync_round() right away.
-        topic_peers_immediately = len(await node.connected_peers())
-        bytes0 = proxy.counters() if proxy else (0, 0)
-        # Repair takes at most a budget of rows per exchange (and an exchange may time out
-        # on a busy donor), so a long history takes several: exchange until complete.
-        t, new, exchanges = time.perf_counter(), 0, 0
-        while len(ledger) < source_rows and exchanges < MAX_SYNC_EXCHANGES:
-            new += await node.sync_with(donor_id)
-            exchanges += 1
-        sync_s = time.perf_counter() - t
-        bytes1 = proxy.counters() if proxy else (0, 0)
-        stages = _stage_totals(node.metrics)  # of the first sync only
-        t = time.perf_counter()
-        again = await node.sync_with(donor_id)
-        noop_s = time.perf_counter() - t
-        t = time.perf_counter()
-        digest = ledger.digest()
-        digest_s = time.perf_counter() - t
-        results[label] = {
-            "daemon_start_s": round(daemon_s, 3),
-            "topic_peers_right_after_start": topic_peers_immediately,
-            "synced_messages": new,
-            "sync_exchanges": exchanges,
-            "sync_s": round(sync_s, 3),
-            "messages_per_s": round(new / sync_s, 1) if sync_s else None,
-            "fetch_calls": stages["repair_call"]["fetch"]["count"],
-            "fetch_rpc_s": round(stages["repair_call"]["fetch"]["sum_s"], 3),
-            "digest_rpc_s": round(stages["repair_call"]["digest"]["sum_s"], 3),
-            # policy + ledger writes of the repaired rows (the signature checks apart)
-            "accept_s": round(stages["admit"]["repair"]["sum_s"], 3),
-            "check_envelope_s": round(stages["verify"][""]["sum_s"], 3),
-            "dropped": {k: v for k, v in node.metrics.drop_counts().items() if v},
-            "fetch_payload_bytes": int(value(node.metrics.repair_bytes_in.labels("fetch"))),
-            "second_sync_new": again,
-            "second_sync_noop_s": round(noop_s, 3),
-            "ledger_messages": len(ledger),
-            "ledger_digest": digest,
-            "ledger_digest_s": round(digest_s, 3),
-        }
-        if proxy:
-            results[label]["wire_bytes_donor_to_joiner"] = bytes1[1] - bytes0[1]
-            results[label]["wire_bytes_joiner_to_donor"] = bytes1[0] - bytes0[0]
-            results[label]["wire_bytes_per_message"] = round(
-                (bytes1[1] - bytes0[1]) / max(1, new), 2
-            )
-        await node.stop()
+        host = NetworkHost(HostSettings(node=settings, initial_peers=[initial]))
+        async with host:
+            daemon_s = time.perf_counter() - t_start
+            ledger = Ledger(path, run_id)
+            ledger.set_meta("manifest", manifest)
+            node = host.flood_node(ledger, manifest)
+            await host.start_node()
+            # What the peer daemon does with the default min_peers=0: sync_round() right away.
+            topic_peers_immediately = len(await node.connected_peers())
+            bytes0 = proxy.counters() if proxy else (0, 0)
+            # Repair takes at most a budget of rows per exchange (and an exchange may time out
+            # on a busy donor), so a long history takes several: exchange until complete.
+            t, new, exchanges = time.perf_counter(), 0, 0
+            while len(ledger) < source_rows and exchanges < MAX_SYNC_EXCHANGES:
+                new += await node.sync_with(donor_id)
+                exchanges += 1
+            sync_s = time.perf_counter() - t
+            bytes1 = proxy.counters() if proxy else (0, 0)
+            stages = _stage_totals(node.metrics)  # of the first sync only
+            t = time.perf_counter()
+            again = await node.sync_with(donor_id)
+            noop_s = time.perf_counter() - t
+            t = time.perf_counter()
+            digest = ledger.digest()
+            digest_s = time.perf_counter() - t
+            results[label] = {
+                "daemon_start_s": round(daemon_s, 3),
+                "topic_peers_right_after_start": topic_peers_immediately,
+                "synced_messages": new,
+                "sync_exchanges": exchanges,
+                "sync_s": round(sync_s, 3),
+                "messages_per_s": round(new / sync_s, 1) if sync_s else None,
+                "fetch_calls": stages["repair_call"]["fetch"]["count"],
+                "fetch_rpc_s": round(stages["repair_call"]["fetch"]["sum_s"], 3),
+                "digest_rpc_s": round(stages["repair_call"]["digest"]["sum_s"], 3),
+                # policy + ledger writes of the repaired rows (the signature checks apart)
+                "accept_s": round(stages["admit"]["repair"]["sum_s"], 3),
+                "check_envelope_s": round(stages["verify"][""]["sum_s"], 3),
+                "dropped": {k: v for k, v in node.metrics.drop_counts().items() if v},
+                "fetch_payload_bytes": int(value(node.metrics.repair_bytes_in.labels("fetch"))),
+                "second_sync_new": again,
+                "second_sync_noop_s": round(noop_s, 3),
+                "ledger_messages": len(ledger),
+                "ledger_digest": digest,
+                "ledger_digest_s": round(digest_s, 3),
+            }
+            if proxy:
+                results[label]["wire_bytes_donor_to_joiner"] = bytes1[1] - bytes0[1]
+                results[label]["wire_bytes_joiner_to_donor"] = bytes1[0] - bytes0[0]
+                results[label]["wire_bytes_per_message"] = round(
+                    (bytes1[1] - bytes0[1]) / max(1, new), 2
+                )
         ledger.close()
-        await p2p.shutdown()
         if proxy:
             proxy.close()
     # Probe: the same signature checks spread over a process pool (cryptography holds the

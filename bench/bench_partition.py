@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from seedflood_p2p.apps.partition import NamespaceNet, run_partition, skip_reason  # noqa: E402
 
-from cluster import run_toml  # noqa: E402
+from helpers.cluster import run_toml  # noqa: E402
 
 
 def _load(load: tuple[float, float, float]) -> str:

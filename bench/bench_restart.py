@@ -146,7 +146,7 @@ def main() -> int:
             {
                 "round": args.rounds - args.behind,
                 "run_id": config.run_id,
-                # as the peer daemon records it (PeerDaemon.checkpoint)
+                # as the peer daemon records it (peer/rounds.py: Rounds.checkpoint)
                 "ledger_rows_sha256": ledger.rows_sha256({(m.peer, m.round) for m in older}),
             },
         )

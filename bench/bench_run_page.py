@@ -101,7 +101,7 @@ def viewer(base: str, every: float, stop: threading.Event, counts: list) -> None
 
 
 def live(viewers: list[int], every: float, seconds: float, workdir: Path) -> dict:
-    from cluster import start_bootstrap, start_peer
+    from helpers.cluster import start_bootstrap, start_peer
 
     boot, address = start_bootstrap(workdir, ["--metrics-port", "0"])
     flags = ["--metrics-port", "0", "--round-interval", "0.5", "--until-round", "100000"]

@@ -18,17 +18,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import base58
+from typing import TYPE_CHECKING
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, bounded
-from seedflood_p2p.network.discovery import Discovery, run_discovery
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
-from seedflood_p2p.network.p2pd import create_p2p
-from seedflood_p2p.network.reconnect import Reconnector, catch_up
+from seedflood_p2p.network.host import HostSettings, NetworkHost
+from seedflood_p2p.network.metrics import value
 from seedflood_p2p.network.runpage import (
     LIVENESS_SECONDS,
     Observed,
@@ -38,6 +34,9 @@ from seedflood_p2p.network.runpage import (
 )
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.storage.ledger import Ledger
+
+if TYPE_CHECKING:
+    from bootstrap.evaluator import LedgerEvaluator
 
 log = logging.getLogger("seedflood.bootstrap")
 
@@ -117,28 +116,17 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    p2p = await create_p2p(
-        identity_path=settings.data_dir / "identity.key",
-        host_maddrs=settings.listen,
-        announce_maddrs=settings.announce or None,
-        use_auto_relay=settings.node.auto_relay,
-        reachability=settings.node.reachability,
-        relays=settings.node.relays,
-        relay_service=settings.node.relay_limits(default_on=True),
-        nat_port_map=settings.node.nat_port_map,
-        startup_timeout=settings.node.daemon_start_timeout,
-        bootstrap_addrs=settings.bootstrap,
+    host_settings = HostSettings(
+        node=settings.node,
+        listen=settings.listen,
+        announce=settings.announce,
+        bootstrap=settings.bootstrap,
+        data_dir=settings.data_dir,
+        serve_relay=True,  # the DHT's first node and the NATed peers' relay
     )
-    metrics = NodeMetrics()
-    reconnector = Reconnector(p2p, settings.data_dir, settings.bootstrap, settings.node, metrics)
-    node = http = discovering = None
-    page_tasks: list[asyncio.Task] = []
-    discovery = None
-    state = {"state": "starting"}
-    try:
-        if settings.node.discovery:  # the DHT's first node: peers that join through us find it
-            discovery = Discovery(p2p, settings.data_dir / "identity.key", metrics)
-            await discovery.start()
+    async with NetworkHost(host_settings) as host:
+        p2p = host.p2p
+        state = {"state": "starting"}
         ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
         ledger.claim(config.to_json(), "use a new --data-dir for a new run")
         evaluator = None
@@ -148,128 +136,26 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             evaluator = LedgerEvaluator(
                 config, ledger, settings.page_eval_every, settings.page_eval_examples
             )
-        node = FloodNode(
-            p2p,
+        node = host.flood_node(
             ledger,
             config.to_json(),
-            metrics,
-            settings.node,
             on_accept=evaluator.receive if evaluator is not None else lambda msgs: None,
         )
-        own = p2p.peer_id.to_bytes()
-        others = sorted(
-            {base58.b58encode(p).decode() for p in ledger.peers() if p != own}
-            | set(reconnector.others_known())
-        )
+        others = host.known_others(ledger)
         if others and not settings.node.allow_alone:
             # A restarted bootstrap node's ledger is stale: a joiner served from it alone
             # would start rounds behind (seen: "ready at round 13" with 56 rows at round 74).
             node.not_ready = "restarted: syncing with the run's other nodes first"
-        await node.start()
-        await reconnector.attach(node)
+        await host.start_node(round_of=lambda: node.newest_round)
         await serve_assets(p2p, node, config)
-        if discovery is not None:
-            discovering = asyncio.create_task(
-                run_discovery(
-                    discovery,
-                    reconnector,
-                    node,
-                    lambda: node.newest_round,
-                    settings.node.discovery_interval,
-                ),
-                name="discovery",
-            )
         suffix = f"/p2p/{p2p.peer_id.to_base58()}"
         addresses = [
             str(a) if str(a).endswith(suffix) else f"{a}{suffix}"
             for a in await p2p.get_visible_maddrs()
         ]
         (settings.data_dir / "address.txt").write_text("\n".join(addresses) + "\n")
-        page = None
         if settings.metrics_port is not None:
-
-            def status() -> dict:
-                return {
-                    "role": "bootstrap",
-                    "state": state["state"],
-                    "network": reconnector.view.as_status(),
-                    "nat": reconnector.nat_status(),
-                    "run_id": config.run_id,
-                    "peer_id": p2p.peer_id.to_base58(),
-                    "round": node.newest_round,
-                    "peers_alive": len(node.peers),
-                    "ledger_messages": len(ledger),
-                    "accepted": metrics.accepted_counts(),
-                    "dropped": metrics.drop_counts(),
-                    "admissions": metrics.admission_counts(),
-                    "banned": node.bans.status(),
-                    "discovery": discovery.status() if discovery else None,
-                    "run": page.summary() if page is not None else None,
-                }
-
-            if settings.run_page:
-
-                def observe() -> Observed:
-                    now = time.monotonic()
-                    return Observed(
-                        round=node.newest_round,
-                        state=state["state"],
-                        peers_alive={
-                            p: st.round
-                            for p, st in node.peers.items()
-                            if now - st.last_seen < LIVENESS_SECONDS
-                        },
-                        bytes_in=int(value(metrics.bytes_in)),
-                        bytes_out=int(value(metrics.bytes_out)),
-                        banned=node.bans.status(),
-                        network=reconnector.view.as_status(),
-                    )
-
-                source = (
-                    f"this bootstrap node's own evaluations: it keeps base + its ledger and "
-                    f"scores it every {settings.page_eval_every} rounds on the first "
-                    f"{settings.page_eval_examples} held-out examples (peers do not publish "
-                    "their evaluations)"
-                    if evaluator is not None
-                    else "none at this node: peers do not publish their evaluations and this "
-                    "bootstrap node does not evaluate (start it with --page-eval-every N)"
-                )
-                page = RunPage(
-                    ledger,
-                    json.loads(config.to_json()),
-                    p2p.peer_id.to_base58(),
-                    "bootstrap",
-                    observe,
-                    source,
-                )
-                page_tasks.append(asyncio.create_task(run_sampler(page), name="run-page"))
-                if evaluator is not None:
-
-                    def show_accuracy(accuracy: float | None) -> None:
-                        if accuracy is not None:
-                            metrics.eval_accuracy.set(accuracy)
-
-                    page_tasks.append(
-                        asyncio.create_task(
-                            evaluator.run(page, lambda: node.newest_round, show_accuracy),
-                            name="page-eval",
-                        )
-                    )
-            http = await serve_http(
-                settings.metrics_host,
-                settings.metrics_port,
-                metrics,
-                status,
-                routes=(lambda app: add_routes(app, lambda: page)) if page is not None else None,
-            )
-            log.info(
-                "metrics and status on http://%s:%d/status%s",
-                settings.metrics_host,
-                http.port,
-                ", the run page on /run" if page is not None else "",
-                extra={"fields": {"event": "http", "port": http.port}},
-            )
-            (settings.data_dir / "status_port").write_text(str(http.port))
+            await serve_status(settings, config, host, evaluator, state)
         log.info(
             "run %s: model %s, dataset %s, base sha256 %s",
             config.run_id[:12],
@@ -283,13 +169,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         if node.not_ready is not None:
             state["state"] = "syncing"
             catching_up = asyncio.create_task(
-                catch_up(
-                    reconnector,
-                    node,
-                    others,
-                    stop.is_set,
-                    lambda why: state.__setitem__("state", why),
-                )
+                host.catch_up(others, stop.is_set, lambda why: state.__setitem__("state", why))
             )
             await asyncio.wait(
                 [catching_up, asyncio.create_task(stop.wait())],
@@ -304,18 +184,98 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         state["state"] = "serving"
         await stop.wait()
         log.info("stopping: ledger holds %d messages", len(ledger))
-    finally:
-        for task in page_tasks:
-            task.cancel()
-        await asyncio.gather(*page_tasks, return_exceptions=True)
-        if http is not None:
-            await http.close()
-        if discovery is not None:
-            await discovery.stop(discovering)
-        await reconnector.stop()
-        if node is not None:
-            await node.stop()
-        await p2p.shutdown()
+
+
+async def serve_status(
+    settings: BootstrapSettings,
+    config: RunConfig,
+    host: NetworkHost,
+    evaluator: LedgerEvaluator | None,
+    state: dict,
+) -> None:
+    """/status and /metrics, and the run page with its sampler (and the page's evaluator,
+    if any) as the host's background tasks."""
+    p2p, node, metrics, reconnector = host.p2p, host.node, host.metrics, host.reconnector
+    ledger, discovery = node.ledger, host.discovery
+    page = None
+
+    def status() -> dict:
+        return {
+            "role": "bootstrap",
+            "state": state["state"],
+            "network": reconnector.view.as_status(),
+            "nat": reconnector.nat_status(),
+            "run_id": config.run_id,
+            "peer_id": p2p.peer_id.to_base58(),
+            "round": node.newest_round,
+            "peers_alive": len(node.peers),
+            "ledger_messages": len(ledger),
+            "accepted": metrics.accepted_counts(),
+            "dropped": metrics.drop_counts(),
+            "admissions": metrics.admission_counts(),
+            "banned": node.bans.status(),
+            "discovery": discovery.status() if discovery else None,
+            "run": page.summary() if page is not None else None,
+        }
+
+    if settings.run_page:
+
+        def observe() -> Observed:
+            now = time.monotonic()
+            return Observed(
+                round=node.newest_round,
+                state=state["state"],
+                peers_alive={
+                    p: st.round
+                    for p, st in node.peers.items()
+                    if now - st.last_seen < LIVENESS_SECONDS
+                },
+                bytes_in=int(value(metrics.bytes_in)),
+                bytes_out=int(value(metrics.bytes_out)),
+                banned=node.bans.status(),
+                network=reconnector.view.as_status(),
+            )
+
+        source = (
+            f"this bootstrap node's own evaluations: it keeps base + its ledger and "
+            f"scores it every {settings.page_eval_every} rounds on the first "
+            f"{settings.page_eval_examples} held-out examples (peers do not publish "
+            "their evaluations)"
+            if evaluator is not None
+            else "none at this node: peers do not publish their evaluations and this "
+            "bootstrap node does not evaluate (start it with --page-eval-every N)"
+        )
+        page = RunPage(
+            ledger,
+            json.loads(config.to_json()),
+            p2p.peer_id.to_base58(),
+            "bootstrap",
+            observe,
+            source,
+        )
+        host.spawn(run_sampler(page), name="run-page")
+        if evaluator is not None:
+
+            def show_accuracy(accuracy: float | None) -> None:
+                if accuracy is not None:
+                    metrics.eval_accuracy.set(accuracy)
+
+            host.spawn(
+                evaluator.run(page, lambda: node.newest_round, show_accuracy), name="page-eval"
+            )
+    port = await host.serve_status(
+        settings.metrics_host,
+        settings.metrics_port,
+        status,
+        routes=(lambda app: add_routes(app, lambda: page)) if page is not None else None,
+    )
+    log.info(
+        "metrics and status on http://%s:%d/status%s",
+        settings.metrics_host,
+        port,
+        ", the run page on /run" if page is not None else "",
+        extra={"fields": {"event": "http", "port": port}},
+    )
 
 
 def run_bootstrap(settings: BootstrapSettings, config: RunConfig) -> int:

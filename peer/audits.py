@@ -37,7 +37,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from itertools import combinations, count, islice
 
 from seedflood_p2p.algorithm.audit import (
@@ -53,6 +53,7 @@ from seedflood_p2p.algorithm.probation import ProbationSettings, Standing, stand
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
 from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
@@ -110,7 +111,7 @@ class PeerAudits:
         peer_id: bytes,
         ledger: Ledger,
         live: LiveModel,
-        intake: AuditIntake,
+        intake: AuditIntake | None,
         probation: ProbationSettings | None = None,
     ) -> None:
         self.settings = settings
@@ -127,7 +128,7 @@ class PeerAudits:
         self.peer_id = peer_id
         self.ledger = ledger
         self.live = live
-        self.intake = intake  # the flood node's: gossip and repair of audit records
+        self.intake = intake  # the flood node's (None in the daemon: DaemonAudits uses it)
         self.applied: list[UpdateMessage] = []  # what the weights hold, in order applied
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
@@ -534,3 +535,107 @@ def _ban_sets(voided: list[UpdateMessage]) -> list[frozenset[bytes]]:
     peers = sorted({m.peer for m in voided})
     sets = (frozenset(c) for k in range(1, len(peers) + 1) for c in combinations(peers, k))
     return list(islice(sets, MAX_BAN_SETS))
+
+
+class DaemonAudits:
+    """The peer daemon's audit work on its event loop, around `PeerAudits` (model thread):
+    draws on accepted updates, the round's recomputations published, the ledger judged
+    after new audit records, the audit gauges and status.
+
+    `run`: runs a function on the model thread; `peers_alive`: live peers besides us."""
+
+    def __init__(
+        self,
+        audits: PeerAudits,
+        metrics,
+        run: Callable[..., Awaitable],
+        peers_alive: Callable[[], int],
+    ) -> None:
+        self.audits = audits
+        self.metrics = metrics  # network/metrics.py:NodeMetrics
+        self.run = run
+        self.peers_alive = peers_alive
+
+    def accept(self, messages: list[UpdateMessage]) -> None:
+        """The flood node's `on_accept`: pending in the live model, then drawn for audit."""
+        self.audits.live.receive(messages)
+        self.audits.on_accept(messages, self.peers_alive() + 1)
+
+    async def on_records(self, fresh: list[AuditRecord]) -> None:
+        """The flood node's `on_audit_records`: audit records new to the ledger, from gossip
+        or repair (the node admitted and counted them): re-checks queued, the ledger judged."""
+        self.audits.note_records(fresh)
+        await self.judge()
+
+    async def run_round(self, round_: int, node, engine, tokenizer, task) -> None:
+        """Recompute the updates due for audit (the model holds S of `round_`), publish
+        our mismatches and re-check votes through `node` (the flood node), and act on what
+        the ledger now decides."""
+        audits = self.audits
+        jobs = audits.ready(round_)
+        if not jobs:
+            return
+        results = await self.run(audits.audit, jobs, engine, tokenizer, task)
+        run_id = node.run_id
+        for record, _mismatch in results:
+            node.audits.own(record)
+            data = encode_audit(run_id, record.accused, record.round, record.scalars)
+            await node.publish_on(audit_topic_for(run_id), data)
+            audits.counts["published"] += 1
+        if results:
+            await self.judge()
+        self.status(dict(node.audits.counts))  # the /metrics gauges
+
+    async def judge(self) -> None:
+        """Judge the ledger (here, where the ledger is written); take back a newly banned
+        peer's updates (model thread); its later ones are never applied.
+
+        The ban store is NOT told: the admission keeps logging a convicted peer's updates
+        (void in every judgement). A sender that had not learned of the verdict yet still
+        counted them in its settled state, and an auditor must hold them to rebuild that
+        state: when verdicts went to the ban store, auditors dropped them and convicted
+        every honest peer that trained around the bans (bench/results/audit_daemon.md)."""
+        audits = self.audits
+        after = audits.judge()
+        before = audits.standing
+        if (
+            before is not None
+            and after.banned == before.banned
+            and after.established == before.established
+            and after.vouched.keys() == before.vouched.keys()
+        ):
+            return
+        await self.run(audits.set_standing, after)
+        self.status()  # the /metrics gauges
+
+    def status(self, records: dict | None = None) -> dict:
+        """Audits done, mismatches found, verdicts in the ledger, peers it bans; sets the
+        audit gauges. `records`: the flood node's audit record counts by outcome."""
+        audits, m = self.audits, self.metrics
+        m.audits_done.set(audits.counts["audits"])
+        m.audit_mismatches.set(audits.counts["mismatches"])
+        m.audit_verdicts.set(audits.verdicts)
+        m.audit_banned.set(len(audits.banned))
+        for work in ("audit", "train"):
+            m.audit_cpu_seconds.labels(work).set(audits.cpu_seconds[work])
+        probation = audits.probation_status()
+        if probation is not None:
+            for key in ("established", "on_probation", "vouched_updates", "backlog"):
+                m.probation.labels(key).set(probation[key])
+            m.probation.labels("waiting_updates").set(probation["waiting_updates"])
+        return {
+            "probation": probation,
+            "done": audits.counts["audits"],
+            "mismatches": audits.counts["mismatches"],
+            "published": audits.counts["published"],
+            # recomputations on the states a sender may honestly have had instead
+            "retries": {
+                k: audits.counts[k]
+                for k in ("ban_state_retries", "late_state_retries", "late_state_matches")
+            },
+            "records": dict(records or {}),
+            "verdicts": audits.verdicts,
+            "banned": sorted(peer_name(p) for p in audits.banned),
+            "rate": audits.rate,
+            "cpu_seconds": {k: round(v, 3) for k, v in sorted(audits.cpu_seconds.items())},
+        }

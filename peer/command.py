@@ -10,24 +10,17 @@ import argparse
 from pathlib import Path
 
 from peer.daemon import PeerSettings, run_peer
+from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.core.flags import (
-    add_flags,
-    check_unknown,
-    read_toml,
-    settings_of,
-    settings_values,
-)
-from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.core.flags import check_unknown, read_toml, settings_of
 
 PEER_FIELDS = settings_of(PeerSettings)
-NODE_FIELDS = settings_of(NodeSettings)
+__all__ = ["NODE_FIELDS", "PEER_FIELDS", "add_arguments", "run", "settings_from_args"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file; keys are the flag names")
-    add_flags(parser, PEER_FIELDS, "peer settings")
-    add_flags(parser, NODE_FIELDS, "network settings")
+    add_daemon_flags(parser, PEER_FIELDS, "peer settings")
 
 
 def settings_from_args(args: argparse.Namespace) -> PeerSettings:
@@ -35,10 +28,7 @@ def settings_from_args(args: argparse.Namespace) -> PeerSettings:
     as `bootstrap = ["/ip4/.../p2p/A", "/ip4/.../p2p/B"]`; a --bootstrap flag replaces it)."""
     table = read_toml(args)
     check_unknown(table, PEER_FIELDS + NODE_FIELDS, args)
-    return PeerSettings(
-        **settings_values(args, PEER_FIELDS, table, {}),
-        node=NodeSettings(**settings_values(args, NODE_FIELDS, table, {})),
-    )
+    return daemon_settings(PeerSettings, PEER_FIELDS, args, table)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ import pytest
 
 from seedflood_p2p.network.p2pd import create_p2p
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/cluster.py helpers
+sys.path.insert(0, str(Path(__file__).parent))  # the tests/helpers package
 
 LOCAL = "/ip4/127.0.0.1/tcp/0"
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import msgpack
+import pytest
 
 from seedflood_p2p.apps.cli import main
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer
@@ -79,6 +80,7 @@ def _write_nli(path: Path, doctor: bool = False) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_volunteers_fetch_the_organisers_model_and_data(tmp_path, capsys):
     organiser = tmp_path / "organiser"
     organiser.mkdir()

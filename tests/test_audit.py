@@ -267,6 +267,7 @@ def test_recompute_on_the_same_state_is_bitwise_and_catches_cheats():
 # -- the simulator --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_simulated_cheaters_are_banned_and_honest_peers_never():
     from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters
 
@@ -330,6 +331,7 @@ def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
     ledger.close()
 
 
+@pytest.mark.slow
 def test_seedflood_replay_honours_verdicts(tmp_path):
     import subprocess
     import sys

@@ -31,7 +31,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from cluster import RUN, start_peer
+from helpers.cluster import RUN, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 18

@@ -47,6 +47,7 @@ def _table(ledger: Ledger) -> list[AuditRecord]:
     return ledger.audits()
 
 
+@pytest.mark.slow
 async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatch):
     monkeypatch.setattr(repair.AuditTable, "page_rows", 2)  # several pages, cursors followed
     a = await spawn()
@@ -83,8 +84,9 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
         await _until(lambda: not ledgers["b"].unsigned_audits(b.peer_id.to_bytes()))
 
         c = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
-        nodes["c"] = FloodNode(c, ledgers["c"], CONFIG.to_json(), NodeMetrics(), SETTINGS)
-        nodes["c"].on_audit_records = note
+        nodes["c"] = FloodNode(
+            c, ledgers["c"], CONFIG.to_json(), NodeMetrics(), SETTINGS, on_audit_records=note
+        )
         nodes["c"].admission.own_round = 70
         await nodes["c"].start()
         # c heard none of the gossip: repair alone brings the records, in two buckets.
@@ -103,6 +105,7 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
             ledger.close()
 
 
+@pytest.mark.slow
 async def test_a_server_of_a_forged_audit_record_is_banned(spawn, tmp_path):
     a = await spawn()
     ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", CONFIG.run_id) for n in "ab"}

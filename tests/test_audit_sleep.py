@@ -23,7 +23,7 @@ from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import RUN, start_peer
+from helpers.cluster import RUN, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 36

@@ -81,6 +81,7 @@ def test_artifact_round_trips_and_its_digest_is_checked(tiny):
         decode(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}xxxxxx")
 
 
+@pytest.mark.slow
 def test_hostile_artifacts_are_refused(tiny):
     model, tokenizer, task = tiny
     engine = SubCGE(model, _config())
@@ -100,6 +101,7 @@ def test_hostile_artifacts_are_refused(tiny):
     engine.close()
 
 
+@pytest.mark.slow
 def test_merge_uses_the_artifacts_v_side(tiny):
     model, tokenizer, task = tiny
     config = _config(rank=4)
@@ -125,6 +127,7 @@ def test_merge_uses_the_artifacts_v_side(tiny):
     engine.close()
 
 
+@pytest.mark.slow
 def test_schedule_picks_the_latest_artifact_at_or_before_an_epoch(tiny):
     model, tokenizer, task = tiny
     engine = SubCGE(model, _config())
@@ -149,6 +152,7 @@ def test_schedule_picks_the_latest_artifact_at_or_before_an_epoch(tiny):
     assert basis_due(_config(basis="random"), 0) is None
 
 
+@pytest.mark.slow
 def test_training_with_artifacts_replays_bit_for_bit_and_only_with_them(tiny, tmp_path):
     _, tokenizer, task = tiny
     config = _config(basis_refresh=1, step_rule="round_mean", n_ref=2)

@@ -200,6 +200,7 @@ def test_only_an_offer_made_by_a_quorum_of_distinct_peers_is_taken():
     assert pick_offer({forged.key: (forged, [_Peer(3), _Peer(3)])}) == (None, 1)  # one identity
 
 
+@pytest.mark.slow
 def test_checkpoint_decoders_let_nothing_but_rejected_out():
     """As tests/test_fuzz.py for the other decoders: random bytes and random msgpack."""
     from hypothesis import given, settings

@@ -6,7 +6,7 @@ import pytest
 
 from seedflood_p2p.apps.cli import main
 
-from cluster import run_toml, start_bootstrap, start_peer
+from helpers.cluster import run_toml, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 TEST_EXAMPLES = 400  # synthetic-sentiment's test split: the final score takes all of it

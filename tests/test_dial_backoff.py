@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reconnect import Reconnector, tcp_answers
 from seedflood_p2p.network.settings import NodeSettings
 
 
+@pytest.mark.slow
 async def test_a_peer_back_on_its_address_is_dialled_at_once(spawn, tmp_path):
     key = tmp_path / "b.key"
     b = await spawn(identity_path=key)

@@ -5,6 +5,7 @@ re-dated records."""
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 
@@ -83,6 +84,7 @@ async def _connect(a, b):
     await connect_peer(a, b.peer_id, addrs, 10.0)
 
 
+@pytest.mark.slow
 async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_and_dropped(
     spawn, tmp_path
 ):
@@ -139,18 +141,20 @@ async def test_records_travel_between_real_nodes_and_hostile_ones_are_counted_an
         await d2.stop()
 
 
+@pytest.mark.slow
 async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_the_dht(
     spawn, tmp_path
 ):
     """A real node's not-ready `seedflood.manifest` reply goes through the joiner's decoder
-    (`PeerDaemon.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
-    from peer.daemon import NotReady, PeerDaemon, PeerSettings
+    (`Joiner.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
+    from peer.join import Joiner, NotReady
+    from peer.settings import PeerSettings
     from seedflood_p2p.network.discovery import node_records
     from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
-    from cluster import RUN
+    from helpers.cluster import RUN
 
     server, server_discovery = await _joined(spawn, tmp_path, "server")
     node = FloodNode(
@@ -162,8 +166,10 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     )
     node.not_ready = "restarted: syncing with the run's other nodes first"
     joiner, joiner_discovery = await _joined(spawn, tmp_path, "joiner")
-    daemon = PeerDaemon(PeerSettings(data_dir=tmp_path / "joiner"))
-    daemon.p2p, daemon.discovery = joiner, joiner_discovery
+    host = types.SimpleNamespace(p2p=joiner, discovery=joiner_discovery)  # a NetworkHost's
+    daemon = Joiner(
+        PeerSettings(data_dir=tmp_path / "joiner"), host, lambda: False, lambda state: None
+    )
     try:
         await node.start()
         records = node_records(node, [], 0)
@@ -182,4 +188,3 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
         await node.stop()
         await server_discovery.stop()
         await joiner_discovery.stop()
-        daemon._model_thread.shutdown(wait=False)

@@ -9,7 +9,7 @@ import pytest
 
 from seedflood_p2p.apps.cli import main
 
-from cluster import start_bootstrap
+from helpers.cluster import start_bootstrap
 
 
 def doctor(capsys, *args: str) -> tuple[int, dict[str, list[dict]]]:

@@ -15,7 +15,7 @@ from seedflood_p2p.network.identity import load_or_create_identity
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import RUN, start_bootstrap
+from helpers.cluster import RUN, start_bootstrap
 
 
 def _peer_error(capsys, *args: str) -> str:

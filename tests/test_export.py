@@ -30,6 +30,7 @@ def _accuracy(capsys, argv: list[str]) -> float:
     return float(re.search(r"accuracy (\d\.\d+)", out).group(1))
 
 
+@pytest.mark.slow
 def test_export_from_ledger_and_checkpoint_loads_in_transformers(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

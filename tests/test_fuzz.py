@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every decoder and file loader (tests/fuzz_properties.py says
+"""Property-based fuzzing of every decoder and file loader (tests/helpers/fuzz_properties.py says
 what each property checks). A few hundred inputs per target keep this file to seconds;
 bench/bench_fuzz.py runs the same properties on over a million inputs.
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fuzz_properties as F
+from helpers import fuzz_properties as F
 
 FAST = settings(
     max_examples=200,
@@ -22,7 +22,11 @@ FAST = settings(
 TARGETS = F.targets()
 
 
-@pytest.mark.parametrize("name", list(TARGETS))
+# The wire decoders stay in the quick path (-m "not slow"); the file loaders run in the full one.
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if n.startswith("decode_") else pytest.mark.slow) for n in TARGETS],
+)
 @FAST
 @given(r=st.randoms(use_true_random=False))
 def test_target_holds_its_contract(name, r):
@@ -45,6 +49,7 @@ def test_reply_and_request_decoders_on_any_bytes(data, max_rows):
     F.check_fetch_request(data)
 
 
+@pytest.mark.slow
 @FAST
 @given(text=st.text(max_size=200))
 def test_manifest_and_toml_on_any_text(text):
@@ -57,6 +62,7 @@ _KEYS = F._key_blobs()
 _KEY_DIR = Path(tempfile.mkdtemp(prefix="fuzz-keys-"))
 
 
+@pytest.mark.slow
 @FAST
 @given(r=st.randoms(use_true_random=False))
 def test_identity_key_files(r):

@@ -201,42 +201,42 @@ def test_start_round_comes_from_a_quorum_not_the_highest_round():
 
 
 async def test_a_peer_that_made_us_wait_out_the_deadline_is_not_waited_for_again():
-    from peer.daemon import PeerDaemon, PeerSettings
+    from peer.rounds import Pacing
+    from peer.settings import PeerSettings
 
-    daemon = PeerDaemon(PeerSettings(round_deadline=0.05, max_staleness=0))
+    settings = PeerSettings(round_deadline=0.05, max_staleness=0)
     slow = b"s" * 38
-    daemon.node = types.SimpleNamespace(peers={slow: PeerState(round=3, last_seen=1e18)})
-    daemon._live_peers = lambda now: daemon.node.peers
-    await daemon.wait_ready(10)  # waits the deadline once
-    assert daemon.laggards == {slow}
-    daemon.s.round_deadline = 3600.0  # were it waited for again, this would hang
-    await asyncio.wait_for(daemon.wait_ready(11), timeout=60)
-    daemon.node.peers[slow].round = 11  # it caught up: waited for as before
-    await asyncio.wait_for(daemon.wait_ready(12), timeout=60)
-    assert daemon.laggards == set()
-    daemon._model_thread.shutdown(wait=False)
+    peers = {slow: PeerState(round=3, last_seen=1e18)}
+    pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False)
+    await pacing.wait_ready(10)  # waits the deadline once
+    assert pacing.laggards == {slow}
+    settings.round_deadline = 3600.0  # were it waited for again, this would hang
+    await asyncio.wait_for(pacing.wait_ready(11), timeout=60)
+    peers[slow].round = 11  # it caught up: waited for as before
+    await asyncio.wait_for(pacing.wait_ready(12), timeout=60)
+    assert pacing.laggards == set()
 
 
 async def test_a_laggard_back_at_the_bounds_edge_is_not_waited_for_again():
     """A staller a few rounds behind is seen inside the bound now and then (when we are
     a little late): it must be in step with us before it is waited for again."""
-    from peer.daemon import PeerDaemon, PeerSettings
+    from peer.rounds import Pacing
+    from peer.settings import PeerSettings
 
-    daemon = PeerDaemon(PeerSettings(round_deadline=0.05, max_staleness=2))
+    settings = PeerSettings(round_deadline=0.05, max_staleness=2)
     slow = b"s" * 38
-    daemon.node = types.SimpleNamespace(peers={slow: PeerState(round=3, last_seen=1e18)})
-    daemon._live_peers = lambda now: daemon.node.peers
-    await daemon.wait_ready(10)  # behind the bound (7): waits the deadline once
-    assert daemon.laggards == {slow}
-    daemon.s.round_deadline = 3600.0  # were it waited for again, this would hang
-    daemon.node.peers[slow].round = 8  # inside round 11's bound (8), not in step (10)
-    await asyncio.wait_for(daemon.wait_ready(11), timeout=60)
-    assert daemon.laggards == {slow}
-    await asyncio.wait_for(daemon.wait_ready(12), timeout=60)  # behind the bound again
-    daemon.node.peers[slow].round = 12  # in step: waited for as before
-    await asyncio.wait_for(daemon.wait_ready(13), timeout=60)
-    assert daemon.laggards == set()
-    daemon._model_thread.shutdown(wait=False)
+    peers = {slow: PeerState(round=3, last_seen=1e18)}
+    pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False)
+    await pacing.wait_ready(10)  # behind the bound (7): waits the deadline once
+    assert pacing.laggards == {slow}
+    settings.round_deadline = 3600.0  # were it waited for again, this would hang
+    peers[slow].round = 8  # inside round 11's bound (8), not in step (10)
+    await asyncio.wait_for(pacing.wait_ready(11), timeout=60)
+    assert pacing.laggards == {slow}
+    await asyncio.wait_for(pacing.wait_ready(12), timeout=60)  # behind the bound again
+    peers[slow].round = 12  # in step: waited for as before
+    await asyncio.wait_for(pacing.wait_ready(13), timeout=60)
+    assert pacing.laggards == set()
 
 
 # -- repair against a bucket that grows ----------------------------------------------------

@@ -1,5 +1,5 @@
 """Hostile identities against real daemons: a bootstrap node and three honest
-tiny-model peers on 127.0.0.1, a late joiner, and three attackers (tests/hostile.py), each
+tiny-model peers on 127.0.0.1, a late joiner, and three attackers (tests/helpers/hostile.py), each
 one identity on its own p2pd:
 
     M1  floods 400 valid signed updates of +-100 on fresh rounds, walks the round window
@@ -17,11 +17,11 @@ import json
 
 import base58
 import pytest
-from hostile import Hostile
 
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import start_bootstrap, start_peer
+from helpers.cluster import start_bootstrap, start_peer
+from helpers.hostile import Hostile
 
 pytestmark = pytest.mark.slow
 ROUNDS = 40

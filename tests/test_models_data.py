@@ -62,6 +62,7 @@ def test_fetch_failure_is_a_user_error(tmp_path, monkeypatch):
     assert "\n" not in msg
 
 
+@pytest.mark.slow
 def test_fetch_downloads_verifies_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("SEEDFLOOD_CACHE", str(tmp_path))
     art = assets.VADER_SDIST
@@ -166,6 +167,7 @@ def test_missing_local_model_path_is_a_user_error(tmp_path):
         load_model(str(tmp_path / "nope"))
 
 
+@pytest.mark.slow
 def test_smollm2_converts_once_and_loads():
     t0 = time.monotonic()
     model, tok = load_model("smollm2-135m")

@@ -38,9 +38,10 @@ from pathlib import Path
 import pytest
 
 from seedflood_p2p.apps.localnet import NodeProcess
+from seedflood_p2p.apps.partition import NamespaceNet
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import run_toml
+from helpers.cluster import run_toml
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +50,7 @@ SCRIPT = ROOT / "deploy" / "netns-nat-testnet.sh"
 RELAY_NODE = ROOT / "bench" / "bench_nat.py"  # `node relay ...`: a bare p2pd relay
 PREFIX = f"sfn{os.getpid() % 100000}"  # unique per test process
 PUBLIC = "11.78.0"  # public-looking: see deploy/netns-nat-testnet.sh
+NET = NamespaceNet(PREFIX, PUBLIC, SCRIPT, "--public-subnet")
 BOOT_PORT = 31337
 NAT_PEER_PORT = 4001  # fixed, so the "cannot reach each other" check knows where to knock
 CIRCUIT_WITHIN = 60.0  # seconds after round 1 for a NATed peer to announce a relay address
@@ -81,16 +83,6 @@ def _peer_flags(rounds: int, interval: float) -> list[str]:
     ]
 
 
-def _net(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SCRIPT), "--prefix", PREFIX, "--public-subnet", PUBLIC, *args],
-        capture_output=True,
-        text=True,
-        check=check,
-        timeout=timeout,
-    )
-
-
 def _skip_reason() -> str | None:
     if not sys.platform.startswith("linux"):
         return "network namespaces need Linux"
@@ -107,11 +99,6 @@ def _skip_reason() -> str | None:
     return None
 
 
-def _ns_proc(host: str, name: str, args: list[str], workdir: Path) -> NodeProcess:
-    """A `seedflood` process inside a namespaced host; its PID is the daemon's (exec)."""
-    return NodeProcess(name, args, workdir, prefix=(str(SCRIPT), "--prefix", PREFIX, "exec", host))
-
-
 _CONNECT_CODE = """
 import socket
 s = socket.socket(); s.settimeout(3)
@@ -125,7 +112,7 @@ except OSError as e:
 def _tcp_from(host: str, ip: str, port: int) -> str:
     """Try a TCP connection from `host` to ip:port: "connected" or the error's name."""
     code = _CONNECT_CODE.format(ip=ip, port=port)
-    return _net("exec", host, sys.executable, "-c", code, timeout=30).stdout.strip()
+    return NET.net("exec", host, sys.executable, "-c", code, timeout=30).stdout.strip()
 
 
 def _b58(peer: bytes) -> str:
@@ -188,9 +175,8 @@ class _BareRelay:
 
 
 def _start_bootstrap(tmp_path: Path, procs: list) -> tuple[NodeProcess, str]:
-    boot = _ns_proc(
+    boot, address = NET.start_bootstrap(
         "pub1",
-        "bootstrap",
         [
             "bootstrap",
             "--config",
@@ -203,17 +189,11 @@ def _start_bootstrap(tmp_path: Path, procs: list) -> tuple[NodeProcess, str]:
         tmp_path,
     )
     procs.append(boot)
-    address_file = tmp_path / "bootstrap" / "address.txt"
-    deadline = time.monotonic() + 120
-    while not address_file.exists():
-        if not boot.alive or time.monotonic() > deadline:
-            raise AssertionError(f"bootstrap did not start:\n{boot.tail()}")
-        time.sleep(0.2)
-    return boot, address_file.read_text().split()[0]
+    return boot, address
 
 
 def _start_peer(tmp_path, procs, host, name, listen, address, flags) -> NodeProcess:
-    p = _ns_proc(
+    p = NET.process(
         host,
         name,
         [
@@ -277,7 +257,7 @@ def test_two_nated_peers_relay_then_hole_punch(tmp_path):
     started = time.monotonic()
     procs: list = []
     try:
-        print(_net("--public", "4", "--private", "2", "up").stderr.strip())
+        print(NET.net("--public", "4", "--private", "2", "up").stderr.strip())
         relays = [_BareRelay(f"pub{i}", f"{PUBLIC}.{i}", tmp_path) for i in (3, 4)]
         procs.extend(relays)
         boot, address = _start_bootstrap(tmp_path, procs)
@@ -371,7 +351,7 @@ def test_two_nated_peers_relay_then_hole_punch(tmp_path):
     finally:
         for p in procs:
             p.stop()
-        down = _net("--kill", "down", check=False)
+        down = NET.net("--kill", "down", check=False)
         assert down.returncode == 0, down.stderr
 
 
@@ -390,7 +370,7 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
     started = time.monotonic()
     procs: list = []
     try:
-        print(_net("--public", "1", "--private", "2", "up").stderr.strip())
+        print(NET.net("--public", "1", "--private", "2", "up").stderr.strip())
         boot, address = _start_bootstrap(tmp_path, procs)
         flags = _peer_flags(rounds=20, interval=0.5)
         peers = {
@@ -442,5 +422,5 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
     finally:
         for p in procs:
             p.stop()
-        down = _net("--kill", "down", check=False)
+        down = NET.net("--kill", "down", check=False)
         assert down.returncode == 0, down.stderr

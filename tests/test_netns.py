@@ -15,23 +15,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from seedflood_p2p.apps.localnet import NodeProcess
+from seedflood_p2p.apps.partition import NamespaceNet
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import run_toml
+from helpers.cluster import run_toml
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "netns-testnet.sh"
 PREFIX = f"sft{os.getpid() % 100000}"  # unique per test process: never touches other testnets
 SUBNET = "10.77.0"
+NET = NamespaceNet(PREFIX, SUBNET)  # deploy/netns-testnet.sh
 HOSTS = 4  # h1: bootstrap, h2..h4: peers
 DELAY = "20ms"
 ROUNDS = 12
@@ -61,16 +60,6 @@ PEER_FLAGS = [
 ]
 
 
-def _net(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SCRIPT), "--prefix", PREFIX, "--subnet", SUBNET, *args],
-        capture_output=True,
-        text=True,
-        check=check,
-        timeout=timeout,
-    )
-
-
 def _requirements() -> tuple[str | None, bool, str]:
     """(reason to skip or None, netem available, check output)."""
     if not sys.platform.startswith("linux"):
@@ -79,7 +68,7 @@ def _requirements() -> tuple[str | None, bool, str]:
         return "needs root (creating network namespaces needs CAP_SYS_ADMIN)", False, ""
     if shutil.which("ip") is None:
         return "needs iproute2's `ip` (apt-get install -y iproute2)", False, ""
-    check = _net("check", check=False)
+    check = NET.net("check", check=False)
     report = (check.stdout + check.stderr).strip()
     if check.returncode != 0:
         missing = [line for line in report.splitlines() if line.endswith(": no")]
@@ -87,15 +76,9 @@ def _requirements() -> tuple[str | None, bool, str]:
     return None, "netem: yes" in report, report
 
 
-def _ns_proc(host: str, name: str, args: list[str], workdir: Path) -> NodeProcess:
-    """A `seedflood` process inside a namespaced host. `exec` replaces the script with
-    `ip netns exec`, which execs python: the PID is the daemon's."""
-    return NodeProcess(name, args, workdir, prefix=(str(SCRIPT), "--prefix", PREFIX, "exec", host))
-
-
 def _in_host(host: str, code: str, timeout: float = 30) -> str:
     """Run a Python snippet inside a host; return its stdout."""
-    return _net("exec", host, sys.executable, "-c", code, timeout=timeout).stdout
+    return NET.net("exec", host, sys.executable, "-c", code, timeout=timeout).stdout
 
 
 _RTT_CODE = """
@@ -124,18 +107,17 @@ def test_training_across_namespaced_hosts(tmp_path):
     started = time.monotonic()
     procs: list[NodeProcess] = []
     try:
-        up = _net("--hosts", str(HOSTS), *(["--delay", DELAY] if netem else []), "up")
+        up = NET.net("--hosts", str(HOSTS), *(["--delay", DELAY] if netem else []), "up")
         print(up.stderr.strip())
         rtt_ms = float(_in_host("h2", _RTT_CODE.format(ip=f"{SUBNET}.3")))
         if netem:  # one delay per direction
             assert rtt_ms >= 2 * 20 * 0.9, f"netem delay not in effect: RTT {rtt_ms:.1f} ms"
         # The hosts have no route out of the testnet (checked without sending anything).
-        route = _net("exec", "h2", "ip", "route", "get", "192.0.2.1", check=False)
+        route = NET.net("exec", "h2", "ip", "route", "get", "192.0.2.1", check=False)
         assert route.returncode != 0 and "unreachable" in route.stderr, route
 
-        boot = _ns_proc(
+        boot, address = NET.start_bootstrap(
             "h1",
-            "bootstrap",
             [
                 "bootstrap",
                 "--config",
@@ -150,19 +132,12 @@ def test_training_across_namespaced_hosts(tmp_path):
             tmp_path,
         )
         procs.append(boot)
-        address_file = tmp_path / "bootstrap" / "address.txt"
-        deadline = time.monotonic() + 120
-        while not address_file.exists():
-            if boot.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"bootstrap did not start:\n{boot.tail()}")
-            time.sleep(0.2)
-        address = address_file.read_text().split()[0]
         assert address.startswith(f"/ip4/{SUBNET}.1/tcp/{BOOT_PORT}/p2p/"), address
 
         peers = {}
         for i in range(2, HOSTS + 1):
             name = f"peer{i}"
-            peers[name] = _ns_proc(
+            peers[name] = NET.process(
                 f"h{i}",
                 name,
                 [
@@ -209,5 +184,5 @@ def test_training_across_namespaced_hosts(tmp_path):
     finally:
         for p in procs:
             p.stop()
-        down = _net("--kill", "down", check=False)
+        down = NET.net("--kill", "down", check=False)
         assert down.returncode == 0, down.stderr

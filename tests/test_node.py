@@ -3,6 +3,8 @@
 import asyncio
 import time
 
+import pytest
+
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
@@ -18,6 +20,7 @@ async def _until(predicate, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_own_update_logged_but_never_sent_is_published_again(spawn, tmp_path):
     a = await spawn()
     b = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
@@ -104,6 +107,7 @@ async def test_a_joiner_checks_what_it_fetched_against_every_source(spawn, tmp_p
             ledger.close()
 
 
+@pytest.mark.slow
 async def test_stop_leaves_a_task_that_ignores_cancellation_behind(spawn, tmp_path, monkeypatch):
     """A task stuck in a call that swallows its cancellation (seen once: a daemon that never
     checkpointed after its last round) costs `stop` STOP_SECONDS, not forever."""

@@ -35,7 +35,7 @@ from seedflood_p2p.protocol.wire import PROTOCOL_VERSION, encode_update, run_tag
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from cluster import start_bootstrap, start_peer
+from helpers.cluster import start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 36

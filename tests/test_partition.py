@@ -19,7 +19,7 @@ import pytest
 
 from seedflood_p2p.apps.partition import CUT, HOSTS, NamespaceNet, run_partition, skip_reason
 
-from cluster import run_toml
+from helpers.cluster import run_toml
 
 pytestmark = pytest.mark.slow
 PARTITION = 180.0  # seconds

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from seedflood_p2p.core.rng import derive_key, portable_uniform
 
@@ -53,6 +54,7 @@ def _hashes(capability: str | None) -> tuple[str, str, str]:
     return base, replayed, used
 
 
+@pytest.mark.slow
 def test_base_weights_and_replay_equal_under_default_and_best_kernels():
     best = _hashes(None)
     default = _hashes("default")

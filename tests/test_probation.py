@@ -198,6 +198,7 @@ def _live_run(tmp_path, name, updates, records, probation, seed):
     return ledger, audits
 
 
+@pytest.mark.slow
 def test_a_live_peer_ends_where_the_replay_of_the_counted_updates_is(tmp_path):
     """Updates and audit records arrive in three different orders; each live peer judges
     after every arrival, keeps what does not count yet and applies it when it starts to

@@ -26,7 +26,7 @@ from seedflood_p2p.network.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from cluster import RUN, start_peer
+from helpers.cluster import RUN, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 20

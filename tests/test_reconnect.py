@@ -25,7 +25,7 @@ from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import run_toml, start_bootstrap, start_peer
+from helpers.cluster import run_toml, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 # Open-ended: the run must outlive both restarts (start-up takes 10-30 s on 2 busy cores),

@@ -71,6 +71,7 @@ def _argv(p2p) -> list[str]:
         return f.read().decode().split("\0")
 
 
+@pytest.mark.slow
 async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     limits = RelayLimits(time_limit=600, data_limit=1 << 30, max_circuits=4, max_reservations=8)
     relay = await spawn(relay_service=limits)
@@ -135,6 +136,7 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     assert await relay_counters(dialer) is None  # serves no relay
 
 
+@pytest.mark.slow
 async def test_auto_relay_without_any_relay_stays_off(spawn):
     p2p = await spawn(use_auto_relay=True)  # no bootstrap, no relays: nothing to reserve on
     argv = _argv(p2p)

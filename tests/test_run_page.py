@@ -22,7 +22,7 @@ from seedflood_p2p.network.runpage import MAX_LIMIT, Observed, RunPage, add_rout
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
-from cluster import RUN, start_bootstrap, start_peer
+from helpers.cluster import RUN, start_bootstrap, start_peer
 
 PEERS = [bytes([0, 36, 8, 1, 18, 32]) + bytes([i]) * 32 for i in (1, 2, 3)]  # Ed25519-shaped
 

@@ -241,7 +241,10 @@ LEARNS = {
 }
 
 
-@pytest.mark.parametrize("method", list(LEARNS))
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param(m, marks=() if m == "seedflood" else pytest.mark.slow) for m in LEARNS],
+)
 def test_a_tiny_run_of_each_method_lowers_held_out_loss(method):
     settings = dict(LEARNS[method])
     config = _sim_config(

@@ -68,6 +68,7 @@ def test_aggregate_equals_sum_of_rank_one_contributions(settings):
         assert not torch.equal(matrix.weight, before[matrix.name])
 
 
+@pytest.mark.slow
 def test_thousand_perturbed_evaluations_leave_weights_bitwise_unchanged():
     model, _ = load_model("tiny-llama")
     engine = SubCGE(model, _config(directions=2, train_norms=True))

@@ -160,6 +160,7 @@ def test_completion_loss_is_on_the_answer_only():
     assert scored == answer + [tokenizer.eos_token_id]
 
 
+@pytest.mark.slow
 def test_completion_held_out_loss_falls_on_tiny_llama():
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import evaluate_metrics, train_local
@@ -216,7 +217,8 @@ def test_dataset_digest_is_of_the_parsed_rows(tmp_path):
 
 def test_joiner_refuses_a_doctored_dataset_and_never_opens_manifest_paths(tmp_path):
     from bootstrap.node import BootstrapSettings, resolve_manifest
-    from peer.daemon import PeerDaemon, PeerSettings
+    from peer.join import Joiner
+    from peer.settings import PeerSettings
 
     original = _three_class_csv(tmp_path / "organiser.csv", NLI_ROWS)
     config = resolve_manifest(
@@ -236,13 +238,13 @@ def test_joiner_refuses_a_doctored_dataset_and_never_opens_manifest_paths(tmp_pa
     copy = tmp_path / "volunteer.csv"
     copy.write_bytes(original.read_bytes())
     peer = types.SimpleNamespace(s=PeerSettings(dataset_file=copy), asset_paths={})
-    _, _, task = PeerDaemon.load_model(peer, config)
+    _, _, task = Joiner.load_model(peer, config)
     assert task.num_labels == 3
     doctored = NLI_ROWS[:]
     doctored[0] = (doctored[0][0], doctored[0][1], "neutral")
     _three_class_csv(copy, doctored)
     with pytest.raises(UserError) as err:
-        PeerDaemon.load_model(peer, config)
+        Joiner.load_model(peer, config)
     line = str(err.value)
     assert "\n" not in line and f"dataset '{copy}'" in line and "differs" in line
 

@@ -15,6 +15,8 @@ from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
+pytestmark = pytest.mark.slow  # 150 rounds of 4 simulated peers, shared by every test
+
 TINY = dict(
     model="tiny-llama",
     dataset="synthetic-sentiment",

@@ -104,6 +104,7 @@ async def test_flood_four_daemons(spawn):
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("pubsub:")]
 
 
+@pytest.mark.slow
 async def test_subscription_survives_broken_stream_and_reports_dead_daemon(spawn):
     p2p = await spawn()
     client = PubSubClient(p2p, max_rate=None)
@@ -143,6 +144,7 @@ async def test_subscription_survives_broken_stream_and_reports_dead_daemon(spawn
         await anext(sub)
 
 
+@pytest.mark.slow
 async def test_identity_persists_and_is_ed25519(spawn, tmp_path):
     key = tmp_path / "peer.key"
     first = await spawn(identity_path=key)
@@ -227,6 +229,7 @@ def test_identity_file_errors(tmp_path):
         load_or_create_identity(write(blob.data[:40]))
 
 
+@pytest.mark.slow
 async def test_request_response(spawn):
     server = await spawn()
     client = await spawn(initial_peers=[await full_maddr(server)])
@@ -276,6 +279,7 @@ async def test_request_response(spawn):
     assert (await call_bytes(client, sid, "echo", b"ok", 5.0)).endswith(b"ko")
 
 
+@pytest.mark.slow
 async def test_unreachable_bootstrap(spawn, tmp_path):
     peer_id = load_or_create_identity(tmp_path / "other.key")
     with socket.socket() as closed:  # bound but not listening: connections are refused
@@ -296,6 +300,7 @@ async def test_unreachable_bootstrap(spawn, tmp_path):
         await spawn(initial_peers=[f"/ip4/127.0.0.1/tcp/{port}"])
 
 
+@pytest.mark.slow
 async def test_port_in_use(spawn):
     port = free_port()
     await spawn(host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])

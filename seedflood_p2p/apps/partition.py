@@ -55,23 +55,46 @@ PEER_FLAGS = [
 
 
 class NamespaceNet:
-    """The namespaced hosts of one scenario (prefix unique per process)."""
+    """The namespaced hosts of one scenario (prefix unique per process), built by
+    `script`: deploy/netns-testnet.sh here and in tests/test_netns.py, or
+    deploy/netns-nat-testnet.sh (subnet_flag "--public-subnet") in tests/test_nat.py."""
 
-    def __init__(self, prefix: str, subnet: str) -> None:
+    def __init__(
+        self, prefix: str, subnet: str, script: Path = SCRIPT, subnet_flag: str = "--subnet"
+    ) -> None:
         self.prefix, self.subnet = prefix, subnet
+        self.script, self.subnet_flag = script, subnet_flag
 
     def net(self, *args: str, check: bool = True, timeout: float = 60):
         return subprocess.run(
-            [str(SCRIPT), "--prefix", self.prefix, "--subnet", self.subnet, *args],
+            [str(self.script), "--prefix", self.prefix, self.subnet_flag, self.subnet, *args],
             capture_output=True,
             text=True,
             check=check,
             timeout=timeout,
         )
 
-    def process(self, host: int, name: str, args: list[str], workdir: Path) -> NodeProcess:
-        prefix = (str(SCRIPT), "--prefix", self.prefix, "exec", f"h{host}")
+    def process(self, host: int | str, name: str, args: list[str], workdir: Path) -> NodeProcess:
+        """A `seedflood` process in a host (N or "hN", "pubN", ...). `exec` replaces the
+        script with `ip netns exec`, which execs python: the PID is the node's."""
+        host = f"h{host}" if isinstance(host, int) else host
+        prefix = (str(self.script), "--prefix", self.prefix, "exec", host)
         return NodeProcess(name, args, workdir, prefix=prefix)
+
+    def start_bootstrap(
+        self, host: int | str, args: list[str], workdir: Path, timeout: float = 120
+    ) -> tuple[NodeProcess, str]:
+        """A bootstrap node in a host (`args` start with "bootstrap" and hold --data-dir
+        WORKDIR/bootstrap) and its address, once it wrote it; stopped if it never does."""
+        boot = self.process(host, "bootstrap", args, workdir)
+        address_file = workdir / "bootstrap" / "address.txt"
+        deadline = time.monotonic() + timeout
+        while not address_file.exists():
+            if not boot.alive or time.monotonic() > deadline:
+                boot.stop()
+                raise RuntimeError(f"bootstrap did not start:\n{boot.tail()}")
+            time.sleep(0.2)
+        return boot, address_file.read_text().split()[0]
 
     def status(self, host: int) -> dict:
         code = (
@@ -160,15 +183,8 @@ def run_partition(
             str(workdir / "bootstrap"),
             *NODE_FLAGS,
         ]
-        boot = testnet.process(1, "bootstrap", boot_args, workdir)
+        boot, address = testnet.start_bootstrap(1, boot_args, workdir)
         procs.append(boot)
-        address_file = workdir / "bootstrap" / "address.txt"
-        deadline = time.monotonic() + 120
-        while not address_file.exists():
-            if boot.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bootstrap did not start:\n{boot.tail()}")
-            time.sleep(0.2)
-        address = address_file.read_text().split()[0]
         peers = {}
         for i in range(2, HOSTS + 1):
             args = [

@@ -94,6 +94,7 @@ class FloodNode:
         metrics: NodeMetrics,
         settings: NodeSettings,
         on_accept: Callable[[list[UpdateMessage]], None] = lambda msgs: None,
+        on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None,
     ) -> None:
         self.p2p = p2p
         self.ledger = ledger
@@ -125,7 +126,7 @@ class FloodNode:
         # `on_audit_records` (the peer daemon judges them; the bootstrap keeps and serves).
         with_audits = audits_on(RunConfig.from_json(manifest_json).extra)
         self.audits = AuditIntake(ledger, self.directions, self.admission) if with_audits else None
-        self.on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None
+        self.on_audit_records = on_audit_records
         self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
         # Anti-entropy repair of the ledger's updates and (with audits) audit records.
         tables: list[RepairTable] = [

@@ -19,7 +19,7 @@ from pathlib import Path
 from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import NodeProcess
 
-from cluster import start_bootstrap, start_peer
+from .cluster import start_bootstrap, start_peer
 
 PEER_FLAGS = [
     "--metrics-port",

@@ -1,0 +1,320 @@
+"""Late join and restore: sync the ledger from the run, then the model = base + ledger,
+from our own checkpoint, a checkpoint of the run's chain fetched from peers, or replay;
+and the chain itself, built and served to later joiners.
+
+    sync       every connected node of the run is a source; sync until complete, then
+               what one source served is checked against the others (cross_check)
+    restore    own checkpoint + later rows | fetched chain link + later rows | replay
+               (audited runs: the settled state of the first round, `restore_settled`)
+    chain      link R built once the own round is R + checkpoint_settle, then served
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from peer.audits import PeerAudits
+from peer.settings import PeerSettings
+from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
+from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.checkpoints import CheckpointServer, FetchFailed, fetch_checkpoint
+from seedflood_p2p.network.flood import FloodNode
+from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.protocol.wire import quorum_round
+from seedflood_p2p.storage.ledger import Ledger, digest_of
+
+log = logging.getLogger("seedflood.peer")
+
+
+def start_round(ledger: Ledger, peer_id: bytes) -> int:
+    """The round to train first after a (re)start or late join: after our own last update,
+    and not behind the round a quorum of distinct other peers reached in the ledger. A pure
+    function of the ledger; not the highest round in it, which one identity could set."""
+    rounds = ledger.peer_rounds()
+    own = rounds.pop(peer_id, -1)
+    return max(own + 1, quorum_round(rounds.values()), 0)
+
+
+class LateJoin:
+    """Sync, restore, and the run's checkpoint chain (if it has one) for one peer.
+
+    `run`: runs a function on the model thread; `audits`: the run's audits (None: none);
+    `asset_paths`: this machine's copy of the run's model dir, when the manifest names one."""
+
+    def __init__(
+        self,
+        settings: PeerSettings,
+        config: RunConfig,
+        node: FloodNode,
+        live: LiveModel,
+        metrics: NodeMetrics,
+        run: Callable[..., Awaitable],
+        audits: PeerAudits | None,
+        asset_paths: dict[str, Path],
+    ) -> None:
+        self.s = settings
+        self.config = config
+        self.node = node
+        self.ledger = node.ledger
+        self.live = live
+        self.metrics = metrics
+        self.run = run
+        self.audits = audits
+        self.asset_paths = asset_paths
+        self.chain: CheckpointChain | None = None  # the run's checkpoint chain (if it has one)
+        self.server: CheckpointServer | None = None
+        self.chain_round = 0  # the newest link built and served
+        self.info: dict = {"fetched": None, "refused": {}}
+
+    # -- the chain ---------------------------------------------------------------------
+    async def make_chain(self) -> list[CheckpointServer]:
+        """The chain builder and its server, if the run has a chain and no audits (audited
+        runs build none); the services to start on the flood node's daemon."""
+        if not chain_period(self.config):
+            return []
+        if self.audits is not None:
+            log.warning(
+                "extra.checkpoint_every is ignored: the run has audits (on unless its "
+                "manifest sets extra.audit = false), and audited runs build no chain"
+            )
+            return []
+        self.chain = await self.run(self._make_chain)
+        hook = "corrupt" if self.s.test_checkpoint == "corrupt" else ""
+        self.server = CheckpointServer(self.node, hook)
+        return [self.server]
+
+    def _make_chain(self) -> CheckpointChain:
+        """The chain builder, on a second copy of the base model (model thread)."""
+        from seedflood_p2p.workload.models import load_model
+        from seedflood_p2p.workload.tasks import run_sources
+
+        scratch, _ = load_model(
+            run_sources(self.config, self.asset_paths.get("model", self.s.model_dir))[0]
+        )
+        return CheckpointChain(scratch.to(self.s.device), self.config, self.s.data_dir / CHAIN_DIR)
+
+    async def extend_chain(self, round_: int) -> None:
+        """Build and serve the newest settled link of the run's checkpoint chain, if due
+        (`round_`: the peer's round)."""
+        if self.chain is None:
+            return
+        target = link_round(round_, self.chain.period, self.s.checkpoint_settle)
+        if target <= self.chain_round:
+            return
+        rows = list(self.ledger.messages(0, target - 1))
+        await self.run(self.chain.build, rows, target)
+        self.chain_round = target
+        directory = self.chain.directory
+        if self.s.test_checkpoint == "forge":  # the test hook: offer forged weights
+            directory = await self.run(self._forge_link)
+        offer = await self.server.publish(directory)
+        log.info(
+            "checkpoint chain: link of round %d (%d rows, %.1f MiB) served to joiners",
+            target,
+            len(rows),
+            offer.size / 2**20,
+            extra={
+                "fields": {
+                    "event": "chain_link",
+                    "round": target,
+                    "rows": len(rows),
+                    "file_sha256": offer.file_sha256.hex(),
+                }
+            },
+        )
+
+    def _forge_link(self) -> Path:
+        """TEST HOOK: the chain's link with one tensor shifted, its hashes made consistent."""
+        from seedflood_p2p.storage.checkpoint import (
+            read_checkpoint_meta,
+            read_checkpoint_weights,
+            tensors_sha256,
+            write_checkpoint,
+        )
+
+        weights = read_checkpoint_weights(self.chain.directory, "cpu")
+        first = sorted(weights)[0]
+        weights[first] = weights[first] + 0.01
+        meta = read_checkpoint_meta(self.chain.directory)
+        meta["weights_sha256"] = tensors_sha256(weights)
+        forged = self.chain.directory / "forged"
+        forged.mkdir(exist_ok=True)
+        write_checkpoint(forged, weights, meta)
+        return forged
+
+    def status(self) -> dict:
+        """The checkpoint fetched at start (if any), what was refused, the newest link."""
+        return {**self.info, "chain_round": self.chain_round}
+
+    # -- sync --------------------------------------------------------------------------
+    async def sync(self, connected: set[str]) -> tuple[list, int]:
+        """Sync the ledger from every node of the run we are connected to (`connected`:
+        the reconnector's, base58), then check what one source served against the others.
+        The sources (PeerIDs) and the rows fetched."""
+        from hivemind.p2p import PeerID
+
+        # The topic's peer list can still be empty right after subscribing (seen on
+        # loopback: "ready at round 0 ... (0 fetched from peers)" against a full ledger).
+        # Every connected node of the run is a source too, whatever the topic list says.
+        peers = await self.node.connected_peers()
+        for peer in sorted(connected):
+            if PeerID.from_base58(peer) not in peers:
+                peers.append(PeerID.from_base58(peer))
+        # Sync first, then replay: overlapping the two was measured to gain nothing on
+        # 2 cores (bench/results/latejoin_overlap.md).
+        synced = await self.node.sync_until_complete(peers)
+        if len(peers) > 1:  # what one source served, checked against the others
+            report_sources(await self.node.cross_check(peers))
+        return peers, synced
+
+    # -- restore -----------------------------------------------------------------------
+    async def restore(self, peers: list, first_round: int) -> str:
+        """The model of our first round: base + the whole ledger, or in an audited run its
+        settled state (`restore_settled`). How it was built, for the log."""
+        # The cut is taken here, on the event loop (see algorithm/live.py); updates
+        # accepted while the model thread restores it stay pending for round one.
+        if self.audits is None:
+            return await self.restore_model(peers)
+        return await self.restore_settled(first_round)
+
+    def choose_checkpoint(self, offer) -> str | None:
+        """The joiner's rule: take the checkpoint if downloading it (its size at
+        checkpoint_bandwidth) is estimated faster than replaying the rows it covers
+        (replay.estimate_replay_seconds); None to take it, else why not."""
+        from seedflood_p2p.algorithm.replay import estimate_replay_seconds
+
+        if self.s.checkpoint_fetch == "always":
+            return None
+        meta = offer.meta
+        download = offer.size * 8 / (self.s.checkpoint_bandwidth * 1e6)
+        params = self.live.engine.num_parameters
+        replay_s = estimate_replay_seconds(
+            meta["ledger_messages"], meta["round"], self.config, params
+        )
+        if download < replay_s:
+            return None
+        return (
+            f"replaying its {meta['ledger_messages']} rows (~{replay_s:.1f} s) is estimated "
+            f"faster than downloading {offer.size / 2**20:.1f} MiB (~{download:.1f} s at "
+            f"{self.s.checkpoint_bandwidth:g} Mbit/s)"
+        )
+
+    def _count_refused(self, refused: dict[str, int]) -> None:
+        for why, n in refused.items():
+            self.metrics.checkpoint_refused.labels(why).inc(n)
+            self.info["refused"][why] = self.info["refused"].get(why, 0) + n
+
+    async def restore_model(self, peers: list) -> str:
+        """Weights = base + the ledger cut: from our own checkpoint plus the rows after it;
+        a peer without one, in a run with a checkpoint chain, first tries to fetch a link
+        that a quorum of peers offers (network/checkpoints.py) and restores from it plus the
+        rows after it. Whatever is refused on the way is counted and logged; the fallback is
+        always the replay of the ledger."""
+        s = self.s
+        own = (s.data_dir / "checkpoint.json").exists()
+        if self.chain is None or own or s.checkpoint_fetch == "never" or not peers:
+            return await self.run(self.live.restore, self.live.cut(), s.data_dir)
+        chain_dir = s.data_dir / CHAIN_DIR
+        try:
+            result = await fetch_checkpoint(
+                self.node, peers, chain_dir, s.node.call_timeout, self.choose_checkpoint
+            )
+        except FetchFailed as exc:
+            self._count_refused(exc.refused)
+            log.warning(
+                "no checkpoint fetched (%s): replaying the ledger instead",
+                exc,
+                extra={"fields": {"event": "checkpoint_fetch", "ok": False, "why": str(exc)}},
+            )
+            return await self.run(self.live.restore, self.live.cut(), s.data_dir)
+        self._count_refused(result.refused)
+        meta = result.offer.meta
+        self.info["fetched"] = {
+            "round": meta["round"],
+            "rows": meta["ledger_messages"],
+            "bytes": result.offer.size,
+            "peers": result.peers,
+            "chunks_resumed": result.chunks_resumed,
+            "seconds": round(result.seconds, 2),
+        }
+        log.info(
+            "fetched the checkpoint of round %d (%.1f MiB) from %d peers in %.1f s",
+            meta["round"],
+            result.offer.size / 2**20,
+            len(result.peers),
+            result.seconds,
+            extra={"fields": {"event": "checkpoint_fetch", "ok": True, **self.info["fetched"]}},
+        )
+        how = await self.run(self.live.restore, self.live.cut(), chain_dir)
+        if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
+            self._count_refused({"ledger": 1})
+            log.warning(
+                "the fetched checkpoint of round %d does not match this ledger: refused, "
+                "the ledger was replayed instead",
+                meta["round"],
+                extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
+            )
+            return how
+        return f"fetched {how} from {len(result.peers)} peers"
+
+    async def restore_settled(self, first_round: int) -> str:
+        """Audited runs: weights = base + the counted updates of rounds < first_round - lag
+        (the state round `first_round` trains on); the later ones stay pending. From a
+        checkpoint of exactly that cut, else by replay."""
+        audits = self.audits
+        judged = audits.judge()  # nothing applied yet: nothing to undo
+        audits.standing, audits.banned = judged, dict(judged.banned)
+        cut = self.live.cut()
+        limit = first_round - audits.settings.lag
+        earlier = [m for m in cut.messages if m.round < limit]
+        settled = judged.counted(earlier)
+        later = [m for m in cut.messages if m.round >= limit]
+        how = await self.run(
+            self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
+        )
+        audits.applied = list(settled)
+        audits.waiting = [m for m in earlier if not judged.counts(m.peer, m.round)]
+        self.live.receive(later)
+        return how + f" (settled state of round {first_round})"
+
+
+def report_sources(check) -> None:
+    """Log how the ledger fetched at start compares with each source's (flood.SourceCheck)."""
+    names = {
+        kind: ", ".join(f"{_b58(p)[-8:]} ({n} rows)" for p, n in found.items())
+        for kind, found in (("lacking", check.lacking), ("ahead", check.ahead))
+    }
+    fields = {
+        "event": "sources_checked",
+        "compared": check.compared,
+        "agree": len(check.agree),
+        "lacking": {_b58(p): n for p, n in check.lacking.items()},
+        "ahead": {_b58(p): n for p, n in check.ahead.items()},
+        "differ": {_b58(p): n for p, n in check.differ.items()},
+        "unanswered": len(check.unanswered),
+    }
+    if check.lacking or check.ahead or check.differ:
+        log.warning(
+            "ledger checked against %d source(s): %d agree; lacking rows we hold (behind, "
+            "or withholding what others served): %s; still ahead of us: %s",
+            check.compared,
+            len(check.agree),
+            names["lacking"] or "none",
+            names["ahead"] or "none",
+            extra={"fields": fields},
+        )
+    else:
+        log.info(
+            "ledger checked against %d source(s): all agree",
+            check.compared,
+            extra={"fields": fields},
+        )
+
+
+def _b58(peer: bytes) -> str:
+    import base58
+
+    return base58.b58encode(peer).decode()

@@ -1,0 +1,428 @@
+"""Rounds: when to start one, training and publishing it, and how a peer stops.
+
+    wait_ready (bounded staleness, deadline, laggards) -> apply this round's updates
+        -> zo_step on the round's batch -> publish (admitted like anyone's update, applied
+        next round) -> extend the checkpoint chain -> audits -> log -> next round
+    the last round (--until-round, the run's total, or POST /finish) -> linger for the
+        stragglers -> final evaluation -> stop the flood node -> apply -> checkpoint
+
+Model work runs on one dedicated thread (`ModelThread`), so the event loop keeps
+receiving, validating and repairing while a forward pass runs, and the model is only
+ever touched from that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from peer.audits import DaemonAudits, cheated
+from peer.settings import PeerSettings
+from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.network.flood import FloodNode
+from seedflood_p2p.network.metrics import NodeMetrics, timed
+from seedflood_p2p.network.runpage import RunPage
+from seedflood_p2p.protocol.wire import quorum_round
+from seedflood_p2p.storage.ledger import peer_name
+
+log = logging.getLogger("seedflood.peer")
+
+
+class ModelThread:
+    """The one thread that touches the model."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="model")
+
+    async def run(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def live_peers(peers: dict, timeout: float, now: float) -> dict:
+    """The peers of `peers` (a flood node's: id -> PeerState) heard within `timeout` s."""
+    return {p: st for p, st in peers.items() if now - st.last_seen < timeout}
+
+
+@dataclass
+class Schedule:
+    """Which round the peer is at, and the last one it will train."""
+
+    round: int = 0
+    final_round: int | None = None  # last round to train (None: open-ended)
+    until_round: int | None = None  # --until-round or the run's total: a hard cap
+    done_training: bool = False  # past linger: the final round can no longer move
+    in_round: bool = False  # between the start of round `round` and its end
+
+    def set_until(self, until_round: int) -> None:
+        """The hard cap (0: none); the final round is the one before it unless /finish
+        already set one."""
+        self.until_round = until_round
+        if self.until_round and self.final_round is None:
+            self.final_round = self.until_round - 1
+
+    def finish_after(self, round_: int) -> dict:
+        """Graceful stop at a common round (POST /finish?after_round=N on the status port):
+        train through round N, wait for live peers to get there too, then checkpoint. Unlike
+        SIGTERM, peers told the same N end with the same ledger. A round already finished
+        cannot be undone, so the reply says the round this peer will really stop after; the
+        caller agrees on the largest reply by asking again (a peer already lingering goes
+        back to training). `--until-round` stays an upper bound."""
+        if self.done_training:
+            return {"final_round": self.round - 1}
+        started = self.round if self.in_round else self.round - 1  # will be finished anyway
+        last = max(round_, started)
+        if self.until_round:
+            last = max(min(last, self.until_round - 1), started)
+        if last != self.final_round:
+            self.final_round = last
+            log.info("asked to finish after round %d", last)
+        return {"final_round": self.final_round}
+
+
+class Pacing:
+    """Bounded staleness with a deadline: which live peers a round waits for.
+
+    `peers`: the flood node's peer table (id -> PeerState), read at each check."""
+
+    def __init__(
+        self,
+        settings: PeerSettings,
+        metrics: NodeMetrics,
+        peers: Callable[[], dict],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.s = settings
+        self.metrics = metrics
+        self.peers = peers
+        self.stopping = stopping
+        self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
+
+    def live(self, now: float) -> dict:
+        """Peers heard within the liveness timeout."""
+        return live_peers(self.peers(), self.s.liveness_timeout, now)
+
+    async def wait_ready(self, round_: int) -> None:
+        """Bounded staleness with a deadline: slow or dead peers never stall us for long.
+
+        Liveness rule: a peer still behind when the deadline passes is a laggard and is not
+        waited for again until it catches up, so one identity publishing a low round now
+        and then costs every honest peer one deadline in all, not one per round.
+
+        Caught up means in step with us (it has published our previous round), not merely
+        back inside the staleness bound: a peer hovering at the bound's edge (a staller a
+        few rounds behind, seen one round closer whenever we are a little late) would
+        otherwise cost a deadline each time it dipped below the edge again (measured: two
+        deadlines for one peer in bench_hostile's stall row)."""
+        deadline = time.monotonic() + self.s.round_deadline
+        while not self.stopping():
+            now = time.monotonic()
+            live = self.live(now)
+            oldest = round_ - 1 - self.s.max_staleness  # a peer must have published this
+            self.laggards = {p for p in self.laggards if p in live and live[p].round < round_ - 1}
+            behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
+            slowest = min((st.round for st in live.values()), default=round_)
+            self.metrics.staleness.set(round_ - slowest)
+            self.metrics.peers.set(len(live))
+            if not behind:
+                return
+            if now > deadline:
+                self.laggards.update(behind)
+                log.warning(
+                    "round %d: going on without %d slow peer(s) after %.0f s; not waiting "
+                    "for them again until they catch up",
+                    round_,
+                    len(behind),
+                    self.s.round_deadline,
+                    extra={
+                        "fields": {
+                            "event": "deadline",
+                            "round": round_,
+                            "slow": [peer_name(p) for p in behind],
+                        }
+                    },
+                )
+                return
+            await asyncio.sleep(0.02)
+
+
+class Rounds:
+    """Trains and publishes the peer's rounds, evaluates, lingers, checkpoints."""
+
+    def __init__(
+        self,
+        settings: PeerSettings,
+        config: RunConfig,
+        schedule: Schedule,
+        pacing: Pacing,
+        node: FloodNode,
+        live: LiveModel,
+        model: Any,
+        tokenizer: Any,
+        task: Any,
+        model_thread: ModelThread,
+        metrics: NodeMetrics,
+        audits: DaemonAudits | None,
+        extend_chain: Callable[[int], Awaitable[None]],
+        page: RunPage | None,
+        stopping: Callable[[], bool],
+        set_state: Callable[[str], None],
+    ) -> None:
+        self.s = settings
+        self.config = config
+        self.schedule = schedule
+        self.pacing = pacing
+        self.node = node
+        self.ledger = node.ledger
+        self.peer_id = node.peer_id
+        self.live = live
+        self.model, self.tokenizer, self.task = model, tokenizer, task
+        self.model_thread = model_thread
+        self.metrics = metrics
+        self.audits = audits
+        self.extend_chain = extend_chain  # the checkpoint chain's link, when due
+        self.page = page
+        self.stopping = stopping
+        self.set_state = set_state
+        self.model_hash = ""
+        self.last_eval: tuple[float, float | None] | None = None
+        self.last_eval_round = -1
+
+    async def run(self, base_scored: bool) -> None:
+        """From the ready round to the final one (open-ended: until stopped), lingering
+        for the others' last rounds; a final evaluation of the last model."""
+        s, schedule = self.s, self.schedule
+        if s.eval_every and not (base_scored and schedule.round == 0):
+            await self.evaluate()
+        schedule.set_until(s.until_round or self.config.total_rounds)
+        await self.train()
+        while not self.stopping() and schedule.final_round is not None:
+            self.set_state("finishing: waiting for the others' last rounds")
+            await self.linger(schedule.final_round)
+            if schedule.round <= schedule.final_round:  # raised by /finish while lingering
+                self.set_state("training")
+                await self.train()
+                continue
+            if s.eval_every and self.last_eval_round != schedule.round:
+                await self.apply_pending()  # score the final model
+                await self.evaluate()
+            break
+
+    async def finish(self) -> dict:
+        """Stop taking updates, apply what is pending, write the checkpoint; its meta."""
+        self.schedule.done_training = True
+        self.set_state("stopping")
+        # No accepts after this: the checkpoint then covers the whole ledger on disk, so
+        # a restart loads it instead of replaying everything.
+        await self.node.stop()
+        await self.apply_pending()  # without a banned peer's updates (audits)
+        return await self.checkpoint()
+
+    async def train(self) -> None:
+        from seedflood_p2p.algorithm.trainer import zo_step
+
+        schedule, audits = self.schedule, self.audits
+        while not self.stopping() and (
+            schedule.final_round is None or schedule.round <= schedule.final_round
+        ):
+            schedule.in_round = True
+            if self.node.fatal is not None:
+                raise self.node.fatal
+            self.catch_up()
+            self.node.admission.own_round = schedule.round
+            await self.pacing.wait_ready(schedule.round)
+            t0 = time.perf_counter()
+            if audits is None:
+                incoming = self.live.take()
+                apply = self.live.apply
+            else:  # round t trains on the settled state: counted updates of rounds < t - lag
+                incoming = audits.audits.take_settled(schedule.round)
+                apply = audits.audits.apply
+            with timed(self.metrics.apply_seconds):
+                await self.model_thread.run(apply, incoming)
+            step = (
+                zo_step,
+                self.live.engine,
+                self.tokenizer,
+                self.task,
+                self.peer_id,
+                schedule.round,
+            )
+            if audits is None:
+                message, loss = await self.model_thread.run(*step)
+            else:  # its CPU time counted, against the audits' (audit CPU share)
+                message, loss = await self.model_thread.run(audits.audits.timed_step, *step)
+            if self.s.test_cheat:  # the test hook: a cheater (peer/audits.py)
+                message = cheated(self.s.test_cheat, message, self.ledger)
+            # Admitted like anyone's update: logged, then pending, applied next round.
+            await self.node.publish(message)
+            await self.extend_chain(schedule.round)
+            if audits is not None:
+                await audits.run_round(
+                    schedule.round, self.node, self.live.engine, self.tokenizer, self.task
+                )
+            self.metrics.loss.set(loss)
+            if self.page is not None:
+                self.page.record_train_loss(schedule.round, loss)
+            self.metrics.rounds.set(schedule.round)
+            line = {
+                "event": "round",
+                "round": schedule.round,
+                "loss": round(loss, 5),
+                "peers": len(self.pacing.live(time.monotonic())),
+                "applied": len(incoming),
+                "ledger": len(self.ledger),
+            }
+            seconds = time.perf_counter() - t0
+            if seconds < self.s.round_interval:
+                await asyncio.sleep(self.s.round_interval - seconds)
+            self.metrics.round_seconds.set(seconds)
+            line["seconds"] = round(seconds, 3)
+            log.info(
+                "round %d  loss %.4f  peers %d  applied %d  ledger %d  %.2f s",
+                schedule.round,
+                loss,
+                line["peers"],
+                len(incoming),
+                line["ledger"],
+                seconds,
+                extra={"fields": line},
+            )
+            schedule.round += 1
+            schedule.in_round = False
+            if self.s.eval_every and schedule.round % self.s.eval_every == 0:
+                await self.evaluate()
+
+    async def apply_pending(self) -> None:
+        """Apply every update received and not applied yet (a banned peer's: not)."""
+        incoming = self.live.take()
+        apply = self.audits.audits.apply if self.audits else self.live.apply
+        await self.model_thread.run(apply, incoming)
+
+    def catch_up(self) -> None:
+        """A peer far behind the run (slow, or paused) jumps to the round a quorum of
+        distinct peers reached: its updates would otherwise fall below every peer's window.
+        One identity cannot pull it forward (see Admission.reference_round)."""
+        schedule = self.schedule
+        quorum = quorum_round(self.node.admission.claims.values())
+        if quorum - schedule.round > self.s.node.max_behind // 2:
+            log.warning(
+                "round %d is far behind the run's round %d (a quorum of peers): jumping ahead",
+                schedule.round,
+                quorum,
+                extra={"fields": {"event": "catch_up", "from": schedule.round, "to": quorum}},
+            )
+            final = schedule.final_round
+            schedule.round = quorum if final is None else min(quorum, final)
+
+    async def evaluate(self) -> None:
+        """Held-out figures of the live model after the rounds done, logged: loss, and
+        accuracy and macro-F1 (classification) or perplexity (lm, completion)."""
+        from seedflood_p2p.algorithm.trainer import evaluate_metrics, format_metrics
+
+        metrics = await self.model_thread.run(
+            evaluate_metrics,
+            self.model,
+            self.tokenizer,
+            self.task,
+            self.config,
+            self.s.eval_examples,
+        )
+        await self.model_thread.run(self.set_model_hash)
+        done = self.schedule.round
+        loss, accuracy = metrics["loss"], metrics.get("accuracy")
+        self.last_eval = (loss, accuracy)
+        self.last_eval_round = done
+        if self.page is not None:
+            self.page.record_eval(done, loss, accuracy)
+        examples = min(self.s.eval_examples, len(self.task.test))
+        fields = {
+            "event": "eval",
+            "rounds_done": done,
+            "eval_examples": examples,
+            "eval_loss": round(loss, 5),
+        }
+        if accuracy is not None:
+            fields["eval_accuracy"] = round(accuracy, 4)
+            self.metrics.eval_accuracy.set(accuracy)
+        for name in ("macro_f1", "perplexity"):
+            if name in metrics:
+                fields[f"eval_{name}"] = round(metrics[name], 4)
+        log.info(
+            "eval after %d rounds on %d held-out examples: %s",
+            done,
+            examples,
+            format_metrics(metrics),
+            extra={"fields": fields},
+        )
+
+    async def linger(self, final_round: int) -> None:
+        """Keep flooding and repairing until live peers reached `final_round` and no new
+        message arrived for `linger` seconds (at most `linger_max` seconds): a peer that
+        leaves early would miss the stragglers' last updates."""
+        started = quiet_since = time.monotonic()
+        while time.monotonic() - started < self.s.linger_max and not self.stopping():
+            if await self.node.sync_round():
+                quiet_since = time.monotonic()
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            if now - self.node.last_accept < 0.5:
+                quiet_since = now
+            final = self.schedule.final_round
+            if final is not None and final > final_round:
+                return  # asked to train further (see Schedule.finish_after)
+            waiting = [p for p, st in self.pacing.live(now).items() if st.round < final_round]
+            if not waiting and now - quiet_since >= self.s.linger:
+                return
+        if not self.stopping():
+            log.warning("stopped waiting for slow peers after %.0f s", self.s.linger_max)
+
+    async def wait_for_peers(self) -> None:
+        """Up to `startup_wait` seconds for `min_peers` topic peers before the first round."""
+        if self.s.min_peers <= 0:
+            return
+        deadline = time.monotonic() + self.s.startup_wait
+        while time.monotonic() < deadline:
+            if len(await self.node.connected_peers()) >= self.s.min_peers:
+                return
+            await asyncio.sleep(0.2)
+        log.warning(
+            "only %d of %d peers after %.0f s: starting anyway",
+            len(await self.node.connected_peers()),
+            self.s.min_peers,
+            self.s.startup_wait,
+        )
+
+    def set_model_hash(self, sha256: str | None = None) -> None:
+        """The live model's SHA-256 (computed unless given), for /status and /metrics."""
+        self.model_hash = sha256 or self.live.sha256()
+        self.metrics.model.info({"sha256": self.model_hash, "round": str(self.schedule.round)})
+
+    async def checkpoint(self) -> dict:
+        """Weights and the ledger cut they equal. The cut is taken here, on the event loop
+        where every accept runs (see algorithm/live.py): an update arriving while the
+        weights are written stays pending, in neither."""
+        cut = self.live.cut()
+        meta = {
+            # lets the next start skip re-checking these rows' signatures (unchanged_rows)
+            "ledger_rows_sha256": self.ledger.rows_sha256(
+                {(m.peer, m.round) for m in cut.messages}
+            ),
+            "round": self.schedule.round,
+            "run_id": self.config.run_id,
+            "peer_id": self.node.p2p.peer_id.to_base58(),
+        }
+        return await self.model_thread.run(self._write_checkpoint, cut, meta)
+
+    def _write_checkpoint(self, cut: LedgerCut, meta: dict) -> dict:
+        meta = self.live.checkpoint(self.s.data_dir, cut, meta)
+        self.set_model_hash(meta["model_sha256"])
+        return meta
