@@ -274,8 +274,8 @@ def _tail(path: Path, n: int = 25) -> str:
 async def flood_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.flood import NodeSettings
     from seedflood_p2p.network.host import HostSettings, NetworkHost
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -770,8 +770,8 @@ def build_ledger_worker(a: dict) -> None:
 async def donor_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.flood import NodeSettings
     from seedflood_p2p.network.host import HostSettings, NetworkHost
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])
@@ -804,9 +804,9 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
-    from seedflood_p2p.network.flood import NodeSettings
     from seedflood_p2p.network.host import HostSettings, NetworkHost
     from seedflood_p2p.network.metrics import value
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])

@@ -33,9 +33,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_admission import RUN, Peer  # noqa: E402
 
 from seedflood_p2p.core.config import RunConfig  # noqa: E402
-from seedflood_p2p.network import flood  # noqa: E402
-from seedflood_p2p.network.flood import FloodNode, NodeSettings  # noqa: E402
+from seedflood_p2p.network import repair  # noqa: E402
+from seedflood_p2p.network.flood import FloodNode  # noqa: E402
 from seedflood_p2p.network.metrics import NodeMetrics, histogram_totals  # noqa: E402
+from seedflood_p2p.network.settings import NodeSettings  # noqa: E402
 from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
 
 SIDE_A, SIDE_B = (1, 2, 3), (4, 5)
@@ -89,15 +90,11 @@ async def heal(nodes: dict[int, FloodNode], latency: float, timeout: float) -> d
         server = by_id[peer_id.to_bytes()]
         calls[name.split(".")[1]] = calls.get(name.split(".")[1], 0) + 1
         await asyncio.sleep(latency / 2)
-        handler = {
-            "seedflood.digest": server._serve_digest,
-            "seedflood.fetch": server._serve_fetch,
-        }[name]
-        reply = await handler(p2p.peer_id, request)
+        reply = await server.repair.handlers[name](p2p.peer_id, request)
         await asyncio.sleep(latency / 2)
         return reply
 
-    flood.call_bytes = call_bytes
+    repair.call_bytes = call_bytes
     for h, node in nodes.items():
         others = [_Id(n.peer_id) for g, n in nodes.items() if g != h]
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, bounded
-from seedflood_p2p.network.flood import NodeSettings
 from seedflood_p2p.network.host import HostSettings, NetworkHost
 from seedflood_p2p.network.metrics import value
 from seedflood_p2p.network.runpage import (
@@ -33,6 +32,7 @@ from seedflood_p2p.network.runpage import (
     add_routes,
     run_sampler,
 )
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.storage.ledger import Ledger
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
-from seedflood_p2p.network.flood import NodeSettings
+from seedflood_p2p.network.settings import NodeSettings
 
 
 @dataclass

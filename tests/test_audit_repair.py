@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network import flood
+from seedflood_p2p.network import repair
 from seedflood_p2p.network.audit import audits_on
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.identity import verify_pubsub_signature
 from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import AuditRecord, pack_scalars
 from seedflood_p2p.protocol.wire import Rejected, audit_topic_for, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
@@ -48,7 +49,7 @@ def _table(ledger: Ledger) -> list[AuditRecord]:
 
 @pytest.mark.slow
 async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatch):
-    monkeypatch.setattr(flood, "AUDIT_FETCH_LIMIT", 2)  # several pages, cursors followed
+    monkeypatch.setattr(repair.AuditTable, "page_rows", 2)  # several pages, cursors followed
     a = await spawn()
     b = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
     ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", CONFIG.run_id) for n in "abc"}
@@ -142,45 +143,37 @@ def test_the_network_layer_knows_which_runs_have_audits(extra):
 def test_audit_repair_messages_round_trip():
     from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
     from seedflood_p2p.protocol.message import Envelope
-    from seedflood_p2p.protocol.wire import (
-        audit_row_key,
-        check_audit_rows_follow,
-        decode_audit_fetch_request,
-        decode_audit_rows,
-        encode_audit_fetch_request,
-        encode_audit_rows,
-        first_audit_cursor,
-    )
+    from seedflood_p2p.protocol.wire import AUDIT_ROWS as K
 
     a, x = (ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2))
     rows = [
         (AuditRecord(x, t, a, (0.5, -1.0)), Envelope(b"d" * 60, b"s" * 8, b"g" * 64))
         for t in (64, 65)
     ]
-    assert decode_audit_rows(encode_audit_rows(rows), 2) == rows
-    check_audit_rows_follow(rows, first_audit_cursor(64), 127)
+    assert K.decode_rows(K.encode_rows(rows), 2) == rows
+    K.check_rows_follow(rows, K.first_cursor(64), 127)
     with pytest.raises(Rejected, match="bad_reply"):
-        check_audit_rows_follow(rows[::-1], first_audit_cursor(64), 127)  # not ascending
+        K.check_rows_follow(rows[::-1], K.first_cursor(64), 127)  # not ascending
     with pytest.raises(Rejected, match="bad_reply"):
-        check_audit_rows_follow(rows, audit_row_key(rows[0][0]), 127)  # not after the cursor
+        K.check_rows_follow(rows, K.key(rows[0][0]), 127)  # not after the cursor
     with pytest.raises(Rejected, match="bad_reply"):
-        decode_audit_rows(encode_audit_rows(rows), 1)  # more rows than asked for
-    request = encode_audit_fetch_request("run", audit_row_key(rows[0][0]), 127, 5)
-    assert decode_audit_fetch_request(request) == ("run", audit_row_key(rows[0][0]), 127, 5)
-    too_many = encode_audit_fetch_request("run", first_audit_cursor(0), 127, 5000)
-    assert decode_audit_fetch_request(too_many) is None
+        K.decode_rows(K.encode_rows(rows), 1)  # more rows than asked for
+    request = K.encode_fetch_request("run", K.key(rows[0][0]), 127, 5)
+    assert K.decode_fetch_request(request) == ("run", K.key(rows[0][0]), 127, 5)
+    too_many = K.encode_fetch_request("run", K.first_cursor(0), 127, 5000)
+    assert K.decode_fetch_request(too_many) is None
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=600), st.integers(1, 8))
 def test_audit_repair_decoders_on_any_bytes(data, max_rows):
     """Whatever the bytes: Rejected (or None for a request), never another exception."""
-    from seedflood_p2p.protocol.wire import decode_audit_fetch_request, decode_audit_rows
+    from seedflood_p2p.protocol.wire import AUDIT_ROWS as K
 
     try:
-        rows = decode_audit_rows(data, max_rows)
+        rows = K.decode_rows(data, max_rows)
         assert isinstance(rows, list) and len(rows) <= max_rows
     except Rejected:
         pass
-    request = decode_audit_fetch_request(data)
+    request = K.decode_fetch_request(data)
     assert request is None or (isinstance(request, tuple) and len(request) == 4)

@@ -143,7 +143,7 @@ def test_every_numeric_daemon_setting_has_bounds():
 
     from bootstrap.node import BootstrapSettings
     from peer.daemon import PeerSettings
-    from seedflood_p2p.network.flood import NodeSettings
+    from seedflood_p2p.network.settings import NodeSettings
 
     for settings in (PeerSettings, NodeSettings, BootstrapSettings):
         for f in dataclasses.fields(settings):

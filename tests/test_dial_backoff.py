@@ -15,9 +15,9 @@ import asyncio
 
 import pytest
 
-from seedflood_p2p.network.flood import NodeSettings
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reconnect import Reconnector, tcp_answers
+from seedflood_p2p.network.settings import NodeSettings
 
 
 @pytest.mark.slow

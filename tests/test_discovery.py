@@ -150,7 +150,8 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     from peer.join import Joiner, NotReady
     from peer.settings import PeerSettings
     from seedflood_p2p.network.discovery import node_records
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network.flood import FloodNode
+    from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     from helpers.cluster import RUN

@@ -16,6 +16,7 @@ from seedflood_p2p.network.admission import Admission, Outcome
 from seedflood_p2p.network.flood import PeerState
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
     SENDER_BURST,
@@ -255,8 +256,8 @@ def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_se
     """In a live run, gossip lands in an honest server's bucket between its digest reply
     and our fetch. The client takes what the digest claimed, blames no one, and fetches the
     rest next time (blaming it got honest peers banned in a 0.4 s-round run)."""
-    from seedflood_p2p.network import flood
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network import repair
+    from seedflood_p2p.network.flood import FloodNode
 
     alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
     manifest = RunConfig().to_json()
@@ -282,12 +283,12 @@ def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_se
     async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
         caller = _Id(client_id.id)
         if name == "seedflood.digest":
-            reply = await server._serve_digest(caller, request)
+            reply = await server.repair.handlers[name](caller, request)
             server.ledger.add([m for m, _ in late], [e for _, e in late])  # gossip arrives
             return reply
-        return await server._serve_fetch(caller, request)
+        return await server.repair.handlers[name](caller, request)
 
-    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+    monkeypatch.setattr(repair, "call_bytes", call_bytes)
 
     async def sync() -> int:
         return await client.sync_with(_Id(server_id.id))
@@ -303,12 +304,12 @@ def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, mo
     """Repair fetches at most MAX_EXCHANGE_PAGES pages per exchange, so one pass leaves a
     long history partly behind; the joiner's catch-up (`sync_until_complete`) goes on
     until nothing was left out (a joiner once became ready with 32,768 of 80,000 rows)."""
-    from seedflood_p2p.network import flood
-    from seedflood_p2p.network.flood import FloodNode, NodeSettings
+    from seedflood_p2p.network import repair
+    from seedflood_p2p.network.flood import FloodNode
     from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 
-    monkeypatch.setattr(flood, "MAX_EXCHANGE_PAGES", 1)  # one page per exchange ...
-    monkeypatch.setattr(flood, "FETCH_LIMIT", 2)  # ... of 2 rows (one bucket's here)
+    monkeypatch.setattr(repair, "MAX_EXCHANGE_PAGES", 1)  # one page per exchange ...
+    monkeypatch.setattr(repair.UpdateTable, "page_rows", 2)  # ... of 2 rows (one bucket's here)
     alice, server_id, client_id = Peer(), Peer(), Peer()
     manifest = RunConfig().to_json()
 
@@ -323,10 +324,9 @@ def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, mo
     server.ledger.add([m for m, _ in rows], [e for _, e in rows])  # 6 rows in 3 buckets
 
     async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
-        handler = server._serve_digest if name == "seedflood.digest" else server._serve_fetch
-        return await handler(_Id(client_id.id), request)
+        return await server.repair.handlers[name](_Id(client_id.id), request)
 
-    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+    monkeypatch.setattr(repair, "call_bytes", call_bytes)
     first = asyncio.run(client.sync_with(_Id(server_id.id)))
     assert first == 2 and client.behind == {server_id.id}  # one bucket, the rest left out
     rest = asyncio.run(client.sync_until_complete([_Id(server_id.id)]))

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 

@@ -13,9 +13,10 @@ from hivemind.p2p import PeerID
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.admission import Outcome, Verdict
-from seedflood_p2p.network.flood import LIVE_ROUNDS, FloodNode, NodeSettings
+from seedflood_p2p.network.flood import LIVE_ROUNDS, FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.reconnect import PeerBook, _dialable, split_full_addr
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
     BUCKET_HASH_BYTES,

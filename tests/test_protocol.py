@@ -16,17 +16,14 @@ from seedflood_p2p.protocol.wire import (
     MAX_ROUND,
     MAX_UPDATE_BYTES,
     PROTOCOL_VERSION,
+    UPDATE_ROWS,
     Rejected,
     WindowRule,
     check_against_ledger,
     check_envelope,
-    check_rows_follow,
     decode_digest_request,
     decode_digests,
-    decode_fetch_request,
-    decode_rows,
     decode_update,
-    encode_rows,
     encode_update,
     keeps_new,
     run_tag,
@@ -124,7 +121,7 @@ def _signed(key: Ed25519PrivateKey, round_: int, scalar: float) -> tuple[UpdateM
 def test_repair_rows_carry_verifiable_signatures():
     alice, mallory = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     message, envelope = _signed(alice, 7, 0.5)
-    rows = decode_rows(encode_rows([(message, envelope)]), 10)
+    rows = UPDATE_ROWS.decode_rows(UPDATE_ROWS.encode_rows([(message, envelope)]), 10)
     assert rows == [(message, envelope)]
     check_envelope(message, envelope, RUN, verify_pubsub_signature)  # genuine: accepted
 
@@ -142,15 +139,15 @@ def test_repair_rows_carry_verifiable_signatures():
 
 def test_malformed_repair_rows():
     with pytest.raises(Rejected, match="bad_reply"):
-        decode_rows(b"\xc1", 10)
+        UPDATE_ROWS.decode_rows(b"\xc1", 10)
     with pytest.raises(Rejected, match="bad_reply"):
-        decode_rows(PACK([[1, b"p", HALF]]), 10)  # no envelope
+        UPDATE_ROWS.decode_rows(PACK([[1, b"p", HALF]]), 10)  # no envelope
     with pytest.raises(Rejected, match="bad_reply"):  # a round SQLite cannot hold
-        decode_rows(PACK([[2**64 - 1, b"p", HALF, b"d", b"s", b"g"]]), 10)
+        UPDATE_ROWS.decode_rows(PACK([[2**64 - 1, b"p", HALF, b"d", b"s", b"g"]]), 10)
     with pytest.raises(Rejected, match="bad_reply"):  # scalars as a float, not float16 bytes
-        decode_rows(PACK([[1, b"p", 0.5, b"d", b"s", b"g"]]), 10)
+        UPDATE_ROWS.decode_rows(PACK([[1, b"p", 0.5, b"d", b"s", b"g"]]), 10)
     with pytest.raises(Rejected, match="non_finite"):
-        decode_rows(PACK([[1, b"p", pack_scalars((math.nan,)), b"d", b"s", b"g"]]), 10)
+        UPDATE_ROWS.decode_rows(PACK([[1, b"p", pack_scalars((math.nan,)), b"d", b"s", b"g"]]), 10)
 
 
 def _rows(*keys):
@@ -158,15 +155,15 @@ def _rows(*keys):
 
 
 def test_fetch_rows_must_advance_past_the_cursor_within_the_bucket():
-    check_rows_follow(_rows((5, b"a"), (5, b"b"), (6, b"a")), (4, b"\xff"), 63)
-    check_rows_follow([], (4, b"z"), 63)
+    UPDATE_ROWS.check_rows_follow(_rows((5, b"a"), (5, b"b"), (6, b"a")), (4, b"\xff"), 63)
+    UPDATE_ROWS.check_rows_follow([], (4, b"z"), 63)
     for rows, cursor in [
         (_rows((5, b"a")), (5, b"a")),  # not after the cursor: a server could loop us forever
         (_rows((5, b"b"), (5, b"a")), (4, b"z")),  # not ascending
         (_rows((64, b"a")), (4, b"z")),  # past the bucket asked for
     ]:
         with pytest.raises(Rejected) as info:
-            check_rows_follow(rows, cursor, 63)
+            UPDATE_ROWS.check_rows_follow(rows, cursor, 63)
         assert info.value.reason == "bad_reply"
 
 
@@ -210,7 +207,12 @@ def test_good_digest_reply_and_served_requests():
     ]:
         assert decode_digest_request(bad) is None
     good = [RUN, -1, b"\xff" * 64, 63, FETCH_LIMIT]
-    assert decode_fetch_request(PACK(good)) == tuple(good)
+    assert UPDATE_ROWS.decode_fetch_request(PACK(good)) == (
+        RUN,
+        (-1, b"\xff" * 64),
+        63,
+        FETCH_LIMIT,
+    )
     for i, value in [
         (4, -1),  # LIMIT -1 is "no limit" to SQLite
         (4, FETCH_LIMIT + 1),
@@ -224,4 +226,4 @@ def test_good_digest_reply_and_served_requests():
         (1, 0.0),
         (3, 63.0),
     ]:
-        assert decode_fetch_request(PACK([*good[:i], value, *good[i + 1 :]])) is None
+        assert UPDATE_ROWS.decode_fetch_request(PACK([*good[:i], value, *good[i + 1 :]])) is None

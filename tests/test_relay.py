@@ -16,7 +16,6 @@ import pytest
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from seedflood_p2p.network.flood import NodeSettings
 from seedflood_p2p.network.p2pd import (
     RelayLimits,
     connect_peer,
@@ -25,6 +24,7 @@ from seedflood_p2p.network.p2pd import (
     peer_connections,
     relay_counters,
 )
+from seedflood_p2p.network.settings import NodeSettings
 
 RELAY = "12D3KooWCTf3Arix6yW2C8xU8T4Jn3Sx2M6bVbHZrFhR4uTnMmtu"
 TARGET = "12D3KooWFhyvxxqrGjXGpDsTU1gCXaf6YA9756NxpBhxPFd49h9U"

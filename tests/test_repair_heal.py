@@ -9,9 +9,10 @@ import types
 from test_admission import RUN, Peer
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network import flood
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network import repair
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -44,11 +45,10 @@ def _route(monkeypatch, nodes: dict[bytes, FloodNode], calls: list) -> None:
     async def call_bytes(p2p, peer_id, name, request, timeout, max_response=None):
         server = nodes[peer_id.to_bytes()]
         calls.append((peer_id.to_bytes(), name.split(".")[1]))
-        handler = server._serve_digest if name == "seedflood.digest" else server._serve_fetch
         await asyncio.sleep(0)
-        return await handler(p2p.peer_id, request)
+        return await server.repair.handlers[name](p2p.peer_id, request)
 
-    monkeypatch.setattr(flood, "call_bytes", call_bytes)
+    monkeypatch.setattr(repair, "call_bytes", call_bytes)
 
 
 def _add(node: FloodNode, rows) -> None:
@@ -216,3 +216,58 @@ def test_an_exchange_waiting_on_a_cancelled_check_checks_its_rows_itself():
         return await second, admission._verifying
 
     assert asyncio.run(scenario()) == ([None] * 4, {})
+
+
+def _audit_row(auditor: Peer, accused: Peer, round_: int, scalars: tuple):
+    """An audit record with `auditor`'s signed envelope on the run's audit topic."""
+    from hivemind.proto import p2pd_pb2 as pb
+
+    from seedflood_p2p.protocol.message import AuditRecord, Envelope
+    from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
+
+    data = encode_audit(RUN, accused.id, round_, scalars)
+    seqno = (1 << 40 | round_).to_bytes(8, "big")
+    body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[audit_topic_for(RUN)])
+    setattr(body, "from", auditor.id)
+    signature = auditor.key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+    return AuditRecord(accused.id, round_, auditor.id, scalars), Envelope(data, seqno, signature)
+
+
+def test_audit_records_are_repaired_by_the_same_code_as_updates(tmp_path, monkeypatch):
+    """The audit table is the second instance of the repair table interface: its
+    differing buckets come as one run (one page for three buckets), a set taken in whole
+    is not fetched again, and a forged record bans its server (bad_page)."""
+    alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
+    with_audits = RunConfig(extra={"audit": {"lag": 0}}).to_json()
+    nodes = {}
+    for who, name in ((server_id, "server"), (client_id, "client")):
+        p2p = types.SimpleNamespace(peer_id=_Id(who.id), daemon_listen_maddr={"unix": "unused"})
+        (tmp_path / name).mkdir()
+        ledger = Ledger(tmp_path / name / "ledger.sqlite", RUN)
+        nodes[who.id] = FloodNode(p2p, ledger, with_audits, NodeMetrics(), NodeSettings())
+        nodes[who.id].admission.own_round = 4 * BUCKET_ROUNDS
+    server, client = nodes[server_id.id], nodes[client_id.id]
+    assert server.audits is not None and len(server.repair.tables) == 2
+    rows = [_audit_row(bob, alice, r, (0.5,)) for r in range(0, 3 * BUCKET_ROUNDS, 16)]
+    server.ledger.add_audits([r for r, _ in rows], [e for _, e in rows])
+    heard = []
+
+    async def note(fresh):
+        heard.extend(fresh)
+
+    client.on_audit_records = note
+    calls = []
+    _route(monkeypatch, nodes, calls)
+    assert asyncio.run(client.sync_with(_Id(server_id.id))) == 0  # no updates: audits only
+    assert [name for _, name in calls] == ["digest", "audit_digest", "audit_fetch"]
+    assert client.ledger.audits() == server.ledger.audits() and len(heard) == len(rows)
+    calls.clear()
+    asyncio.run(client.sync_with(_Id(server_id.id)))
+    assert [name for _, name in calls] == ["digest", "audit_digest"]  # the sets: taken in
+    # A record whose stored scalars differ from its signature: the server is banned.
+    record, envelope = _audit_row(bob, alice, 3 * BUCKET_ROUNDS + 1, (0.25,))
+    forged = type(record)(record.accused, record.round, record.auditor, (-9.0,))
+    server.ledger.add_audits([forged], [envelope])
+    asyncio.run(client.sync_with(_Id(server_id.id)))
+    assert client.bans.is_banned(server_id.id)
+    assert forged not in client.ledger.audits()

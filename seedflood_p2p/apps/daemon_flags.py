@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from seedflood_p2p.core.flags import Setting, add_flags, settings_of, settings_values
-from seedflood_p2p.network.flood import NodeSettings
+from seedflood_p2p.network.settings import NodeSettings
 
 NODE_FIELDS = settings_of(NodeSettings)
 

@@ -4,7 +4,7 @@ Every update, whatever brought it (gossip, a repair reply, or this peer's own pu
 passes the same stages and ends with exactly one `Verdict`, counted:
 
     decode    gossip: the payload (`wire.decode_update`). Repair rows arrive decoded with
-              their reply (`wire.decode_rows`; the caller drops a bad reply whole, see
+              their reply (`wire.UPDATE_ROWS.decode_rows`; the caller drops a bad reply whole, see
               `drop_reply`). Our own update is built by the trainer.
     validate  repair: the envelope's signature and payload (`wire.check_envelope`), so no
               peer can hand us another's update. A row we already hold with the same

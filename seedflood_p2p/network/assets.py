@@ -26,12 +26,12 @@ import logging
 import os
 import re
 import shutil
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
 
+from seedflood_p2p.network.chunks import fetch_chunks, file_sha256
 from seedflood_p2p.network.reputation import PeerBuckets
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.wire import CHECKPOINT_SERVE_BURST, CHECKPOINT_SERVE_RATE
@@ -258,70 +258,32 @@ async def _download(
     for name, size, sha, chunks in listing:
         final = folder / name
         if final.is_file() and final.stat().st_size == size:
-            if await asyncio.to_thread(_sha256, final) == sha:
+            if await asyncio.to_thread(file_sha256, final) == sha:
                 continue
         part = folder / (name + ".part")
         fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+
+        async def get(peer, index: int, name=name) -> bytes:
+            request = msgpack.packb([run_id, kind, name, index])
+            return await call_bytes(
+                p2p, peer, "seedflood.asset_chunk", request, timeout, max_response=RPC_LIMIT
+            )
+
+        def on_failure(peer, index: int, exc: Exception, name=name) -> None:
+            log.info("asset chunk %s/%d from %s failed: %s", name, index, peer, exc)
+
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
-            have = await asyncio.to_thread(_present, fd, size, chunks)
-            missing = deque(i for i in range(len(chunks)) if i not in have)
-            healthy = list(peers)
-
-            async def worker(
-                peer, name=name, size=size, chunks=chunks, fd=fd, missing=missing, healthy=healthy
-            ) -> None:
-                while missing and peer in healthy:
-                    index = missing.popleft()
-                    request = msgpack.packb([run_id, kind, name, index])
-                    try:
-                        data = await call_bytes(
-                            p2p,
-                            peer,
-                            "seedflood.asset_chunk",
-                            request,
-                            timeout,
-                            max_response=RPC_LIMIT,
-                        )
-                    except RemoteCallError as exc:
-                        log.info("asset chunk %s/%d from %s failed: %s", name, index, peer, exc)
-                        data = b""
-                    start = index * ASSET_CHUNK_BYTES
-                    expected = min(ASSET_CHUNK_BYTES, size - start)
-                    if len(data) != expected or hashlib.sha256(data).digest() != chunks[index]:
-                        missing.append(index)
-                        healthy.remove(peer)  # a bad or missing chunk: not asked again
-                        return
-                    os.pwrite(fd, data, start)
-
-            while missing and healthy:
-                await asyncio.gather(*(worker(p) for p in list(healthy)))
+            _, missing, _ = await fetch_chunks(
+                fd, size, ASSET_CHUNK_BYTES, chunks, peers, get, on_failure, "asset chunk"
+            )
             if missing:
-                raise AssetError(f"{len(missing)} chunk(s) of {name} could not be fetched")
+                raise AssetError(f"{missing} chunk(s) of {name} could not be fetched")
             os.fsync(fd)
         finally:
             os.close(fd)
-        if await asyncio.to_thread(_sha256, part) != sha:
+        if await asyncio.to_thread(file_sha256, part) != sha:
             part.unlink()
             raise AssetError(f"{name} does not hash as its listing says")
         part.replace(final)
-
-
-def _present(fd: int, size: int, chunks: list[bytes]) -> set[int]:
-    """Chunks of a partial file that already hash right (a resumed download)."""
-    have = set()
-    for index, expected in enumerate(chunks):
-        start = index * ASSET_CHUNK_BYTES
-        data = os.pread(fd, min(ASSET_CHUNK_BYTES, size - start), start)
-        if hashlib.sha256(data).digest() == expected:
-            have.add(index)
-    return have
-
-
-def _sha256(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.digest()

@@ -1,7 +1,7 @@
 """Audit records from the network: decode -> validate -> ledger, each counted.
 
 The audit topic (`wire.audit_topic_for`) carries signed `AuditRecord`s, and repair
-(`network/flood.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`) carries the
+(`network/repair.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`) carries the
 records a peer missed, so every peer ends with the same audit table. Both sources pass
 the rules updates pass, through the node's update `Admission` when there is one: the
 auditor's key is Ed25519 and in a closed run's allow-list; gossip only: the auditor is
@@ -106,12 +106,14 @@ class AuditIntake:
         self.counts["duplicate"] += len(records) - len(fresh)
         return fresh
 
-    def repair(self, rows: list[tuple[AuditRecord, Envelope]]) -> tuple[list[AuditRecord], int]:
+    def repair(
+        self, rows: list[tuple[AuditRecord, Envelope]]
+    ) -> tuple[list[AuditRecord], int, list[tuple[int, str]]]:
         """Rows of an audit repair reply (checked whole by the caller). Returns the records
-        new to the ledger and how many rows no honest server serves (BAD_ROW_REASONS: a
-        bad signature or payload, a key that cannot sign), which the caller holds against
-        the server."""
-        records, envelopes, bad = [], [], 0
+        new to the ledger, how many rows no honest server serves (BAD_ROW_REASONS: a bad
+        signature or payload, a key that cannot sign), which the caller holds against the
+        server, and (round, reason) of every row dropped."""
+        records, envelopes, bad, dropped = [], [], 0, []
         for record, envelope in rows:
             try:
                 self._check_signer(record.auditor, gossip=False)
@@ -125,13 +127,14 @@ class AuditIntake:
                     raise Rejected("malformed", f"{len(record.scalars)} scalars")
             except Rejected as exc:
                 bad += exc.reason in BAD_ROW_REASONS
+                dropped.append((record.round, exc.reason))
                 self._drop(exc.reason, str(exc), record.auditor, penalize=False)
                 continue
             records.append(record)
             envelopes.append(envelope)
         fresh = self.ledger.add_audits(records, envelopes) if records else []
         self.counts["repair:accepted"] += len(fresh)
-        return fresh, bad
+        return fresh, bad, dropped
 
     def own(self, record: AuditRecord) -> bool:
         """Our own record, logged before it is published (unsigned until it echoes)."""

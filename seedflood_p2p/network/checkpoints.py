@@ -28,10 +28,10 @@ import json
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seedflood_p2p.network.chunks import fetch_chunks, file_sha256, present_chunks
 from seedflood_p2p.network.reputation import PeerBuckets, short_id
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.wire import (
@@ -42,7 +42,6 @@ from seedflood_p2p.protocol.wire import (
     MAX_CHECKPOINT_CHUNKS,
     CheckpointOffer,
     Rejected,
-    check_chunk,
     decode_checkpoint_offer,
     decode_checkpoint_offer_request,
     decode_chunk_request,
@@ -201,52 +200,42 @@ async def download(
     count = len(offer.chunk_hashes)
     fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
     refused: dict[str, int] = {}
-    fetched = 0
+
+    async def get(peer_id, index: int) -> bytes:
+        request = encode_chunk_request(node.run_id, offer.file_sha256, index)
+        return await call_bytes(node.p2p, peer_id, "seedflood.ckpt_chunk", request, timeout)
+
+    def on_failure(peer_id, index: int, exc: Exception) -> None:
+        if isinstance(exc, Rejected):
+            refused["bad_chunk"] = refused.get("bad_chunk", 0) + 1
+            node.admission.drop_reply(exc, peer_id.to_bytes())
+            log.warning(
+                "checkpoint chunk %d from %s refused (%s): not asking it again",
+                index,
+                short_id(peer_id.to_bytes()),
+                exc,
+                extra={"fields": {"event": "checkpoint_refused", "why": "bad_chunk"}},
+            )
+        else:
+            log.info("checkpoint chunk %d from %s failed: %s", index, peer_id, exc)
+
     try:
         if os.fstat(fd).st_size != offer.size:
             os.ftruncate(fd, offer.size)
-        have = await asyncio.to_thread(_chunks_present, fd, offer)
-        missing = deque(i for i in range(count) if i not in have)
-
-        healthy = list(peers)
-
-        async def worker(peer_id) -> None:
-            nonlocal fetched
-            while missing and peer_id in healthy:
-                index = missing.popleft()
-                request = encode_chunk_request(node.run_id, offer.file_sha256, index)
-                try:
-                    data = await call_bytes(
-                        node.p2p, peer_id, "seedflood.ckpt_chunk", request, timeout
-                    )
-                    check_chunk(offer, index, data)
-                except Rejected as exc:
-                    missing.append(index)
-                    healthy.remove(peer_id)
-                    refused["bad_chunk"] = refused.get("bad_chunk", 0) + 1
-                    node.admission.drop_reply(exc, peer_id.to_bytes())
-                    log.warning(
-                        "checkpoint chunk %d from %s refused (%s): not asking it again",
-                        index,
-                        short_id(peer_id.to_bytes()),
-                        exc,
-                        extra={"fields": {"event": "checkpoint_refused", "why": "bad_chunk"}},
-                    )
-                    return
-                except RemoteCallError as exc:
-                    missing.append(index)
-                    healthy.remove(peer_id)
-                    log.info("checkpoint chunk %d from %s failed: %s", index, peer_id, exc)
-                    return
-                os.pwrite(fd, data, offer.chunk_range(index)[0])
-                fetched += len(data)
-
-        while missing and healthy:  # a chunk put back after the others had finished
-            await asyncio.gather(*(worker(p) for p in list(healthy)))
+        have, missing, fetched = await fetch_chunks(
+            fd,
+            offer.size,
+            CHECKPOINT_CHUNK_BYTES,
+            list(offer.chunk_hashes),
+            peers,
+            get,
+            on_failure,
+            "checkpoint chunk",
+        )
         if missing:
-            raise FetchFailed(f"{len(missing)} of {count} chunks could not be fetched", refused)
+            raise FetchFailed(f"{missing} of {count} chunks could not be fetched", refused)
         os.fsync(fd)
-        whole = await asyncio.to_thread(_file_sha256, part)
+        whole = await asyncio.to_thread(file_sha256, part)
         if whole != offer.file_sha256:  # every chunk matched, so only a forged offer
             raise FetchFailed("the file does not hash as its offer says", refused)
     finally:
@@ -264,22 +253,8 @@ async def download(
 
 
 def _chunks_present(fd: int, offer: CheckpointOffer) -> set[int]:
-    """Chunks of a partial file that already hash right (a resumed download)."""
-    present = set()
-    for index, expected in enumerate(offer.chunk_hashes):
-        start, end = offer.chunk_range(index)
-        data = os.pread(fd, end - start, start)
-        if len(data) == end - start and hashlib.sha256(data).digest() == expected:
-            present.add(index)
-    return present
-
-
-def _file_sha256(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.digest()
+    """Chunks of a partial checkpoint file that already hash right (a resumed download)."""
+    return present_chunks(fd, offer.size, CHECKPOINT_CHUNK_BYTES, list(offer.chunk_hashes))
 
 
 async def fetch_checkpoint(

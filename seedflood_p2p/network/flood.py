@@ -1,33 +1,30 @@
-"""The network side of a participant: flood, admit, repair. No model here.
+"""The network side of a participant: gossip in and out, through admission. No model here.
 
 Data flows one way: every update, from gossip, repair or our own publish, goes
 through admission (`network/admission.py`: decode, validate, policy, ledger),
-then is handed to `on_accept` (the peer applies it to its model). Lost
-gossip is repaired by anti-entropy: every few seconds the node compares
-per-bucket ledger digests with a random peer and fetches the buckets that
-differ, so every ledger converges even when GossipSub drops messages. Peers
-and the bootstrap node both run a FloodNode; the bootstrap just never trains.
+then is handed to `on_accept` (the peer applies it to its model). Lost gossip is
+repaired by anti-entropy (`network/repair.py`, one `Repair` per node over its update
+table and, in a run with audits, its audit table): every few seconds the node compares
+per-bucket digests with a random peer and fetches the buckets that differ, so every
+ledger converges even when GossipSub drops messages. Peers and the bootstrap node both
+run a FloodNode; the bootstrap just never trains.
 
 Request/response protocols (msgpack over the same libp2p daemon):
 
-    seedflood.manifest  b""                        -> run manifest JSON + version + clock
-                                                      (or {"not_ready": why, "run_id"} while
-                                                       syncing)
-    seedflood.digest    [run_id, bucket_rounds]    -> [[bucket, count, sha256], ...]
-    seedflood.fetch     [run_id, round, peer, max_round, limit] -> signed rows after (round, peer)
-    seedflood.audit_digest, seedflood.audit_fetch: the same for audit records (runs with
-                        audits; protocol/wire.py, "audit repair")
+    seedflood.manifest  b""                     -> run manifest JSON + version + clock
+                                                   (or {"not_ready": why, "run_id"} while
+                                                    syncing)
+    seedflood.digest, seedflood.fetch           update repair (network/repair.py)
+    seedflood.audit_digest, seedflood.audit_fetch   audit repair (runs with audits)
 
-A run with audits (the manifest's `extra.audit`) has a second topic for audit records,
-and a repair exchange pulls the audit table's differing buckets after the updates', with
-the same budgets and the same penalties (`network/audit.py:AuditIntake` admits them).
+A run with audits (the manifest's `extra.audit`) has a second topic for audit records
+(`network/audit.py:AuditIntake` admits them, from gossip and from repair).
 
-Against hostile peers (protocol/wire.py states the budgets, network/reputation.py the
-scores): a repair exchange is bounded in pages, rows and time by what the peer's digest
-claimed; a peer whose page holds one bad row, or whose exchange overruns, is penalized and
-not asked again for a growing while (backoff); banned and (in a closed run) unlisted
-peers get empty answers, and banned ones are disconnected through the daemon; each
-requester is served at most SERVE_BYTES_RATE bytes a second.
+Against hostile peers (protocol/wire.py states the rules, network/repair.py the repair
+bounds, network/reputation.py the scores): gossip passes admission's window, rate and
+sender rules; banned peers' gossip is dropped and they are disconnected through the
+daemon; banned and (in a closed run) unlisted peers get empty answers, and each requester
+is served at most SERVE_BYTES_RATE bytes a second (`may_serve`).
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
@@ -47,283 +44,39 @@ import msgpack
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.audit import AuditIntake, audits_on
-from seedflood_p2p.network.metrics import NodeMetrics, timed
-from seedflood_p2p.network.p2pd import RelayLimits
+from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.pubsub import PubSubClient
+from seedflood_p2p.network.repair import (
+    MAX_SYNC_PASSES,
+    AuditTable,
+    Repair,
+    RepairTable,
+    SourceCheck,
+    UpdateTable,
+)
 from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
-from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.rpc import serve_bytes
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
-    AUDIT_FETCH_LIMIT,
-    BUCKET_ROUNDS,
-    EXCHANGE_BASE_SECONDS,
-    FETCH_LIMIT,
-    MAX_EXCHANGE_PAGES,
-    MAX_FETCH_REPLY_BYTES,
-    PAGE_SECONDS,
     SERVE_BYTES_BURST,
     SERVE_BYTES_RATE,
-    Rejected,
-    audit_row_key,
     audit_topic_for,
-    check_audit_rows_follow,
-    check_rows_follow,
-    decode_audit_fetch_request,
-    decode_audit_rows,
-    decode_digest_request,
-    decode_digests,
-    decode_fetch_request,
-    decode_rows,
     encode_audit,
-    encode_audit_fetch_request,
-    encode_audit_rows,
-    encode_rows,
     encode_update,
-    first_audit_cursor,
-    quorum_round,
     topic_for,
 )
 from seedflood_p2p.storage.bans import BanStore
-from seedflood_p2p.storage.ledger import Ledger, set_digest
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.node")
 
 GOSSIP_BATCH = 256  # most gossip messages committed in one ledger transaction
 LIVE_ROUNDS = 8  # a repaired update this close to our newest round shows its sender alive
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
-MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be asked again
 STOP_SECONDS = 10.0  # a cancelled task still running after this is left behind by `stop`
-BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
-# FETCH_LIMIT (protocol/wire.py), rows per fetch response: a row carries its signed envelope,
-# ~139 bytes with 38-byte peer ids and an 18-byte update, at most ~215 for any valid row,
-# so 4096 rows stay below the 1 MiB response limit of serve_bytes (8192 rows were 1.14 MB:
-# every fetch of a bucket with more than ~7,500 rows, i.e. ~118+ peers per round, failed).
-
-# A joiner's catch-up: at most this many anti-entropy passes (each bounded by the page
-# budget and deadline of `sync_with`) before it starts; the rest arrives by repair later.
-MAX_SYNC_PASSES = 100
-
-
-@dataclass
-class NodeSettings:
-    # round window: rounds past the reference round (wire.WindowRule) and rounds before it
-    # (gossip; repair relays older rows)
-    max_ahead: int = bounded(10, 0, MAX_INT, "a number of rounds")
-    max_behind: int = bounded(30, 0, MAX_INT, "a number of rounds")
-    # seconds between anti-entropy exchanges
-    repair_interval: float = bounded(3.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    call_timeout: float = bounded(10.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    # test hook: discard this fraction of incoming gossip
-    drop_incoming: float = bounded(0.0, 0, 1, "a fraction")
-    # publishes are paced to this rate
-    publish_rate: float = bounded(50.0, 0, 1e9, "messages per second", open_low=True)
-    # Behind NAT: reserve a slot on a relay (the bootstrap nodes and `relays`, as p2pd's
-    # static relays) once this node counts itself unreachable, and announce the relay address.
-    auto_relay: bool = True
-    relays: list[str] = field(default_factory=list)  # relays besides the bootstrap nodes
-    nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
-    # Reachability as auto-relay sees it: "auto" asks AutoNAT (other peers dial us back; it
-    # needs public addresses on both sides), "private" skips the wait and reserves relay
-    # slots at once (a peer that knows it is behind NAT), "public" never uses relays.
-    reachability: str = field(default="auto", metadata={"choices": ("auto", "private", "public")})
-    # Serve as a circuit relay for peers behind NAT: "auto" (the bootstrap node does, a peer
-    # does not), "on" (a public peer opting in; implies reachability public), "off".
-    relay_service: str = field(default="auto", metadata={"choices": ("auto", "on", "off")})
-    # A relay's limits, per relayed connection: its lifetime and bytes per direction before
-    # the relay resets it (the peers then redial), open circuits per peer, reservations.
-    relay_time_limit: float = bounded(3600.0, 1, MAX_SECONDS, "seconds")
-    relay_data_limit: int = bounded(1 << 32, 1 << 16, 1 << 50, "bytes")
-    relay_max_circuits: int = bounded(16, 1, 1 << 16, "circuits per peer")
-    relay_max_reservations: int = bounded(128, 1, 1 << 20, "reservations")
-
-    def relay_limits(self, default_on: bool) -> RelayLimits | None:
-        """The limits to serve a relay under, or None when this node serves none."""
-        if self.relay_service == "off" or (self.relay_service == "auto" and not default_on):
-            return None
-        return RelayLimits(
-            time_limit=self.relay_time_limit,
-            data_limit=self.relay_data_limit,
-            max_circuits=self.relay_max_circuits,
-            max_reservations=self.relay_max_reservations,
-        )
-
-    # seconds for p2pd to start (slow disks, busy hosts)
-    daemon_start_timeout: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    # an unreachable known peer is retried after redial_min s, doubling up to redial_max,
-    # for as long as the node runs
-    redial_min: float = bounded(1.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    redial_max: float = bounded(30.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    # seconds between summary exchanges with connected peers
-    summary_interval: float = bounded(5.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    # unreachable or diverged this long: say "partitioned"
-    island_after: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
-    allow_alone: bool = False  # start (train, serve joiners) although others are known
-    # Signed discovery records in hivemind's DHT on our own daemon (network/discovery.py):
-    # the run's manifest, live peers and ledger summaries, written and read this often.
-    discovery: bool = True
-    discovery_interval: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
-
-
-@dataclass
-class _Exchange:
-    """One repair exchange with one peer: its deadline (grown by what the digest claimed),
-    the rows it brought, whether it ended early, whether its page budget left rows out."""
-
-    deadline: float
-    new: int = 0
-    new_audits: int = 0  # audit records it brought (runs with audits)
-    aborted: bool = False
-    left_out: bool = False
-
-
-def _budget(
-    theirs: dict[int, tuple[int, bytes]],
-    mine: dict[int, tuple[int, bytes]],
-    last_round: int,
-    rows_per_page: int,
-    exchange: _Exchange,
-) -> list[tuple[int, int]]:
-    """The buckets to fetch, (bucket, rows claimed): those whose (count, hash) differ from
-    ours and start by `last_round`, as many as MAX_EXCHANGE_PAGES pages of what the digest
-    claimed allow (at least one). The exchange's deadline grows by PAGE_SECONDS a page;
-    buckets left for a later exchange mark it `left_out`."""
-    wanted = [
-        (bucket, count)
-        for bucket, (count, digest) in sorted(theirs.items())
-        if mine.get(bucket) != (count, digest) and bucket * BUCKET_ROUNDS <= last_round
-    ]
-    pages, budget = 0, []
-    for bucket, count in wanted:
-        need = max(1, math.ceil(count / rows_per_page))
-        if pages + need > MAX_EXCHANGE_PAGES and budget:
-            break
-        budget.append((bucket, count))
-        pages += need
-    exchange.deadline += PAGE_SECONDS * min(pages, MAX_EXCHANGE_PAGES)
-    exchange.left_out |= len(budget) < len(wanted)
-    return budget
-
-
-# Bucket versions (count, sha256 of the set, as digests claim them) fetched whole and
-# taken in: every row now in our ledger or refused for good. Fetching the same set again,
-# from any server, cannot bring anything, so `_plan` skips it until the server's bucket
-# changes. A set some of whose rows were refused as `own_backfill` (served by their
-# author) is skipped only for that server, and only while it is not the sole server we
-# could ask. bucket -> {(count, digest): None (any server) or that server}.
-Taken = dict[int, dict[tuple[int, bytes], bytes | None]]
-
-# Drops that the same row meets again whenever it is fetched: an equivocation's loser
-# (`wire.keeps_new` is a total order), the author's key or allow-list, a malformed row;
-# `own_backfill` from the same server (the reference only rises). Not `out_of_window`:
-# a row ahead of the window is admitted later.
-SETTLED_DROPS = ("own_backfill", "equivocation", "not_allowed", "bad_key", "malformed")
-MAX_TAKEN_VERSIONS = 8  # versions remembered per bucket (the oldest leave first)
-
-
-def _already_taken(
-    taken: Taken, bucket: int, version: tuple[int, bytes], server: bytes, sole_server: bool
-) -> bool:
-    versions = taken.get(bucket, {})
-    if version not in versions:
-        return False
-    who = versions[version]
-    return who is None or (who == server and not sole_server)
-
-
-def _plan(
-    theirs: dict[int, tuple[int, bytes]],
-    mine: dict[int, tuple[int, bytes]],
-    last_round: int,
-    exchange: _Exchange,
-    taken: Taken,
-    server: bytes,
-    sole_server: bool,
-) -> list[list[tuple[int, int]]]:
-    """The update buckets to fetch, as runs of consecutive buckets [(bucket, rows claimed)],
-    each run fetched as one round range, FETCH_LIMIT rows a page across its buckets.
-
-    Wanted: buckets whose (count, hash) differ from ours, start by `last_round`, and are
-    not a set already taken in (`Taken`). Taken oldest first
-    while the pages the runs need (their claimed rows, FETCH_LIMIT a page, one at least a
-    run) fit MAX_EXCHANGE_PAGES (at least one bucket is taken). The deadline grows by
-    PAGE_SECONDS per page as `_budget` counts them (one at least per bucket, at most
-    MAX_EXCHANGE_PAGES): the bounds are unchanged, only the round trips are fewer. Buckets
-    left for a later exchange mark it `left_out`.
-
-    After a long partition every bucket of it differs, most from each server only in rows
-    we hold already: one page per bucket, and every exchange starting again at the oldest
-    ones, made repair refetch the same buckets in vain (30 minutes of 0.4 s rounds: 70
-    buckets, 137 s to heal)."""
-    wanted = []
-    for bucket, (count, digest) in sorted(theirs.items()):
-        if mine.get(bucket) == (count, digest) or bucket * BUCKET_ROUNDS > last_round:
-            continue
-        if _already_taken(taken, bucket, (count, digest), server, sole_server):
-            continue
-        wanted.append((bucket, count))
-    runs: list[list[tuple[int, int]]] = []
-    run_rows: list[int] = []
-    deadline_pages, chosen = 0, 0
-    for bucket, count in wanted:
-        extend = bool(runs) and runs[-1][-1][0] == bucket - 1
-        rows = run_rows + ([] if extend else [0])
-        rows[-1] += count
-        if sum(max(1, math.ceil(r / FETCH_LIMIT)) for r in rows) > MAX_EXCHANGE_PAGES and chosen:
-            break
-        if extend:
-            runs[-1].append((bucket, count))
-        else:
-            runs.append([(bucket, count)])
-        run_rows = rows
-        deadline_pages += max(1, math.ceil(count / FETCH_LIMIT))
-        chosen += 1
-    exchange.deadline += PAGE_SECONDS * min(deadline_pages, MAX_EXCHANGE_PAGES)
-    exchange.left_out |= chosen < len(wanted)
-    return runs
-
-
-@dataclass
-class SourceCheck:
-    """A joiner's ledger compared with each source's digest after its sync, bucket by
-    bucket below the newest bucket either side holds (the newest one still fills):
-    `lacking` sources miss rows we hold (behind, or withholding what others served),
-    `ahead` ones hold rows we miss, `differ` ones hold as many rows as we do but other
-    ones (an equivocation not yet resolved); counts are rows, summed over buckets."""
-
-    agree: list[bytes] = field(default_factory=list)
-    lacking: dict[bytes, int] = field(default_factory=dict)
-    ahead: dict[bytes, int] = field(default_factory=dict)
-    differ: dict[bytes, int] = field(default_factory=dict)
-    unanswered: list[bytes] = field(default_factory=list)
-
-    @property
-    def compared(self) -> int:
-        return len(self.agree) + len(self.lacking) + len(self.ahead) + len(self.differ)
-
-
-def compare_digests(
-    mine: dict[int, tuple[int, bytes]], theirs: dict[int, tuple[int, bytes]]
-) -> tuple[int, int, int]:
-    """(rows they lack, rows they have beyond ours, buckets that differ at equal counts)
-    over the buckets below the newest either side has."""
-    newest = max([*mine, *theirs], default=-1)
-    lacking = ahead = differ = 0
-    for bucket in set(mine) | set(theirs):
-        if bucket >= newest:
-            continue
-        ours, their = mine.get(bucket, (0, b"")), theirs.get(bucket, (0, b""))
-        if ours == their:
-            continue
-        if their[0] < ours[0]:
-            lacking += ours[0] - their[0]
-        elif their[0] > ours[0]:
-            ahead += their[0] - ours[0]
-        else:
-            differ += 1
-    return lacking, ahead, differ
 
 
 @dataclass
@@ -375,10 +128,23 @@ class FloodNode:
         self.audits = AuditIntake(ledger, self.directions, self.admission) if with_audits else None
         self.on_audit_records = on_audit_records
         self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
-        self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
-        self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
-        self._connect_repair = asyncio.Lock()  # `repair_new_peer`: one at a time
-        self._taken: Taken = {}  # bucket sets already fetched whole and taken in (`_plan`)
+        # Anti-entropy repair of the ledger's updates and (with audits) audit records.
+        tables: list[RepairTable] = [
+            UpdateTable(ledger, self.admission, metrics, lambda v: self._track(v, heard=False))
+        ]
+        if self.audits is not None:
+            tables.append(AuditTable(ledger, self.audits, self._new_audit_records))
+        self.repair = Repair(
+            p2p,
+            self.run_id,
+            tables,
+            self.admission,
+            metrics,
+            settings,
+            may_serve=self.may_serve,
+            refuses=self.refuses,
+            peers=lambda: self.connected_peers(),  # late-bound: tools replace it
+        )
         self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
@@ -392,14 +158,11 @@ class FloodNode:
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
         await serve_bytes(self.p2p, "seedflood.manifest", self._serve_manifest)
-        await serve_bytes(self.p2p, "seedflood.digest", self._serve_digest)
-        await serve_bytes(self.p2p, "seedflood.fetch", self._serve_fetch)
+        await self.repair.start()  # every table's digest and fetch requests
         # Our own messages come back too: their signed envelopes make them repairable.
         subscription = await self._pubsub.subscribe(self.topic, include_own=True)
         self._tasks.append(asyncio.create_task(self._receive(subscription), name="receive"))
         if self.audits is not None:
-            await serve_bytes(self.p2p, "seedflood.audit_digest", self._serve_audit_digest)
-            await serve_bytes(self.p2p, "seedflood.audit_fetch", self._serve_audit_fetch)
             # Our own records come back too: signed, they become repairable (AuditIntake).
             await self.serve_topic(
                 audit_topic_for(self.run_id), self._admit_audit_gossip, include_own=True
@@ -581,7 +344,7 @@ class FloodNode:
                 self._track(self.admission.gossip(batch), heard=True)
                 batch = []
 
-    # -- repair -------------------------------------------------------------
+    # -- requests: the manifest here, repair in network/repair.py ----------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
         if self.not_ready is not None:
             # The run id lets the joiner read the manifest from the DHT's signed records.
@@ -589,40 +352,6 @@ class FloodNode:
         return msgpack.packb(
             {"manifest": self.manifest_json, "version": __version__, "time": time.time()}
         )
-
-    async def _serve_digest(self, peer, request: bytes) -> bytes:
-        if decode_digest_request(request) != self.run_id or not self.may_serve(peer, 0):
-            return msgpack.packb([])
-        with timed(self.metrics.repair_serve_seconds.labels("digest")):
-            digests = self.ledger.bucket_digests(BUCKET_ROUNDS)
-            reply = msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
-        return reply if self.may_serve(peer, len(reply)) else msgpack.packb([])
-
-    async def _serve_fetch(self, peer, request: bytes) -> bytes:
-        fields = decode_fetch_request(request)
-        if fields is None or fields[0] != self.run_id or not self.may_serve(peer, 0):
-            return encode_rows([])
-        _, round_, after_peer, max_round, limit = fields
-        with timed(self.metrics.repair_serve_seconds.labels("fetch")):
-            reply = encode_rows(self.ledger.signed_after(round_, after_peer, max_round, limit))
-        return reply if self.may_serve(peer, len(reply)) else encode_rows([])
-
-    async def _serve_audit_digest(self, peer, request: bytes) -> bytes:
-        if decode_digest_request(request) != self.run_id or not self.may_serve(peer, 0):
-            return msgpack.packb([])
-        with timed(self.metrics.repair_serve_seconds.labels("audit_digest")):
-            digests = self.ledger.audit_bucket_digests(BUCKET_ROUNDS)
-            reply = msgpack.packb([[b, c, h] for b, (c, h) in sorted(digests.items())])
-        return reply if self.may_serve(peer, len(reply)) else msgpack.packb([])
-
-    async def _serve_audit_fetch(self, peer, request: bytes) -> bytes:
-        fields = decode_audit_fetch_request(request)
-        if fields is None or fields[0] != self.run_id or not self.may_serve(peer, 0):
-            return encode_audit_rows([])
-        _, cursor, max_round, limit = fields
-        with timed(self.metrics.repair_serve_seconds.labels("audit_fetch")):
-            reply = encode_audit_rows(self.ledger.signed_audits_after(cursor, max_round, limit))
-        return reply if self.may_serve(peer, len(reply)) else encode_audit_rows([])
 
     def may_serve(self, peer, size: int) -> bool:
         """Refuse banned and unlisted requesters, and any requester past its byte rate
@@ -637,289 +366,6 @@ class FloodNode:
             return False
         return True
 
-    async def sync_with(self, peer_id, sole_server: bool = True) -> int:
-        """Pull every message `peer_id` has in buckets that differ from ours; returns new count.
-
-        Bounded by what its digest claimed: at most MAX_EXCHANGE_PAGES pages, the claimed
-        rows per bucket, and `wire.exchange_deadline` seconds. A bad reply or a page with a
-        bad row (see protocol/wire.py) ends the exchange: counted, held against the peer,
-        which is then backed off. Its rows go through admission like gossip does.
-        `sole_server`: the peer is the only one we could ask (repair's old-row rule)."""
-        server = peer_id.to_bytes()
-        self.behind.discard(server)
-        if self.refuses(server) or time.monotonic() < self._backoff.get(server, (0.0, 0))[0]:
-            return 0
-        loop = asyncio.get_running_loop()
-        exchange = _Exchange(deadline=loop.time() + EXCHANGE_BASE_SECONDS)
-        try:
-            await self._exchange(peer_id, server, sole_server, exchange)
-        except RemoteCallError:
-            if loop.time() < exchange.deadline - 0.05:
-                raise  # unreachable or refused, not slow: the caller logs it
-            self._abort(server, "deadline", exchange, "repair_timeout")
-        else:
-            if not exchange.aborted:
-                self._backoff.pop(server, None)
-                if exchange.left_out:
-                    self.behind.add(server)
-        return exchange.new
-
-    async def sync_until_complete(self, peers: list, max_passes: int = MAX_SYNC_PASSES) -> int:
-        """Anti-entropy passes with `peers` until no exchange had rows left out by its page
-        budget (a late joiner's long history takes several), a pass brings nothing, or
-        `max_passes`; returns the new rows. Each pass is bounded as `sync_with` is."""
-        total = 0
-        for _ in range(max_passes):
-            new = await self.sync_round(peers)
-            total += new
-            if not new or not self.behind:
-                break
-        return total
-
-    async def check_sources(self, peers: list) -> SourceCheck:
-        """Ask each of `peers` for its bucket digests (one bounded request each) and compare
-        them with our ledger: what a joiner fetched, checked against every source."""
-        check = SourceCheck()
-        request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
-        for peer_id in peers:
-            source = peer_id.to_bytes()
-            try:
-                reply = await call_bytes(
-                    self.p2p,
-                    peer_id,
-                    "seedflood.digest",
-                    request,
-                    self.settings.call_timeout,
-                    max_response=MAX_FETCH_REPLY_BYTES,
-                )
-                theirs = decode_digests(reply)
-            except Rejected as exc:
-                self.admission.drop_reply(exc, source)
-                check.unanswered.append(source)
-                continue
-            except RemoteCallError:
-                check.unanswered.append(source)
-                continue
-            lacking, ahead, differ = compare_digests(
-                self.ledger.bucket_digests(BUCKET_ROUNDS), theirs
-            )
-            if ahead:
-                check.ahead[source] = ahead
-            elif differ:
-                check.differ[source] = differ
-            elif lacking:
-                check.lacking[source] = lacking
-            else:
-                check.agree.append(source)
-        return check
-
-    async def cross_check(self, peers: list) -> SourceCheck:
-        """After a sync with `peers`: compare with each; fetch again from any that still
-        holds rows we lack (one more bounded pass), then compare again. A source that
-        lacks rows the others served is reported, not punished: an honest one may simply
-        be behind (a joiner itself, or just restarted)."""
-        check = await self.check_sources(peers)
-        more = [p for p in peers if p.to_bytes() in check.ahead or p.to_bytes() in check.differ]
-        if more:
-            await self.sync_round(more)
-            check = await self.check_sources(peers)
-        return check
-
-    async def _exchange(
-        self, peer_id, server: bytes, sole_server: bool, exchange: _Exchange
-    ) -> None:
-        loop = asyncio.get_running_loop()
-
-        async def call(request_name: str, request: bytes) -> bytes:
-            """One repair request (`digest` or `fetch`), timed and its reply counted."""
-            left = min(self.settings.call_timeout, exchange.deadline - loop.time())
-            if left <= 0:
-                raise RemoteCallError(f"repair exchange with {short_id(server)} over its deadline")
-            with timed(self.metrics.repair_call_seconds.labels(request_name)):
-                reply = await call_bytes(
-                    self.p2p,
-                    peer_id,
-                    f"seedflood.{request_name}",
-                    request,
-                    left,
-                    max_response=MAX_FETCH_REPLY_BYTES,
-                )
-            self.metrics.repair_bytes_in.labels(request_name).inc(len(reply))
-            return reply
-
-        reply = await call("digest", msgpack.packb([self.run_id, BUCKET_ROUNDS]))
-        try:
-            theirs = decode_digests(reply)
-        except Rejected as exc:
-            self._abort(server, "bad_reply", exchange)
-            self.admission.drop_reply(exc, server)
-            return
-        if theirs:
-            self.admission.note_bucket_claim(server, (max(theirs) + 1) * BUCKET_ROUNDS - 1)
-        mine = self.ledger.bucket_digests(BUCKET_ROUNDS)
-        # Rows past the window's upper bound would be refused anyway: not fetched.
-        admission = self.admission
-        upper = max(admission.reference_round(), quorum_round(admission.bucket_claims.values()))
-        last_round = upper + admission.window.max_ahead
-        pages = 0
-        for run in _plan(theirs, mine, last_round, exchange, self._taken, server, sole_server):
-            pages = await self._fetch_run(
-                call, server, sole_server, exchange, run, theirs, last_round, pages
-            )
-            if pages is None:
-                return
-        if self.audits is not None:
-            await self._exchange_audits(call, server, exchange, last_round)
-
-    async def _fetch_run(
-        self,
-        call,
-        server: bytes,
-        sole_server: bool,
-        exchange: _Exchange,
-        run: list[tuple[int, int]],
-        theirs: dict[int, tuple[int, bytes]],
-        last_round: int,
-        pages: int,
-    ) -> int | None:
-        """Fetch one run of consecutive buckets as one round range, page by page, taking
-        from each bucket no more than the rows its digest claimed. Returns the pages used
-        so far, None if the exchange ended (a bad reply or page: counted and penalized).
-
-        An honest server's bucket grows while a run goes on (gossip arrives between its
-        digest and our fetch): rows past a bucket's claim are left, without blame, for
-        the next exchange. That still bounds the work: at most MAX_EXCHANGE_PAGES pages."""
-        claims = dict(run)
-        got = dict.fromkeys(claims, 0)
-        settled = dict.fromkeys(claims, True)  # every row in our ledger or refused for good
-        received: dict[int, list[UpdateMessage]] = {b: [] for b in claims}
-        backfill = dict.fromkeys(claims, False)
-        lo = run[0][0] * BUCKET_ROUNDS
-        hi = min(run[-1][0] * BUCKET_ROUNDS + BUCKET_ROUNDS - 1, last_round)
-        cursor = (lo - 1, b"\xff" * 64)
-        while pages < MAX_EXCHANGE_PAGES:
-            request = msgpack.packb([self.run_id, cursor[0], cursor[1], hi, FETCH_LIMIT])
-            data = await call("fetch", request)
-            pages += 1
-            try:
-                rows = decode_rows(data, FETCH_LIMIT)
-                check_rows_follow(rows, cursor, hi)
-            except Rejected as exc:
-                self._abort(server, "bad_reply", exchange)
-                self.admission.drop_reply(exc, server)
-                return None
-            keep = []
-            for row in rows:  # rows are (message, envelope) pairs, ascending
-                bucket = row[0].round // BUCKET_ROUNDS
-                if got.get(bucket, 0) < claims.get(bucket, 0):
-                    got[bucket] += 1
-                    keep.append(row)
-                    received[bucket].append(row[0])
-            verdicts = await self.admission.repair(keep, server, sole_server)
-            self._track(verdicts, heard=False)
-            fetched = sum(v.outcome is Outcome.ACCEPTED for v in verdicts)
-            exchange.new += fetched
-            self.metrics.repaired.inc(fetched)
-            if any(v.reason in BAD_PAGE_REASONS for v in verdicts):
-                # one bad row: no honest peer serves it (see reputation.PENALTIES)
-                self._abort(server, "bad_page", exchange, "bad_page")
-                return None
-            for verdict in verdicts:
-                if verdict.outcome is Outcome.DROPPED:
-                    bucket = verdict.message.round // BUCKET_ROUNDS
-                    settled[bucket] &= verdict.reason in SETTLED_DROPS
-                    backfill[bucket] |= verdict.reason == "own_backfill"
-            if len(rows) < FETCH_LIMIT or all(got[b] >= claims[b] for b in claims):
-                break
-            last = rows[-1][0]
-            cursor = (last.round, last.peer)
-        else:  # the page budget ran out inside this run
-            exchange.left_out = True
-            return pages
-        for bucket, claimed in run:
-            whole = bucket * BUCKET_ROUNDS + BUCKET_ROUNDS - 1 <= hi
-            # The set taken in must be the one the digest named: a server claiming another
-            # set's digest (an honest peer's full bucket) for rows we hold would make us
-            # skip that set, and the rows we lack, for good.
-            version = theirs[bucket]
-            if whole and got[bucket] == claimed and settled[bucket]:
-                if set_digest(received[bucket]) != version[1]:
-                    continue
-                versions = self._taken.setdefault(bucket, {})
-                if versions.get(version, server) is not None:  # None (any server) stays
-                    versions[version] = server if backfill[bucket] else None
-                while len(versions) > MAX_TAKEN_VERSIONS:
-                    del versions[next(iter(versions))]
-        return pages
-
-    async def _exchange_audits(
-        self, call, server: bytes, exchange: _Exchange, last_round: int
-    ) -> None:
-        """The audit table's part of a repair exchange: its differing buckets, with the
-        update part's budgets (pages, the digest's claimed counts, the deadline) and
-        penalties (a bad reply, a page with a row no honest server serves)."""
-        reply = await call("audit_digest", msgpack.packb([self.run_id, BUCKET_ROUNDS]))
-        try:
-            theirs = decode_digests(reply)
-        except Rejected as exc:
-            self._abort(server, "bad_reply", exchange)
-            self.admission.drop_reply(exc, server)
-            return
-        mine = self.ledger.audit_bucket_digests(BUCKET_ROUNDS)
-        pages = 0
-        for bucket, claimed in _budget(theirs, mine, last_round, AUDIT_FETCH_LIMIT, exchange):
-            lo = bucket * BUCKET_ROUNDS
-            hi = min(lo + BUCKET_ROUNDS - 1, last_round)
-            cursor, taken = first_audit_cursor(lo), 0
-            while pages < MAX_EXCHANGE_PAGES:
-                request = encode_audit_fetch_request(self.run_id, cursor, hi, AUDIT_FETCH_LIMIT)
-                data = await call("audit_fetch", request)
-                pages += 1
-                try:
-                    rows = decode_audit_rows(data, AUDIT_FETCH_LIMIT)
-                    check_audit_rows_follow(rows, cursor, hi)
-                except Rejected as exc:
-                    self._abort(server, "bad_reply", exchange)
-                    self.admission.drop_reply(exc, server)
-                    return
-                claim_reached = taken + len(rows) >= claimed
-                rows = rows[: claimed - taken]
-                taken += len(rows)
-                fresh, bad = self.audits.repair(rows)
-                if fresh:
-                    exchange.new_audits += len(fresh)
-                    await self._new_audit_records(fresh)
-                if bad:  # as for updates: no honest peer serves such a row
-                    self._abort(server, "bad_page", exchange, "bad_page")
-                    return
-                if claim_reached or len(rows) < AUDIT_FETCH_LIMIT:
-                    break
-                cursor = audit_row_key(rows[-1][0])
-
-    def _abort(
-        self,
-        server: bytes,
-        why: str,
-        exchange: _Exchange | None = None,
-        penalty: str | None = None,
-    ) -> None:
-        """End repair with `server` for now: counted, penalized, backed off (doubling)."""
-        if exchange is not None:
-            exchange.aborted = True
-        self.metrics.repair_aborted.labels(why).inc()
-        if penalty is not None:
-            self.reputation.penalize(server, penalty)
-        failures = self._backoff.get(server, (0.0, 0))[1] + 1
-        wait = min(MAX_BACKOFF, self.settings.repair_interval * 2**failures)
-        self._backoff[server] = (time.monotonic() + wait, failures)
-        log.info(
-            "repair with %s ended (%s): not asked again for %.0f s",
-            short_id(server),
-            why,
-            wait,
-            extra={"fields": {"event": "repair_abort", "why": why}},
-        )
-
     async def connected_peers(self) -> list:
         """Peers subscribed to the run's topic (others' ledgers to sync with)."""
         try:
@@ -931,31 +377,35 @@ class FloodNode:
 
         return [PeerID.from_base58(i) for i in ids]
 
+    # The repair entry points the daemons and network/reconnect.py use (network/repair.py).
+    @property
+    def behind(self) -> set[bytes]:
+        """Peers whose last exchange left claimed rows out (its page budget ran out)."""
+        return self.repair.behind
+
+    async def sync_with(self, peer_id, sole_server: bool = True) -> int:
+        """One repair exchange with `peer_id`; the new updates (`Repair.sync_with`)."""
+        return await self.repair.sync_with(peer_id, sole_server)
+
     async def sync_round(self, peers: list | None = None) -> int:
         """One anti-entropy pass with the given (default: all topic) peers."""
-        new = 0
-        peers = peers if peers is not None else await self.connected_peers()
-        for peer_id in peers:
-            try:
-                new += await self.sync_with(peer_id, sole_server=len(peers) <= 1)
-            except RemoteCallError as exc:
-                log.debug("sync with %s failed: %s", peer_id, exc)
-            except UserError:
-                raise  # our own ledger cannot be written
-            except Exception as exc:  # whatever a peer sends, we go on with the others
-                log.warning("sync with %s failed: %r", peer_id, exc)
-        return new
+        return await self.repair.sync_round(peers)
+
+    async def sync_until_complete(self, peers: list, max_passes: int = MAX_SYNC_PASSES) -> int:
+        """A joiner's catch-up with `peers` (`Repair.sync_until_complete`)."""
+        return await self.repair.sync_until_complete(peers, max_passes)
 
     async def repair_new_peer(self, peer_id) -> int:
-        """Repair from a newly connected peer (network/reconnect.py), one such exchange at a
-        time: when a partition heals, every peer across it connects at once, and exchanges
-        run side by side fetched the same rows from each (the set memo `Taken` only knows
-        a set once an exchange took it in whole). One after another, the first brings the
-        other side's rows and the next ones skip the sets it took. A slow peer delays the
-        next new connection's repair by at most its exchange deadline (74 s, then backoff);
-        anti-entropy goes on meanwhile."""
-        async with self._connect_repair:
-            return await self.sync_round([peer_id])
+        """Repair from a newly connected peer, one such exchange at a time."""
+        return await self.repair.repair_new_peer(peer_id)
+
+    async def check_sources(self, peers: list) -> SourceCheck:
+        """Our ledger compared with each of `peers`' digests (`Repair.check_sources`)."""
+        return await self.repair.check_sources(peers)
+
+    async def cross_check(self, peers: list) -> SourceCheck:
+        """After a sync: compare, fetch again from any ahead, compare again."""
+        return await self.repair.cross_check(peers)
 
     async def _anti_entropy(self) -> None:
         try:
@@ -968,22 +418,4 @@ class FloodNode:
         while True:
             await asyncio.sleep(self.settings.repair_interval * (0.5 + random.random()))
             self._forget_silent_peers()
-            peers = await self.connected_peers()
-            if not peers:
-                continue
-            try:
-                new = await self.sync_with(random.choice(peers), sole_server=len(peers) <= 1)
-            except RemoteCallError as exc:
-                log.debug("anti-entropy failed: %s", exc)
-                continue
-            except UserError:
-                raise
-            except Exception as exc:  # repair must outlive any one bad exchange
-                log.warning("anti-entropy failed: %r", exc)
-                continue
-            if new:
-                log.info(
-                    "repair: fetched %d missing messages",
-                    new,
-                    extra={"fields": {"event": "repair", "count": new}},
-                )
+            await self.repair.anti_entropy_pass()

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from seedflood_p2p.network.discovery import Discovery, run_discovery
-from seedflood_p2p.network.flood import FloodNode, NodeSettings
+from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import HttpEndpoint, NodeMetrics, serve_http
 from seedflood_p2p.network.p2pd import create_p2p, remove_stale_sockets
 from seedflood_p2p.network.reconnect import Reconnector, catch_up
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 

@@ -44,7 +44,8 @@ dropped and counted under the named reason (never raised out of the daemon):
 
 Repair (request/response between peers) carries ledger entries as msgpack rows
 `[round, peer, scalars, data, seqno, signature]`: the update together with the
-signed GossipSub envelope it first arrived in. A repaired row passes the same
+signed GossipSub envelope it first arrived in (one row codec for updates and audit
+records, `RowKind`, with its rules: "repair rows" below). A repaired row passes the same
 checks except the window's lower bound (a late message is still valid: additions
 commute, and a late joiner fetches the whole history), and two more, so that no peer can
 forge another's update:
@@ -68,7 +69,7 @@ is dropped whole, counted as `bad_reply`, and that peer is not asked further thi
                    the requested round; a page holding a row with a bad signature or
                    payload (the whole exchange ends, the peer is backed off)
 
-Repair budgets (network/flood.py applies them): an exchange with one peer fetches at most
+Repair budgets (network/repair.py applies them): an exchange with one peer fetches at most
 `MAX_EXCHANGE_PAGES` pages, stops after `exchange_deadline(pages claimed)` seconds, and
 takes at most the rows the digest claimed per bucket (more is not an offence: an honest
 server's bucket grows while the run goes on; the rest waits for the next exchange); a
@@ -111,6 +112,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
@@ -335,54 +337,6 @@ def keeps_new(existing: tuple[float, ...], new: tuple[float, ...]) -> bool:
     return _order(new) < _order(existing)
 
 
-def encode_rows(rows: list[tuple[UpdateMessage, Envelope]]) -> bytes:
-    packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(
-        [[m.round, m.peer, pack_scalars(m.scalars), e.data, e.seqno, e.signature] for m, e in rows]
-    )
-
-
-def decode_rows(data: bytes, max_rows: int) -> list[tuple[UpdateMessage, Envelope]]:
-    """Ledger rows from a repair response (shape only; see `check_envelope`)."""
-    try:
-        rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 6))
-    except Exception as exc:
-        raise Rejected("bad_reply", f"repair rows not msgpack ({type(exc).__name__})") from None
-    if not isinstance(rows, list) or len(rows) > max_rows:
-        raise Rejected("bad_reply", "repair rows are not a list of at most the rows asked for")
-    out = []
-    for row in rows:
-        if not (
-            isinstance(row, list)
-            and len(row) == 6
-            and _is_round(row[0])
-            and all(isinstance(x, bytes) for x in row[1:])
-            and 2 <= len(row[2]) <= 2 * MAX_SCALARS
-            and len(row[2]) % 2 == 0
-            and 0 < len(row[1]) <= MAX_PEER_ID_BYTES
-            and len(row[3]) <= MAX_UPDATE_BYTES
-        ):
-            raise Rejected("bad_reply", "bad repair row")
-        scalars = unpack_scalars(row[2])
-        if not all(math.isfinite(x) for x in scalars):
-            raise Rejected("non_finite", "repair row")
-        out.append((UpdateMessage(row[0], row[1], scalars), Envelope(row[3], row[4], row[5])))
-    return out
-
-
-def check_rows_follow(
-    rows: list[tuple[UpdateMessage, Envelope]], cursor: tuple[int, bytes], max_round: int
-) -> None:
-    """Fetch rows must come strictly after `cursor`, ascending, up to `max_round`: else a
-    peer could keep us paging forever or hand us rows we did not ask for."""
-    last = cursor
-    for message, _ in rows:
-        key = (message.round, message.peer)
-        if key <= last or message.round > max_round:
-            raise Rejected("bad_reply", f"row {key[0]} out of order or past round {max_round}")
-        last = key
-
-
 def decode_digests(data: bytes) -> dict[int, tuple[int, bytes]]:
     """A digest reply: {bucket: (count, 32-byte hash)} for buckets of BUCKET_ROUNDS rounds."""
     try:
@@ -418,25 +372,6 @@ def decode_digest_request(data: bytes) -> str | None:
     if not (isinstance(run_id, str) and _is_int(bucket_rounds) and bucket_rounds == BUCKET_ROUNDS):
         return None  # 64.0 and `true` are not integers
     return run_id
-
-
-def decode_fetch_request(data: bytes) -> tuple[str, int, bytes, int, int] | None:
-    """(run id, after round, after peer, max round, limit) of a well-formed fetch request."""
-    body = _unpack_request(data, 5)
-    if body is None:
-        return None
-    run_id, round_, after_peer, max_round, limit = body
-    if not (
-        isinstance(run_id, str)
-        and _is_int(round_)
-        and -1 <= round_ <= MAX_ROUND
-        and isinstance(after_peer, bytes)
-        and _is_round(max_round)
-        and _is_int(limit)
-        and 1 <= limit <= FETCH_LIMIT
-    ):
-        return None
-    return run_id, round_, after_peer, max_round, limit
 
 
 def _unpack_request(data: bytes, fields: int) -> list | None:
@@ -698,112 +633,175 @@ def check_audit_envelope(
 
 # -- audit repair --------------------------------------------------------------
 #
-# Audit records are repaired like updates, so a peer that missed some (a late joiner, a
-# partition) ends with the same audit table, hence the same verdicts (`judge` is a pure
-# function of the table and the updates):
+# Audit records are repaired like updates (`AUDIT_ROWS` below, network/repair.py), so a
+# peer that missed some (a late joiner, a partition) ends with the same audit table, hence
+# the same verdicts (`judge` is a pure function of the table and the updates). Per row the
+# `bad_key`, `not_allowed`, `bad_signature`, `mismatch` and audit payload rules apply, with
+# update repair's budgets (MAX_EXCHANGE_PAGES, the deadline, the digest's claimed counts,
+# SERVE_BYTES_RATE).
+
+# -- repair rows: one codec for every repairable table ------------------------------------
 #
-#     seedflood.audit_digest  [run_id, 64]  -> [[bucket, count, sha256], ...]
-#     seedflood.audit_fetch   [run_id, round, accused, auditor, scalars, max_round, limit]
-#                             -> up to `limit` signed rows after the cursor (round, accused,
-#                                auditor, scalars), through `max_round`
+# Anti-entropy (network/repair.py) repairs two tables, updates and audit records, with one
+# protocol. Each table has a `RowKind`: its row shape, the order rows are served in (the
+# row key, which is also the fetch cursor), its limits and its two request names.
 #
-# A record's bucket is its accused update's round // 64; a bucket's hash is SHA-256 over
-# its records' sorted SHA-256 hashes (storage/ledger.py), as for updates. A row is
-# `[round, accused, auditor, scalars, data, seqno, signature]`: the record with the
-# auditor's signed envelope. Replies and rows are checked as update repair's are
-# (`bad_reply`; per row `bad_key`, `not_allowed`, `bad_signature`, `mismatch` and the
-# audit payload's reasons), with the same budgets (MAX_EXCHANGE_PAGES, the deadline, the
-# digest's claimed counts, SERVE_BYTES_RATE).
+#     digest  [run_id, 64]                                -> [[bucket, count, sha256], ...]
+#     fetch   [run_id, *cursor, max_round, limit]         -> up to `limit` rows after the
+#                                                            cursor, through `max_round`
+#     row     [round, *ids, scalars, data, seqno, signature]
+#
+#     kind     requests                         ids               cursor (= row key)
+#     update   seedflood.digest, .fetch         peer              (round, peer)
+#     audit    seedflood.audit_digest,          accused, auditor  (round, accused, auditor,
+#              .audit_fetch                                        packed scalars)
+#
+# A row is the record with the signed GossipSub envelope it arrived in. A fetch reply is
+# `bad_reply` unless it is a msgpack list of at most `limit` rows, each of the kind's
+# length, the round in 0..MAX_ROUND, every other field bytes, each id 1..64 bytes, the
+# scalars 1..16 float16 values (a non-finite one: `non_finite`), the envelope's payload
+# at most the kind's `max_payload`; and unless its rows come strictly after the cursor,
+# ascending by key, through `max_round` (`check_rows_follow`). A fetch request is answered
+# empty unless it is exactly that array: a string run id, the cursor's round in
+# -1..MAX_ROUND and its other fields bytes (packed scalars at most 32 bytes), max_round in
+# 0..MAX_ROUND, limit in 1..the kind's `page_rows`. A bucket of the audit table holds the
+# records of the accused updates' rounds in it.
+
+Record = Any  # an UpdateMessage or an AuditRecord: a RowKind's records
+Row = tuple[Any, Envelope]  # a record with its signed envelope
+
+
+@dataclass(frozen=True)
+class RowKind:
+    """The wire form of one repairable table's rows (see the section comment above)."""
+
+    name: str  # "update" or "audit": drop details and logs
+    digest_rpc: str  # the request names it is repaired with
+    fetch_rpc: str
+    ids: int  # peer ids after the round: 1 (peer), 2 (accused, auditor)
+    max_payload: int  # bytes of the envelope's payload (the gossiped message)
+    page_rows: int  # rows a fetch reply may hold at most (the request's `limit`)
+    key_has_scalars: bool  # the key ends with the packed scalars (not unique without them)
+    ids_of: Callable[[Any], tuple[bytes, ...]]
+    make: Callable[[int, tuple[bytes, ...], tuple[float, ...]], Any]
+
+    @property
+    def fields(self) -> int:
+        return self.ids + 5
+
+    def key(self, record: Record) -> tuple:
+        """The order rows are served in, and a fetch cursor, compared as SQLite compares
+        them (bytes: memcmp, then length)."""
+        tail = (pack_scalars(record.scalars),) if self.key_has_scalars else ()
+        return (record.round, *self.ids_of(record), *tail)
+
+    def first_cursor(self, round_: int) -> tuple:
+        """The cursor before every row of rounds >= `round_`."""
+        tail = (b"\xff" * (2 * MAX_SCALARS),) if self.key_has_scalars else ()
+        return (round_ - 1, *[b"\xff" * MAX_PEER_ID_BYTES] * self.ids, *tail)
+
+    def encode_rows(self, rows: Sequence[Row]) -> bytes:
+        packer = msgpack.Packer(use_bin_type=True)
+        return packer.pack(
+            [
+                [r.round, *self.ids_of(r), pack_scalars(r.scalars), e.data, e.seqno, e.signature]
+                for r, e in rows
+            ]
+        )
+
+    def decode_rows(self, data: bytes, max_rows: int) -> list[Row]:
+        """Rows from a fetch reply (shape only; signatures: `check_envelope`,
+        `check_audit_envelope`). Rejected ("bad_reply", "non_finite") only."""
+        fields, ids = self.fields, self.ids
+        try:
+            rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, fields))
+        except Exception as exc:
+            raise Rejected(
+                "bad_reply", f"{self.name} rows not msgpack ({type(exc).__name__})"
+            ) from None
+        if not isinstance(rows, list) or len(rows) > max_rows:
+            raise Rejected(
+                "bad_reply", f"{self.name} rows are not a list of at most the rows asked for"
+            )
+        out = []
+        for row in rows:
+            if not (
+                isinstance(row, list)
+                and len(row) == fields
+                and _is_round(row[0])
+                and all(isinstance(x, bytes) for x in row[1:])
+                and all(0 < len(peer) <= MAX_PEER_ID_BYTES for peer in row[1 : 1 + ids])
+                and 2 <= len(row[1 + ids]) <= 2 * MAX_SCALARS
+                and len(row[1 + ids]) % 2 == 0
+                and len(row[2 + ids]) <= self.max_payload
+            ):
+                raise Rejected("bad_reply", f"bad {self.name} row")
+            scalars = unpack_scalars(row[1 + ids])
+            if not all(math.isfinite(x) for x in scalars):
+                raise Rejected("non_finite", f"{self.name} row")
+            record = self.make(row[0], tuple(row[1 : 1 + ids]), scalars)
+            out.append((record, Envelope(row[2 + ids], row[3 + ids], row[4 + ids])))
+        return out
+
+    def check_rows_follow(self, rows: Sequence[Row], cursor: tuple, max_round: int) -> None:
+        """Fetch rows must come strictly after `cursor`, ascending, up to `max_round`: else a
+        peer could keep us paging forever or hand us rows we did not ask for."""
+        last = cursor
+        for record, _ in rows:
+            key = self.key(record)
+            if key <= last or record.round > max_round:
+                raise Rejected(
+                    "bad_reply", f"{self.name} row {key[0]} out of order or past round {max_round}"
+                )
+            last = key
+
+    def encode_fetch_request(self, run_id: str, cursor: tuple, max_round: int, limit: int) -> bytes:
+        return msgpack.packb([run_id, *cursor, max_round, limit], use_bin_type=True)
+
+    def decode_fetch_request(self, data: bytes) -> tuple[str, tuple, int, int] | None:
+        """(run id, cursor, max round, limit) of a well-formed fetch request, else None."""
+        body = _unpack_request(data, self.ids + 4 + self.key_has_scalars)
+        if body is None:
+            return None
+        run_id, round_, *rest, max_round, limit = body
+        if not (
+            isinstance(run_id, str)
+            and _is_int(round_)
+            and -1 <= round_ <= MAX_ROUND
+            and all(isinstance(x, bytes) for x in rest)
+            and (not self.key_has_scalars or len(rest[-1]) <= 2 * MAX_SCALARS)
+            and _is_round(max_round)
+            and _is_int(limit)
+            and 1 <= limit <= self.page_rows
+        ):
+            return None
+        return run_id, (round_, *rest), max_round, limit
+
 
 AUDIT_FETCH_LIMIT = 2048  # rows per audit fetch reply: < 300 B each, under the 960 KiB cap
 
-
-def encode_audit_rows(rows: list[tuple[AuditRecord, Envelope]]) -> bytes:
-    packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(
-        [
-            [r.round, r.accused, r.auditor, pack_scalars(r.scalars), e.data, e.seqno, e.signature]
-            for r, e in rows
-        ]
-    )
-
-
-def decode_audit_rows(data: bytes, max_rows: int) -> list[tuple[AuditRecord, Envelope]]:
-    """Audit rows from a repair reply (shape only; see `check_audit_envelope`)."""
-    try:
-        rows = msgpack.unpackb(data, raw=False, max_array_len=max(max_rows, 7))
-    except Exception as exc:
-        raise Rejected("bad_reply", f"audit rows not msgpack ({type(exc).__name__})") from None
-    if not isinstance(rows, list) or len(rows) > max_rows:
-        raise Rejected("bad_reply", "audit rows are not a list of at most the rows asked for")
-    out = []
-    for row in rows:
-        if not (
-            isinstance(row, list)
-            and len(row) == 7
-            and _is_round(row[0])
-            and all(isinstance(x, bytes) for x in row[1:])
-            and 0 < len(row[1]) <= MAX_PEER_ID_BYTES
-            and 0 < len(row[2]) <= MAX_PEER_ID_BYTES
-            and 2 <= len(row[3]) <= 2 * MAX_SCALARS
-            and len(row[3]) % 2 == 0
-            and len(row[4]) <= MAX_AUDIT_BYTES
-        ):
-            raise Rejected("bad_reply", "bad audit row")
-        scalars = unpack_scalars(row[3])
-        if not all(math.isfinite(x) for x in scalars):
-            raise Rejected("non_finite", "audit row")
-        record = AuditRecord(row[1], row[0], row[2], scalars)
-        out.append((record, Envelope(row[4], row[5], row[6])))
-    return out
-
-
-def audit_row_key(record: AuditRecord) -> tuple[int, bytes, bytes, bytes]:
-    """The order audit rows are served in, and a fetch cursor: (round, accused, auditor,
-    packed scalars), compared as SQLite compares them (bytes: memcmp, then length)."""
-    return (record.round, record.accused, record.auditor, pack_scalars(record.scalars))
-
-
-def check_audit_rows_follow(
-    rows: list[tuple[AuditRecord, Envelope]], cursor: tuple, max_round: int
-) -> None:
-    """Audit fetch rows must come strictly after `cursor`, ascending, up to `max_round`."""
-    last = cursor
-    for record, _ in rows:
-        key = audit_row_key(record)
-        if key <= last or record.round > max_round:
-            raise Rejected("bad_reply", f"audit row {key[0]} out of order or past {max_round}")
-        last = key
-
-
-def first_audit_cursor(round_: int) -> tuple[int, bytes, bytes, bytes]:
-    """The cursor before every audit row of rounds >= `round_`."""
-    top = b"\xff" * MAX_PEER_ID_BYTES
-    return (round_ - 1, top, top, b"\xff" * (2 * MAX_SCALARS))
-
-
-def encode_audit_fetch_request(run_id: str, cursor: tuple, max_round: int, limit: int) -> bytes:
-    return msgpack.packb([run_id, *cursor, max_round, limit], use_bin_type=True)
-
-
-def decode_audit_fetch_request(data: bytes) -> tuple[str, tuple, int, int] | None:
-    """(run id, cursor, max round, limit) of a well-formed audit fetch request, else None."""
-    body = _unpack_request(data, 7)
-    if body is None:
-        return None
-    run_id, round_, accused, auditor, scalars, max_round, limit = body
-    if not (
-        isinstance(run_id, str)
-        and _is_int(round_)
-        and -1 <= round_ <= MAX_ROUND
-        and all(isinstance(x, bytes) for x in (accused, auditor, scalars))
-        and len(scalars) <= 2 * MAX_SCALARS
-        and _is_round(max_round)
-        and _is_int(limit)
-        and 1 <= limit <= AUDIT_FETCH_LIMIT
-    ):
-        return None
-    return run_id, (round_, accused, auditor, scalars), max_round, limit
+UPDATE_ROWS = RowKind(
+    name="update",
+    digest_rpc="seedflood.digest",
+    fetch_rpc="seedflood.fetch",
+    ids=1,
+    max_payload=MAX_UPDATE_BYTES,
+    page_rows=FETCH_LIMIT,
+    key_has_scalars=False,  # one row per (round, peer)
+    ids_of=lambda m: (m.peer,),
+    make=lambda round_, ids, scalars: UpdateMessage(round_, ids[0], scalars),
+)
+AUDIT_ROWS = RowKind(
+    name="audit",
+    digest_rpc="seedflood.audit_digest",
+    fetch_rpc="seedflood.audit_fetch",
+    ids=2,
+    max_payload=MAX_AUDIT_BYTES,
+    page_rows=AUDIT_FETCH_LIMIT,
+    key_has_scalars=True,  # an auditor may log several recomputations of one update
+    ids_of=lambda r: (r.accused, r.auditor),
+    make=lambda round_, ids, scalars: AuditRecord(ids[0], round_, ids[1], scalars),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -943,13 +941,29 @@ def decode_chunk_request(data: bytes) -> tuple[str, bytes, int] | None:
     return run_id, file_sha256, index
 
 
+def check_chunk_bytes(
+    data: bytes, index: int, size: int, chunk_bytes: int, expected: bytes, what: str
+) -> None:
+    """Rejected ("bad_reply") unless `data` is chunk `index` of a `size`-byte file cut in
+    `chunk_bytes` chunks: its length (the last chunk shorter) and its SHA-256 `expected`.
+    The rule for checkpoint chunks and run assets alike (network/chunks.py)."""
+    import hashlib
+
+    start = index * chunk_bytes
+    if len(data) != min(start + chunk_bytes, size) - start:
+        raise Rejected("bad_reply", f"{what} {index}: {len(data)} bytes")
+    if hashlib.sha256(data).digest() != expected:
+        raise Rejected("bad_reply", f"{what} {index}: SHA-256 differs from the offer")
+
+
 def check_chunk(offer: CheckpointOffer, index: int, data: bytes) -> None:
     """Rejected ("bad_reply") unless `data` is chunk `index` of `offer`: its length and
     SHA-256 as the offer states them."""
-    import hashlib
-
-    start, end = offer.chunk_range(index)
-    if len(data) != end - start:
-        raise Rejected("bad_reply", f"checkpoint chunk {index}: {len(data)} bytes")
-    if hashlib.sha256(data).digest() != offer.chunk_hashes[index]:
-        raise Rejected("bad_reply", f"checkpoint chunk {index}: SHA-256 differs from the offer")
+    check_chunk_bytes(
+        data,
+        index,
+        offer.size,
+        CHECKPOINT_CHUNK_BYTES,
+        offer.chunk_hashes[index],
+        "checkpoint chunk",
+    )

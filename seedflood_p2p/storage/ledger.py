@@ -105,6 +105,11 @@ def _audit_member_hash(r: AuditRecord) -> bytes:
     return hashlib.sha256(body + pack_scalars(r.scalars)).digest()
 
 
+def audit_set_digest(records: Iterable[AuditRecord]) -> bytes:
+    """The set digest `audit_bucket_digests` gives a bucket holding exactly `records`."""
+    return _set_digest(_audit_member_hash(r) for r in records)
+
+
 def _set_digest(member_hashes: Iterable[bytes]) -> bytes:
     """SHA-256 over sorted member hashes: a set digest, independent of order."""
     return hashlib.sha256(b"".join(sorted(member_hashes))).digest()

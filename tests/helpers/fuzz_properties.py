@@ -1,8 +1,8 @@
 """Fuzz inputs and properties shared by tests/test_fuzz.py (hypothesis, ~200 inputs per
 target) and bench/bench_fuzz.py (>= 1,000,000 inputs in all).
 
-Targets: the five decoders of protocol/wire.py (decode_update, decode_rows,
-decode_digests, decode_digest_request, decode_fetch_request), RunConfig.from_json, the
+Targets: the five decoders of protocol/wire.py (decode_update, UPDATE_ROWS.decode_rows,
+decode_digests, decode_digest_request, UPDATE_ROWS.decode_fetch_request), RunConfig.from_json, the
 TOML settings loader (core/flags.py, for the run commands and for `seedflood peer`) and
 the identity key file loader (network/identity.py).
 
@@ -57,16 +57,24 @@ from seedflood_p2p.protocol.wire import (
     MAX_SCALARS,
     MAX_UPDATE_BYTES,
     PROTOCOL_VERSION,
+    UPDATE_ROWS,
     Rejected,
     decode_digest_request,
     decode_digests,
-    decode_fetch_request,
-    decode_rows,
     decode_update,
     run_tag,
 )
 
 RUN = RunConfig(salt="fuzz").run_id
+decode_rows = UPDATE_ROWS.decode_rows  # the update kind of the one row codec
+
+
+def decode_fetch_request(data: bytes):
+    """The update kind's fetch request, flattened: (run, round, peer, max_round, limit)."""
+    got = UPDATE_ROWS.decode_fetch_request(data)
+    return None if got is None else (got[0], *got[1], got[2], got[3])
+
+
 TAG = run_tag(RUN)
 SENDER = bytes.fromhex("002408011220") + bytes(range(32))
 
@@ -756,7 +764,7 @@ def check_toml(text: str, daemon: bool) -> str:
         table = parse_toml(text, args.config)
         if daemon:
             from peer.daemon import PeerSettings
-            from seedflood_p2p.network.flood import NodeSettings
+            from seedflood_p2p.network.settings import NodeSettings
 
             peer_fields, node_fields = _daemon_fields()
             check_unknown(table, peer_fields + node_fields, args)

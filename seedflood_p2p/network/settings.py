@@ -1,0 +1,71 @@
+"""A node's network settings (`NodeSettings`): the round window, repair pacing, NAT and
+relay behaviour, redialling, summaries and discovery. Every field is a flag, a TOML key and
+a `SEEDFLOOD_*` environment variable (core/flags.py); peers and the bootstrap node share
+them. Not hashed into the run id: each node may choose its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
+from seedflood_p2p.network.p2pd import RelayLimits
+
+
+@dataclass
+class NodeSettings:
+    # round window: rounds past the reference round (wire.WindowRule) and rounds before it
+    # (gossip; repair relays older rows)
+    max_ahead: int = bounded(10, 0, MAX_INT, "a number of rounds")
+    max_behind: int = bounded(30, 0, MAX_INT, "a number of rounds")
+    # seconds between anti-entropy exchanges
+    repair_interval: float = bounded(3.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    call_timeout: float = bounded(10.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # test hook: discard this fraction of incoming gossip
+    drop_incoming: float = bounded(0.0, 0, 1, "a fraction")
+    # publishes are paced to this rate
+    publish_rate: float = bounded(50.0, 0, 1e9, "messages per second", open_low=True)
+    # Behind NAT: reserve a slot on a relay (the bootstrap nodes and `relays`, as p2pd's
+    # static relays) once this node counts itself unreachable, and announce the relay address.
+    auto_relay: bool = True
+    relays: list[str] = field(default_factory=list)  # relays besides the bootstrap nodes
+    nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
+    # Reachability as auto-relay sees it: "auto" asks AutoNAT (other peers dial us back; it
+    # needs public addresses on both sides), "private" skips the wait and reserves relay
+    # slots at once (a peer that knows it is behind NAT), "public" never uses relays.
+    reachability: str = field(default="auto", metadata={"choices": ("auto", "private", "public")})
+    # Serve as a circuit relay for peers behind NAT: "auto" (the bootstrap node does, a peer
+    # does not), "on" (a public peer opting in; implies reachability public), "off".
+    relay_service: str = field(default="auto", metadata={"choices": ("auto", "on", "off")})
+    # A relay's limits, per relayed connection: its lifetime and bytes per direction before
+    # the relay resets it (the peers then redial), open circuits per peer, reservations.
+    relay_time_limit: float = bounded(3600.0, 1, MAX_SECONDS, "seconds")
+    relay_data_limit: int = bounded(1 << 32, 1 << 16, 1 << 50, "bytes")
+    relay_max_circuits: int = bounded(16, 1, 1 << 16, "circuits per peer")
+    relay_max_reservations: int = bounded(128, 1, 1 << 20, "reservations")
+
+    def relay_limits(self, default_on: bool) -> RelayLimits | None:
+        """The limits to serve a relay under, or None when this node serves none."""
+        if self.relay_service == "off" or (self.relay_service == "auto" and not default_on):
+            return None
+        return RelayLimits(
+            time_limit=self.relay_time_limit,
+            data_limit=self.relay_data_limit,
+            max_circuits=self.relay_max_circuits,
+            max_reservations=self.relay_max_reservations,
+        )
+
+    # seconds for p2pd to start (slow disks, busy hosts)
+    daemon_start_timeout: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # an unreachable known peer is retried after redial_min s, doubling up to redial_max,
+    # for as long as the node runs
+    redial_min: float = bounded(1.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    redial_max: float = bounded(30.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # seconds between summary exchanges with connected peers
+    summary_interval: float = bounded(5.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # unreachable or diverged this long: say "partitioned"
+    island_after: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
+    allow_alone: bool = False  # start (train, serve joiners) although others are known
+    # Signed discovery records in hivemind's DHT on our own daemon (network/discovery.py):
+    # the run's manifest, live peers and ledger summaries, written and read this often.
+    discovery: bool = True
+    discovery_interval: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
