@@ -282,7 +282,7 @@ class LateJoin:
 
 
 def report_sources(check) -> None:
-    """Log how the ledger fetched at start compares with each source's (flood.SourceCheck)."""
+    """Log how the ledger fetched at start compares with each source's (repair.SourceCheck)."""
     names = {
         kind: ", ".join(f"{_b58(p)[-8:]} ({n} rows)" for p, n in found.items())
         for kind, found in (("lacking", check.lacking), ("ahead", check.ahead))
