@@ -110,13 +110,16 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     else:
         raise AssertionError(f"no relayed connection within 10 s: {error}")
     took = time.monotonic() - started
+    # The dial named the circuit address only, so it went through the relay. go-libp2p may
+    # upgrade it at once (a hole punch succeeds on loopback): a direct link can already sit
+    # beside or instead of the relayed one (seen in 1 of 3 full-suite runs); the relay's
+    # circuit counter below is the record that the circuit was made.
     links = (await peer_connections(dialer))[behind.peer_id.to_base58()]
-    assert links and all(is_relayed(a) for a in links), links
-    assert relay.peer_id.to_base58() in links[0]
-    print(f"relayed connection {took:.2f} s after the peer's daemon started")
-    # both ends see it as relayed; the relay holds plain connections to both
-    back = (await peer_connections(behind))[dialer.peer_id.to_base58()]
-    assert all(is_relayed(a) for a in back), back
+    assert links, links
+    assert all(relay.peer_id.to_base58() in a for a in links if is_relayed(a)), links
+    print(f"relayed connection {took:.2f} s after the peer's daemon started: {links}")
+    # both ends see the link; the relay holds plain connections to both
+    assert (await peer_connections(behind))[dialer.peer_id.to_base58()]
     at_relay = await peer_connections(relay)
     assert not any(is_relayed(a) for a in at_relay[behind.peer_id.to_base58()])
     # the relay's own counters (p2pd's Prometheus endpoint): one reservation, one circuit
