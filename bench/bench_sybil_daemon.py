@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # where tests/cluster.py is moving
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # the test helpers (cluster.py)
 from peer.audits import TEST_HOOKS_ENV  # noqa: E402
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap  # noqa: E402
 
