@@ -115,7 +115,7 @@ class LiveModel:
             count = self.engine.accumulate(messages)
             self.engine.commit()
             return count
-        before = {m.round: dict(self.held.get(m.round, {})) for m in messages}
+        before = {t: dict(self.held.get(t, {})) for t in {m.round for m in messages}}
         for m in messages:
             rows = self.held.setdefault(m.round, {})
             if rows.get(m.peer) == m.negated().scalars:
