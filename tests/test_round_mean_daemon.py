@@ -70,8 +70,8 @@ def test_every_peer_finishes_with_the_same_ledger(run):
 
 @pytest.mark.xfail(
     reason=(
-        "known defect (docs/ROADMAP.md): in 1 of 6 runs the live models differed from the "
-        "replay and in another the late joiner counted 1 mismatch; cause not found"
+        "known defect (docs/ROADMAP.md): 3 of 8 runs failed one of these (live models "
+        "off the replay, or an audit mismatch on the late joiner); cause not found"
     ),
     strict=False,
 )
@@ -99,8 +99,8 @@ def test_live_models_equal_the_replay_with_each_rounds_final_size(run):
 
 @pytest.mark.xfail(
     reason=(
-        "known defect (docs/ROADMAP.md): in 1 of 6 runs the live models differed from the "
-        "replay and in another the late joiner counted 1 mismatch; cause not found"
+        "known defect (docs/ROADMAP.md): 3 of 8 runs failed one of these (live models "
+        "off the replay, or an audit mismatch on the late joiner); cause not found"
     ),
     strict=False,
 )
