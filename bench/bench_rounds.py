@@ -70,6 +70,7 @@ def parse_row(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: int) -> dict:
+    from seedflood_p2p.algorithm.objective import on_model_device
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainable import find_trainable_matrices
@@ -81,7 +82,16 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
 
     torch.manual_seed(seed)
     model, tokenizer = load_model(args.model)
+    model.to(args.device)
     task = load_task(args.task)
+    if args.eval_split == "val":  # held out from the training sentences (to choose settings)
+        val = task.train[args.train_examples : args.train_examples + args.eval_examples]
+        if not val:
+            raise SystemExit(
+                f"error: --eval-split val: {args.task} has {len(task.train)} training "
+                f"sentences, none after the first {args.train_examples}; lower --train-examples"
+            )
+        task.test = val
     if args.train_examples:
         task.train = task.train[: args.train_examples]
     spec = dict(spec)
@@ -114,6 +124,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
                 break
             examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
             batch = make_batch(examples, tokenizer, task, config.max_length)
+            batch = on_model_device(model, batch)
             ctx = cache.batch(examples, batch["attention_mask"]) if cache else _null()
             with ctx:  # objective.py's losses run under no_grad: the same maths with grad
                 hidden = model.base_model(
@@ -166,6 +177,8 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         "wall_s": round(time.time() - started, 1),
         "cpu_s": round(time.process_time() - cpu0, 1),
         "prefix_cache": bool(args.cache_prefix),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "eval_split": args.eval_split,
         **extra,
     }
 
@@ -177,7 +190,8 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
 
     if cache is None or not cache.active:
         return
-    for split, examples in (("train", task.train), ("test", task.test[: args.eval_examples])):
+    held_out = "val" if args.eval_split == "val" else "test"
+    for split, examples in (("train", task.train), (held_out, task.test[: args.eval_examples])):
         name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
         path = CACHE_DIR / f"prefix-{name}-len{config.max_length}.pt"
         if path.exists():
@@ -231,8 +245,14 @@ def render(path: Path, meta: dict) -> None:
         "",
         "Commands (each run records its own): "
         + "; ".join(f"`{c}`" for c in commands)
-        + f". Held-out: the first {meta.get('eval_examples')} "
-        "test sentences; +- is the standard error of the mean over seeds (sample std / "
+        + (
+            f". Held-out: the first {meta.get('eval_examples')} test sentences"
+            if meta.get("eval_split", "test") == "test"
+            else f". Held-out: validation, the {meta.get('eval_examples')} training sentences "
+            f"after the first {meta.get('train_examples')} (used to choose settings)"
+        )
+        + (f"; device {meta['device']}" if meta.get("device", "cpu") != "cpu" else "")
+        + "; +- is the standard error of the mean over seeds (sample std / "
         "sqrt(seeds)); one score on 1,000 sentences alone has SE ~0.015. Trained weights: "
         f"`{meta.get('train_only') or 'all matrices'}`"
         + (", frozen blocks cached per example (prefix cache)" if meta.get("cache_prefix") else "")
@@ -322,12 +342,23 @@ def main() -> None:
     parser.add_argument("--out", default="rounds")
     parser.add_argument("--render", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the full model")
+    parser.add_argument(
+        "--eval-split",
+        choices=["test", "val"],
+        default="test",
+        help="val: score the --eval-examples training sentences after the first "
+        "--train-examples instead of the test split (to choose settings)",
+    )
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.eval_split == "val" and not args.train_examples:
+        parser.error("--eval-split val needs --train-examples > 0 (the sentences after them)")
     args.eval_at = [int(x) for x in args.eval_at.split(",")]
     torch.set_num_threads(args.threads)
     rows = {name: ROWS[name] for name in args.rows.split(",") if name}
     rows.update(parse_row(r) for r in args.row)
-    path = RESULTS / f"{args.out}.json"
+    path = args.results_dir / f"{args.out}.json"
     meta = {
         "model": args.model,
         "task": args.task,
@@ -335,12 +366,14 @@ def main() -> None:
         "cache_prefix": args.cache_prefix,
         "eval_examples": args.eval_examples,
         "train_examples": args.train_examples,
+        "eval_split": args.eval_split,
+        "device": args.device,
         "command": "python bench/bench_rounds.py " + " ".join(sys.argv[1:]),
     }
     if args.render:
         render(path, load(path).get("meta", meta))
         return
-    RESULTS.mkdir(exist_ok=True)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     for seed in range(args.seeds):
         for peers in [int(x) for x in args.peers.split(",")]:
             for name, spec in rows.items():

@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from seedflood_p2p.algorithm.objective import on_model_device
 from seedflood_p2p.algorithm.trainable import TrainableMatrix
 from seedflood_p2p.core.errors import UserError
 
@@ -93,6 +94,7 @@ def activation_covariances(
     try:
         with torch.no_grad():
             for batch in batches:
+                batch = on_model_device(model, batch)
                 mask_holder["mask"] = batch["attention_mask"]
                 model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     finally:
@@ -139,7 +141,9 @@ def compute_basis(
 
 
 def encode(v: dict[str, torch.Tensor], meta: dict[str, str]) -> BasisArtifact:
-    body = st_save({f"v/{name}": t.contiguous() for name, t in sorted(v.items())}, metadata=meta)
+    body = st_save(
+        {f"v/{name}": t.contiguous().cpu() for name, t in sorted(v.items())}, metadata=meta
+    )
     return BasisArtifact(dict(v), dict(meta), body, hashlib.sha256(body).hexdigest())
 
 

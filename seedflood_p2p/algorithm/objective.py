@@ -14,9 +14,19 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def on_model_device(model: nn.Module, batch: dict) -> dict:
+    """The batch's tensors on the model's device (batches are built on the CPU; a no-op
+    there, so CPU runs are unchanged)."""
+    device = next(model.parameters()).device
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 @torch.no_grad()
 def label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
     """[batch, num_labels] logits of the label words at each prompt's last position."""
+    batch = on_model_device(model, batch)
     hidden = model.base_model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
     ).last_hidden_state
@@ -29,6 +39,7 @@ def label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
 @torch.no_grad()
 def example_losses(model: nn.Module, batch: dict, kind: str) -> torch.Tensor:
     """[batch] loss of each example (what per-example directions are estimated on)."""
+    batch = on_model_device(model, batch)
     if kind == "classification":
         return F.cross_entropy(label_word_logits(model, batch), batch["labels"], reduction="none")
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -42,6 +53,7 @@ def example_losses(model: nn.Module, batch: dict, kind: str) -> torch.Tensor:
 @torch.no_grad()
 def batch_loss(model: nn.Module, batch: dict, kind: str) -> tuple[float, float | None]:
     """(mean loss, accuracy or None) of one batch."""
+    batch = on_model_device(model, batch)
     if kind == "classification":
         logits = label_word_logits(model, batch)
         labels = batch["labels"]

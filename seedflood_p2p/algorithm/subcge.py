@@ -347,12 +347,12 @@ class SubCGE(ZerothOrderEstimator):
         if k > 1:
             if not batch_size or batch_size % k:
                 raise ValueError(f"{k} directions need a batch size divisible by {k}")
-            rows = torch.arange(batch_size) // (batch_size // k)
+            rows = torch.arange(batch_size, device=bases[0][0].device) // (batch_size // k)
         try:
             for i, matrix in enumerate(self.matrices):
                 u_all, v_all = bases[i]
-                a = torch.from_numpy(direction.a[:, i])
-                b = torch.from_numpy(direction.b[:, i])
+                a = torch.from_numpy(direction.a[:, i]).to(u_all.device)
+                b = torch.from_numpy(direction.b[:, i]).to(u_all.device)
                 s = torch.from_numpy(scale * direction.sign[:, i]).to(u_all.dtype)
                 p = Perturbation(u_all[:, a].T, v_all[:, b].T, s.to(u_all.device))
                 matrix.perturbation = p.per_example(rows)

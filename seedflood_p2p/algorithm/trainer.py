@@ -122,7 +122,7 @@ def evaluate_metrics(
         batch = make_batch(chunk, tokenizer, task, config.max_length)
         if classification:
             with _cached(prefix_cache, chunk, batch):
-                logits = label_word_logits(model, batch)
+                logits = label_word_logits(model, batch).cpu()
             loss = torch.nn.functional.cross_entropy(logits, batch["labels"]).item()
             predicted += logits.argmax(dim=-1).tolist()
             truth += batch["labels"].tolist()

