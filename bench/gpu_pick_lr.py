@@ -1,6 +1,6 @@
 """The learning rate of a bench_rounds sweep with the lowest validation loss at a round.
 
-    python bench/gpu_pick_lr.py bench/results/gpu/gpu-lr-sweep.json 12
+python bench/gpu_pick_lr.py bench/results/gpu/gpu-lr-sweep.json 12
 """
 
 import json
