@@ -28,7 +28,7 @@ from pathlib import Path
 from peer.audits import DaemonAudits, PeerAudits, check_test_cheat
 from peer.join import MAX_CLOCK_SKEW, Joiner, NotReady, check_ledger, check_manifest_reply
 from peer.latejoin import LateJoin, start_round
-from peer.rounds import ModelThread, Pacing, Rounds, Schedule
+from peer.rounds import HOLE_WINDOW, ModelThread, Pacing, Rounds, Schedule, holes
 from peer.settings import PeerSettings
 from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
@@ -239,10 +239,22 @@ class PeerDaemon:
         from seedflood_p2p.algorithm.subcge import make_estimator
 
         live = LiveModel(make_estimator(model, config), ledger)
-        self.pacing = Pacing(
-            s, self.metrics, lambda: host.node.peers if host.node else {}, self._is_stopping
-        )
         audit_settings = AuditSettings.of(config.extra)
+
+        def settled_holes(round_: int) -> dict[bytes, list[int]]:
+            """Rows the settled state of `round_` lacks (audited runs: see Pacing)."""
+            high = round_ - audit_settings.lag - 1
+            low = high - HOLE_WINDOW + 1
+            rows = [(m.peer, m.round) for m in ledger.messages(max(0, low - 1))]
+            return holes(rows, low, high)
+
+        self.pacing = Pacing(
+            s,
+            self.metrics,
+            lambda: host.node.peers if host.node else {},
+            self._is_stopping,
+            settled_holes if audit_settings.enabled else None,
+        )
         if audit_settings.enabled:
             peer_audits = PeerAudits(
                 audit_settings,

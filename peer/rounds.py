@@ -88,10 +88,34 @@ class Schedule:
         return {"final_round": self.final_round}
 
 
+HOLE_WINDOW = 8  # rounds of the settled state checked for holes before a round trains
+
+
+def holes(rows: list[tuple[bytes, int]], low: int, high: int) -> dict[bytes, list[int]]:
+    """Per peer, the rounds in [low, high] it has no row for in `rows` (peer, round) although
+    it has rows of an earlier and of a later round. A peer publishes every round once it
+    has started, so such a hole is most likely a row dropped on the way that repair will
+    bring (or one the peer skipped, e.g. a restart: then it never comes)."""
+    seen: dict[bytes, set[int]] = {}
+    for peer, round_ in rows:
+        seen.setdefault(peer, set()).add(round_)
+    out = {}
+    for peer, rounds in seen.items():
+        first, last = min(rounds), max(rounds)
+        missing = [
+            r for r in range(max(low, first + 1), min(high, last - 1) + 1) if r not in rounds
+        ]
+        if missing:
+            out[peer] = missing
+    return out
+
+
 class Pacing:
     """Bounded staleness with a deadline: which live peers a round waits for.
 
-    `peers`: the flood node's peer table (id -> PeerState), read at each check."""
+    `peers`: the flood node's peer table (id -> PeerState), read at each check.
+    `holes(round_)`: in an audited run, the rows the state of `round_` lacks (`holes` on
+    the ledger's settled rounds); a round waits for them too, within the same deadline."""
 
     def __init__(
         self,
@@ -99,12 +123,15 @@ class Pacing:
         metrics: NodeMetrics,
         peers: Callable[[], dict],
         stopping: Callable[[], bool],
+        holes: Callable[[int], dict[bytes, list[int]]] | None = None,
     ) -> None:
         self.s = settings
         self.metrics = metrics
         self.peers = peers
         self.stopping = stopping
+        self.holes = holes
         self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
+        self.gapped: set[bytes] = set()  # peers whose holes are not waited for (wait_ready)
 
     def live(self, now: float) -> dict:
         """Peers heard within the liveness timeout."""
@@ -121,7 +148,13 @@ class Pacing:
         back inside the staleness bound: a peer hovering at the bound's edge (a staller a
         few rounds behind, seen one round closer whenever we are a little late) would
         otherwise cost a deadline each time it dipped below the edge again (measured: two
-        deadlines for one peer in bench_hostile's stall row)."""
+        deadlines for one peer in bench_hostile's stall row).
+
+        Holes (audited runs): an update is audited on the settled state its round trains on,
+        so a row of that state dropped on the way here (and not yet repaired) would make
+        our honest update look like a cheat. The round waits for such rows too; a peer whose
+        holes outlast one deadline (it skipped rounds) is never waited for again on holes,
+        so one identity costs every honest peer at most one deadline this way as well."""
         deadline = time.monotonic() + self.s.round_deadline
         while not self.stopping():
             now = time.monotonic()
@@ -132,10 +165,32 @@ class Pacing:
             slowest = min((st.round for st in live.values()), default=round_)
             self.metrics.staleness.set(round_ - slowest)
             self.metrics.peers.set(len(live))
-            if not behind:
+            missing = {}
+            if self.holes is not None:
+                missing = {p: r for p, r in self.holes(round_).items() if p not in self.gapped}
+            if not behind and not missing:
                 return
             if now > deadline:
                 self.laggards.update(behind)
+                if missing:
+                    self.gapped.update(missing)
+                    log.warning(
+                        "round %d: going on without %d row(s) of the settled state after "
+                        "%.0f s (%s); not waiting for these peers' missing rows again",
+                        round_,
+                        sum(len(r) for r in missing.values()),
+                        self.s.round_deadline,
+                        ", ".join(f"{peer_name(p)} rounds {r}" for p, r in missing.items()),
+                        extra={
+                            "fields": {
+                                "event": "deadline_rows",
+                                "round": round_,
+                                "missing": {peer_name(p): r for p, r in missing.items()},
+                            }
+                        },
+                    )
+                if not behind:
+                    return
                 log.warning(
                     "round %d: going on without %d slow peer(s) after %.0f s; not waiting "
                     "for them again until they catch up",

@@ -239,6 +239,53 @@ async def test_a_laggard_back_at_the_bounds_edge_is_not_waited_for_again():
     assert pacing.laggards == set()
 
 
+def test_holes_are_rounds_a_peer_published_around_but_we_lack():
+    from peer.rounds import holes
+
+    a, b, c = b"a" * 38, b"b" * 38, b"c" * 38
+    rows = [(a, r) for r in (3, 4, 6, 7, 9)] + [(b, r) for r in (5, 6)] + [(c, 8)]
+    # a lacks 5 and 8 inside [4, 8]; b started at 5 (no hole before its first row); c has one
+    assert holes(rows, 4, 8) == {a: [5, 8]}
+    assert holes(rows, 6, 7) == {}
+    assert holes(rows, 0, 100) == {a: [5, 8]}  # never past a peer's newest row
+
+
+async def test_a_round_waits_for_a_dropped_row_of_its_settled_state():
+    """Audited runs: training on a state that lacks a row others hold makes our honest
+    update look like a cheat to every auditor (seen: a peer dropping 30% of gossip)."""
+    from peer.rounds import Pacing
+    from peer.settings import PeerSettings
+
+    settings = PeerSettings(round_deadline=3600.0, max_staleness=0)
+    other = b"o" * 38
+    peers = {other: PeerState(round=11, last_seen=1e18)}
+    missing = {other: [5]}
+    pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False, lambda r: dict(missing))
+    waiting = asyncio.ensure_future(pacing.wait_ready(12))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # the row has not come: the round waits
+    missing.clear()  # repair brought it
+    await asyncio.wait_for(waiting, timeout=60)
+    assert pacing.gapped == set()
+
+
+async def test_a_peer_whose_hole_outlasts_the_deadline_is_not_waited_for_again():
+    from peer.rounds import Pacing
+    from peer.settings import PeerSettings
+
+    settings = PeerSettings(round_deadline=0.05, max_staleness=0)
+    skipper = b"k" * 38
+    peers = {skipper: PeerState(round=11, last_seen=1e18)}
+    pacing = Pacing(
+        settings, NodeMetrics(), lambda: peers, lambda: False, lambda r: {skipper: [r - 5]}
+    )
+    await pacing.wait_ready(12)  # waits the deadline once
+    assert pacing.gapped == {skipper}
+    settings.round_deadline = 3600.0  # were its holes waited for again, this would hang
+    peers[skipper].round = 12
+    await asyncio.wait_for(pacing.wait_ready(13), timeout=60)
+
+
 # -- repair against a bucket that grows ----------------------------------------------------
 
 

@@ -348,13 +348,17 @@ class SubCGE(ZerothOrderEstimator):
             if not batch_size or batch_size % k:
                 raise ValueError(f"{k} directions need a batch size divisible by {k}")
             rows = torch.arange(batch_size, device=bases[0][0].device) // (batch_size // k)
+        # Every matrix's coordinates in one copy each to the weights' device (on a GPU, three
+        # host-to-device copies a forward pass instead of three per matrix).
+        device, dtype = bases[0][0].device, bases[0][0].dtype
+        a_all = torch.from_numpy(direction.a).to(device)
+        b_all = torch.from_numpy(direction.b).to(device)
+        s_all = torch.from_numpy(scale * direction.sign).to(device, dtype)
         try:
             for i, matrix in enumerate(self.matrices):
                 u_all, v_all = bases[i]
-                a = torch.from_numpy(direction.a[:, i]).to(u_all.device)
-                b = torch.from_numpy(direction.b[:, i]).to(u_all.device)
-                s = torch.from_numpy(scale * direction.sign[:, i]).to(u_all.dtype)
-                p = Perturbation(u_all[:, a].T, v_all[:, b].T, s.to(u_all.device))
+                a, b, s = a_all[:, i], b_all[:, i], s_all[:, i]
+                p = Perturbation(u_all[:, a].T, v_all[:, b].T, s)
                 matrix.perturbation = p.per_example(rows)
             yield
         finally:
