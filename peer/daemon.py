@@ -28,7 +28,15 @@ from pathlib import Path
 from peer.audits import DaemonAudits, PeerAudits, check_test_cheat
 from peer.join import MAX_CLOCK_SKEW, Joiner, NotReady, check_ledger, check_manifest_reply
 from peer.latejoin import LateJoin, start_round
-from peer.rounds import HOLE_WINDOW, ModelThread, Pacing, Rounds, Schedule, holes
+from peer.rounds import (
+    HOLE_WINDOW,
+    ModelThread,
+    Pacing,
+    Rounds,
+    Schedule,
+    audited_staleness,
+    holes,
+)
 from peer.settings import PeerSettings
 from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
@@ -240,6 +248,18 @@ class PeerDaemon:
 
         live = LiveModel(make_estimator(model, config), ledger)
         audit_settings = AuditSettings.of(config.extra)
+        staleness = audited_staleness(s.max_staleness, audit_settings)
+        if staleness != s.max_staleness:
+            log.warning(
+                "--max-staleness lowered from %d to %d: this run audits updates on the "
+                "state of %d round(s) back (extra.audit.lag), so a peer must not train "
+                "further ahead of its slowest peer than that, or honest updates look like "
+                "cheats to their auditors",
+                s.max_staleness,
+                staleness,
+                audit_settings.lag,
+            )
+            s.max_staleness = staleness
 
         def settled_holes(round_: int) -> dict[bytes, list[int]]:
             """Rows the settled state of `round_` lacks (audited runs: see Pacing)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from peer.audits import DaemonAudits, cheated
 from peer.settings import PeerSettings
+from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.flood import FloodNode
@@ -108,6 +109,15 @@ def holes(rows: list[tuple[bytes, int]], low: int, high: int) -> dict[bytes, lis
         if missing:
             out[peer] = missing
     return out
+
+
+def audited_staleness(max_staleness: int, audit: AuditSettings) -> int:
+    """The --max-staleness a peer may use in a run with these audits: at most lag - 1 (0 in
+    lockstep runs, lag 0). Round t trains on the counted updates of rounds < t - lag; a
+    peer holds them all only if nobody it waits for is more than lag - 1 rounds behind."""
+    if not audit.enabled:
+        return max_staleness
+    return min(max_staleness, max(audit.lag - 1, 0))
 
 
 class Pacing:

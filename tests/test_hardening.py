@@ -239,6 +239,18 @@ async def test_a_laggard_back_at_the_bounds_edge_is_not_waited_for_again():
     assert pacing.laggards == set()
 
 
+def test_an_audited_run_bounds_how_far_ahead_a_peer_may_train():
+    """Round t's update is audited on the counted updates of rounds < t - lag: a peer that
+    trains while a peer it waits for is lag rounds behind lacks some of them."""
+    from peer.rounds import audited_staleness
+    from seedflood_p2p.algorithm.audit import AuditSettings
+
+    assert audited_staleness(2, AuditSettings.of({})) == 2  # the default lag 3
+    assert audited_staleness(2, AuditSettings.of({"audit": {"lag": 2}})) == 1
+    assert audited_staleness(2, AuditSettings.of({"audit": True})) == 0  # lag 0: lockstep
+    assert audited_staleness(5, AuditSettings.of({"audit": False})) == 5
+
+
 def test_holes_are_rounds_a_peer_published_around_but_we_lack():
     from peer.rounds import holes
 
