@@ -274,6 +274,7 @@ class PeerDaemon:
             lambda: host.node.peers if host.node else {},
             self._is_stopping,
             settled_holes if audit_settings.enabled else None,
+            hole_wait=3 * s.node.repair_interval,  # a dropped row comes by repair by then
         )
         if audit_settings.enabled:
             peer_audits = PeerAudits(

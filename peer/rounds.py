@@ -125,7 +125,9 @@ class Pacing:
 
     `peers`: the flood node's peer table (id -> PeerState), read at each check.
     `holes(round_)`: in an audited run, the rows the state of `round_` lacks (`holes` on
-    the ledger's settled rounds); a round waits for them too, within the same deadline."""
+    the ledger's settled rounds); a round waits for them too, at most `hole_wait` seconds
+    (a few repair intervals: a row repair has not brought by then is most likely one its
+    peer skipped, e.g. across a restart) and never past the round's deadline."""
 
     def __init__(
         self,
@@ -134,12 +136,14 @@ class Pacing:
         peers: Callable[[], dict],
         stopping: Callable[[], bool],
         holes: Callable[[int], dict[bytes, list[int]]] | None = None,
+        hole_wait: float = float("inf"),
     ) -> None:
         self.s = settings
         self.metrics = metrics
         self.peers = peers
         self.stopping = stopping
         self.holes = holes
+        self.hole_wait = hole_wait
         self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
         self.gapped: set[bytes] = set()  # peers whose holes are not waited for (wait_ready)
 
@@ -162,10 +166,12 @@ class Pacing:
 
         Holes (audited runs): an update is audited on the settled state its round trains on,
         so a row of that state dropped on the way here (and not yet repaired) would make
-        our honest update look like a cheat. The round waits for such rows too; a peer whose
-        holes outlast one deadline (it skipped rounds) is never waited for again on holes,
-        so one identity costs every honest peer at most one deadline this way as well."""
-        deadline = time.monotonic() + self.s.round_deadline
+        our honest update look like a cheat. The round waits for such rows too, at most
+        `hole_wait`; a peer whose holes outlast that (it skipped rounds) is never waited for
+        again on holes, so one identity costs every honest peer at most one such wait."""
+        started = time.monotonic()
+        deadline = started + self.s.round_deadline
+        hole_deadline = started + min(self.hole_wait, self.s.round_deadline)
         while not self.stopping():
             now = time.monotonic()
             live = self.live(now)
@@ -180,27 +186,27 @@ class Pacing:
                 missing = {p: r for p, r in self.holes(round_).items() if p not in self.gapped}
             if not behind and not missing:
                 return
-            if now > deadline:
-                self.laggards.update(behind)
-                if missing:
-                    self.gapped.update(missing)
-                    log.warning(
-                        "round %d: going on without %d row(s) of the settled state after "
-                        "%.0f s (%s); not waiting for these peers' missing rows again",
-                        round_,
-                        sum(len(r) for r in missing.values()),
-                        self.s.round_deadline,
-                        ", ".join(f"{peer_name(p)} rounds {r}" for p, r in missing.items()),
-                        extra={
-                            "fields": {
-                                "event": "deadline_rows",
-                                "round": round_,
-                                "missing": {peer_name(p): r for p, r in missing.items()},
-                            }
-                        },
-                    )
+            if missing and now > hole_deadline:
+                self.gapped.update(missing)
+                log.warning(
+                    "round %d: going on without %d row(s) of the settled state after "
+                    "%.1f s (%s); not waiting for these peers' missing rows again",
+                    round_,
+                    sum(len(r) for r in missing.values()),
+                    now - started,
+                    ", ".join(f"{peer_name(p)} rounds {r}" for p, r in missing.items()),
+                    extra={
+                        "fields": {
+                            "event": "deadline_rows",
+                            "round": round_,
+                            "missing": {peer_name(p): r for p, r in missing.items()},
+                        }
+                    },
+                )
                 if not behind:
                     return
+            if now > deadline:
+                self.laggards.update(behind)
                 log.warning(
                     "round %d: going on without %d slow peer(s) after %.0f s; not waiting "
                     "for them again until they catch up",

@@ -281,19 +281,18 @@ async def test_a_round_waits_for_a_dropped_row_of_its_settled_state():
     assert pacing.gapped == set()
 
 
-async def test_a_peer_whose_hole_outlasts_the_deadline_is_not_waited_for_again():
+async def test_a_peer_whose_hole_outlasts_the_hole_wait_is_not_waited_for_again():
     from peer.rounds import Pacing
     from peer.settings import PeerSettings
 
-    settings = PeerSettings(round_deadline=0.05, max_staleness=0)
+    settings = PeerSettings(round_deadline=3600.0, max_staleness=0)
     skipper = b"k" * 38
     peers = {skipper: PeerState(round=11, last_seen=1e18)}
-    pacing = Pacing(
-        settings, NodeMetrics(), lambda: peers, lambda: False, lambda r: {skipper: [r - 5]}
-    )
-    await pacing.wait_ready(12)  # waits the deadline once
+    holes = lambda r: {skipper: [r - 5]}  # noqa: E731 - it skipped a round: never repaired
+    pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False, holes, hole_wait=0.05)
+    await asyncio.wait_for(pacing.wait_ready(12), timeout=60)  # waits hole_wait once
     assert pacing.gapped == {skipper}
-    settings.round_deadline = 3600.0  # were its holes waited for again, this would hang
+    pacing.hole_wait = 3600.0  # were its holes waited for again, this would hang
     peers[skipper].round = 12
     await asyncio.wait_for(pacing.wait_ready(13), timeout=60)
 
