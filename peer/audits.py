@@ -600,7 +600,7 @@ class DaemonAudits:
         run_id = node.run_id
         for record, _mismatch in results:
             node.audits.own(record)
-            data = encode_audit(run_id, record.accused, record.round, record.scalars)
+            data = encode_audit(run_id, record.accused, record.round, record.scalars, record.at)
             await node.publish_on(audit_topic_for(run_id), data)
             audits.counts["published"] += 1
         if results:
