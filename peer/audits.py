@@ -173,7 +173,7 @@ class PeerAudits:
         self.cpu_seconds: Counter[str] = Counter()
         self.verdicts = 0  # cases decided (confirmed or refuted)
         self.rate = 0.0
-        self.delay = settings.lag + 3  # rounds an audit waits (see `ready`)
+        self.delay = settings.delay  # rounds an audit waits (see `ready`)
 
     # -- where updates are accepted (event loop) -----------------------------------
     def on_accept(self, messages: list[UpdateMessage], peers: int) -> None:
