@@ -59,8 +59,8 @@ auditor likewise.
 
 from __future__ import annotations
 
-import math
 import heapq
+import math
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
