@@ -27,7 +27,7 @@ F = [f"founder-{i}".encode() for i in range(3)]
 NEWCOMERS = [f"newcomer-{i}".encode() for i in range(8)]
 SYBILS = [f"sybil-{i}".encode() for i in range(3)]
 PROBATION = ProbationSettings(founders=frozenset(F), vouches=2)
-CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=0.5, n_ref=4, batch_size=8)
+CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=0.1, n_ref=4, batch_size=8)
 
 
 def record(accused, round_, auditor, scalars, at) -> AuditRecord:
@@ -229,6 +229,7 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     records in its own order (within the lag rule's windows), holding the settled state
     a daemon holds, recomputes every update of the run: all match, with no retry."""
     from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.audit import recompute as recompute_on
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.algorithm.trainer import zo_step
@@ -295,9 +296,26 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
         if p != F[0] and final.counts(p, r):
             jobs.append((p, r, "recheck", g, []))
     results = audits.audit(jobs, live.engine, tokenizer, task)
+
     bad = [(rec.accused, rec.round) for rec, mismatch in results if mismatch]
     assert not bad
     assert audits.counts["late_state_retries"] == 0 and audits.counts["ban_state_retries"] == 0
+    # The test can tell: on the state that counts every row vouched by the end (what an
+    # auditor recomputed on when vouches had no effective round), honest updates mismatch.
+    wrong = 0
+    for p, r, _, g, _ in jobs:
+        late = [
+            UpdateMessage(q, peer, claims[(q, peer)])
+            for (q, peer) in claims
+            if q < r - LAG and final.counts(peer, q) and not final.counts_in(peer, q, r)
+        ]
+        if late:
+            message = UpdateMessage(r, p, g)
+            on = audits._on_settled(
+                r, late, lambda m=message: recompute_on(live.engine, tokenizer, task, m)
+            )
+            wrong += AUDIT.rule.mismatches(g, on)
+    assert wrong > 0, wrong
     # ... and the auditor's weights are the replay of the counted rows (float32 rounding)
     counted = sorted(final.counted(ledger.messages()), key=lambda m: (m.round, m.peer))
     reference, _ = load_model("tiny-llama")
