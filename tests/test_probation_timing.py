@@ -133,6 +133,14 @@ def test_at_travels_on_the_wire_and_in_the_ledger(tmp_path):
     assert decode_audit(data, run_id, F[0], 1) == AuditRecord(F[1], 7, F[0], (0.25,), 12)
     old = encode_audit(run_id, F[1], 7, (0.25,))  # an older record: 5 fields
     assert decode_audit(old, run_id, F[0], 1).at == -1
+    import msgpack
+
+    from seedflood_p2p.protocol.wire import Rejected
+
+    body = msgpack.unpackb(data)
+    for bad in ("7", -1, True):
+        with pytest.raises(Rejected):
+            decode_audit(msgpack.packb(body[:5] + [bad]), run_id, F[0], 1)
     ledger = Ledger(tmp_path / "l.sqlite", run_id)
     ledger.add_audits([AuditRecord(F[1], 7, F[0], (0.25,), 12), AuditRecord(F[1], 8, F[0], (1.0,))])
     assert [r.at for r in ledger.audits()] == [12, -1]
