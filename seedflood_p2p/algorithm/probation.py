@@ -361,15 +361,19 @@ def standing_of_ledger(
 def rounds_to_count(
     auditors: int, share: float, vouches: int, lag: int, ahead: int = 0
 ) -> tuple[int, int]:
-    """Rounds after an honest newcomer's first update until (one of its updates counts, it is
-    established), with `auditors` established peers each spending `share` audits a round
-    on probation and `ahead` probationers' audits (each `vouches` audits) queued before it.
+    """Rounds after an honest newcomer's first update until (one of its updates counts in
+    the state peers train on, it is established there), with `auditors` established peers
+    each spending `share` audits a round on probation and `ahead` probationers' audits
+    (each `vouches` audits) queued before it.
 
     An audit of round t waits lag + 3 rounds (peer/audits.py: the sender's settled state
     and the bans it could know); the probation budget is auditors * share audits a round;
-    a vouch reaches the others by gossip within about a round. An estimate for an
-    unloaded run (auditors may pick the same update, rounds may be late), not a bound."""
+    a vouch published at round a takes effect in the settled state of round a + lag + 1
+    (`Standing.count_from`; the ledger's final standing counts it at once). An estimate
+    for an unloaded run (auditors may pick the same update, rounds may be late), not a
+    bound."""
     per_round = max(auditors * share, 1e-9)
     wait = math.ceil(ahead * vouches / per_round)
-    first = lag + 3 + wait + 1
-    return first, lag + 3 + wait + math.ceil(vouches / per_round) + 1
+    effect = lag + 1  # from the vouch's publication to the settled state it counts in
+    first = lag + 3 + wait + effect
+    return first, lag + 3 + wait + math.ceil(vouches / per_round) + effect
