@@ -257,7 +257,8 @@ class PeerAudits:
             "on_probation": len(st.probationers),
             "vouched_updates": len(st.vouched),
             "waiting_updates": sum(1 for m in self.waiting if m.peer not in self.banned),
-            "counted_late": self.counts["counted_late"],
+            "counted_late": self.counts["counted_late"],  # records that reached us late
+            "counted_on_time": self.counts["counted_on_time"],  # at their effective round
             "probation_audits": self.counts["probation_audits"],
             "backlog": self.backlog,
             "backlog_peers": self.waiting_peers,
