@@ -445,16 +445,17 @@ class PeerAudits:
                 round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
             )
             # The sender may have trained before it knew of bans we know: its state then
-            # still counted those peers' updates (all of a peer's, or none: a peer that learns
-            # of a ban takes back all its applied updates at once). Each set of banned peers
-            # it may not have known of is tried, smallest first; one match is a match.
+            # still counted those peers' updates (all of a peer's that counted in S_round, or
+            # none: a peer that learns of a ban takes back all its applied updates at once),
+            # and the rows they vouched for. Each set of banned peers it may not have known of
+            # is tried, smallest first; one match is a match.
             for unknown in _ban_sets(voided):
                 if not rule.mismatches(claimed, recomputed):
                     break
                 self.counts["ban_state_retries"] += 1
                 before_bans = self._on_settled(
                     round_,
-                    [m for m in voided if m.peer in unknown],
+                    self._before_bans(round_, unknown, voided),
                     lambda m=message: self._recompute(m, engine, tokenizer, task),
                 )
                 if not rule.mismatches(claimed, before_bans):
@@ -538,6 +539,26 @@ class PeerAudits:
             if len(states) == MAX_LATE_STATES:
                 break
         return states
+
+    def _before_bans(
+        self, round_: int, unknown: frozenset[bytes], voided: list[UpdateMessage]
+    ) -> list[UpdateMessage]:
+        """What turns our S_round into the S_round of a peer that had not learned of the bans
+        of `unknown`: the rows that count there and not here (added), and those that count
+        here and not there (negated: rows that only count because a vouch of theirs fell)."""
+        st = self.standing
+        if st is None or not st.enabled:  # without probation: their updates, nothing else
+            return [m for m in voided if m.peer in unknown]
+        other = st.before_bans(unknown)
+        limit = round_ - self.settings.lag
+        there = {
+            (m.peer, m.round): m
+            for m in self.ledger.messages(max_round=limit - 1)
+            if other.count_from(m.peer, m.round) < limit
+        }
+        here = {(m.peer, m.round): m for m in self.applied if self._in_state(m, round_)}
+        added = [m for key, m in there.items() if key not in here]
+        return added + [m.negated() for key, m in here.items() if key not in there]
 
     def _in_state(self, message: UpdateMessage, round_: int) -> bool:
         """Is applied update `message` in S_round: of a round < round_ - lag, and counted

@@ -16,7 +16,7 @@ from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.probation import ProbationSettings, standing
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.wire import decode_audit, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -331,4 +331,71 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     got = dict(model.named_parameters())
     for n, p in reference.named_parameters():
         torch.testing.assert_close(got[n].detach(), p.detach(), atol=1e-5, rtol=0)
+    ledger.close()
+
+
+def test_a_sender_that_had_not_learned_of_a_ban_is_matched_on_its_exact_state(
+    tmp_path, _one_thread
+):
+    """Founder D trained round 9 before the ban of X (an established key that turned) reached
+    it: its S_9 held X's counted updates (rounds 1-8; not round 0, never vouched) and Y's
+    round-3 update, vouched by X alone. The auditor, who knows the ban, retries the state
+    of a sender that had not learned of it: exactly those rows (`Standing.before_bans`). The
+    retry used to add back every update of X (round 0 too) and not Y's: a mismatch."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.algorithm.audit import recompute
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.algorithm.trainer import zo_step
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.models import load_model
+
+    settings = AuditSettings(enabled=True, lag=0, quorum=3)
+    a, b, c, d = F[0], F[1], F[2], b"founder-3"
+    x, y = NEWCOMERS[0], NEWCOMERS[1]
+    probation = ProbationSettings(founders=frozenset([a, b, c, d]), vouches=2)
+    rng = random.Random(3)
+    history = [
+        UpdateMessage(t, p, quantize_scalars([rng.uniform(-1, 1)]))
+        for t in range(9)
+        for p in (a, b, x)
+    ] + [UpdateMessage(3, y, quantize_scalars([0.9]))]
+    claims = {(m.round, m.peer): m.scalars for m in history}
+    vouches = [AuditRecord(x, 1, a, claims[(1, x)], 3), AuditRecord(x, 2, b, claims[(2, x)], 4)]
+    vouches += [AuditRecord(y, 3, x, claims[(3, y)], 6)]  # only X vouches for Y
+    st = standing(claims, vouches, settings, probation)
+    in_s9 = {(m.peer, m.round) for m in history if st.counts_in(m.peer, m.round, 9)}
+    assert (x, 0) not in in_s9 and (x, 1) in in_s9 and (x, 8) in in_s9 and (y, 3) in in_s9
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.3)
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    base = {k: w.clone() for k, w in live.weights().items()}
+    live.apply([m for m in history if (m.peer, m.round) in in_s9])  # D's S_9
+    claim, _ = zo_step(live.engine, tokenizer, task, d, 9)
+    live.load_weights(base)
+    # X's round-7 update fails 3 founders' audits (published at round 12)
+    bans = [AuditRecord(x, 7, f, (claims[(7, x)][0] + 2.0,), 12) for f in (a, b, c)]
+    ledger.add(history + [claim])
+    ledger.add_audits(vouches + bans)
+    audits = PeerAudits(settings, b"secret", c, ledger, live, AuditIntake(ledger, 1), probation)
+    audits.round = 13
+    audits.on_accept(history + [claim], 6)
+    audits.set_standing(audits.judge())
+    assert x in audits.banned
+    audits.apply(audits.take_settled(13))
+    voided = [m for m in ledger.messages(max_round=8) if m.peer in audits.banned]
+    whole = audits._on_settled(9, [], lambda: recompute(live.engine, tokenizer, task, claim))
+    assert settings.rule.mismatches(claim.scalars, whole)  # without X's and Y's rows
+    old = audits._on_settled(
+        9,
+        [m for m in voided if m.peer == x],
+        lambda: recompute(live.engine, tokenizer, task, claim),
+    )
+    assert settings.rule.mismatches(claim.scalars, old)  # the former retry: all of X's rows
+    ((record, mismatch),) = audits.audit(
+        [(d, 9, "recheck", claim.scalars, voided)], live.engine, tokenizer, task
+    )
+    assert not mismatch and audits.counts["ban_state_retries"] == 1
     ledger.close()

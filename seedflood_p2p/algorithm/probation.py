@@ -59,6 +59,7 @@ auditor likewise.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from bisect import bisect_left
@@ -162,6 +163,7 @@ class Standing:
     # establishment from effective round w_k (k >= vouches; w_k non-increasing)
     steps: Mapping[bytes, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     established_at: Mapping[bytes, int] = field(default_factory=dict)  # peer -> its est
+    _redo: tuple | None = field(default=None, repr=False, compare=False)  # for `before_bans`
 
     @property
     def banned(self) -> dict[bytes, str]:
@@ -183,6 +185,18 @@ class Standing:
             if i >= 0:
                 when = min(when, times[i])
         return when
+
+    def before_bans(self, unknown: Iterable[bytes]) -> Standing:
+        """The standing of a peer that had not learned of the bans of `unknown` yet: their
+        updates count as they did before, and so do the vouches they gave (an auditor
+        rebuilding the state of a sender that trained before the verdicts reached it)."""
+        unknown = frozenset(unknown)
+        banned = {p: why for p, why in self.judgement.banned.items() if p not in unknown}
+        judgement = Judgement(banned, self.judgement.cases)
+        if not self.enabled or self._redo is None:
+            return dataclasses.replace(self, judgement=judgement)
+        probation, matches, seen = self._redo
+        return _settle(probation, self.lag, matches, judgement, seen)
 
     def counts_in(self, peer: bytes, round_: int, t: int) -> bool:
         """Does update (peer, round_) count in the settled state S_t, the state round t
@@ -314,6 +328,18 @@ def standing(
     matches = _matches(claims, chosen, settings)
     first = _established(probation.founders, matches, probation.vouches)
     judgement = judge(claims, records, settings, voters=first, court=probation.founders)
+    seen = frozenset(peer for _, peer in claims)
+    return _settle(probation, settings.lag, matches, judgement, seen)
+
+
+def _settle(
+    probation: ProbationSettings,
+    lag: int,
+    matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
+    judgement: Judgement,
+    seen: frozenset[bytes],
+) -> Standing:
+    """Steps 3 and the times (module docstring), given the judgement's bans."""
     banned = set(judgement.banned)
     members = _established(probation.founders, matches, probation.vouches, excluded=banned)
     vouched = {
@@ -334,7 +360,6 @@ def standing(
         times = _kth_smallest_prefix([vouched_at[(peer, r)] for r in rounds], probation.vouches)
         k = probation.vouches - 1
         steps[peer] = (tuple(rounds[k:]), tuple(times[k:]))
-    seen = {peer for _, peer in claims}
     return Standing(
         True,
         probation.founders,
@@ -343,10 +368,11 @@ def standing(
         since,
         judgement,
         frozenset(seen - members - banned),
-        lag=settings.lag,
+        lag=lag,
         vouched_at=vouched_at,
         steps=steps,
         established_at={p: t for p, t in est.items() if p not in probation.founders},
+        _redo=(probation, matches, seen),
     )
 
 
