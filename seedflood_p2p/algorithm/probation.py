@@ -52,9 +52,10 @@ v = min over its matching auditors q of max(e, est[q]); p established from est[p
 a founder always. So whatever order updates and records reach a peer, its S_t, a
 replay's and an auditor's recomputation of S_t count the same rows; a record that
 reaches a peer after S_e+lag+1 is a late row there, as an update that arrives late is.
-Bans are not timed: a verdict takes effect on arrival (a sender that had not learned of
-it is retried without it, peer/audits.py `_ban_sets`); a vouch lost with a banned
-auditor likewise.
+Bans are not timed: a verdict takes effect on arrival. An auditor retries the state of a
+sender that had not learned of it (peer/audits.py `_ban_sets`): `Standing.before_bans`
+is the standing without those bans, the banned peers' counted updates and the vouches
+they gave included.
 """
 
 from __future__ import annotations
