@@ -64,6 +64,7 @@ log = logging.getLogger("seedflood.audit")
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
 MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
 MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
+FINAL_ROUND = 1 << 61  # `apply_final`: past every effective round (probation.NEVER excepted)
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
@@ -200,6 +201,16 @@ class PeerAudits:
             self.waiting = [m for m in self.waiting if not self.is_counted(m)]
             self.counts["counted_on_time"] += len(due)
         return settled + due
+
+    def apply_final(self, messages: list[UpdateMessage]) -> None:
+        """At the end of training: the weights become base + every update that counts by the
+        ledger's judgement (what a replay applies, what a checkpoint is labelled with), the
+        waiting ones whose vouch takes effect after our last round included. (Training on
+        after this, e.g. /finish raised while lingering, would start from that state.)"""
+        self.round = FINAL_ROUND
+        due = [m for m in self.waiting if self.is_counted(m)]
+        self.waiting = [m for m in self.waiting if not self.is_counted(m)]
+        self.apply(messages + due)
 
     def is_counted(self, message: UpdateMessage) -> bool:
         """Does `message` count in the settled state of the round we train (`self.round`), by

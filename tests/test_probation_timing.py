@@ -178,9 +178,10 @@ def _arrivals(claims, records, seed):
     return out
 
 
-def _daemon_states(tmp_path, name, claims, records, seed, rounds):
+def _daemon_states(tmp_path, name, claims, records, seed, rounds, final=None):
     """A peer (peer/audits.py) that trains rounds 0..rounds-1 and receives updates and
-    records as `_arrivals` draws them, judging after each record; -> [counted set of S_t]."""
+    records as `_arrivals` draws them, judging after each record; -> [counted set of S_t]
+    (and with `final`, a list, the counted set after `apply_final` appended to it)."""
     from peer.audits import PeerAudits
     from seedflood_p2p.network.audit import AuditIntake
 
@@ -201,6 +202,9 @@ def _daemon_states(tmp_path, name, claims, records, seed, rounds):
             else:
                 ledger.add_audits([item])
                 audits.set_standing(audits.judge())
+    if final is not None:
+        audits.apply_final(live.take())
+        final.append(frozenset((m.peer, m.round) for m in audits.applied))
     ledger.close()
     return states
 
@@ -217,6 +221,22 @@ def test_a_daemons_settled_states_do_not_depend_on_arrival_order(tmp_path):
     assert runs[0] == runs[1] == runs[2]
     for t, state in enumerate(runs[0]):
         assert state == {(p, r) for (r, p) in claims if full.counts_in(p, r, t)}, t
+
+
+def test_at_the_end_the_model_holds_every_update_that_counts(tmp_path):
+    """The last rounds' vouches take effect after the last round trained: at the end
+    (`apply_final`, before the checkpoint) they are applied, so the model is base + the
+    counted ledger, what a replay applies."""
+    n = NEWCOMERS[0]
+    claims = {(t, p): (round(0.1 * t - 0.5, 3),) for t in range(20) for p in F + [n]}
+    records = [record(n, 5, F[0], claims[(5, n)], 10)]  # one vouch: counts from S_12
+    records.append(record(n, 9, F[1], claims[(9, n)], 20))  # reaches the peer by round 21
+    full = standing(claims, records, AUDIT, PROBATION)
+    final: list = []
+    states = _daemon_states(tmp_path, "end", claims, records, 1, 22, final)
+    counted = {(p, r) for (r, p) in claims if full.counts(p, r)}
+    assert states[-1] != counted  # vouched after the last round: not in its state
+    assert final == [counted]
 
 
 # --------------------------------------- eight honest newcomers, every update re-computed
