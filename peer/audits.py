@@ -23,9 +23,12 @@ Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, th
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
 With founders in the manifest (`algorithm/probation.py`), what counts is the ledger's
 standing, not only its bans: a settled update that does not count (a probationer's
-unvouched one, a banned peer's) waits in `waiting` and is applied when it starts to
-count, as a late row; probation audits take at most `share` audits a round
-(`probation_jobs`, docs/SYBIL.md).
+unvouched one, a banned peer's) waits in `waiting`. A vouch or an establishment takes
+effect from the round its record fixes (`probation.Standing.count_from`: the auditor's
+publication round `at`, as a row of that round), so the update is applied at that round
+(`take_settled`) on every peer alike, and an audit recomputes on the same S_t the sender
+trained on; a record that reaches us after that round makes it a late row. Probation
+audits take at most `share` audits a round (`probation_jobs`, docs/SYBIL.md).
 
 Limits (docs/ROADMAP.md): an update older than MAX_REWIND rounds is not
 audited.
@@ -61,7 +64,7 @@ log = logging.getLogger("seedflood.audit")
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
 MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
 MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
-LATE_JUDGEMENTS = 3  # ... of them: without the rows our last 1..3 judgements made count
+FINAL_ROUND = 1 << 61  # `apply_final`: past every effective round (probation.NEVER excepted)
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
@@ -138,9 +141,10 @@ class PeerAudits:
         self.settings = settings
         self.probation = probation or ProbationSettings()
         self.standing: Standing | None = None  # what counts (`probation.standing`)
-        # Settled updates taken that do not count (yet): a probationer's unvouched ones, a
-        # banned peer's. Kept: a vouch or an establishment makes them count later, and they
-        # are then applied like any late row.
+        # Settled updates taken that do not count (yet): a probationer's unvouched ones (or
+        # vouched from a later settled state), a banned peer's. Kept: they are applied at
+        # the round their vouch or establishment takes effect (`take_settled`), or at once
+        # if its record reached us after that round (then like any late row).
         self.waiting: list[UpdateMessage] = []
         self.tokens = 0.0  # probation audits we may still do (the verification budget)
         self.backlog = 0  # probationers' updates due for a probation audit we had no budget for
@@ -159,11 +163,6 @@ class PeerAudits:
         # came later here than a sender's update are the ones it most likely did not have
         # yet when it trained (`_late_states`).
         self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
-        # Updates that started counting late (a vouch, an establishment, an unban), with the
-        # number of the judgement that made them count: a sender that had not seen those
-        # records yet trained without them - its own vouched updates included (`_late_states`).
-        self.counted_late: dict[tuple[bytes, int], int] = {}
-        self._judgements = count(1)
         self.round = 0  # the round we are training (take_settled)
         self._clock = count()
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
@@ -173,7 +172,7 @@ class PeerAudits:
         self.cpu_seconds: Counter[str] = Counter()
         self.verdicts = 0  # cases decided (confirmed or refuted)
         self.rate = 0.0
-        self.delay = settings.lag + 3  # rounds an audit waits (see `ready`)
+        self.delay = settings.delay  # rounds an audit waits (see `ready`)
 
     # -- where updates are accepted (event loop) -----------------------------------
     def on_accept(self, messages: list[UpdateMessage], peers: int) -> None:
@@ -192,16 +191,36 @@ class PeerAudits:
             self.arrival = dict(newest)
 
     def take_settled(self, round_: int) -> list[UpdateMessage]:
-        """The pending updates that belong to S_round (`apply` keeps back those that do not
+        """The pending updates that belong to S_round, and the waiting ones whose vouch or
+        establishment takes effect in S_round (`apply` keeps back those that do not
         count)."""
         self.round = round_
-        return self.live.take_settled(round_, self.settings.lag)
+        settled = self.live.take_settled(round_, self.settings.lag)
+        due = [m for m in self.waiting if self.is_counted(m)]
+        if due:
+            self.waiting = [m for m in self.waiting if not self.is_counted(m)]
+            self.counts["counted_on_time"] += len(due)
+        return settled + due
+
+    def apply_final(self, messages: list[UpdateMessage]) -> None:
+        """At the end of training: the weights become base + every update that counts by the
+        ledger's judgement (what a replay applies, what a checkpoint is labelled with), the
+        waiting ones whose vouch takes effect after our last round included. (Training on
+        after this, e.g. /finish raised while lingering, would start from that state.)"""
+        self.round = FINAL_ROUND
+        due = [m for m in self.waiting if self.is_counted(m)]
+        self.waiting = [m for m in self.waiting if not self.is_counted(m)]
+        self.apply(messages + due)
 
     def is_counted(self, message: UpdateMessage) -> bool:
-        """Does `message` count for the model, by the ledger's judgement as we last read it?"""
+        """Does `message` count in the settled state of the round we train (`self.round`), by
+        the ledger's judgement as we last read it? Its vouch or establishment must have taken
+        effect by then (`Standing.count_from`); its own round is the caller's to check."""
         if self.standing is None:
             return message.peer not in self.banned
-        return self.standing.counts(message.peer, message.round)
+        return self.standing.count_from(message.peer, message.round) < (
+            self.round - self.settings.lag
+        )
 
     def note_records(self, fresh: list[AuditRecord]) -> None:
         """Records new to the ledger (gossip or repair, admitted by the flood node's
@@ -249,7 +268,8 @@ class PeerAudits:
             "on_probation": len(st.probationers),
             "vouched_updates": len(st.vouched),
             "waiting_updates": sum(1 for m in self.waiting if m.peer not in self.banned),
-            "counted_late": self.counts["counted_late"],
+            "counted_late": self.counts["counted_late"],  # records that reached us late
+            "counted_on_time": self.counts["counted_on_time"],  # at their effective round
             "probation_audits": self.counts["probation_audits"],
             "backlog": self.backlog,
             "backlog_peers": self.waiting_peers,
@@ -368,10 +388,11 @@ class PeerAudits:
 
     def set_standing(self, after: Standing) -> list[bytes]:
         """Move to the judgement `after`: applied updates that no longer count (a newly banned
-        peer's) are taken back (negated) and kept waiting; waiting updates that now count (a
-        vouched one, an established peer's later ones, an unbanned peer's) are applied, as
-        late rows: their arrival is now (audits then know a sender may have lacked them).
-        Returns the newly banned peers."""
+        peer's) are taken back (negated) and kept waiting; waiting updates that count in the
+        settled state we hold (a vouch or establishment whose record reached us after the
+        round it takes effect in, an unbanned peer's) are applied, as late rows: their
+        arrival is now (audits then know a sender may have lacked them). Those that count
+        from a later round wait for it (`take_settled`). Returns the newly banned peers."""
         if self.standing is not None and after.enabled:
             for peer in sorted(after.established - self.standing.established):
                 log.info(
@@ -381,8 +402,8 @@ class PeerAudits:
                     extra={"fields": {"event": "established", "peer": peer_name(peer)}},
                 )
         self.standing = after
-        drop = [m for m in self.applied if not after.counts(m.peer, m.round)]
-        add = [m for m in self.waiting if after.counts(m.peer, m.round)]
+        drop = [m for m in self.applied if not self.is_counted(m)]
+        add = [m for m in self.waiting if self.is_counted(m)]
         newly = sorted(p for p in after.banned if p not in self.banned)
         for peer in newly:
             log.warning(
@@ -394,15 +415,13 @@ class PeerAudits:
             )
         self.banned = dict(after.banned)
         if drop:
-            self.applied = [m for m in self.applied if after.counts(m.peer, m.round)]
+            self.applied = [m for m in self.applied if self.is_counted(m)]
             self.waiting.extend(drop)
         if add:
-            self.waiting = [m for m in self.waiting if not after.counts(m.peer, m.round)]
+            self.waiting = [m for m in self.waiting if not self.is_counted(m)]
             self.applied.extend(add)
-            judgement = next(self._judgements)
             for m in add:
                 self.arrival[(m.peer, m.round)] = (self.round, next(self._clock))
-                self.counted_late[(m.peer, m.round)] = judgement
             self.counts["counted_late"] += len(add)
         self.live.apply([m.negated() for m in drop] + add)
         return newly
@@ -412,7 +431,15 @@ class PeerAudits:
         from seedflood_p2p.algorithm.audit import Judgement
 
         return self.set_standing(
-            Standing(False, frozenset(), frozenset(), {}, {}, Judgement(dict(after), []))
+            Standing(
+                False,
+                frozenset(),
+                frozenset(),
+                {},
+                {},
+                Judgement(dict(after), []),
+                lag=self.settings.lag,
+            )
         )
 
     def audit(self, jobs: list[tuple[bytes, int, str, tuple]], engine, tokenizer, task) -> list:
@@ -429,16 +456,17 @@ class PeerAudits:
                 round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
             )
             # The sender may have trained before it knew of bans we know: its state then
-            # still counted those peers' updates (all of a peer's, or none: a peer that learns
-            # of a ban takes back all its applied updates at once). Each set of banned peers
-            # it may not have known of is tried, smallest first; one match is a match.
+            # still counted those peers' updates (all of a peer's that counted in S_round, or
+            # none: a peer that learns of a ban takes back all its applied updates at once),
+            # and the rows they vouched for. Each set of banned peers it may not have known of
+            # is tried, smallest first; one match is a match.
             for unknown in _ban_sets(voided):
                 if not rule.mismatches(claimed, recomputed):
                     break
                 self.counts["ban_state_retries"] += 1
                 before_bans = self._on_settled(
                     round_,
-                    [m for m in voided if m.peer in unknown],
+                    self._before_bans(round_, unknown, voided),
                     lambda m=message: self._recompute(m, engine, tokenizer, task),
                 )
                 if not rule.mismatches(claimed, before_bans):
@@ -466,7 +494,8 @@ class PeerAudits:
             st = self.standing
             vouch = st is not None and st.enabled and peer in st.probationers  # a match vouches
             if mismatch or why in ("recheck", "probation") or vouch:
-                out.append((AuditRecord(peer, round_, self.peer_id, recomputed), mismatch))
+                record = AuditRecord(peer, round_, self.peer_id, recomputed, self.round)
+                out.append((record, mismatch))
         return out
 
     def _late_states(self, peer: bytes, round_: int) -> list[list[UpdateMessage]]:
@@ -484,35 +513,21 @@ class PeerAudits:
         an arrival stamp (restored at start) counts as old; a banned peer's are not in
         S_round (applied, then taken back).
 
-        Tried before all those: rows that count only by a judgement (a vouch, an
-        establishment, on probation), the sender's own included. It applied them when the
-        records reached it, whatever order the rows themselves came in, so it may have
-        lacked those that our last 1, 2, 3 judgements made count."""
-        limit = round_ - self.settings.lag
+        Rows that count by a vouch or an establishment (on probation) need no retry of
+        their own: they are in S_round only from the round their record takes effect in
+        (`probation.Standing.count_from`), which the sender held as it held the rows; one
+        whose record reached us late was applied as a late row (its arrival is then)."""
         settled = {
             (m.peer, m.round): m
             for m in self.applied
-            if m.round < limit and m.peer not in self.banned and m.peer != peer
+            if self._in_state(m, round_) and m.peer not in self.banned and m.peer != peer
         }
         stamped = sorted(
             ((self.arrival[key], key) for key in settled if key in self.arrival), reverse=True
         )
         heard = self.arrival.get((peer, round_))
         after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
-        late = [
-            (self.counted_late[(m.peer, m.round)], m)
-            for m in self.applied
-            if m.round < limit
-            and m.peer not in self.banned
-            and (m.peer, m.round) in self.counted_late
-        ]
         candidates: list[list[UpdateMessage]] = []
-        for cut in sorted({j for j, _ in late}, reverse=True)[:LATE_JUDGEMENTS]:
-            dropped = {(m.peer, m.round) for j, m in late if j >= cut}
-            candidates.append(
-                [m for j, m in late if j >= cut]
-                + [m for m in after if (m.peer, m.round) not in dropped]
-            )
         if heard is not None:
             tied: dict[bytes, list[UpdateMessage]] = {}
             for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
@@ -536,10 +551,40 @@ class PeerAudits:
                 break
         return states
 
+    def _before_bans(
+        self, round_: int, unknown: frozenset[bytes], voided: list[UpdateMessage]
+    ) -> list[UpdateMessage]:
+        """What turns our S_round into the S_round of a peer that had not learned of the bans
+        of `unknown`: the rows that count there and not here (added), and those that count
+        here and not there (negated: rows that only count because a vouch of theirs fell)."""
+        st = self.standing
+        if st is None or not st.enabled:  # without probation: their updates, nothing else
+            return [m for m in voided if m.peer in unknown]
+        other = st.before_bans(unknown)
+        limit = round_ - self.settings.lag
+        there = {
+            (m.peer, m.round): m
+            for m in self.ledger.messages(max_round=limit - 1)
+            if other.count_from(m.peer, m.round) < limit
+        }
+        here = {(m.peer, m.round): m for m in self.applied if self._in_state(m, round_)}
+        added = [m for key, m in there.items() if key not in here]
+        return added + [m.negated() for key, m in here.items() if key not in there]
+
+    def _in_state(self, message: UpdateMessage, round_: int) -> bool:
+        """Is applied update `message` in S_round: of a round < round_ - lag, and counted
+        there (a vouch or an establishment that took effect by then, `count_from`)?"""
+        limit = round_ - self.settings.lag
+        if message.round >= limit:
+            return False
+        st = self.standing
+        return st is None or st.count_from(message.peer, message.round) < limit
+
     def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
-        """`compute()` on S_round (plus `counted_too`): take back the applied updates of
-        rounds >= round_ - lag, compute, put the exact weights back."""
-        newer = [m for m in self.applied if m.round >= round_ - self.settings.lag]
+        """`compute()` on S_round (plus `counted_too`): take back the applied updates that
+        are not in S_round (of rounds >= round_ - lag, or counted from a later round),
+        compute, put the exact weights back."""
+        newer = [m for m in self.applied if not self._in_state(m, round_)]
         if not newer and not counted_too:
             return compute()
         saved = self.live.save_state()
@@ -600,7 +645,7 @@ class DaemonAudits:
         run_id = node.run_id
         for record, _mismatch in results:
             node.audits.own(record)
-            data = encode_audit(run_id, record.accused, record.round, record.scalars)
+            data = encode_audit(run_id, record.accused, record.round, record.scalars, record.at)
             await node.publish_on(audit_topic_for(run_id), data)
             audits.counts["published"] += 1
         if results:
@@ -624,6 +669,8 @@ class DaemonAudits:
             and after.banned == before.banned
             and after.established == before.established
             and after.vouched.keys() == before.vouched.keys()
+            and after.vouched_at == before.vouched_at
+            and after.steps == before.steps
         ):
             return
         await self.run(audits.set_standing, after)

@@ -267,16 +267,18 @@ class LateJoin:
         audits = self.audits
         judged = audits.judge()  # nothing applied yet: nothing to undo
         audits.standing, audits.banned = judged, dict(judged.banned)
+        audits.round = first_round
         cut = self.live.cut()
         limit = first_round - audits.settings.lag
         earlier = [m for m in cut.messages if m.round < limit]
-        settled = judged.counted(earlier)
+        # counted in S_first_round: vouches and establishments that took effect by then
+        settled = [m for m in earlier if judged.counts_in(m.peer, m.round, first_round)]
         later = [m for m in cut.messages if m.round >= limit]
         how = await self.run(
             self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
         )
         audits.applied = list(settled)
-        audits.waiting = [m for m in earlier if not judged.counts(m.peer, m.round)]
+        audits.waiting = [m for m in earlier if not judged.counts_in(m.peer, m.round, first_round)]
         self.live.receive(later)
         return how + f" (settled state of round {first_round})"
 

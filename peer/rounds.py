@@ -373,9 +373,11 @@ class Rounds:
                 await self.evaluate()
 
     async def apply_pending(self) -> None:
-        """Apply every update received and not applied yet (a banned peer's: not)."""
+        """Apply every update received and not applied yet (a banned peer's: not), and with
+        audits every one that counts by the ledger's judgement, also those whose vouch takes
+        effect after our last round: the model is then base + the counted ledger."""
         incoming = self.live.take()
-        apply = self.audits.audits.apply if self.audits else self.live.apply
+        apply = self.audits.audits.apply_final if self.audits else self.live.apply
         await self.model_thread.run(apply, incoming)
 
     def catch_up(self) -> None:

@@ -557,10 +557,12 @@ def test_a_sender_that_had_the_first_of_the_late_updates_is_matched(tmp_path):
 
 
 def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
-    """On probation a newcomer's own updates count only once vouched, and it applies them
-    when the vouches reach it. Its round-3 update was trained before they did; the auditor
-    had counted them before that update arrived (so arrival order alone does not point at
-    them). The auditor tries the state without the rows its last judgement made count."""
+    """On probation a newcomer's own updates count only once vouched. Its round-3 update was
+    trained before the vouches existed; the auditor had counted them (a late judgement at
+    its round 6) before that update arrived, so arrival order alone does not point at them.
+    The vouches were published at round 5: they take effect from S_6 (lag 0), so the audit
+    of round 3 recomputes on S_3 without them and matches with no retry (this took a
+    LATE_JUDGEMENTS retry before vouches had an effective round)."""
     from peer.audits import PeerAudits
     from seedflood_p2p.algorithm.probation import ProbationSettings
     from seedflood_p2p.network.audit import AuditIntake
@@ -585,16 +587,19 @@ def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
     audits.on_accept(history, 4)
     audits.apply(history)  # the newcomer's rows wait: not vouched yet
     assert len(audits.waiting) == len(own)
-    ledger.add_audits([AuditRecord(D, m.round, A, m.scalars) for m in own])  # two vouches
-    audits.set_standing(audits.judge())  # ... so D is established: its rows count late
+    ledger.add_audits([AuditRecord(D, m.round, A, m.scalars, 5) for m in own])  # two vouches
+    audits.round = 6
+    audits.set_standing(audits.judge())  # ... so D is established: its rows count in S_6
     assert D in audits.standing.established and not audits.waiting
+    assert not audits.standing.counts_in(D, 1, 5) and audits.standing.counts_in(D, 1, 6)
     whole = recompute(live.engine, tokenizer, task, claim)
-    audits.round = 4
+    audits.round = 7
     audits.on_accept([claim], 4)  # it arrives after the vouches had been counted here
     audits.due[(D, 3)] = "recheck"
-    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    ((record, mismatch),) = audits.audit(audits.ready(7), live.engine, tokenizer, task)
     assert settings.rule.mismatches(claim.scalars, whole)  # the whole settled state does not
-    assert not mismatch and audits.counts["late_state_matches"] == 1
+    assert not mismatch and audits.counts["late_state_retries"] == 0
+    assert record.at == 7
     ledger.close()
 
 

@@ -35,10 +35,11 @@ async def _until(predicate, timeout: float = 30.0) -> None:
 
 async def _publish_records(node: FloodNode, accused: bytes, rounds: range) -> list[AuditRecord]:
     """`node`'s own audit records, logged then published, as the peer daemon does."""
-    records = [AuditRecord(accused, t, node.peer_id, (0.5 + t,)) for t in rounds]
+    # published at round t + 10: the repaired copy carries it (from the signed payload)
+    records = [AuditRecord(accused, t, node.peer_id, (0.5 + t,), t + 10) for t in rounds]
     for record in records:
         node.audits.own(record)
-        data = encode_audit(node.run_id, record.accused, record.round, record.scalars)
+        data = encode_audit(node.run_id, record.accused, record.round, record.scalars, record.at)
         await node.publish_on(audit_topic_for(node.run_id), data)
     return records
 

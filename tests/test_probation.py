@@ -187,6 +187,7 @@ def _live_run(tmp_path, name, updates, records, probation, seed):
     ledger = Ledger(tmp_path / f"{name}.sqlite", LIVE_CONFIG.run_id)
     live = LiveModel(SubCGE(model, LIVE_CONFIG), ledger)
     audits = PeerAudits(AUDIT, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), probation)
+    audits.round = ROUNDS + 100  # a peer far past these rounds: every vouch in effect
     events = [("u", m) for m in updates] + [("r", r) for r in records]
     rng.shuffle(events)
     for i in range(0, len(events), 5):

@@ -170,6 +170,13 @@ class AuditSettings:
     def rule(self) -> AuditRule:
         return AuditRule(relative=self.relative, absolute=self.absolute)
 
+    @property
+    def delay(self) -> int:
+        """Rounds an audit of round t waits: it is done when the auditor trains round
+        t + delay at the earliest (peer/audits.py `ready`), so an honest record of round t
+        is published at t + delay or later (its `at`)."""
+        return self.lag + 3
+
     @classmethod
     def of(cls, extra: Mapping) -> AuditSettings:
         """From a manifest's `extra`; an unknown key or a bad value is a UserError line.

@@ -34,11 +34,36 @@ established identity's unverified updates from its probation never count (only t
 matched), and what it sends afterwards counts as any established peer's (audited by
 sampling). A run whose manifest names no founders and no allow-list has probation off:
 nobody could vouch for anyone (`ProbationSettings.enabled`).
+
+From which settled state (`Standing.counts_in`). The above says what counts in the end.
+Round t trains (and is audited) on the settled state S_t = base + the counted updates of
+rounds < t - lag, and a sender training t surely holds the updates of those rounds (the
+`lag` rule), but not the records that arrived since. So a record takes effect from a round
+fixed by the record itself, its *effective round* e = max(at, round + delay): `at` is the
+auditor's round when it published (`AuditRecord.at`; delay = lag + 3, before which no
+honest auditor audits round `round`, bounds a backdated or missing `at`), and a record
+of effective round e is in S_t iff e < t - lag, exactly like an update of round e. The
+counted set of S_t is then the one the rules above give on the ledger prefix "updates of
+rounds < t - lag, records of effective rounds < t - lag" (bans excepted, below), which
+`standing` computes from the whole ledger as times: (p, t') vouched from
+v = min over its matching auditors q of max(e, est[q]); p established from est[p], the
+`vouches`-th smallest v of its updates; (p, t') counts by establishment from the
+`vouches`-th smallest v of p's updates of rounds < t' (then t' > since in that prefix);
+a founder always. So whatever order updates and records reach a peer, its S_t, a
+replay's and an auditor's recomputation of S_t count the same rows; a record that
+reaches a peer after S_e+lag+1 is a late row there, as an update that arrives late is.
+Bans are not timed: a verdict takes effect on arrival. An auditor retries the state of a
+sender that had not learned of it (peer/audits.py `_ban_sets`): `Standing.before_bans`
+is the standing without those bans, the banned peers' counted updates and the vouches
+they gave included.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +76,8 @@ if TYPE_CHECKING:
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger
 
+NEVER = 1 << 62  # an effective round that never comes
+ALWAYS = -(1 << 62)  # ... that every settled state is past (the founders')
 DEFAULT_VOUCHES = 3  # vouched updates that make an identity established
 DEFAULT_SHARE = 0.25  # of an established peer's training CPU spent on probation audits
 MAX_FOUNDERS = 1000
@@ -130,10 +157,54 @@ class Standing:
     since: Mapping[bytes, int]  # earned peer -> round of its `vouches`-th vouched update
     judgement: Judgement
     probationers: frozenset[bytes] = field(default_factory=frozenset)  # seen, not established
+    lag: int = 0  # AuditSettings.lag: S_t holds rows (and records) of effect < t - lag
+    # (peer, round) -> the effective round its vouch takes effect from (module docstring)
+    vouched_at: Mapping[tuple[bytes, int], int] = field(default_factory=dict)
+    # earned peer -> (rounds r_k, times w_k): its updates of rounds > r_k count by
+    # establishment from effective round w_k (k >= vouches; w_k non-increasing)
+    steps: Mapping[bytes, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    established_at: Mapping[bytes, int] = field(default_factory=dict)  # peer -> its est
+    _redo: tuple | None = field(default=None, repr=False, compare=False)  # for `before_bans`
 
     @property
     def banned(self) -> dict[bytes, str]:
         return self.judgement.banned
+
+    def count_from(self, peer: bytes, round_: int) -> int:
+        """The effective round from which update (peer, round_) counts: it is in S_t iff
+        round_ < t - lag and this < t - lag. ALWAYS for a founder (or probation off),
+        NEVER if it never counts (banned, or a probationer's unvouched update)."""
+        if peer in self.judgement.banned:
+            return NEVER
+        if not self.enabled or peer in self.founders:
+            return ALWAYS
+        when = self.vouched_at.get((peer, round_), NEVER)
+        steps = self.steps.get(peer)
+        if steps is not None:
+            rounds, times = steps
+            i = bisect_left(rounds, round_) - 1  # the last r_k < round_
+            if i >= 0:
+                when = min(when, times[i])
+        return when
+
+    def before_bans(self, unknown: Iterable[bytes]) -> Standing:
+        """The standing of a peer that had not learned of the bans of `unknown` yet: their
+        updates count as they did before, and so do the vouches they gave (an auditor
+        rebuilding the state of a sender that trained before the verdicts reached it)."""
+        unknown = frozenset(unknown)
+        banned = {p: why for p, why in self.judgement.banned.items() if p not in unknown}
+        judgement = Judgement(banned, self.judgement.cases)
+        if not self.enabled or self._redo is None:
+            return dataclasses.replace(self, judgement=judgement)
+        probation, matches, seen = self._redo
+        return _settle(probation, self.lag, matches, judgement, seen)
+
+    def counts_in(self, peer: bytes, round_: int, t: int) -> bool:
+        """Does update (peer, round_) count in the settled state S_t, the state round t
+        trains on (base + counted updates of rounds < t - lag)? A pure function of the
+        ledger prefix a sender training t surely held (module docstring)."""
+        held = t - self.lag
+        return round_ < held and self.count_from(peer, round_) < held
 
     def counts(self, peer: bytes, round_: int) -> bool:
         """Does update (peer, round_) count for the model?"""
@@ -150,24 +221,76 @@ class Standing:
         return [m for m in messages if self.counts(m.peer, m.round)]
 
 
+def effective_round(record: AuditRecord, settings: AuditSettings) -> int:
+    """The round a record takes effect from, as an update of that round would: the
+    auditor's round when it published, at least round + delay (an honest auditor audits
+    no earlier; a record without `at`, or one backdated, is read as that early)."""
+    return max(record.at, record.round + settings.delay)
+
+
 def _matches(
     claims: Mapping[tuple[int, bytes], tuple[float, ...]],
     chosen: Mapping[tuple[bytes, int, bytes], AuditRecord],
     settings: AuditSettings,
-) -> dict[tuple[bytes, int], set[bytes]]:
-    """(peer, round) -> auditors whose record matches the claimed scalars."""
+) -> dict[tuple[bytes, int], dict[bytes, int]]:
+    """(peer, round) -> {auditor: effective round} of the records that match the claim."""
     rule = settings.rule
-    out: dict[tuple[bytes, int], set[bytes]] = defaultdict(set)
+    out: dict[tuple[bytes, int], dict[bytes, int]] = defaultdict(dict)
     for (accused, round_, auditor), record in chosen.items():
         claimed = claims.get((round_, accused))
         if claimed is not None and not rule.mismatches(claimed, record.scalars):
-            out[(accused, round_)].add(auditor)
+            out[(accused, round_)][auditor] = effective_round(record, settings)
     return out
+
+
+def _kth_smallest_prefix(times: list[int], k: int) -> list[int]:
+    """[the k-th smallest of times[:i + 1] for i in range(len(times))] (NEVER before k)."""
+    heap: list[int] = []  # the k smallest so far, negated (a max-heap)
+    out = []
+    for x in times:
+        if len(heap) < k:
+            heapq.heappush(heap, -x)
+        elif x < -heap[0]:
+            heapq.heapreplace(heap, -x)
+        out.append(-heap[0] if len(heap) == k else NEVER)
+    return out
+
+
+def _timed(
+    founders: frozenset[bytes],
+    matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
+    vouches: int,
+    banned: Iterable[bytes],
+) -> tuple[dict[tuple[bytes, int], int], dict[bytes, int]]:
+    """When each update is vouched and each member established, as effective rounds: the
+    earliest solution of v[(p, r)] = min over matching auditors q of max(e, est[q]),
+    est[p] = the `vouches`-th smallest v of p's updates (founders ALWAYS). Iterated from
+    "never" down: each pass only moves times earlier, so it ends, on the times the
+    prefix rule gives (module docstring). The `banned` neither vouch nor are vouched for."""
+    banned = frozenset(banned)
+    est = {p: ALWAYS for p in founders - banned}
+    while True:
+        vouched: dict[tuple[bytes, int], int] = {}
+        per_peer: dict[bytes, list[int]] = defaultdict(list)
+        for key, auditors in matches.items():
+            if key[0] in banned or key[0] in founders:
+                continue
+            times = [max(e, est[q]) for q, e in auditors.items() if q in est]
+            if times:
+                vouched[key] = min(times)
+                per_peer[key[0]].append(vouched[key])
+        after = dict(est)
+        for peer, times in per_peer.items():
+            if len(times) >= vouches:
+                after[peer] = sorted(times)[vouches - 1]
+        if after == est:
+            return vouched, est
+        est = after
 
 
 def _established(
     founders: frozenset[bytes],
-    matches: Mapping[tuple[bytes, int], set[bytes]],
+    matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
     vouches: int,
     excluded: Iterable[bytes] = (),
 ) -> frozenset[bytes]:
@@ -177,7 +300,7 @@ def _established(
     by_peer: dict[bytes, list[tuple[int, set[bytes]]]] = defaultdict(list)
     for (peer, round_), auditors in matches.items():
         if peer not in excluded:
-            by_peer[peer].append((round_, auditors - excluded))
+            by_peer[peer].append((round_, set(auditors) - excluded))
     grew = True
     while grew:
         grew = False
@@ -201,27 +324,43 @@ def standing(
     records = list(records)
     if not probation.enabled:
         judgement = judge(claims, records, settings)
-        return Standing(False, frozenset(), frozenset(), {}, {}, judgement)
+        return Standing(False, frozenset(), frozenset(), {}, {}, judgement, lag=settings.lag)
     chosen = choose_records(records)
     matches = _matches(claims, chosen, settings)
     first = _established(probation.founders, matches, probation.vouches)
     judgement = judge(claims, records, settings, voters=first, court=probation.founders)
+    seen = frozenset(peer for _, peer in claims)
+    return _settle(probation, settings.lag, matches, judgement, seen)
+
+
+def _settle(
+    probation: ProbationSettings,
+    lag: int,
+    matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
+    judgement: Judgement,
+    seen: frozenset[bytes],
+) -> Standing:
+    """Steps 3 and the times (module docstring), given the judgement's bans."""
     banned = set(judgement.banned)
     members = _established(probation.founders, matches, probation.vouches, excluded=banned)
     vouched = {
-        key: frozenset(auditors & members)
+        key: frozenset(auditors.keys() & members)
         for key, auditors in matches.items()
-        if auditors & members and key[0] not in banned
+        if auditors.keys() & members and key[0] not in banned
     }
+    vouched_at, est = _timed(probation.founders, matches, probation.vouches, banned)
     per_peer: dict[bytes, list[int]] = defaultdict(list)
     for peer, round_ in vouched:
         per_peer[peer].append(round_)
-    since = {
-        peer: sorted(rounds)[probation.vouches - 1]
-        for peer, rounds in per_peer.items()
-        if peer in members and peer not in probation.founders
-    }
-    seen = {peer for _, peer in claims}
+    since, steps = {}, {}
+    for peer, rounds in per_peer.items():
+        if peer not in members or peer in probation.founders:
+            continue
+        rounds.sort()
+        since[peer] = rounds[probation.vouches - 1]
+        times = _kth_smallest_prefix([vouched_at[(peer, r)] for r in rounds], probation.vouches)
+        k = probation.vouches - 1
+        steps[peer] = (tuple(rounds[k:]), tuple(times[k:]))
     return Standing(
         True,
         probation.founders,
@@ -230,6 +369,11 @@ def standing(
         since,
         judgement,
         frozenset(seen - members - banned),
+        lag=lag,
+        vouched_at=vouched_at,
+        steps=steps,
+        established_at={p: t for p, t in est.items() if p not in probation.founders},
+        _redo=(probation, matches, seen),
     )
 
 
@@ -244,15 +388,19 @@ def standing_of_ledger(
 def rounds_to_count(
     auditors: int, share: float, vouches: int, lag: int, ahead: int = 0
 ) -> tuple[int, int]:
-    """Rounds after an honest newcomer's first update until (one of its updates counts, it is
-    established), with `auditors` established peers each spending `share` audits a round
-    on probation and `ahead` probationers' audits (each `vouches` audits) queued before it.
+    """Rounds after an honest newcomer's first update until (one of its updates counts in
+    the state peers train on, it is established there), with `auditors` established peers
+    each spending `share` audits a round on probation and `ahead` probationers' audits
+    (each `vouches` audits) queued before it.
 
     An audit of round t waits lag + 3 rounds (peer/audits.py: the sender's settled state
     and the bans it could know); the probation budget is auditors * share audits a round;
-    a vouch reaches the others by gossip within about a round. An estimate for an
-    unloaded run (auditors may pick the same update, rounds may be late), not a bound."""
+    a vouch published at round a takes effect in the settled state of round a + lag + 1
+    (`Standing.count_from`; the ledger's final standing counts it at once). An estimate
+    for an unloaded run (auditors may pick the same update, rounds may be late), not a
+    bound."""
     per_round = max(auditors * share, 1e-9)
     wait = math.ceil(ahead * vouches / per_round)
-    first = lag + 3 + wait + 1
-    return first, lag + 3 + wait + math.ceil(vouches / per_round) + 1
+    effect = lag + 1  # from the vouch's publication to the settled state it counts in
+    first = lag + 3 + wait + effect
+    return first, lag + 3 + wait + math.ceil(vouches / per_round) + effect

@@ -120,7 +120,7 @@ class AuditIntake:
                 if self.ledger.has_audit(record):
                     self.counts["repair:duplicate"] += 1
                     continue
-                check_audit_envelope(record, envelope, self.ledger.run_id, self._verify)
+                record = check_audit_envelope(record, envelope, self.ledger.run_id, self._verify)
                 if record.accused == record.auditor:
                     raise Rejected("self_audit")
                 if len(record.scalars) != self.directions:

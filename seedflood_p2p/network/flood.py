@@ -317,7 +317,9 @@ class FloodNode:
             self.metrics.bytes_out.inc(len(data))
         records = self.ledger.unsigned_audits(self.peer_id) if self.audits is not None else []
         for record in records:  # our audit records likewise (their echo signs them)
-            data = encode_audit(self.run_id, record.accused, record.round, record.scalars)
+            data = encode_audit(
+                self.run_id, record.accused, record.round, record.scalars, record.at
+            )
             await self.publish_on(audit_topic_for(self.run_id), data)
         return len(missing) + len(records)
 

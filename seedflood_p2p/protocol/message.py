@@ -69,15 +69,22 @@ class AuditRecord:
     """One audit published to the run: `auditor` recomputed the update (accused, round) and
     got `scalars`. Against the claimed scalars it is an accusation (a mismatch) or a
     vouching re-check (a match); `algorithm/audit.py:judge` decides what a set of them
-    means. The auditor is the signer of the envelope it travels in, not in the payload."""
+    means. The auditor is the signer of the envelope it travels in, not in the payload.
+
+    `at`: the auditor's training round when it published the record (-1: not carried, a
+    record of an older version). It fixes the first settled state a vouch takes effect in
+    (`algorithm/probation.py`), as an update's round fixes the settled states it is in."""
 
     accused: bytes
     round: int
     auditor: bytes
     scalars: tuple[float, ...]  # the auditor's recomputation, float16-exact
+    at: int = -1
 
     def __post_init__(self) -> None:
         if self.round < 0:
             raise ValueError(f"round must be >= 0, got {self.round}")
+        if self.at < -1:
+            raise ValueError(f"at must be >= -1, got {self.at}")
         if not self.scalars or not all(math.isfinite(s) for s in self.scalars):
             raise ValueError("an audit carries at least one finite scalar")

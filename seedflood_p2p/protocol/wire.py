@@ -549,13 +549,17 @@ def decode_summary(data: bytes) -> Summary:
 #
 # Audit record, GossipSub payload on the run's audit topic, msgpack array:
 #
-#     [version: int = 2, run_tag: bin(4), accused: bin(1..64), round: uint, scalars: bin(2k)]
+#     [version: int = 2, run_tag: bin(4), accused: bin(1..64), round: uint, scalars: bin(2k),
+#      at: uint]
 #
 # `scalars` are the auditor's recomputation of the accused's update for `round`, as
-# float16. The auditor is the envelope's signer (strict signing), never in the payload.
-# 54 + 2k bytes for a 38-byte Ed25519 peer id and rounds below 2^16. A record is dropped
-# for the update's reasons (oversized past MAX_AUDIT_BYTES, malformed, bad_version,
-# wrong_run, non_finite, out_of_window for a round past MAX_ROUND) and one more:
+# float16. `at` is the auditor's training round when it published (it fixes from which
+# settled state a vouch counts, algorithm/probation.py); a record of an older version has
+# no `at` (5 fields) and is read with at = -1. The auditor is the envelope's signer
+# (strict signing), never in the payload. 57 + 2k bytes for a 38-byte Ed25519 peer id and
+# rounds below 2^16. A record is dropped for the update's reasons (oversized past
+# MAX_AUDIT_BYTES, malformed, bad_version, wrong_run, non_finite, out_of_window for a
+# round or `at` past MAX_ROUND) and one more:
 #
 #     self_audit     the auditor names itself as the accused (it would vote on its own case)
 #
@@ -569,11 +573,13 @@ def audit_topic_for(run_id: str) -> str:
     return topic_for(run_id) + "/audit"
 
 
-def encode_audit(run_id: str, accused: bytes, round_: int, scalars: Sequence[float]) -> bytes:
+def encode_audit(
+    run_id: str, accused: bytes, round_: int, scalars: Sequence[float], at: int = -1
+) -> bytes:
+    """An audit payload; `at` -1 (unknown) leaves the field out (the older 5-field form)."""
     packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(
-        [PROTOCOL_VERSION, run_tag(run_id), accused, round_, pack_scalars(tuple(scalars))]
-    )
+    body = [PROTOCOL_VERSION, run_tag(run_id), accused, round_, pack_scalars(tuple(scalars))]
+    return packer.pack(body + ([at] if at >= 0 else []))
 
 
 def decode_audit(
@@ -598,16 +604,21 @@ def decode_audit(
         raise Rejected("malformed", "not a versioned array")
     if body[0] != PROTOCOL_VERSION:
         raise Rejected("bad_version", f"version {body[0]}, expected {PROTOCOL_VERSION}")
-    if len(body) != 5:
-        raise Rejected("malformed", f"{len(body)} fields, expected 5")
-    _, tag, accused, round_, packed = body
+    if len(body) not in (5, 6):
+        raise Rejected("malformed", f"{len(body)} fields, expected 5 or 6")
+    _, tag, accused, round_, packed, *rest = body
     _check_run_tag(tag, run_id)
     if not isinstance(accused, bytes) or not 0 < len(accused) <= MAX_PEER_ID_BYTES:
         raise Rejected("malformed", "accused is not a peer id")
     scalars = _check_round_and_scalars(round_, packed, directions)
+    at = rest[0] if rest else -1
+    if rest and not _is_int(at):
+        raise Rejected("malformed", "at is not an integer")
+    if rest and not 0 <= at <= MAX_ROUND:
+        raise Rejected("out_of_window", f"at {at} outside 0..{MAX_ROUND}")
     if accused == auditor:
         raise Rejected("self_audit")
-    return AuditRecord(accused, round_, auditor, scalars)
+    return AuditRecord(accused, round_, auditor, scalars, at)
 
 
 def check_audit_envelope(
@@ -615,9 +626,11 @@ def check_audit_envelope(
     envelope: Envelope,
     run_id: str,
     verify: Callable[[bytes, bytes, bytes, str, bytes], bool],
-) -> None:
+) -> AuditRecord:
     """A stored or repaired audit record must carry its auditor's valid signature, on the
-    audit topic, over exactly this record: `bad_signature` or `mismatch` otherwise."""
+    audit topic, over exactly this record: `bad_signature` or `mismatch` otherwise. Returns
+    the record as the envelope carries it (its `at` too: a repair row does not carry it
+    outside the envelope; a record whose `at` is set must agree with the envelope's)."""
     if not verify(
         record.auditor, envelope.data, envelope.seqno, audit_topic_for(run_id), envelope.signature
     ):
@@ -627,8 +640,10 @@ def check_audit_envelope(
         decoded.accused != record.accused
         or decoded.round != record.round
         or not same_scalars(decoded.scalars, record.scalars)
+        or (record.at >= 0 and record.at != decoded.at)
     ):
         raise Rejected("mismatch", f"audit of round {record.round}")
+    return decoded
 
 
 # -- audit repair --------------------------------------------------------------

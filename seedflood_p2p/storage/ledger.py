@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS audits (
     data BLOB,          -- the auditor's signed GossipSub envelope (NULL: not yet echoed)
     seqno BLOB,
     signature BLOB,
+    at INTEGER,         -- the auditor's round when it published (NULL: older record)
     PRIMARY KEY (run_id, accused, round, auditor, scalars)
 ) WITHOUT ROWID;
 -- Audit repair serves and digests records in (round, accused, auditor, scalars) order.
@@ -119,6 +120,14 @@ def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
     return UpdateMessage(round_, bytes(peer), unpack_scalars(scalars))
 
 
+def _audit_record(
+    accused: bytes, round_: int, auditor: bytes, scalars: bytes, at: int | None
+) -> AuditRecord:
+    return AuditRecord(
+        bytes(accused), round_, bytes(auditor), unpack_scalars(scalars), -1 if at is None else at
+    )
+
+
 @dataclass(frozen=True)
 class LedgerCheck:
     """What `Ledger.verify` checked: update rows with a signed envelope, rows without, the
@@ -166,6 +175,9 @@ class Ledger:
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
             self._db.executescript(_SCHEMA)
+            audit_columns = {row[1] for row in self._db.execute("PRAGMA table_info(audits)")}
+            if "at" not in audit_columns:  # a ledger of an older version: records without it
+                self._db.execute("ALTER TABLE audits ADD COLUMN at INTEGER")
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
             if "scalars" not in columns:
                 raise UserError(
@@ -264,9 +276,11 @@ class Ledger:
         try:
             for r, env in zip(records, envelopes, strict=True):
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO audits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO audits (run_id, accused, round, auditor, scalars, "
+                    "data, seqno, signature, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (self.run_id, r.accused, r.round, r.auditor, pack_scalars(r.scalars))
-                    + _envelope_columns(env),
+                    + _envelope_columns(env)
+                    + (r.at if r.at >= 0 else None,),
                 )
                 if cur.rowcount:
                     new.append(r)
@@ -281,11 +295,11 @@ class Ledger:
         (accused, round, auditor, scalars) order."""
         upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
-            "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? "
+            "SELECT accused, round, auditor, scalars, at FROM audits WHERE run_id = ? "
             "AND round BETWEEN ? AND ? ORDER BY accused, round, auditor, scalars",
             (self.run_id, min_round, upper),
         )
-        return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
+        return [_audit_record(*row) for row in rows]
 
     def has_audit(self, record: AuditRecord) -> bool:
         query = (
@@ -301,7 +315,7 @@ class Ledger:
         """Up to `limit` signed audit records after `cursor` (round, accused, auditor,
         packed scalars), in that order, through `max_round`: what audit repair serves."""
         rows = self._db.execute(
-            "SELECT round, accused, auditor, scalars, data, seqno, signature FROM audits "
+            "SELECT round, accused, auditor, scalars, data, seqno, signature, at FROM audits "
             "WHERE run_id = ? AND (round, accused, auditor, scalars) > (?, ?, ?, ?) "
             "AND round <= ? AND signature IS NOT NULL "
             "ORDER BY round, accused, auditor, scalars LIMIT ?",
@@ -309,20 +323,20 @@ class Ledger:
         ).fetchall()
         return [
             (
-                AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)),
+                _audit_record(a, r, b, s, at),
                 Envelope(bytes(d), bytes(q), bytes(g)),
             )
-            for r, a, b, s, d, q, g in rows
+            for r, a, b, s, d, q, g, at in rows
         ]
 
     def unsigned_audits(self, auditor: bytes) -> list[AuditRecord]:
         """`auditor`'s records logged without a signed envelope (our own, not yet echoed)."""
         rows = self._db.execute(
-            "SELECT accused, round, auditor, scalars FROM audits WHERE run_id = ? AND "
+            "SELECT accused, round, auditor, scalars, at FROM audits WHERE run_id = ? AND "
             "auditor = ? AND signature IS NULL ORDER BY round, accused, scalars",
             (self.run_id, auditor),
         )
-        return [AuditRecord(bytes(a), r, bytes(b), unpack_scalars(s)) for a, r, b, s in rows]
+        return [_audit_record(*row) for row in rows]
 
     def set_audit_envelopes(self, items: Iterable[tuple[AuditRecord, Envelope]]) -> int:
         """Attach signed envelopes to our own records logged before they were signed (their
@@ -618,11 +632,11 @@ class Ledger:
         # audit topic. A forged record could ban an honest peer in every replay.
         audits_signed = audits_unsigned = 0
         rows = self._db.execute(
-            "SELECT accused, round, auditor, scalars, data, seqno, signature FROM audits "
+            "SELECT accused, round, auditor, scalars, data, seqno, signature, at FROM audits "
             "WHERE run_id = ? ORDER BY round, accused, auditor, scalars",
             (self.run_id,),
         )
-        for accused, round_, auditor, packed, *envelope in rows:
+        for accused, round_, auditor, packed, *envelope, at in rows:
             where = (
                 f"audit of round {round_!r:.24}, accused {_peer_label(accused)}, "
                 f"auditor {_peer_label(auditor)}"
@@ -634,7 +648,9 @@ class Ledger:
                 problem = "has no valid accused peer id"
             if problem:
                 raise refuse(where, problem)
-            record = AuditRecord(accused, round_, auditor, unpack_scalars(packed))
+            if at is not None and not (isinstance(at, int) and 0 <= at <= MAX_ROUND):
+                raise refuse(where, "has a bad publication round (at)")
+            record = _audit_record(accused, round_, auditor, packed, at)
             if envelope[0] is None:
                 audits_unsigned += 1
                 unsigned_row(where, auditor, round_, "audit record")
