@@ -20,7 +20,12 @@ from peer.settings import PeerSettings
 from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.checkpoints import CheckpointServer, FetchFailed, fetch_checkpoint
+from seedflood_p2p.network.checkpoints import (
+    OFFER_RETRY_SECONDS,
+    CheckpointServer,
+    FetchFailed,
+    fetch_checkpoint,
+)
 from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.protocol.wire import quorum_round
@@ -220,7 +225,12 @@ class LateJoin:
         chain_dir = s.data_dir / CHAIN_DIR
         try:
             result = await fetch_checkpoint(
-                self.node, peers, chain_dir, s.node.call_timeout, self.choose_checkpoint
+                self.node,
+                peers,
+                chain_dir,
+                s.node.call_timeout,
+                self.choose_checkpoint,
+                retry_wait=OFFER_RETRY_SECONDS,
             )
         except FetchFailed as exc:
             self._count_refused(exc.refused)

@@ -200,6 +200,38 @@ def test_only_an_offer_made_by_a_quorum_of_distinct_peers_is_taken():
     assert pick_offer({forged.key: (forged, [_Peer(3), _Peer(3)])}) == (None, 1)  # one identity
 
 
+async def test_offers_that_disagree_for_a_moment_are_asked_for_again(monkeypatch):
+    """Each peer offers its newest link: right after one peer made the next link, two honest
+    peers offer different ones (seen in CI). The joiner asks again; the refusals it
+    reports are those of the answer it acted on."""
+    from seedflood_p2p.network import checkpoints
+
+    offer, _ = _offer()
+    newer = CheckpointOffer(offer.meta_json, offer.size, b"\x09" * 32, offer.chunk_hashes)
+    answers = [
+        {offer.key: (offer, [_Peer(1)]), newer.key: (newer, [_Peer(2)])},  # b is a link behind
+        {newer.key: (newer, [_Peer(1), _Peer(2)])},
+    ]
+    asked = []
+
+    async def gather(node, peers, timeout):
+        asked.append(len(asked))
+        return answers[min(len(asked) - 1, 1)], {}
+
+    async def download(node, picked, offerers, directory, timeout):
+        return checkpoints.FetchResult(picked, [str(p.n) for p in offerers], 0, 0, 0.0)
+
+    monkeypatch.setattr(checkpoints, "gather_offers", gather)
+    monkeypatch.setattr(checkpoints, "download", download)
+    result = await checkpoints.fetch_checkpoint(None, [], None, 1.0, lambda o: None, 0.01)
+    assert result.offer == newer and len(asked) == 2 and result.refused == {}
+    asked.clear()
+    answers[1] = answers[0]  # they keep disagreeing (or one forges): asked 3 times, refused
+    with pytest.raises(checkpoints.FetchFailed) as failed:
+        await checkpoints.fetch_checkpoint(None, [], None, 1.0, lambda o: None, 0.01)
+    assert len(asked) == checkpoints.OFFER_ATTEMPTS and failed.value.refused == {"no_quorum": 2}
+
+
 @pytest.mark.slow
 def test_checkpoint_decoders_let_nothing_but_rejected_out():
     """As tests/test_fuzz.py for the other decoders: random bytes and random msgpack."""

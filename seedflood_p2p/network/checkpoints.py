@@ -257,14 +257,28 @@ def _chunks_present(fd: int, offer: CheckpointOffer) -> set[int]:
     return present_chunks(fd, offer.size, CHECKPOINT_CHUNK_BYTES, list(offer.chunk_hashes))
 
 
+OFFER_ATTEMPTS = 3  # asks for offers when they disagree (a peer just made a newer link)
+OFFER_RETRY_SECONDS = 2.0
+
+
 async def fetch_checkpoint(
-    node, peers: list, directory: Path, timeout: float, choose
+    node, peers: list, directory: Path, timeout: float, choose, retry_wait: float = 0.0
 ) -> FetchResult:
     """Ask `peers` for offers, pick one backed by a quorum, and let `choose(offer)` (the
     caller's rule: checkpoint or replay, from the sizes) decide; then download it.
-    FetchFailed says why nothing was fetched."""
-    groups, refused = await gather_offers(node, peers, timeout)
-    picked, lone = pick_offer(groups)
+    FetchFailed says why nothing was fetched.
+
+    Each peer offers its newest link, so two honest peers disagree for a moment when one
+    has just made the next link, or made one the others have not yet (seen in CI: "2
+    distinct offers"): with `retry_wait` > 0, offers without a quorum are asked for
+    again, up to OFFER_ATTEMPTS times; only the last answer's refusals count."""
+    for attempt in range(OFFER_ATTEMPTS if retry_wait > 0 else 1):
+        if attempt:
+            await asyncio.sleep(retry_wait)
+        groups, refused = await gather_offers(node, peers, timeout)
+        picked, lone = pick_offer(groups)
+        if picked is not None or not groups:
+            break  # a quorum, or no offer at all: nothing to wait for
     if lone:
         refused["no_quorum"] = lone
         log.warning(
