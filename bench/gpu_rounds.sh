@@ -14,6 +14,8 @@
 #   .dev1/ and .dev2/: the base58 wheel (the one package the image lacks)
 # Results land in $OUT (or bench/results/gpu when run by hand), one JSON per benchmark,
 # written after every finished run, so a timed-out call still returns what finished.
+# Measured on an H200 (bench/results/gpu/README.md): a 12-round N = 64 run takes 92 s,
+# so one 10-minute call holds the 6-round sweep and about one seed of the 40-round rows.
 set -u
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
@@ -21,8 +23,8 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SEEDFLOOD_CACHE=${SEEDFLOOD_CACHE:-/t
 export PYTHONPATH=/tmp/site:$PWD
 # Overridable to try the script on a CPU with the tiny model (MODEL=tiny-llama DEVICE=cpu ...)
 MODEL=${MODEL:-smollm2-135m} TASK=${TASK:-mr} DEVICE=${DEVICE:-cuda}
-ROUNDS=${ROUNDS:-40} SWEEP_ROUNDS=${SWEEP_ROUNDS:-12} PEERS=${PEERS:-64} SEEDS=${SEEDS:-3}
-EVAL=${EVAL:-1000} VAL=${VAL:-256} SWEEP_S=${SWEEP_S:-200} TRAIN=${TRAIN:-2400}
+ROUNDS=${ROUNDS:-40} SWEEP_ROUNDS=${SWEEP_ROUNDS:-6} PEERS=${PEERS:-64} SEEDS=${SEEDS:-3}
+EVAL=${EVAL:-1000} VAL=${VAL:-256} SWEEP_S=${SWEEP_S:-300} TRAIN=${TRAIN:-2400}
 BR=(python3 bench/bench_rounds.py --device "$DEVICE" --results-dir "$OUT")
 FULL=(--model "$MODEL" --task "$TASK" --train-only "" --no-cache-prefix --train-examples "$TRAIN")
 ACT="rank:32,directions:16,step_rule:round_mean,n_ref:4,basis:activation,basis_refresh:1"
@@ -62,7 +64,7 @@ main)
   echo "chosen lr (lowest validation loss at round $SWEEP_ROUNDS): $LR"
   # 2. the rows: Adam and activation at N = PEERS, seed-major; then random directions
   "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds "$SEEDS" --rounds "$ROUNDS" \
-    --eval-at "$EVAL_AT" --eval-examples "$EVAL" --rows adam \
+    --eval-at "$EVAL_AT" --eval-examples "$EVAL" --rows adam --row "adam-lr1e-4=method:adam,lr:1e-4" \
     --row "activation=$ACT,lr:$LR" --out gpu-rounds
   "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds 1 --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
     --eval-examples "$EVAL" --rows "" --row "random=$RANDOM_ROW,lr:$LR" --out gpu-rounds
