@@ -90,6 +90,7 @@ class Schedule:
 
 
 HOLE_WINDOW = 8  # rounds of the settled state checked for holes before a round trains
+HOLE_CHECK_SECONDS = 0.2  # how often a waiting round looks for holes again
 
 
 def holes(rows: list[tuple[bytes, int]], low: int, high: int) -> dict[bytes, list[int]]:
@@ -172,6 +173,8 @@ class Pacing:
         started = time.monotonic()
         deadline = started + self.s.round_deadline
         hole_deadline = started + min(self.hole_wait, self.s.round_deadline)
+        found: dict[bytes, list[int]] = {}
+        next_hole_check = started
         while not self.stopping():
             now = time.monotonic()
             live = self.live(now)
@@ -183,7 +186,9 @@ class Pacing:
             self.metrics.peers.set(len(live))
             missing = {}
             if self.holes is not None:
-                missing = {p: r for p, r in self.holes(round_).items() if p not in self.gapped}
+                if now >= next_hole_check:  # a ledger query: not at every 20 ms tick
+                    found, next_hole_check = self.holes(round_), now + HOLE_CHECK_SECONDS
+                missing = {p: r for p, r in found.items() if p not in self.gapped}
             if not behind and not missing:
                 return
             if missing and now > hole_deadline:

@@ -162,6 +162,18 @@ class _Engine:
         pass
 
 
+def _deliver(items, ledger, live, audits) -> None:
+    """What reaches a daemon in one round: updates logged and received, records judged."""
+    for kind, item in items:
+        if kind == "u":
+            ledger.add([item])
+            live.receive([item])
+            audits.on_accept([item], len(F) + len(NEWCOMERS))
+        else:
+            ledger.add_audits([item])
+            audits.set_standing(audits.judge())
+
+
 def _arrivals(claims, records, seed):
     """Each update of round r reaches the peer in one of rounds r .. r + lag, each record
     published at `at` in one of at .. at + lag (the lag rule's assumption), in a drawn
@@ -194,14 +206,7 @@ def _daemon_states(tmp_path, name, claims, records, seed, rounds, final=None):
     for t in range(rounds):
         audits.apply(audits.take_settled(t))
         states.append(frozenset((m.peer, m.round) for m in audits.applied))
-        for kind, item in arrivals.get(t, []):
-            if kind == "u":
-                ledger.add([item])
-                live.receive([item])
-                audits.on_accept([item], len(F) + len(NEWCOMERS))
-            else:
-                ledger.add_audits([item])
-                audits.set_standing(audits.judge())
+        _deliver(arrivals.get(t, []), ledger, live, audits)
     if final is not None:
         audits.apply_final(live.take())
         final.append(frozenset((m.peer, m.round) for m in audits.applied))
@@ -311,14 +316,7 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     end = rounds + DELAY + 8
     for t in range(end):
         audits.apply(audits.take_settled(t))
-        for kind, item in arrivals.get(t, []):
-            if kind == "u":
-                ledger.add([item])
-                live.receive([item])
-                audits.on_accept([item], len(F) + len(NEWCOMERS))
-            else:
-                ledger.add_audits([item])
-                audits.set_standing(audits.judge())
+        _deliver(arrivals.get(t, []), ledger, live, audits)
     jobs = []
     for (r, p), g in sorted(claims.items()):
         if p != F[0] and final.counts(p, r):
