@@ -161,6 +161,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             on_round=on_round,
             on_basis=lambda e, a: sizes.append(a.size),
             prefix_cache=cache,
+            peers_per_pass=args.peers_per_pass,
         )
         engine.close()
         extra = {
@@ -179,6 +180,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         "prefix_cache": bool(args.cache_prefix),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "eval_split": args.eval_split,
+        "peers_per_pass": args.peers_per_pass,
         **extra,
     }
 
@@ -351,6 +353,13 @@ def main() -> None:
         "--train-examples instead of the test split (to choose settings)",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--peers-per-pass",
+        type=int,
+        default=1,
+        help="simulated peers estimated in one pair of forward passes (stacked batches; "
+        "each peer's scalars equal to float rounding): 64 on a GPU",
+    )
     args = parser.parse_args()
     if args.eval_split == "val" and not args.train_examples:
         parser.error("--eval-split val needs --train-examples > 0 (the sentences after them)")

@@ -14,8 +14,9 @@
 #   .dev1/ and .dev2/: the base58 wheel (the one package the image lacks)
 # Results land in $OUT (or bench/results/gpu when run by hand), one JSON per benchmark,
 # written after every finished run, so a timed-out call still returns what finished.
-# Measured on an H200 (bench/results/gpu/README.md): a 12-round N = 64 run takes 92 s,
-# so one 10-minute call holds the 6-round sweep and about one seed of the 40-round rows.
+# All PEERS simulated peers of a round are estimated in one pair of forward passes
+# (--peers-per-pass: one batch of PEERS x 16 examples, a direction per example); one peer
+# per pass took 92 s for 12 rounds of N = 64 on an H200 (bench/results/gpu/README.md).
 set -u
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
@@ -23,9 +24,9 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SEEDFLOOD_CACHE=${SEEDFLOOD_CACHE:-/t
 export PYTHONPATH=/tmp/site:$PWD
 # Overridable to try the script on a CPU with the tiny model (MODEL=tiny-llama DEVICE=cpu ...)
 MODEL=${MODEL:-smollm2-135m} TASK=${TASK:-mr} DEVICE=${DEVICE:-cuda}
-ROUNDS=${ROUNDS:-40} SWEEP_ROUNDS=${SWEEP_ROUNDS:-6} PEERS=${PEERS:-64} SEEDS=${SEEDS:-3}
-EVAL=${EVAL:-1000} VAL=${VAL:-256} SWEEP_S=${SWEEP_S:-300} TRAIN=${TRAIN:-2400}
-BR=(python3 bench/bench_rounds.py --device "$DEVICE" --results-dir "$OUT")
+ROUNDS=${ROUNDS:-40} SWEEP_ROUNDS=${SWEEP_ROUNDS:-10} PEERS=${PEERS:-64} SEEDS=${SEEDS:-3}
+EVAL=${EVAL:-1000} VAL=${VAL:-256} SWEEP_S=${SWEEP_S:-150} TRAIN=${TRAIN:-2400}
+BR=(python3 bench/bench_rounds.py --device "$DEVICE" --results-dir "$OUT" --peers-per-pass "$PEERS")
 FULL=(--model "$MODEL" --task "$TASK" --train-only "" --no-cache-prefix --train-examples "$TRAIN")
 ACT="rank:32,directions:16,step_rule:round_mean,n_ref:4,basis:activation,basis_refresh:1"
 RANDOM_ROW="rank:32,directions:16,step_rule:round_mean,n_ref:4"
@@ -53,21 +54,30 @@ main)
     python3 -c "from seedflood_p2p.workload.models import load_model; load_model('$MODEL')" || exit 1
     echo "converted in $(($(date +%s) - t0)) s"
   fi
-  # 1. learning rate on validation sentences (the VAL training sentences after the first
-  #    2400, which are the ones trained on), N = PEERS; lowest validation loss wins
+  # 1. learning rate and basis refresh period on validation sentences (the VAL training
+  #    sentences after the first TRAIN, which are the ones trained on), N = PEERS; the
+  #    lowest validation loss wins
+  SWEEP=()
+  for T in 5 20; do
+    for LR in 4e-3 1.6e-2 6.4e-2; do
+      SWEEP+=(--row "act-T$T-lr$LR=$ACT,refresh_period:$T,lr:$LR")
+    done
+  done
   timeout "$SWEEP_S" "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds 1 \
     --rounds "$SWEEP_ROUNDS" --eval-at "$SWEEP_ROUNDS" --eval-examples "$VAL" --eval-split val \
-    --rows "" --out gpu-lr-sweep --row "act-lr2e-3=$ACT,lr:2e-3" \
-    --row "act-lr8e-3=$ACT,lr:8e-3" --row "act-lr3.2e-2=$ACT,lr:3.2e-2"
-  LR=$(python3 bench/gpu_pick_lr.py "$OUT/gpu-lr-sweep.json" "$SWEEP_ROUNDS")
-  LR=${LR:-8e-3}  # the sweep did not finish: the middle value
-  echo "chosen lr (lowest validation loss at round $SWEEP_ROUNDS): $LR"
-  # 2. the rows: Adam and activation at N = PEERS, seed-major; then random directions
+    --rows "" --out gpu-sweep "${SWEEP[@]}"
+  PICK=$(python3 bench/gpu_pick.py "$OUT/gpu-sweep.json" "$SWEEP_ROUNDS")
+  PICK=${PICK:-lr:1.6e-2,refresh_period:5}  # the sweep did not finish: the middle value
+  echo "chosen (lowest validation loss at round $SWEEP_ROUNDS): $PICK"
+  # 2. the rows, each run written as it ends: Adam and activation at N = PEERS (seed-major),
+  #    then activation at N = 4 and 16, then random directions at N = PEERS
   "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds "$SEEDS" --rounds "$ROUNDS" \
     --eval-at "$EVAL_AT" --eval-examples "$EVAL" --rows adam --row "adam-lr1e-4=method:adam,lr:1e-4" \
-    --row "activation=$ACT,lr:$LR" --out gpu-rounds
-  "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds 1 --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
-    --eval-examples "$EVAL" --rows "" --row "random=$RANDOM_ROW,lr:$LR" --out gpu-rounds
+    --row "activation=$ACT,$PICK" --out gpu-rounds
+  "${BR[@]}" "${FULL[@]}" --peers 4,16 --seeds "$SEEDS" --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
+    --eval-examples "$EVAL" --rows "" --row "activation=$ACT,$PICK" --out gpu-rounds
+  "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds "$SEEDS" --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
+    --eval-examples "$EVAL" --rows "" --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
   ;;
 *)
   echo "usage: bash bench/gpu_rounds.sh part1|main" >&2

@@ -294,3 +294,27 @@ def test_a_manifest_without_normalize_keeps_scalars_as_sent():
     del body["normalize"]
     assert RunConfig.from_json(json.dumps(body)).normalize == "none"
     assert RunConfig.from_json(RunConfig().to_json()).normalize == "unit"
+
+
+@pytest.mark.parametrize("directions", [1, 4])
+def test_peers_stacked_in_one_pass_estimate_what_each_estimates_alone(directions):
+    """zo_steps (simulated peers' batches in one pair of forward passes, a direction per
+    example) sends each peer the scalars its own zo_step computes, to float rounding."""
+    from seedflood_p2p.algorithm.trainer import zo_step, zo_steps
+    from seedflood_p2p.workload.data import load_task
+
+    torch.manual_seed(0)
+    config = _config(dataset="synthetic-sentiment", batch_size=8, directions=directions)
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    engine = SubCGE(model, config)
+    peers = [b"p0", b"p1", b"p2"]
+    stacked = zo_steps(engine, tokenizer, task, peers, 3)
+    for peer, (message, loss) in zip(peers, stacked, strict=True):
+        alone, alone_loss = zo_step(engine, tokenizer, task, peer, 3)
+        assert message.peer == peer and message.round == 3
+        assert len(message.scalars) == directions
+        np.testing.assert_allclose(message.scalars, alone.scalars, rtol=2e-3, atol=1e-3)
+        assert loss == pytest.approx(alone_loss, rel=1e-5)
+    # not the same scalars for every peer: each example used its own peer's direction
+    assert stacked[0][0].scalars != stacked[1][0].scalars

@@ -250,6 +250,18 @@ class ZerothOrderEstimator:
         (g_1..g_k, mean loss). With k > 1, `loss_fn` returns per-example losses [B] and
         direction j is estimated on the j-th of k equal groups of the batch, all in the same
         two forward passes; with k == 1 it may return the mean loss."""
+        g, losses = self.two_point(loss_fn, direction, batch_size)
+        return tuple(g.tolist()), float(losses.mean())
+
+    @torch.no_grad()
+    def two_point(
+        self,
+        loss_fn: Callable[[], float | torch.Tensor],
+        direction: Direction,
+        batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`estimate` as tensors: (g [k] float64, the mean of the +eps and -eps losses
+        [B], or [1] when `loss_fn` returns one mean loss)."""
         eps, k = self.config.eps, direction.count
         losses = []
         for scale, shared in ((eps, self.prefix.record()), (-eps, self.prefix.reuse())):
@@ -258,8 +270,7 @@ class ZerothOrderEstimator:
         plus, minus = losses
         if k > 1 and plus.numel() % k:
             raise ValueError(f"{plus.numel()} losses do not split into {k} directions")
-        g = ((plus - minus) / (2 * eps)).reshape(k, -1).mean(dim=1)
-        return tuple(g.tolist()), float(0.5 * (plus.mean() + minus.mean()))
+        return ((plus - minus) / (2 * eps)).reshape(k, -1).mean(dim=1), 0.5 * (plus + minus)
 
 
 def _rank_limit(matrix: TrainableMatrix) -> int:

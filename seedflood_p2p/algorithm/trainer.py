@@ -16,13 +16,14 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from seedflood_p2p.algorithm.basis import BasisArtifact, compute_basis
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.objective import batch_loss, example_losses, label_word_logits
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
+from seedflood_p2p.algorithm.subcge import Direction, SubCGE, ZerothOrderEstimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.rng import derive_key
@@ -60,6 +61,51 @@ def zo_step(
     if not all(math.isfinite(x) for x in g):
         raise FloatingPointError(f"non-finite projected gradient at round {round_}: lower lr")
     return UpdateMessage(round_, peer, quantize_scalars(normalize(g, config.normalize))), loss
+
+
+def zo_steps(
+    engine: ZerothOrderEstimator,
+    tokenizer,
+    task: Task,
+    peers: list[bytes],
+    round_: int,
+    prefix_cache: ExamplePrefixCache | None = None,
+) -> list[tuple[UpdateMessage, float]]:
+    """`zo_step` for several simulated peers in the same two forward passes: their batches
+    are stacked and every example carries its own peer's direction (SubCGE's per-example
+    perturbation). Each peer's scalars equal its `zo_step` up to float rounding (another
+    batch composition and padding length), so a simulation may use it and a network peer,
+    whose scalars audits recompute, does not. Returns (message, training loss) per peer."""
+    if len(peers) == 1 or not isinstance(engine, SubCGE):
+        return [zo_step(engine, tokenizer, task, p, round_, prefix_cache) for p in peers]
+    config = engine.config
+    size = config.batch_size
+    examples = [
+        e for p in peers for e in sample_batch(task, batch_seed(config.run_key, p, round_), size)
+    ]
+    batch = make_batch(examples, tokenizer, task, config.max_length)
+    own = [engine.direction(p, round_) for p in peers]
+    stacked = Direction(
+        b"",
+        round_,
+        own[0].epoch,
+        np.concatenate([d.a for d in own]),
+        np.concatenate([d.b for d in own]),
+        np.concatenate([d.sign for d in own]),
+    )
+    with _cached(prefix_cache, examples, batch):
+        g, losses = engine.two_point(
+            lambda: example_losses(engine.model, batch, task.kind), stacked, len(examples)
+        )
+    k = config.directions
+    out = []
+    for i, peer in enumerate(peers):
+        mine = tuple(g[i * k : (i + 1) * k].tolist())
+        if not all(math.isfinite(x) for x in mine):
+            raise FloatingPointError(f"non-finite projected gradient at round {round_}: lower lr")
+        message = UpdateMessage(round_, peer, quantize_scalars(normalize(mine, config.normalize)))
+        out.append((message, float(losses[i * size : (i + 1) * size].mean())))
+    return out
 
 
 def normalize(g: tuple[float, ...], how: str) -> tuple[float, ...]:
@@ -213,6 +259,7 @@ def train_local(
     on_round: Callable[[RoundRecord], None] | None = None,
     on_basis: Callable[[int, BasisArtifact], None] | None = None,
     prefix_cache: ExamplePrefixCache | None = None,
+    peers_per_pass: int = 1,
 ) -> list[RoundRecord]:
     """Simulated peers in one process: every round each peer estimates on the same model,
     the messages are logged, then all are applied as the network would apply them.
@@ -220,7 +267,9 @@ def train_local(
     `ledger` needs only `max_round` and `add` (a benchmark passes a stand-in); the model
     must already hold it (`LiveModel.restore`, or a replay), and the engine the ledger's basis
     artifacts. Under basis "activation" the loop is the basis publisher too: at each due
-    epoch it computes the artifact from the model, uses it, and hands it to `on_basis`."""
+    epoch it computes the artifact from the model, uses it, and hands it to `on_basis`.
+    `peers_per_pass` > 1 estimates that many peers in one pair of forward passes
+    (`zo_steps`: on a GPU one large batch instead of many small ones)."""
     live = LiveModel(engine)
     peer_ids = [f"local-{i}".encode() for i in range(peers)]
     start = (ledger.max_round() + 1) if ledger is not None else 0
@@ -240,10 +289,11 @@ def train_local(
             if on_basis is not None:
                 on_basis(due, artifact)
         messages, losses = [], []
-        for peer in peer_ids:
-            message, loss = zo_step(engine, tokenizer, task, peer, round_, prefix_cache)
-            messages.append(message)
-            losses.append(loss)
+        for i in range(0, peers, peers_per_pass):
+            chunk = peer_ids[i : i + peers_per_pass]
+            for message, loss in zo_steps(engine, tokenizer, task, chunk, round_, prefix_cache):
+                messages.append(message)
+                losses.append(loss)
         if ledger is not None:
             ledger.add(messages)  # log before apply: the ledger is the source of truth
         live.apply(messages)
