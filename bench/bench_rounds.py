@@ -306,7 +306,9 @@ def render(path: Path, meta: dict) -> None:
                 xs.append(r)
                 ys.append(statistics.fmean(accs))
                 es.append(statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else 0)
-        label = "Adam (1 machine)" if row == "adam" else f"{row}, N={peers}"
+        settings = group[0]["settings"]
+        adam = settings["method"] == "adam"
+        label = f"Adam lr {settings['lr']:g} (1 machine)" if adam else f"{row}, N={peers}"
         ax.errorbar(
             xs,
             ys,
@@ -314,7 +316,7 @@ def render(path: Path, meta: dict) -> None:
             marker="o",
             capsize=3,
             label=label,
-            linestyle="--" if row == "adam" else "-",
+            linestyle="--" if adam else "-",
         )
     ax.set_xlabel("round (Adam: step)")
     ax.set_ylabel(f"held-out accuracy ({meta.get('eval_examples')} sentences)")
