@@ -54,6 +54,8 @@ main)
     python3 -c "from seedflood_p2p.workload.models import load_model; load_model('$MODEL')" || exit 1
     echo "converted in $(($(date +%s) - t0)) s"
   fi
+  # Resume: runs already in bench/results/gpu are skipped (bench_rounds resumes from its JSON)
+  if [ "$OUT" != bench/results/gpu ] && [ "$MODEL" = smollm2-135m ]; then cp -n bench/results/gpu/gpu-*.json "$OUT"/ 2>/dev/null; fi
   # 1. learning rate and basis refresh period on validation sentences (the VAL training
   #    sentences after the first TRAIN, which are the ones trained on), N = PEERS; the
   #    lowest validation loss wins
@@ -69,15 +71,22 @@ main)
   PICK=$(python3 bench/gpu_pick.py "$OUT/gpu-sweep.json" "$SWEEP_ROUNDS")
   PICK=${PICK:-lr:1.6e-2,refresh_period:5}  # the sweep did not finish: the middle value
   echo "chosen (lowest validation loss at round $SWEEP_ROUNDS): $PICK"
-  # 2. the rows, each run written as it ends: Adam and activation at N = PEERS (seed-major),
-  #    then activation at N = 4 and 16, then random directions at N = PEERS
-  "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds "$SEEDS" --rounds "$ROUNDS" \
-    --eval-at "$EVAL_AT" --eval-examples "$EVAL" --rows adam --row "adam-lr1e-4=method:adam,lr:1e-4" \
-    --row "activation=$ACT,$PICK" --out gpu-rounds
-  "${BR[@]}" "${FULL[@]}" --peers 4,16 --seeds "$SEEDS" --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
-    --eval-examples "$EVAL" --rows "" --row "activation=$ACT,$PICK" --out gpu-rounds
-  "${BR[@]}" "${FULL[@]}" --peers "$PEERS" --seeds "$SEEDS" --rounds "$ROUNDS" --eval-at "$EVAL_AT" \
-    --eval-examples "$EVAL" --rows "" --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
+  # 2. the rows, each run written as it ends (the first session of this script ran the first
+  #    two commands): Adam and activation at N = PEERS (seed-major), activation at N = 4 and
+  #    16; then a cosine-decayed lr at N = PEERS, n_ref = PEERS for small rounds (each update
+  #    moves lr / max(N, PEERS)), and random directions at N = PEERS
+  COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows adam \
+    --row "adam-lr1e-4=method:adam,lr:1e-4" --row "activation=$ACT,$PICK" --out gpu-rounds
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 4,16 --rows "" --row "activation=$ACT,$PICK" \
+    --out gpu-rounds
+  COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
+    --row "act-cosine=$ACT,$PICK,$COSINE" --row "act-cosine-lr0.128=$ACT,$PICK,$COSINE,lr:0.128"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 4,16 --rows "" --out gpu-rounds \
+    --row "act-nref$PEERS=${ACT/n_ref:4/n_ref:$PEERS},$PICK"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" \
+    --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
   ;;
 *)
   echo "usage: bash bench/gpu_rounds.sh part1|main" >&2
