@@ -34,6 +34,7 @@ class LedgerEvaluator:
         self.examples = examples
         # Rows already in the ledger, then every update the flood node accepts (on_accept).
         self.pending: list[UpdateMessage] = list(ledger.messages())
+        self.ledger_path = ledger.path  # the run's basis artifact is stored beside it
         self.applied_round = -1  # highest round applied so far
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="page-eval")
         self.live = self.tokenizer = self.task = None
@@ -57,7 +58,14 @@ class LedgerEvaluator:
                 "the run's: the model files differ (another revision or a corrupt cache)"
             )
         self.task = load_run_task(self.config)  # the organiser's own files: this node's
-        self.live = LiveModel(make_estimator(model, self.config))
+        engine = make_estimator(model, self.config)
+        if self.config.basis_sha256:
+            from seedflood_p2p.algorithm.basis import decode
+            from seedflood_p2p.storage.artifacts import ArtifactStore
+
+            body = ArtifactStore.beside(self.ledger_path).get(self.config.basis_sha256)
+            engine.add_basis(0, decode(body, self.config.basis_sha256))
+        self.live = LiveModel(engine)
 
     def _score(self, messages: list[UpdateMessage]) -> tuple[float, float | None, float]:
         from seedflood_p2p.algorithm.trainer import evaluate

@@ -70,12 +70,21 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
         stored_config = RunConfig.from_json(stored.get_meta("manifest"))
         stored.close()
         same = config.replace(
-            base_sha256=stored_config.base_sha256, dataset_sha256=stored_config.dataset_sha256
+            base_sha256=stored_config.base_sha256,
+            dataset_sha256=stored_config.dataset_sha256,
+            basis_sha256=stored_config.basis_sha256,
         )
         if same != stored_config:
             raise UserError(
                 f"{settings.data_dir} already serves run {stored_config.run_id[:12]} with other "
                 "settings: start with the same settings, or use a new --data-dir for a new run"
+            )
+        if stored_config.basis_sha256 and not basis_store(settings).has(stored_config.basis_sha256):
+            raise UserError(
+                f"{settings.data_dir} serves run {stored_config.run_id[:12]}, whose basis "
+                f"artifact {stored_config.basis_sha256[:16]}... is missing from "
+                f"{basis_store(settings).directory}: restore the file (peers hold copies "
+                "beside their ledgers) or use a new --data-dir for a new run"
             )
         return stored_config
     from seedflood_p2p.workload.data import examples_sha256
@@ -83,14 +92,52 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
     from seedflood_p2p.workload.tasks import load_run_task
 
     log.info("hashing the base weights of %s and the examples of %s", config.model, config.dataset)
-    model, _ = load_model(config.model)
+    model, tokenizer = load_model(config.model)
     task = load_run_task(config)
-    return config.replace(base_sha256=weights_sha256(model), dataset_sha256=examples_sha256(task))
+    config = config.replace(base_sha256=weights_sha256(model), dataset_sha256=examples_sha256(task))
+    if config.basis == "activation" and not config.basis_sha256:
+        config = config.replace(
+            basis_sha256=publish_basis(settings, config, model, tokenizer, task)
+        )
+    return config
 
 
-async def serve_assets(p2p, node, config: RunConfig) -> None:
+def basis_store(settings: BootstrapSettings):
+    """Where this node keeps run artifacts: beside its ledger, as every ledger's are."""
+    from seedflood_p2p.storage.artifacts import ArtifactStore
+
+    return ArtifactStore.beside(settings.data_dir / "ledger.sqlite")
+
+
+def publish_basis(settings: BootstrapSettings, config: RunConfig, model, tokenizer, task) -> str:
+    """The run's one activation basis, computed here at the base weights on the first
+    `basis_examples` training prompts (labels unused) and stored by its SHA-256, which the
+    manifest then carries: every peer fetches these bytes and none recomputes them."""
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.algorithm.trainer import make_basis
+
+    started = time.monotonic()
+    engine = SubCGE(model, config)
+    try:
+        artifact = make_basis(engine, tokenizer, task, 0)
+    finally:
+        engine.close()
+    digest = basis_store(settings).put(artifact.body)
+    log.info(
+        "activation basis computed in %.1f s: %s (%d bytes, %d matrices)",
+        time.monotonic() - started,
+        digest[:16],
+        artifact.size,
+        len(artifact.v),
+        extra={"fields": {"event": "basis", "sha256": digest, "bytes": artifact.size}},
+    )
+    return digest
+
+
+async def serve_assets(p2p, node, config: RunConfig, basis_path: Path | None = None) -> None:
     """Serve the organiser's model directory and data file, when the run names them by a
-    local path, to joiners that fetch them by digest (network/assets.py)."""
+    local path, and the run's basis artifact (at `basis_path`), to joiners that fetch them
+    by digest (network/assets.py)."""
     from seedflood_p2p.network.assets import AssetError, AssetServer
     from seedflood_p2p.workload.tasks import local_assets
 
@@ -99,8 +146,9 @@ async def serve_assets(p2p, node, config: RunConfig) -> None:
         return
     server = AssetServer(p2p, config.run_id, lambda peer: node.refuses(peer) is None)
     await server.start()
+    paths = {"model": config.model, "dataset": config.dataset, "basis": basis_path}
     for kind in kinds:
-        path = Path(config.model if kind == "model" else config.dataset).expanduser()
+        path = Path(paths[kind]).expanduser()
         try:
             await server.publish(kind, path)
         except (AssetError, OSError) as exc:
@@ -147,7 +195,12 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             # would start rounds behind (seen: "ready at round 13" with 56 rows at round 74).
             node.not_ready = "restarted: syncing with the run's other nodes first"
         await host.start_node(round_of=lambda: node.newest_round)
-        await serve_assets(p2p, node, config)
+        if config.basis_sha256:
+            from seedflood_p2p.storage.artifacts import write_schedule
+
+            write_schedule(ledger, [(0, config.basis_sha256)])  # replay needs its bytes too
+        basis = basis_store(settings).path(config.basis_sha256) if config.basis_sha256 else None
+        await serve_assets(p2p, node, config, basis)
         suffix = f"/p2p/{p2p.peer_id.to_base58()}"
         addresses = [
             str(a) if str(a).endswith(suffix) else f"{a}{suffix}"

@@ -246,7 +246,10 @@ class PeerDaemon:
         # 2. the message path: network -> admission (validate, ledger) -> apply
         from seedflood_p2p.algorithm.subcge import make_estimator
 
-        live = LiveModel(make_estimator(model, config), ledger)
+        engine = make_estimator(model, config)
+        if config.basis_sha256:
+            engine.add_basis(0, joiner.basis_artifact(config, ledger))
+        live = LiveModel(engine, ledger)
         audit_settings = AuditSettings.of(config.extra)
         staleness = audited_staleness(s.max_staleness, audit_settings)
         if staleness != s.max_staleness:

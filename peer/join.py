@@ -48,6 +48,12 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
     config = RunConfig.from_json(reply["manifest"])
     if problem := config.daemon_problem():
         raise UserError(f"cannot join run {config.run_id[:12]}: {problem}")
+    if config.basis == "activation" and not config.basis_sha256:
+        raise UserError(
+            f"cannot join run {config.run_id[:12]}: it uses an activation basis but its "
+            "manifest names no basis artifact (basis_sha256); its bootstrap node must "
+            "compute one (seedflood >= 0.1 does at start)"
+        )
     return config
 
 
@@ -281,6 +287,20 @@ class Joiner:
             )
         return model.to(self.s.device), tokenizer, task
 
+    def basis_artifact(self, config: RunConfig, ledger):
+        """The run's activation basis from the file fetched by digest (`get_assets`),
+        checked, and kept beside the ledger, which names it, so a replay of this ledger
+        (`seedflood replay`, `export`) applies the same bytes."""
+        from seedflood_p2p.algorithm.basis import decode
+        from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule, write_schedule
+
+        sha = config.basis_sha256
+        artifact = decode(Path(self.asset_paths["basis"]).read_bytes(), sha)
+        ArtifactStore.beside(ledger.path).put(artifact.body)
+        if read_schedule(ledger) != [(0, sha)]:
+            write_schedule(ledger, [(0, sha)])
+        return artifact
+
     async def get_assets(self, config: RunConfig) -> None:
         """The run's model directory and data file, when its manifest names paths of the
         organiser's machine: this peer's own copies (--model-dir, --dataset-file), else
@@ -289,7 +309,7 @@ class Joiner:
         from seedflood_p2p.workload.tasks import check_asset, local_assets
 
         kinds = local_assets(config)
-        own = {"model": self.s.model_dir, "dataset": self.s.dataset_file}
+        own = {"model": self.s.model_dir, "dataset": self.s.dataset_file, "basis": None}
         for kind in kinds:
             if own[kind] is not None:
                 self.asset_paths[kind] = own[kind]
@@ -305,6 +325,8 @@ class Joiner:
                     lambda path, kind=kind: check_asset(config, kind, path),
                 )
             except AssetError as exc:
+                if kind == "basis":
+                    raise UserError(f"{exc}; retry when the bootstrap node is up") from None
                 flag = "--model-dir" if kind == "model" else "--dataset-file"
                 raise UserError(f"{exc}; or pass {flag} with your copy") from None
         if kinds:

@@ -52,6 +52,14 @@ def test_only_data_files_travel(tmp_path):
     for bad in ("../x.json", ".hidden.json", "a/b.json", "x.py", "x.bin", "x" * 200 + ".json"):
         assert not allowed_name("model", bad)
     assert allowed_name("dataset", "nli.csv") and not allowed_name("dataset", "nli.py")
+    assert allowed_name("basis", "a" * 64 + ".safetensors")
+    assert not allowed_name("basis", "basis.json") and not allowed_name("basis", "b.bin")
+    basis = tmp_path / ("a" * 64 + ".safetensors")
+    basis.write_bytes(b"\0" * 10)
+    one = make_listing("basis", basis)
+    assert decode_listing("basis", encode_listing(one)) == one
+    two = [*one, ("b" * 64 + ".safetensors", 10, b"\0" * 32, [b"\0" * 32])]
+    assert decode_listing("basis", encode_listing(two)) is None  # one file, the artifact
     listing = make_listing("model", model)
     assert decode_listing("model", encode_listing(listing)) == listing
     forged = [("../../etc/passwd.json", 10, b"\0" * 32, [b"\0" * 32])]

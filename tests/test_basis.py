@@ -279,7 +279,8 @@ def test_daemons_refuse_what_they_do_not_carry_yet_with_one_line():
 
     assert RunConfig().daemon_problem() is None
     assert RunConfig(step_rule="round_mean").daemon_problem() is None  # live re-scaling
-    for config, what in ((RunConfig(basis="activation"), "basis artifacts"),):
+    refreshed = RunConfig(basis="activation", basis_refresh=1)
+    for config, what in ((refreshed, "carries one activation basis"),):
         assert what in config.daemon_problem()
         reply = {"time": time.time(), "version": "0.1.0", "manifest": config.to_json()}
         with pytest.raises(UserError, match="cannot join run"):

@@ -44,6 +44,7 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "basis_refresh": 0,
     "basis_examples": 64,
     "basis_damping": 1e-3,
+    "basis_sha256": "",
     "step_rule": "per_update",
 }
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
@@ -119,6 +120,9 @@ class RunConfig:
     basis_refresh: int = 0
     basis_examples: int = 64
     basis_damping: float = 1e-3
+    # A network run's one activation basis: the SHA-256 of the artifact the run's organiser
+    # (its bootstrap node) computed at the base weights; peers fetch it by this digest.
+    basis_sha256: str = ""  # (filled in by the bootstrap)
     # How a round's updates share a step: "per_update" each moves lr / n_ref (as always);
     # "round_mean" each moves lr / max(n_t, n_ref), n_t the updates the ledger holds for the
     # round, so a full round is about one step however many peers it carries.
@@ -178,6 +182,10 @@ class RunConfig:
             problems.append("base_sha256 must be empty or 64 lowercase hex digits")
         if self.dataset_sha256 and not _is_sha256(self.dataset_sha256):
             problems.append("dataset_sha256 must be empty or 64 lowercase hex digits")
+        if self.basis_sha256 and not _is_sha256(self.basis_sha256):
+            problems.append("basis_sha256 must be empty or 64 lowercase hex digits")
+        if self.basis_sha256 and self.basis != "activation":
+            problems.append("basis_sha256 names an activation basis: it needs basis 'activation'")
         if self.kind not in TASK_KINDS:
             problems.append(
                 f"kind must be one of {', '.join(k or repr(k) for k in TASK_KINDS)} "
@@ -269,12 +277,14 @@ class RunConfig:
 
     def daemon_problem(self) -> str | None:
         """Why the peer daemon and bootstrap node cannot run these settings yet (None: they
-        can). Basis artifacts are computed and replayed by `seedflood train`/`replay`, but
-        no node publishes or fetches them over the network yet."""
-        if self.basis != "random":
+        can). A network run carries one basis artifact, the organiser's, computed at the
+        base weights; a basis refreshed as training moves needs a publisher the network
+        does not have yet (`seedflood train` computes and replays refreshed ones)."""
+        if self.basis == "activation" and self.basis_refresh:
             return (
-                f"basis '{self.basis}' runs in `seedflood train` only: the network does not "
-                "carry basis artifacts yet; use basis 'random' for a network run"
+                f"basis_refresh {self.basis_refresh} runs in `seedflood train` only: a network "
+                "run carries one activation basis, computed by its bootstrap node at the base "
+                "weights; set basis_refresh = 0"
             )
         return None
 

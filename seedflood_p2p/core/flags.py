@@ -94,7 +94,9 @@ def settings_of(cls: type, exclude: Sequence[str] = ()) -> list[Setting]:
     return out
 
 
-RUN_FIELDS = settings_of(RunConfig, exclude=("extra", "base_sha256", "dataset_sha256"))
+RUN_FIELDS = settings_of(
+    RunConfig, exclude=("extra", "base_sha256", "dataset_sha256", "basis_sha256")
+)
 
 MAX_INT = MAX_ROUND  # no integer setting means anything beyond a round number
 MAX_SECONDS = 1e9  # ~31 years: beyond this, sleeps and deadlines overflow C conversions

@@ -1,4 +1,5 @@
-"""Run assets from peers: the organiser's model directory and data file, fetched by digest.
+"""Run assets from peers: the organiser's model directory, data file and activation basis
+(a run artifact, see algorithm/basis.py), fetched by digest.
 
 A run may name a model directory or data file of the organiser's machine; a joiner never
 opens such a path (workload/tasks.py:run_sources). It asks the peers it is connected to
@@ -12,7 +13,8 @@ run's own digests (base_sha256, dataset_sha256: they are part of the run id), an
 listing that fails is deleted and the next one tried.
 
 Only data travels: safetensors, JSON and tokenizer files of a model directory (no
-pickles, no code: nothing fetched is ever executed), a .jsonl/.csv data file; plain file
+pickles, no code: nothing fetched is ever executed), a .jsonl/.csv data file, a basis
+.safetensors file; plain file
 names only (no directories, no "..", no hidden files). Sizes are bounded (MAX_ASSET_BYTES,
 MAX_ASSET_FILES) and serving is rate-limited per requester like checkpoint chunks. No
 torch here (network layer).
@@ -38,7 +40,7 @@ from seedflood_p2p.protocol.wire import CHECKPOINT_SERVE_BURST, CHECKPOINT_SERVE
 
 log = logging.getLogger("seedflood.assets")
 
-ASSET_KINDS = ("model", "dataset")
+ASSET_KINDS = ("model", "dataset", "basis")
 ASSET_CHUNK_BYTES = 1 << 20
 MAX_ASSET_BYTES = 16 << 30  # a 4B-parameter fp32 model; its chunk hashes take 512 KiB
 MAX_ASSET_FILES = 64
@@ -47,6 +49,7 @@ RPC_LIMIT = (1 << 20) + 4096
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MODEL_SUFFIXES = (".safetensors", ".json", ".txt", ".model")  # tokenizer.model, merges.txt
 DATASET_SUFFIXES = (".jsonl", ".csv")
+FILE_SUFFIXES = {"dataset": DATASET_SUFFIXES, "basis": (".safetensors",)}  # one-file kinds
 
 Listing = list[tuple[str, int, bytes, list[bytes]]]  # (name, size, sha256, chunk sha256s)
 
@@ -57,7 +60,7 @@ class AssetError(Exception):
 
 def allowed_name(kind: str, name: str) -> bool:
     """A file of this kind that may travel: a plain name with a data suffix."""
-    suffixes = MODEL_SUFFIXES if kind == "model" else DATASET_SUFFIXES
+    suffixes = MODEL_SUFFIXES if kind == "model" else FILE_SUFFIXES.get(kind, ())
     return (
         _NAME.fullmatch(name) is not None and ".." not in name and name.lower().endswith(suffixes)
     )
@@ -67,9 +70,10 @@ def asset_files(kind: str, path: Path) -> list[Path]:
     """The files of an asset that travel: a data file itself, or the allowed files at the
     top of a model directory (others, such as pickled weights or code, never do)."""
     path = Path(path)
-    if kind == "dataset":
+    if kind in FILE_SUFFIXES:
         if not (path.is_file() and allowed_name(kind, path.name)):
-            raise AssetError(f"{path} is not a .jsonl/.csv file with a plain name")
+            wanted = "/".join(FILE_SUFFIXES[kind])
+            raise AssetError(f"{path} is not a {wanted} file with a plain name")
         return [path]
     files = sorted(p for p in path.iterdir() if p.is_file() and allowed_name(kind, p.name))
     if not any(p.suffix == ".safetensors" for p in files):
@@ -127,6 +131,8 @@ def decode_listing(kind: str, data: bytes) -> Listing | None:
     except Exception:  # msgpack's errors, wrong shapes
         return None
     if not listing or total > MAX_ASSET_BYTES or len(listing) > MAX_ASSET_FILES:
+        return None
+    if kind in FILE_SUFFIXES and len(listing) != 1:
         return None
     return listing
 
@@ -234,7 +240,7 @@ async def fetch_asset(
         except AssetError as exc:
             why.append(str(exc))
             continue
-        target = folder / listing[0][0] if kind == "dataset" else folder
+        target = folder / listing[0][0] if kind in FILE_SUFFIXES else folder
         problem = await asyncio.to_thread(verify, target)
         if problem is None:
             log.info(

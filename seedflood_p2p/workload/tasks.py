@@ -9,6 +9,7 @@ documents each preset with its example file in examples/tasks/.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +164,8 @@ def is_local_path(name: str, builtins: tuple[str, ...] = ()) -> bool:
 
 def local_assets(config: RunConfig) -> list[str]:
     """The run's assets ("model", "dataset") that it names by a path of the organiser's
-    machine: what joiners get from peers by digest (network/assets.py)."""
+    machine, and its activation basis ("basis") when it has one: what joiners get from
+    peers by digest (network/assets.py)."""
     from seedflood_p2p.workload.data import BUILTIN_TASKS
     from seedflood_p2p.workload.models import BUILTIN_MODELS
 
@@ -172,15 +174,23 @@ def local_assets(config: RunConfig) -> list[str]:
         kinds.append("model")
     if is_local_path(config.dataset, BUILTIN_TASKS):
         kinds.append("dataset")
+    if config.basis_sha256:
+        kinds.append("basis")
     return kinds
 
 
 def check_asset(config: RunConfig, kind: str, path: Path) -> str | None:
-    """None when `path` holds the run's model (kind "model") or data (kind "dataset"), as
-    the manifest's base_sha256 / dataset_sha256 say; else why not, in a few words."""
+    """None when `path` holds the run's model (kind "model"), data (kind "dataset") or
+    basis artifact (kind "basis"), as the manifest's base_sha256 / dataset_sha256 /
+    basis_sha256 say; else why not, in a few words."""
     from seedflood_p2p.workload.data import examples_sha256
     from seedflood_p2p.workload.models import load_model, weights_sha256
 
+    if kind == "basis":  # an artifact is its bytes: the file's own digest
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        if digest == config.basis_sha256:
+            return None
+        return f"SHA-256 {digest[:16]}..., not {config.basis_sha256[:16]}..."
     expected = config.base_sha256 if kind == "model" else config.dataset_sha256
     if not expected:
         return f"the run's manifest has no digest of its {kind} to check a copy against"

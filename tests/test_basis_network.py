@@ -1,0 +1,104 @@
+"""A network run with an activation basis (127.0.0.1, tiny model, real daemons): the
+bootstrap node computes the run's one basis artifact at the base weights and the manifest
+names its SHA-256; peers that never had it fetch it by digest, keep it beside their
+ledgers, train and audit along it, and their live models equal the replay of their
+ledgers with that artifact (and differ from a replay without it: it was used)."""
+
+import dataclasses
+import json
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.apps.local import counted_updates, load_schedule
+from seedflood_p2p.apps.localnet import start_bootstrap
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
+from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.workload.models import load_model, weights_sha256
+
+from helpers.cluster import RUN, start_peer
+
+ACTIVATION = dataclasses.replace(
+    RUN, basis="activation", basis_examples=32, extra={"audit": {"cpu_share": 1.0}}
+)
+ROUNDS = 8
+PEER_FLAGS = [
+    *("--until-round", str(ROUNDS), "--round-interval", "1.0", "--min-peers", "2"),
+    *("--round-deadline", "10", "--linger", "4", "--connect-retries", "20"),
+]
+LIVE_VS_REPLAY_ATOL = 1e-5
+
+
+def test_a_refreshed_basis_is_refused_by_the_daemons_and_a_peer_needs_the_digest():
+    from bootstrap.node import BootstrapSettings, resolve_manifest
+    from peer.daemon import check_manifest_reply
+
+    refreshed = dataclasses.replace(ACTIVATION, basis_refresh=1)
+    assert "basis_refresh 1" in refreshed.daemon_problem()
+    with pytest.raises(UserError, match="cannot serve this run: basis_refresh 1"):
+        resolve_manifest(BootstrapSettings(), refreshed)
+    assert ACTIVATION.daemon_problem() is None
+    reply = {"time": time.time(), "version": "0.1.0", "manifest": ACTIVATION.to_json()}
+    with pytest.raises(UserError, match="names no basis artifact"):
+        check_manifest_reply(reply, time.time(), "0.1.0")
+    with pytest.raises(UserError, match="basis_sha256 must be empty or 64"):
+        dataclasses.replace(ACTIVATION, basis_sha256="abc")
+    with pytest.raises(UserError, match="needs basis 'activation'"):
+        dataclasses.replace(RUN, basis_sha256="a" * 64)
+    # the default run's id is unchanged by the new field (omitted when empty)
+    assert "basis_sha256" not in RUN.to_json()
+
+
+@pytest.mark.slow
+def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_path):
+    work = tmp_path
+    procs = []
+    try:
+        boot, address = start_bootstrap(work, ACTIVATION)
+        procs.append(boot)
+        peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b")}
+        procs += peers.values()
+        codes = {n: p.wait_exit(600) for n, p in peers.items()}
+        assert all(c == 0 for c in codes.values()), {n: peers[n].tail() for n in peers}
+        computed = [e for e in boot.events() if e.get("event") == "basis"]
+    finally:
+        for p in procs:
+            p.stop()
+    assert len(computed) == 1, boot.tail()
+    sha = computed[0]["sha256"]
+    assert ArtifactStore.beside(work / "bootstrap" / "ledger.sqlite").has(sha)
+    finals = {n: json.loads((work / n / "final_status.json").read_text()) for n in peers}
+    assert len({f["ledger_digest"] for f in finals.values()}) == 1
+    replayed = {}
+    for name, proc in peers.items():
+        fetched = [e for e in proc.events() if "fetched the run's basis" in e.get("message", "")]
+        assert len(fetched) == 1, proc.tail()
+        with Ledger.open_existing(work / name / "ledger.sqlite") as ledger:
+            config = RunConfig.from_json(ledger.get_meta("manifest"))
+            assert config.basis_sha256 == sha
+            assert read_schedule(ledger) == [(0, sha)]
+            schedule = load_schedule(ledger)  # the bytes beside the ledger, digest checked
+            messages, _ = counted_updates(ledger, config)
+        assert len(messages) >= ROUNDS
+        model, _ = load_model(config.model)
+        replay(model, config, messages, schedule=schedule)
+        replayed[name] = weights_sha256(model)
+        live = load_file(work / name / "checkpoint.safetensors")
+        matrices = make_estimator(model, config).matrices
+        for matrix in matrices:
+            torch.testing.assert_close(
+                live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
+            )
+        without, _ = load_model(config.model)
+        replay(without, config, messages)  # random +-1 V sides instead of the artifact's
+        assert weights_sha256(without) != replayed[name]
+        audits = finals[name]["audits"]
+        assert audits["banned"] == [] and audits["mismatches"] == 0, (name, audits)
+    assert len(set(replayed.values())) == 1
+    assert sum(f["audits"]["done"] for f in finals.values()) >= 2  # audits recomputed along it
