@@ -99,7 +99,12 @@ class LateJoin:
         scratch, _ = load_model(
             run_sources(self.config, self.asset_paths.get("model", self.s.model_dir))[0]
         )
-        return CheckpointChain(scratch.to(self.s.device), self.config, self.s.data_dir / CHAIN_DIR)
+        return CheckpointChain(
+            scratch.to(self.s.device),
+            self.config,
+            self.s.data_dir / CHAIN_DIR,
+            self.live.schedule,
+        )
 
     async def extend_chain(self, round_: int) -> None:
         """Build and serve the newest settled link of the run's checkpoint chain, if due

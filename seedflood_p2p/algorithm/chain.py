@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from seedflood_p2p.algorithm.basis import BasisSchedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import trainable_tensors
 from seedflood_p2p.core.config import RunConfig
@@ -81,9 +82,16 @@ def write_link(directory: Path, weights: dict, config: RunConfig, rows: list, ro
 class CheckpointChain:
     """Builds the chain's links into DIRECTORY on a scratch model (base weights at start)."""
 
-    def __init__(self, scratch: torch.nn.Module, config: RunConfig, directory: Path) -> None:
+    def __init__(
+        self,
+        scratch: torch.nn.Module,
+        config: RunConfig,
+        directory: Path,
+        schedule: BasisSchedule | None = None,
+    ) -> None:
         self.model = scratch
         self.config = config
+        self.schedule = schedule  # the run's basis artifacts (None: random bases only)
         self.period = chain_period(config)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -118,7 +126,8 @@ class CheckpointChain:
                 )
             self._load(self.base)
         for low in range(start, target, self.period):
-            replay(self.model, self.config, [m for m in rows if low <= m.round < low + self.period])
+            rows_of = [m for m in rows if low <= m.round < low + self.period]
+            replay(self.model, self.config, rows_of, schedule=self.schedule)
         weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.matrices}
         return write_link(self.directory, weights, self.config, rows, target)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from seedflood_p2p.algorithm.basis import BasisSchedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
 from seedflood_p2p.protocol.message import UpdateMessage
@@ -202,7 +203,7 @@ class LiveModel:
                 pass  # a fresh peer
             except Exception as exc:  # unreadable: the ledger alone rebuilds the model
                 log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
-        count = replay(self.model, self.config, cut.messages)
+        count = replay(self.model, self.config, cut.messages, schedule=self.schedule)
         self.hold(cut.messages)
         return f"replay of {count} ledger messages"
 
@@ -238,9 +239,14 @@ class LiveModel:
         else:
             # The tail in canonical order with replay's grouped merges: one pass over the
             # weights per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
-            replay(self.model, self.config, tail)
+            replay(self.model, self.config, tail, schedule=self.schedule)
         how = f"checkpoint of round {meta['round']}"
         return how + (f" + {len(tail)} ledger messages after it" if tail else "")
+
+    @property
+    def schedule(self) -> BasisSchedule | None:
+        """The engine's basis artifacts: a replay here applies the same V sides."""
+        return getattr(self.engine, "schedule", None)
 
     def _device(self) -> torch.device:
         return self.engine.matrices[0].weight.device

@@ -196,7 +196,7 @@ def consensus(work: Path, names: list[str], final_eval_examples: int = 0) -> dic
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import trainable_tensors
     from seedflood_p2p.algorithm.trainer import evaluate_metrics
-    from seedflood_p2p.apps.local import counted_updates
+    from seedflood_p2p.apps.local import counted_updates, load_schedule
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256
     from seedflood_p2p.workload.tasks import load_run_task
@@ -210,7 +210,8 @@ def consensus(work: Path, names: list[str], final_eval_examples: int = 0) -> dic
     with Ledger.open_existing(work / names[0] / "ledger.sqlite") as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
         model, tokenizer = load_model(config.model)
-        replay(model, config, counted_updates(ledger, config)[0])  # `seedflood replay`'s
+        messages = counted_updates(ledger, config)[0]  # `seedflood replay`'s
+        replay(model, config, messages, schedule=load_schedule(ledger))
         per_round: dict[int, int] = {}
         for m in ledger.messages():
             per_round[m.round] = per_round.get(m.round, 0) + 1
