@@ -175,6 +175,10 @@ class PeerAudits:
         # the audit rate is set to keep at `cpu_share` of training.
         self.cpu_seconds: Counter[str] = Counter()
         self.verdicts = 0  # cases decided (confirmed or refuted)
+        # An update of a peer the standing does not know arrived: judge again at the next
+        # round (`DaemonAudits.run_round`), so a newcomer becomes a probationer (and is
+        # audited) even if no audit record ever arrives to prompt a judgement.
+        self.unknown_peers = False
         self.rate = 0.0
         self.delay = settings.delay  # rounds an audit waits (see `ready`)
 
@@ -183,9 +187,18 @@ class PeerAudits:
         """Draw audits among just-accepted updates of others (`peers`: the run's size
         as we see it, for the sampling rate)."""
         self.rate = audit_rate(peers, self.settings.cpu_share)
+        st = self.standing
         for m in messages:
             key = (m.peer, m.round)
             self.arrival.setdefault(key, (self.round, next(self._clock)))
+            if (
+                st is not None
+                and st.enabled
+                and m.peer not in st.established
+                and m.peer not in st.probationers
+                and m.peer not in self.banned
+            ):
+                self.unknown_peers = True
             if m.peer == self.peer_id or m.peer in self.banned or key in self.done:
                 continue
             if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
@@ -391,6 +404,16 @@ class PeerAudits:
             if drop:
                 self.applied = [m for m in self.applied if self.is_counted(m)]
                 self.waiting.extend(drop)
+            banned = self.standing.banned_at(self.round) if self.standing else frozenset()
+            for peer in sorted({m.peer for m in drop} & banned):  # (others lost a vouch)
+                log.warning(
+                    "audit verdict in effect from round %d: peer %s banned; %d applied "
+                    "update(s) taken back",
+                    self.round,
+                    peer_name(peer),
+                    sum(1 for m in drop if m.peer == peer),
+                    extra={"fields": {"event": "audit_ban", "peer": peer_name(peer)}},
+                )
         keep = [m for m in messages if self.is_counted(m)]
         self.waiting.extend(m for m in messages if not self.is_counted(m))
         self.live.apply([m.negated() for m in drop] + keep)
@@ -610,6 +633,9 @@ class DaemonAudits:
         our mismatches and re-check votes through `node` (the flood node), and act on what
         the ledger now decides."""
         audits = self.audits
+        if audits.unknown_peers:  # newcomers: on probation once the standing knows them
+            audits.unknown_peers = False
+            await self.judge()
         jobs = audits.ready(round_)
         if not jobs:
             return
@@ -640,6 +666,7 @@ class DaemonAudits:
             before is not None
             and after.banned == before.banned
             and after.established == before.established
+            and after.probationers == before.probationers
             and after.vouched.keys() == before.vouched.keys()
             and after.vouched_at == before.vouched_at
             and after.steps == before.steps

@@ -526,3 +526,117 @@ def test_daemons_settled_states_with_bans_do_not_depend_on_arrival_order(tmp_pat
         for t in range(39)
     )  # rows of a peer banned in the end counted, then were taken back in time
     assert finals[0] == finals[1] == finals[2] == {(p, r) for (r, p) in claims if full.counts(p, r)}
+
+
+# ------------------------------------ two copies of a record that differ only in `at`
+
+
+def _audit_signer():
+    """An Ed25519 key that signs audit payloads (with `at`) as go-libp2p-pubsub does."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from hivemind.proto import p2pd_pb2 as pb
+
+    from seedflood_p2p.protocol.message import Envelope
+    from seedflood_p2p.protocol.wire import audit_topic_for
+
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    peer = bytes.fromhex("002408011220") + public
+
+    def sign(run_id: str, accused: bytes, round_: int, scalars: tuple, at: int):
+        data, seqno = encode_audit(run_id, accused, round_, scalars, at), at.to_bytes(8, "big")
+        body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[audit_topic_for(run_id)])
+        setattr(body, "from", peer)
+        signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+        return AuditRecord(accused, round_, peer, scalars, at), Envelope(data, seqno, signature)
+
+    return peer, sign
+
+
+def test_of_two_copies_differing_only_in_at_every_ledger_keeps_the_smaller(tmp_path):
+    """An auditor signs one record twice, published at rounds 9 and 5. Two ledgers that
+    got the copies in opposite orders end with the same record (`at` 5) and the same
+    repair digest, so the vouch takes effect from the same round on both; while they
+    hold different copies their digests differ (repair compares them). A fetch row
+    carries `at` only in its envelope: repair takes the smaller copy in (not a duplicate)
+    and computes the server's digest from the envelopes."""
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.repair import AuditTable
+
+    run_id = CONFIG.run_id
+    n = NEWCOMERS[0]
+    auditor, sign = _audit_signer()
+    late, late_env = sign(run_id, n, 2, (0.5,), 9)
+    early, early_env = sign(run_id, n, 2, (0.5,), 5)
+    one = Ledger(tmp_path / "one.sqlite", run_id)
+    two = Ledger(tmp_path / "two.sqlite", run_id)
+    assert one.add_audits([late], [late_env]) == [late]
+    assert two.add_audits([early], [early_env]) == [early]
+    assert one.audit_bucket_digests(4) != two.audit_bucket_digests(4)  # repair sees it
+    assert one.add_audits([early], [early_env]) == [early]  # replaces: new
+    assert two.add_audits([late], [late_env]) == []  # larger: ignored
+    assert one.audits() == two.audits() == [early]
+    assert one.audit_bucket_digests(4) == two.audit_bucket_digests(4)
+    assert [row[1] for row in one.signed_audits_after((-1, b"", b"", b""), 100, 10)] == [early_env]
+    claims = {(t, p): (0.5,) for t in range(12) for p in F + [n]}
+    by_auditor = ProbationSettings(founders=frozenset([auditor]), vouches=1)
+    st = standing(claims, one.audits(), AUDIT, by_auditor)
+    assert st.count_from(n, 2) == effective_round(early, AUDIT) < effective_round(late, AUDIT)
+    # repair: a ledger holding the later copy takes the earlier one in from a fetch row
+    # (which carries no `at` outside the envelope), and the digest of the served rows is
+    # the server's
+    three = Ledger(tmp_path / "three.sqlite", run_id)
+    intake = AuditIntake(three, 1)
+    three.add_audits([late], [late_env])
+    row = (dataclasses.replace(early, at=-1), early_env)
+    fresh, bad, dropped = intake.repair([row])
+    assert fresh == [early] and not bad and not dropped
+    assert three.audits() == [early]
+    assert intake.repair([(dataclasses.replace(late, at=-1), late_env)])[0] == []
+    assert (
+        three.has_audit(early)
+        and three.has_audit(late)
+        and not three.has_audit(dataclasses.replace(early, at=4))
+    )
+    table = AuditTable(three, intake, on_new=None)
+    (bucket,) = two.audit_bucket_digests(16).values()
+    assert table.set_digest([row]) == bucket[1]
+    for ledger in (one, two, three):
+        ledger.close()
+
+
+def test_a_newcomer_seen_after_the_last_judgement_is_put_on_probation(tmp_path, monkeypatch):
+    """A founder judged its ledger before any newcomer had published (at its start), and no
+    audit record arrives afterwards: the first update of a peer the standing does not know
+    makes the next round judge again, so the newcomer is a probationer and its updates are
+    due for probation audits. (Before, such a founder never audited anyone: records were
+    the only prompt, and only probation audits make records.)"""
+    import asyncio
+
+    from peer.audits import DaemonAudits, PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    ledger = Ledger(tmp_path / "l.sqlite", CONFIG.run_id)
+    live = LiveModel(_Engine(), ledger)
+    audits = PeerAudits(AUDIT, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), PROBATION)
+    founders = [UpdateMessage(0, p, (0.5,)) for p in F]
+    ledger.add(founders)
+    audits.on_accept(founders, 4)
+    audits.set_standing(audits.judge())  # at start: only founders
+    assert not audits.unknown_peers and not audits.standing.probationers
+
+    async def run(f, *args):
+        return f(*args)
+
+    daemon = DaemonAudits(audits, None, run, lambda: 4)
+    monkeypatch.setattr(DaemonAudits, "status", lambda self, records=None: {})
+    newcomer = UpdateMessage(1, NEWCOMERS[0], (0.25,))
+    ledger.add([newcomer])
+    daemon.accept([newcomer])
+    assert audits.unknown_peers
+    asyncio.run(daemon.run_round(2, None, None, None, None))  # nothing due yet: no audit
+    assert audits.standing.probationers == {NEWCOMERS[0]} and not audits.unknown_peers
+    audits.tokens = 1.0
+    assert [j[:3] for j in audits.probation_jobs(1 + DELAY)] == [(NEWCOMERS[0], 1, "probation")]
+    ledger.close()

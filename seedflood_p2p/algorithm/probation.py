@@ -370,9 +370,7 @@ def ban_spans(
         claimed = claims.get((r.round, r.accused))
         if claimed is not None and rule.mismatches(claimed, r.scalars):
             suspect.add((r.accused, r.round))
-    timed = sorted(
-        (effective_round(r, settings), r) for r in records if (r.accused, r.round) in suspect
-    )
+    timed = [(effective_round(r, settings), r) for r in records if (r.accused, r.round) in suspect]
     points = {e + 1 for e, _ in timed}
     if voting_from is not None:
         points |= {voting_from[r.auditor] + 1 for _, r in timed}
