@@ -6,18 +6,21 @@ What the daemon does with `algorithm/audit.py` and `network/audit.py`:
     an accepted update (p, t) of another peer -> audited if our secret draw selects it
     an audit record from the audit topic -> ledger (AuditIntake, counted); a mismatch
         record on (p, t) makes us re-check (p, t) ourselves and publish our vote
-    after new records: judge the ledger -> newly banned peers: their applied updates
-        taken back (negated), their pending ones dropped (still logged, void: auditors
-        need them to rebuild the state of senders that had not learned of the verdict)
+    after new records: judge the ledger -> a peer banned in the settled state we hold:
+        its applied updates taken back (negated), its pending ones kept waiting (still
+        logged: a ban takes effect in S_t from the round its records fix, so an audit of
+        an earlier round recomputes on a state that still counts them)
 
 An audit of (p, t) recomputes on S_t. The model holds S_r for the round r we trained
 last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are taken
-back for the recomputation, and the exact weights put back afterwards (a copy, not a
-re-addition: the live model must not drift by rounding). A mismatch is retried on the
-states the sender may honestly have trained on instead: before a ban reached it
-(`_ban_sets`), or before the settled updates that reached us last had reached it
-(`_late_states`); any match is a match. Each retry is one more recomputation, bounded by
-MAX_BAN_SETS + MAX_LATE_STATES per audit.
+back for the recomputation (and the updates of peers banned since put in), and the exact
+weights put back afterwards (a copy, not a re-addition: the live model must not drift by
+rounding). Bans are timed like vouches (`probation.Standing.bans`): S_t's banned set is
+the judgement of the ledger prefix a sender training t held, so the sender and its
+auditors agree on it and no auditor guesses which bans a sender knew. A mismatch is
+retried on the states the sender may honestly have trained on instead: before the
+settled updates that reached us last had reached it (`_late_states`); any match is a
+match. Each retry is one more recomputation, at most MAX_LATE_STATES per audit.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
@@ -27,7 +30,8 @@ unvouched one, a banned peer's) waits in `waiting`. A vouch or an establishment 
 effect from the round its record fixes (`probation.Standing.count_from`: the auditor's
 publication round `at`, as a row of that round), so the update is applied at that round
 (`take_settled`) on every peer alike, and an audit recomputes on the same S_t the sender
-trained on; a record that reaches us after that round makes it a late row. Probation
+trained on; a record that reaches us after that round makes it a late row. A ban, too,
+takes effect at the round its records fix (`Standing.counts_at`). Probation
 audits take at most `share` audits a round (`probation_jobs`, docs/SYBIL.md).
 
 Limits (docs/ROADMAP.md): an update older than MAX_REWIND rounds is not
@@ -41,7 +45,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from itertools import combinations, count, islice
+from itertools import count
 
 from seedflood_p2p.algorithm.audit import (
     AuditSettings,
@@ -52,7 +56,7 @@ from seedflood_p2p.algorithm.audit import (
     selects,
 )
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import ProbationSettings, Standing, standing
+from seedflood_p2p.algorithm.probation import NEVER, ProbationSettings, Standing, standing
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
@@ -62,9 +66,7 @@ from seedflood_p2p.storage.ledger import Ledger, peer_name
 log = logging.getLogger("seedflood.audit")
 
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
-MAX_BAN_SETS = 15  # sets of banned peers a mismatching audit retries (all of 4 peers)
 MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
-FINAL_ROUND = 1 << 61  # `apply_final`: past every effective round (probation.NEVER excepted)
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
@@ -155,6 +157,8 @@ class PeerAudits:
         self.live = live
         self.intake = intake  # the flood node's (None in the daemon: DaemonAudits uses it)
         self.applied: list[UpdateMessage] = []  # what the weights hold, in order applied
+        # The bans of the state the weights were last checked against (`_bans_moved`).
+        self._span: object | None = None
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
         self.done: set[tuple[bytes, int]] = set()
@@ -171,6 +175,10 @@ class PeerAudits:
         # the audit rate is set to keep at `cpu_share` of training.
         self.cpu_seconds: Counter[str] = Counter()
         self.verdicts = 0  # cases decided (confirmed or refuted)
+        # An update of a peer the standing does not know arrived: judge again at the next
+        # round (`DaemonAudits.run_round`), so a newcomer becomes a probationer (and is
+        # audited) even if no audit record ever arrives to prompt a judgement.
+        self.unknown_peers = False
         self.rate = 0.0
         self.delay = settings.delay  # rounds an audit waits (see `ready`)
 
@@ -179,9 +187,18 @@ class PeerAudits:
         """Draw audits among just-accepted updates of others (`peers`: the run's size
         as we see it, for the sampling rate)."""
         self.rate = audit_rate(peers, self.settings.cpu_share)
+        st = self.standing
         for m in messages:
             key = (m.peer, m.round)
             self.arrival.setdefault(key, (self.round, next(self._clock)))
+            if (
+                st is not None
+                and st.enabled
+                and m.peer not in st.established
+                and m.peer not in st.probationers
+                and m.peer not in self.banned
+            ):
+                self.unknown_peers = True
             if m.peer == self.peer_id or m.peer in self.banned or key in self.done:
                 continue
             if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
@@ -207,7 +224,9 @@ class PeerAudits:
         ledger's judgement (what a replay applies, what a checkpoint is labelled with), the
         waiting ones whose vouch takes effect after our last round included. (Training on
         after this, e.g. /finish raised while lingering, would start from that state.)"""
-        self.round = FINAL_ROUND
+        # a settled prefix past every effective round (`at` <= wire.MAX_ROUND < NEVER), so
+        # every vouch and ban counts as in the whole ledger's standing, a replay's
+        self.round = NEVER + self.settings.lag
         due = [m for m in self.waiting if self.is_counted(m)]
         self.waiting = [m for m in self.waiting if not self.is_counted(m)]
         self.apply(messages + due)
@@ -215,12 +234,20 @@ class PeerAudits:
     def is_counted(self, message: UpdateMessage) -> bool:
         """Does `message` count in the settled state of the round we train (`self.round`), by
         the ledger's judgement as we last read it? Its vouch or establishment must have taken
-        effect by then (`Standing.count_from`); its own round is the caller's to check."""
+        effect by then, and its peer not be banned there (`Standing.counts_at`); its own
+        round is the caller's to check."""
         if self.standing is None:
             return message.peer not in self.banned
-        return self.standing.count_from(message.peer, message.round) < (
-            self.round - self.settings.lag
-        )
+        return self.standing.counts_at(message.peer, message.round, self.round - self.settings.lag)
+
+    def _bans_moved(self) -> bool:
+        """Has the banned set changed between the state last checked and the one of the
+        round we train (a ban that takes effect now, or a case turned back)?"""
+        if self.standing is None:
+            return False
+        span = self.standing.span(self.round - self.settings.lag)
+        moved, self._span = span is not self._span, span
+        return moved
 
     def note_records(self, fresh: list[AuditRecord]) -> None:
         """Records new to the ledger (gossip or repair, admitted by the flood node's
@@ -312,12 +339,7 @@ class PeerAudits:
         jobs, budget = [], int(self.tokens)
         for m in due[:budget]:
             self.done.add((m.peer, m.round))
-            voided = [
-                v
-                for v in self.ledger.messages(max_round=m.round - self.settings.lag - 1)
-                if v.peer in self.banned
-            ]
-            jobs.append((m.peer, m.round, "probation", m.scalars, voided))
+            jobs.append((m.peer, m.round, "probation", m.scalars))
         self.tokens -= len(jobs)
         self.counts["probation_audits"] += len(jobs)
         rest = due[budget:]
@@ -327,12 +349,10 @@ class PeerAudits:
 
     def ready(self, trained_round: int) -> list[tuple]:
         """Audits to do now: updates of rounds <= trained_round - `delay` (the model holds S
-        of trained_round), each (peer, round, why, claimed scalars, banned peers' updates of
-        the rounds below its settled state).
+        of trained_round), each (peer, round, why, claimed scalars).
 
-        Why wait: the sender's settled state counts the updates it held and the bans it knew
-        when it trained. After `delay` rounds we hold what it held, and the bans it could
-        have known; one it did not know yet is the second state `audit` tries."""
+        Why wait: the sender's settled state counts the updates and the records (vouches,
+        bans) of its settled prefix. After `delay` rounds we hold what it held."""
         out = []
         st = self.standing
         probationers = st.probationers if st is not None and st.enabled else frozenset()
@@ -354,12 +374,7 @@ class PeerAudits:
             claimed = self.ledger.scalars_of(peer, round_)
             if claimed is None:
                 continue
-            voided = [
-                m
-                for m in self.ledger.messages(max_round=round_ - self.settings.lag - 1)
-                if m.peer in self.banned
-            ]
-            out.append((peer, round_, why, claimed, voided))
+            out.append((peer, round_, why, claimed))
         return out + self.probation_jobs(trained_round)
 
     # -- where the model lives (model thread) ---------------------------------------
@@ -380,10 +395,28 @@ class PeerAudits:
             self.cpu_seconds["audit"] += time.thread_time() - started
 
     def apply(self, messages: list[UpdateMessage]) -> None:
-        """Apply the updates that count; keep the others (`waiting`) for a later judgement."""
+        """Apply the updates that count; keep the others (`waiting`) for a later judgement.
+        A ban that takes effect in the state of the round we train takes its peer's applied
+        updates back (they wait: a case turned back would count them again)."""
+        drop = []
+        if self._bans_moved():
+            drop = [m for m in self.applied if not self.is_counted(m)]
+            if drop:
+                self.applied = [m for m in self.applied if self.is_counted(m)]
+                self.waiting.extend(drop)
+            banned = self.standing.banned_at(self.round) if self.standing else frozenset()
+            for peer in sorted({m.peer for m in drop} & banned):  # (others lost a vouch)
+                log.warning(
+                    "audit verdict in effect from round %d: peer %s banned; %d applied "
+                    "update(s) taken back",
+                    self.round,
+                    peer_name(peer),
+                    sum(1 for m in drop if m.peer == peer),
+                    extra={"fields": {"event": "audit_ban", "peer": peer_name(peer)}},
+                )
         keep = [m for m in messages if self.is_counted(m)]
         self.waiting.extend(m for m in messages if not self.is_counted(m))
-        self.live.apply(keep)
+        self.live.apply([m.negated() for m in drop] + keep)
         self.applied.extend(keep)
 
     def set_standing(self, after: Standing) -> list[bytes]:
@@ -402,6 +435,7 @@ class PeerAudits:
                     extra={"fields": {"event": "established", "peer": peer_name(peer)}},
                 )
         self.standing = after
+        self._span = after.span(self.round - self.settings.lag)
         drop = [m for m in self.applied if not self.is_counted(m)]
         add = [m for m in self.waiting if self.is_counted(m)]
         newly = sorted(p for p in after.banned if p not in self.banned)
@@ -448,29 +482,13 @@ class PeerAudits:
         (a vote either way)."""
         out = []
         rule = self.settings.rule
-        for peer, round_, why, claimed, voided in jobs:
+        for peer, round_, why, claimed in jobs:
             if peer in self.banned:
                 continue
             message = UpdateMessage(round_, peer, claimed)
             recomputed = self._on_settled(
                 round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
             )
-            # The sender may have trained before it knew of bans we know: its state then
-            # still counted those peers' updates (all of a peer's that counted in S_round, or
-            # none: a peer that learns of a ban takes back all its applied updates at once),
-            # and the rows they vouched for. Each set of banned peers it may not have known of
-            # is tried, smallest first; one match is a match.
-            for unknown in _ban_sets(voided):
-                if not rule.mismatches(claimed, recomputed):
-                    break
-                self.counts["ban_state_retries"] += 1
-                before_bans = self._on_settled(
-                    round_,
-                    self._before_bans(round_, unknown, voided),
-                    lambda m=message: self._recompute(m, engine, tokenizer, task),
-                )
-                if not rule.mismatches(claimed, before_bans):
-                    recomputed = before_bans
             # The sender may have trained before a settled update reached it (a peer that
             # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
             # for it past --round-deadline). The states without the updates it most likely
@@ -510,18 +528,14 @@ class PeerAudits:
         updates in `after` first: a straggler); and it may have got the first one or two
         of `after` just before it trained. Last, without our arrival record of its
         update, the newest-arrived 1, 2, ... updates. Its own updates it held; one without
-        an arrival stamp (restored at start) counts as old; a banned peer's are not in
-        S_round (applied, then taken back).
+        an arrival stamp (restored at start) counts as old; a peer banned in S_round has
+        none there (bans are timed, `probation.Standing.counts_at`).
 
         Rows that count by a vouch or an establishment (on probation) need no retry of
         their own: they are in S_round only from the round their record takes effect in
         (`probation.Standing.count_from`), which the sender held as it held the rows; one
         whose record reached us late was applied as a late row (its arrival is then)."""
-        settled = {
-            (m.peer, m.round): m
-            for m in self.applied
-            if self._in_state(m, round_) and m.peer not in self.banned and m.peer != peer
-        }
+        settled = {(m.peer, m.round): m for m in self._state(round_) if m.peer != peer}
         stamped = sorted(
             ((self.arrival[key], key) for key in settled if key in self.arrival), reverse=True
         )
@@ -551,56 +565,37 @@ class PeerAudits:
                 break
         return states
 
-    def _before_bans(
-        self, round_: int, unknown: frozenset[bytes], voided: list[UpdateMessage]
-    ) -> list[UpdateMessage]:
-        """What turns our S_round into the S_round of a peer that had not learned of the bans
-        of `unknown`: the rows that count there and not here (added), and those that count
-        here and not there (negated: rows that only count because a vouch of theirs fell)."""
-        st = self.standing
-        if st is None or not st.enabled:  # without probation: their updates, nothing else
-            return [m for m in voided if m.peer in unknown]
-        other = st.before_bans(unknown)
-        limit = round_ - self.settings.lag
-        there = {
-            (m.peer, m.round): m
-            for m in self.ledger.messages(max_round=limit - 1)
-            if other.count_from(m.peer, m.round) < limit
-        }
-        here = {(m.peer, m.round): m for m in self.applied if self._in_state(m, round_)}
-        added = [m for key, m in there.items() if key not in here]
-        return added + [m.negated() for key, m in here.items() if key not in there]
-
     def _in_state(self, message: UpdateMessage, round_: int) -> bool:
-        """Is applied update `message` in S_round: of a round < round_ - lag, and counted
-        there (a vouch or an establishment that took effect by then, `count_from`)?"""
+        """Is update `message` in S_round: of a round < round_ - lag, and counted there (not
+        banned there; a vouch or an establishment that took effect by then, `counts_at`)?"""
         limit = round_ - self.settings.lag
         if message.round >= limit:
             return False
         st = self.standing
-        return st is None or st.count_from(message.peer, message.round) < limit
+        if st is None:
+            return message.peer not in self.banned
+        return st.counts_at(message.peer, message.round, limit)
+
+    def _state(self, round_: int) -> list[UpdateMessage]:
+        """The updates of S_round: applied ones, and waiting ones that counted then and not
+        now (a peer banned since, or a vouch it lost with its voucher's ban)."""
+        return [m for m in self.applied + self.waiting if self._in_state(m, round_)]
 
     def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
         """`compute()` on S_round (plus `counted_too`): take back the applied updates that
-        are not in S_round (of rounds >= round_ - lag, or counted from a later round),
-        compute, put the exact weights back."""
+        are not in S_round (of rounds >= round_ - lag, or counted from a later round), put
+        in the waiting ones that are (a peer banned since), compute, put the exact weights
+        back."""
         newer = [m for m in self.applied if not self._in_state(m, round_)]
-        if not newer and not counted_too:
+        older = [m for m in self.waiting if self._in_state(m, round_)]
+        if not newer and not older and not counted_too:
             return compute()
         saved = self.live.save_state()
         try:
-            self.live.apply([m.negated() for m in newer] + counted_too)
+            self.live.apply([m.negated() for m in newer] + older + counted_too)
             return compute()
         finally:
             self.live.load_state(saved)
-
-
-def _ban_sets(voided: list[UpdateMessage]) -> list[frozenset[bytes]]:
-    """The non-empty sets of banned peers whose updates `voided` holds, smallest first (a
-    sender most likely missed one recent ban), at most MAX_BAN_SETS of them."""
-    peers = sorted({m.peer for m in voided})
-    sets = (frozenset(c) for k in range(1, len(peers) + 1) for c in combinations(peers, k))
-    return list(islice(sets, MAX_BAN_SETS))
 
 
 class DaemonAudits:
@@ -638,6 +633,9 @@ class DaemonAudits:
         our mismatches and re-check votes through `node` (the flood node), and act on what
         the ledger now decides."""
         audits = self.audits
+        if audits.unknown_peers:  # newcomers: on probation once the standing knows them
+            audits.unknown_peers = False
+            await self.judge()
         jobs = audits.ready(round_)
         if not jobs:
             return
@@ -668,9 +666,11 @@ class DaemonAudits:
             before is not None
             and after.banned == before.banned
             and after.established == before.established
+            and after.probationers == before.probationers
             and after.vouched.keys() == before.vouched.keys()
             and after.vouched_at == before.vouched_at
             and after.steps == before.steps
+            and after.bans == before.bans
         ):
             return
         await self.run(audits.set_standing, after)
@@ -697,10 +697,7 @@ class DaemonAudits:
             "mismatches": audits.counts["mismatches"],
             "published": audits.counts["published"],
             # recomputations on the states a sender may honestly have had instead
-            "retries": {
-                k: audits.counts[k]
-                for k in ("ban_state_retries", "late_state_retries", "late_state_matches")
-            },
+            "retries": {k: audits.counts[k] for k in ("late_state_retries", "late_state_matches")},
             "records": dict(records or {}),
             "verdicts": audits.verdicts,
             "banned": sorted(peer_name(p) for p in audits.banned),

@@ -404,10 +404,13 @@ def test_test_cheat_needs_the_test_hook_switch(capsys, tmp_path, monkeypatch):
     assert line.startswith("error: --test-cheat is a test hook") and TEST_HOOKS_ENV in line
 
 
-def test_daemon_audit_tries_each_set_of_bans_the_sender_may_not_have_known(tmp_path):
-    """An honest sender trained after it learned that X2 was banned but before it learned
-    of X1: its state counted X1's updates and not X2's. An auditor that knows both bans
-    must match it (the bench's 3-cheater run once accused every honest peer here)."""
+def test_a_sender_between_two_bans_is_matched_on_its_state_with_no_retry(tmp_path):
+    """Bans are timed: X2's verdict takes effect in S_7 (its records' effective round 4 <
+    7), X1's only later (9). An honest sender training round 7 counted X1's updates and
+    not X2's. An auditor that knows both bans recomputes S_7 exactly, X1's updates put back
+    from its waiting ones, and matches with no retry. (Before, a verdict acted on arrival
+    and the auditor retried each set of bans the sender may not have known; the bench's
+    3-cheater run once accused every honest peer here.)"""
     from peer.audits import PeerAudits
     from seedflood_p2p.network.audit import AuditIntake
 
@@ -418,28 +421,32 @@ def test_daemon_audit_tries_each_set_of_bans_the_sender_may_not_have_known(tmp_p
     ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
     live = LiveModel(SubCGE(model, config), ledger)
     history = _updates(3, [B, X1, X2], seed=3)
-    ledger.add(history)
-    base = {k: w.clone() for k, w in live.weights().items()}
-    # The sender's state: base + B's + X1's updates (X2 known banned, X1 not yet).
-    live.apply([m for m in history if m.peer in (B, X1)])
-    claim, _ = zo_step(live.engine, tokenizer, task, A, 3)
-    live.load_weights(base)
-    ledger.add([claim])
+    claims = {(m.peer, m.round): m.scalars for m in history}
     settings = AuditSettings(enabled=True, lag=0)
+    bans = [AuditRecord(X2, 0, a, (claims[(X2, 0)][0] + 1.0,), 4) for a in (A, B, D)]
+    bans += [AuditRecord(X1, 1, a, (claims[(X1, 1)][0] + 1.0,), 9) for a in (A, B, D)]
+    base = {k: w.clone() for k, w in live.weights().items()}
+    # The sender's S_7: base + B's + X1's updates (X2 banned there, X1 not yet).
+    live.apply([m for m in history if m.peer in (B, X1)])
+    claim, _ = zo_step(live.engine, tokenizer, task, A, 7)
+    live.load_weights(base)
+    ledger.add(history + [claim])
+    ledger.add_audits(bans)
     audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
-    audits.banned = {X1: "verdict", X2: "verdict"}
+    audits.round = 10
+    audits.set_standing(audits.judge())
+    st = audits.standing
+    assert set(audits.banned) == {X1, X2}
+    assert st.banned_at(7) == {X2} and st.banned_at(10) == {X1, X2} and not st.banned_at(4)
     audits.apply(history)  # the auditor's state: base + B's only
-    # Both bans unknown to the sender would not do: that state mismatches.
-    on_all = audits._on_settled(
-        3,
-        [m for m in history if m.peer != B],
-        lambda: recompute(live.engine, tokenizer, task, claim),
-    )
-    assert settings.rule.mismatches(claim.scalars, on_all)
-    audits.due[(A, 3)] = "recheck"
-    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    assert {m.peer for m in audits.applied} == {B}
+    # The state with both bans (what the auditor holds) mismatches:
+    whole = recompute(live.engine, tokenizer, task, claim)
+    assert settings.rule.mismatches(claim.scalars, whole)
+    audits.due[(A, 7)] = "recheck"
+    ((record, mismatch),) = audits.audit(audits.ready(10), live.engine, tokenizer, task)
     assert not mismatch and not settings.rule.mismatches(claim.scalars, record.scalars)
-    assert audits.counts["ban_state_retries"] >= 1
+    assert audits.counts["late_state_retries"] == 0
     ledger.close()
 
 

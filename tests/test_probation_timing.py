@@ -14,7 +14,7 @@ import torch
 
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import ProbationSettings, standing
+from seedflood_p2p.algorithm.probation import ProbationSettings, effective_round, standing
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.wire import decode_audit, encode_audit
@@ -320,16 +320,16 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     jobs = []
     for (r, p), g in sorted(claims.items()):
         if p != F[0] and final.counts(p, r):
-            jobs.append((p, r, "recheck", g, []))
+            jobs.append((p, r, "recheck", g))
     results = audits.audit(jobs, live.engine, tokenizer, task)
 
     bad = [(rec.accused, rec.round) for rec, mismatch in results if mismatch]
     assert not bad
-    assert audits.counts["late_state_retries"] == 0 and audits.counts["ban_state_retries"] == 0
+    assert audits.counts["late_state_retries"] == 0
     # The test can tell: on the state that counts every row vouched by the end (what an
     # auditor recomputed on when vouches had no effective round), honest updates mismatch.
     wrong = 0
-    for p, r, _, g, _ in jobs:
+    for p, r, _, g in jobs:
         late = [
             UpdateMessage(q, peer, claims[(q, peer)])
             for (q, peer) in claims
@@ -352,14 +352,15 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     ledger.close()
 
 
-def test_a_sender_that_had_not_learned_of_a_ban_is_matched_on_its_exact_state(
+def test_a_sender_that_trained_before_a_ban_took_effect_is_matched_on_its_exact_state(
     tmp_path, _one_thread
 ):
-    """Founder D trained round 9 before the ban of X (an established key that turned) reached
-    it: its S_9 held X's counted updates (rounds 1-8; not round 0, never vouched) and Y's
-    round-3 update, vouched by X alone. The auditor, who knows the ban, retries the state
-    of a sender that had not learned of it: exactly those rows (`Standing.before_bans`). The
-    retry used to add back every update of X (round 0 too) and not Y's: a mismatch."""
+    """Founder D trained round 9 before the ban of X (an established key that turned) took
+    effect: its S_9 held X's counted updates (rounds 1-8; not round 0, never vouched) and
+    Y's round-3 update, vouched by X alone. The ban's records are of round 12, so S_9 of
+    every peer still counts those rows; the auditor, who knows the ban, recomputes S_9
+    exactly (X's and Y's rows put back from its waiting ones) and matches with no retry.
+    (Before bans were timed, it retried the states without each set of unknown bans.)"""
     from peer.audits import PeerAudits
     from seedflood_p2p.algorithm.audit import recompute
     from seedflood_p2p.algorithm.subcge import SubCGE
@@ -399,21 +400,243 @@ def test_a_sender_that_had_not_learned_of_a_ban_is_matched_on_its_exact_state(
     ledger.add_audits(vouches + bans)
     audits = PeerAudits(settings, b"secret", c, ledger, live, AuditIntake(ledger, 1), probation)
     audits.round = 13
+    live.receive(history + [claim])
     audits.on_accept(history + [claim], 6)
     audits.set_standing(audits.judge())
-    assert x in audits.banned
+    assert x in audits.banned and x in audits.standing.banned_at(13)
+    assert not audits.standing.banned_at(12)  # records of effective round 12: from S_13
     audits.apply(audits.take_settled(13))
-    voided = [m for m in ledger.messages(max_round=8) if m.peer in audits.banned]
-    whole = audits._on_settled(9, [], lambda: recompute(live.engine, tokenizer, task, claim))
+    assert not any(m.peer in (x, y) for m in audits.applied)  # X's and Y's rows wait
+    whole = recompute(live.engine, tokenizer, task, claim)
     assert settings.rule.mismatches(claim.scalars, whole)  # without X's and Y's rows
-    old = audits._on_settled(
-        9,
-        [m for m in voided if m.peer == x],
-        lambda: recompute(live.engine, tokenizer, task, claim),
-    )
-    assert settings.rule.mismatches(claim.scalars, old)  # the former retry: all of X's rows
     ((record, mismatch),) = audits.audit(
-        [(d, 9, "recheck", claim.scalars, voided)], live.engine, tokenizer, task
+        [(d, 9, "recheck", claim.scalars)], live.engine, tokenizer, task
     )
-    assert not mismatch and audits.counts["ban_state_retries"] == 1
+    assert not mismatch and audits.counts["late_state_retries"] == 0
+    ledger.close()
+
+
+# ------------------------------------------- bans in time: S_t's banned set is the prefix's
+
+
+def _ledger_with_bans(seed: int, rounds: int = 24):
+    """`_ledger_of` plus two cases per seed: a cheater whose update fails the 3 founders'
+    audits (published at different rounds) while a newcomer vouched for it (banned too,
+    and the rows it vouched for with it), and a newcomer accused by three others that the
+    founders refute later (a ban while only the accusers had voted, turned back: the
+    accusers banned instead). Returns (claims, records)."""
+    claims, records = _ledger_of(seed, rounds)
+    rng = random.Random(100 + seed)
+    cheater, voucher, accused, *accusers = rng.sample(NEWCOMERS, 6)
+    r = rng.choice([t for (t, p) in claims if p == cheater and t >= rounds // 2])
+    wrong = (claims[(r, cheater)][0] + 1.0,)
+    records += [record(cheater, r, f, wrong, r + DELAY + rng.randrange(0, 6)) for f in F]
+    records.append(record(cheater, r, voucher, claims[(r, cheater)], r + DELAY))
+    r = rng.choice([t for (t, p) in claims if p == accused and t >= rounds // 2])
+    wrong = (claims[(r, accused)][0] - 1.0,)
+    records += [record(accused, r, q, wrong, r + DELAY + i) for i, q in enumerate(accusers)]
+    records += [record(accused, r, f, claims[(r, accused)], r + DELAY + 6) for f in F]
+    return claims, records
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_banned_set_of_s_t_is_the_one_of_the_prefix_the_sender_held(seed):
+    """S_t's banned set, and so its counted set, is the judgement of the ledger prefix a
+    sender training t held: a ban counts from the round its deciding records take effect,
+    a case turned back lifts it from the turning record's. (Before, the whole ledger's bans
+    applied to every S_t: a sender that trained before a verdict reached it counted the
+    banned peer's rows and its auditors did not.)"""
+    claims, records = _ledger_with_bans(seed)
+    full = standing(claims, records, AUDIT, PROBATION)
+    assert full.banned  # the cheater at least
+    sets = []
+    for t in range(48):
+        pre_claims, pre_records = _prefix(claims, records, t)
+        pre = standing(pre_claims, pre_records, AUDIT, PROBATION)
+        assert full.banned_at(t) == set(pre.banned), t
+        got = {(p, r) for (r, p) in claims if full.counts_in(p, r, t)}
+        assert got == {(p, r) for (r, p) in pre_claims if pre.counts(p, r)}, t
+        sets.append(full.banned_at(t))
+    assert not sets[0] and sets[-1] == set(full.banned)  # nobody at first, the ledger's at last
+    assert len(set(sets)) >= 2  # bans took effect at some round, not on arrival
+
+
+def test_bans_took_effect_at_different_rounds_and_one_was_turned_back():
+    """The cases of `_ledger_with_bans` do what they say on at least one seed: a ban that
+    holds for some states and is lifted later (the founders refuted the accusers)."""
+    turned = 0
+    for seed in range(6):
+        claims, records = _ledger_with_bans(seed)
+        full = standing(claims, records, AUDIT, PROBATION)
+        spans = [s.banned for s in full.bans]
+        turned += any(p not in later for i, s in enumerate(spans) for p in s for later in spans[i:])
+    assert turned
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_banned_set_of_s_t_does_not_depend_on_the_order_records_arrive_in(seed):
+    claims, records = _ledger_with_bans(seed)
+    full = standing(claims, records, AUDIT, PROBATION)
+    rng = random.Random(seed)
+    for _ in range(3):
+        shuffled = records[:]
+        rng.shuffle(shuffled)
+        again = standing(claims, shuffled, AUDIT, PROBATION)
+        assert again.bans == full.bans
+        for t in range(48):
+            assert again.banned_at(t) == full.banned_at(t)
+
+
+def test_a_ban_record_that_arrives_late_does_not_change_the_banned_set_of_earlier_states():
+    """A peer that trained S_t before the third founder's mismatch record reached it, and an
+    auditor that holds every record: both compute the same S_t from their ledgers, for
+    every t the first peer's ledger settles (records of effective round < t - lag)."""
+    claims, records = _ledger_with_bans(1)
+    full = standing(claims, records, AUDIT, PROBATION)
+    first = min(s.start for s in full.bans if s.banned)  # the first ban's prefix
+    early = [r for r in records if effective_round(r, AUDIT) < first - 1]
+    sender = standing(claims, early, AUDIT, PROBATION)  # the deciding record not there yet
+    for t in range(first + LAG):  # every S_t that prefix settles
+        assert sender.banned_at(t) == full.banned_at(t), t
+        assert {(p, r) for (r, p) in claims if sender.counts_in(p, r, t)} == {
+            (p, r) for (r, p) in claims if full.counts_in(p, r, t)
+        }, t
+    assert full.banned_at(first + LAG) and not sender.banned_at(first + LAG)
+
+
+def test_daemons_settled_states_with_bans_do_not_depend_on_arrival_order(tmp_path):
+    """Three peers receive the same updates and records, bans included, in different orders
+    (within the lag rule's windows): every S_t counts the same rows on all, the rows of
+    that round's ledger prefix; a ban takes back its peer's applied rows at the round it
+    takes effect; at the end the model holds what the ledger counts."""
+    claims, records = _ledger_with_bans(0, rounds=20)
+    records = [dataclasses.replace(r, at=max(r.at, r.round + DELAY)) for r in records]
+    full = standing(claims, records, AUDIT, PROBATION)
+    assert full.banned and F[0] not in full.banned
+    finals: list = []
+    runs = [
+        _daemon_states(tmp_path, f"p{seed}", claims, records, seed, 40, finals) for seed in range(3)
+    ]
+    assert runs[0] == runs[1] == runs[2]
+    for t, state in enumerate(runs[0]):
+        assert state == {(p, r) for (r, p) in claims if full.counts_in(p, r, t)}, t
+    assert any(
+        {p for p, _ in runs[0][t]} & set(full.banned)
+        and not {p for p, _ in runs[0][t + 1]} & set(full.banned)
+        for t in range(39)
+    )  # rows of a peer banned in the end counted, then were taken back in time
+    assert finals[0] == finals[1] == finals[2] == {(p, r) for (r, p) in claims if full.counts(p, r)}
+
+
+# ------------------------------------ two copies of a record that differ only in `at`
+
+
+def _audit_signer():
+    """An Ed25519 key that signs audit payloads (with `at`) as go-libp2p-pubsub does."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from hivemind.proto import p2pd_pb2 as pb
+
+    from seedflood_p2p.protocol.message import Envelope
+    from seedflood_p2p.protocol.wire import audit_topic_for
+
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    peer = bytes.fromhex("002408011220") + public
+
+    def sign(run_id: str, accused: bytes, round_: int, scalars: tuple, at: int):
+        data, seqno = encode_audit(run_id, accused, round_, scalars, at), at.to_bytes(8, "big")
+        body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[audit_topic_for(run_id)])
+        setattr(body, "from", peer)
+        signature = key.sign(b"libp2p-pubsub:" + body.SerializeToString())
+        return AuditRecord(accused, round_, peer, scalars, at), Envelope(data, seqno, signature)
+
+    return peer, sign
+
+
+def test_of_two_copies_differing_only_in_at_every_ledger_keeps_the_smaller(tmp_path):
+    """An auditor signs one record twice, published at rounds 9 and 5. Two ledgers that
+    got the copies in opposite orders end with the same record (`at` 5) and the same
+    repair digest, so the vouch takes effect from the same round on both; while they
+    hold different copies their digests differ (repair compares them). A fetch row
+    carries `at` only in its envelope: repair takes the smaller copy in (not a duplicate)
+    and computes the server's digest from the envelopes."""
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.repair import AuditTable
+
+    run_id = CONFIG.run_id
+    n = NEWCOMERS[0]
+    auditor, sign = _audit_signer()
+    late, late_env = sign(run_id, n, 2, (0.5,), 9)
+    early, early_env = sign(run_id, n, 2, (0.5,), 5)
+    one = Ledger(tmp_path / "one.sqlite", run_id)
+    two = Ledger(tmp_path / "two.sqlite", run_id)
+    assert one.add_audits([late], [late_env]) == [late]
+    assert two.add_audits([early], [early_env]) == [early]
+    assert one.audit_bucket_digests(4) != two.audit_bucket_digests(4)  # repair sees it
+    assert one.add_audits([early], [early_env]) == [early]  # replaces: new
+    assert two.add_audits([late], [late_env]) == []  # larger: ignored
+    assert one.audits() == two.audits() == [early]
+    assert one.audit_bucket_digests(4) == two.audit_bucket_digests(4)
+    assert [row[1] for row in one.signed_audits_after((-1, b"", b"", b""), 100, 10)] == [early_env]
+    claims = {(t, p): (0.5,) for t in range(12) for p in F + [n]}
+    by_auditor = ProbationSettings(founders=frozenset([auditor]), vouches=1)
+    st = standing(claims, one.audits(), AUDIT, by_auditor)
+    assert st.count_from(n, 2) == effective_round(early, AUDIT) < effective_round(late, AUDIT)
+    # repair: a ledger holding the later copy takes the earlier one in from a fetch row
+    # (which carries no `at` outside the envelope), and the digest of the served rows is
+    # the server's
+    three = Ledger(tmp_path / "three.sqlite", run_id)
+    intake = AuditIntake(three, 1)
+    three.add_audits([late], [late_env])
+    row = (dataclasses.replace(early, at=-1), early_env)
+    fresh, bad, dropped = intake.repair([row])
+    assert fresh == [early] and not bad and not dropped
+    assert three.audits() == [early]
+    assert intake.repair([(dataclasses.replace(late, at=-1), late_env)])[0] == []
+    assert (
+        three.has_audit(early)
+        and three.has_audit(late)
+        and not three.has_audit(dataclasses.replace(early, at=4))
+    )
+    table = AuditTable(three, intake, on_new=None)
+    (bucket,) = two.audit_bucket_digests(16).values()
+    assert table.set_digest([row]) == bucket[1]
+    for ledger in (one, two, three):
+        ledger.close()
+
+
+def test_a_newcomer_seen_after_the_last_judgement_is_put_on_probation(tmp_path, monkeypatch):
+    """A founder judged its ledger before any newcomer had published (at its start), and no
+    audit record arrives afterwards: the first update of a peer the standing does not know
+    makes the next round judge again, so the newcomer is a probationer and its updates are
+    due for probation audits. (Before, such a founder never audited anyone: records were
+    the only prompt, and only probation audits make records.)"""
+    import asyncio
+
+    from peer.audits import DaemonAudits, PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    ledger = Ledger(tmp_path / "l.sqlite", CONFIG.run_id)
+    live = LiveModel(_Engine(), ledger)
+    audits = PeerAudits(AUDIT, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), PROBATION)
+    founders = [UpdateMessage(0, p, (0.5,)) for p in F]
+    ledger.add(founders)
+    audits.on_accept(founders, 4)
+    audits.set_standing(audits.judge())  # at start: only founders
+    assert not audits.unknown_peers and not audits.standing.probationers
+
+    async def run(f, *args):
+        return f(*args)
+
+    daemon = DaemonAudits(audits, None, run, lambda: 4)
+    monkeypatch.setattr(DaemonAudits, "status", lambda self, records=None: {})
+    newcomer = UpdateMessage(1, NEWCOMERS[0], (0.25,))
+    ledger.add([newcomer])
+    daemon.accept([newcomer])
+    assert audits.unknown_peers
+    asyncio.run(daemon.run_round(2, None, None, None, None))  # nothing due yet: no audit
+    assert audits.standing.probationers == {NEWCOMERS[0]} and not audits.unknown_peers
+    audits.tokens = 1.0
+    assert [j[:3] for j in audits.probation_jobs(1 + DELAY)] == [(NEWCOMERS[0], 1, "probation")]
     ledger.close()

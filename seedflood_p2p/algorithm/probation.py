@@ -44,7 +44,7 @@ auditor's round when it published (`AuditRecord.at`; delay = lag + 3, before whi
 honest auditor audits round `round`, bounds a backdated or missing `at`), and a record
 of effective round e is in S_t iff e < t - lag, exactly like an update of round e. The
 counted set of S_t is then the one the rules above give on the ledger prefix "updates of
-rounds < t - lag, records of effective rounds < t - lag" (bans excepted, below), which
+rounds < t - lag, records of effective rounds < t - lag", which
 `standing` computes from the whole ledger as times: (p, t') vouched from
 v = min over its matching auditors q of max(e, est[q]); p established from est[p], the
 `vouches`-th smallest v of its updates; (p, t') counts by establishment from the
@@ -52,21 +52,24 @@ v = min over its matching auditors q of max(e, est[q]); p established from est[p
 a founder always. So whatever order updates and records reach a peer, its S_t, a
 replay's and an auditor's recomputation of S_t count the same rows; a record that
 reaches a peer after S_e+lag+1 is a late row there, as an update that arrives late is.
-Bans are not timed: a verdict takes effect on arrival. An auditor retries the state of a
-sender that had not learned of it (peer/audits.py `_ban_sets`): `Standing.before_bans`
-is the standing without those bans, the banned peers' counted updates and the vouches
-they gave included.
+Bans are timed the same way (`Standing.bans`): the banned set of S_t is the judgement
+(`judge`, step 2) of that same prefix, so a verdict takes effect in S_t once the records
+that decide it have effective rounds < t - lag (and their voters are established there),
+and a record that turns a case back (a late match vote) lifts it from its own effective
+round. The steps 3 and the times above are then those of that banned set. A sender and
+its auditors compute S_t from the same prefix, so no auditor has to guess which bans a
+sender knew; `standing` gives the banned set of every prefix as change points.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from seedflood_p2p.algorithm.audit import AuditSettings, Judgement, choose_records, judge
@@ -147,36 +150,21 @@ class ProbationSettings:
 
 
 @dataclass(frozen=True)
-class Standing:
-    """Who is established, which updates are vouched, who is banned: what counts."""
+class BanSpan:
+    """From the settled prefix `start` on (a state S_t with t - lag >= start) until the next
+    span, these peers are banned, and the times below are those the rules give without
+    them: (peer, round) -> vouch effective round, earned peer -> `Standing.steps`."""
 
-    enabled: bool
-    founders: frozenset[bytes]
-    established: frozenset[bytes]  # founders included
-    vouched: Mapping[tuple[bytes, int], frozenset[bytes]]  # (peer, round) -> established auditors
-    since: Mapping[bytes, int]  # earned peer -> round of its `vouches`-th vouched update
-    judgement: Judgement
-    probationers: frozenset[bytes] = field(default_factory=frozenset)  # seen, not established
-    lag: int = 0  # AuditSettings.lag: S_t holds rows (and records) of effect < t - lag
-    # (peer, round) -> the effective round its vouch takes effect from (module docstring)
+    start: int
+    banned: frozenset[bytes]
     vouched_at: Mapping[tuple[bytes, int], int] = field(default_factory=dict)
-    # earned peer -> (rounds r_k, times w_k): its updates of rounds > r_k count by
-    # establishment from effective round w_k (k >= vouches; w_k non-increasing)
     steps: Mapping[bytes, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    established_at: Mapping[bytes, int] = field(default_factory=dict)  # peer -> its est
-    _redo: tuple | None = field(default=None, repr=False, compare=False)  # for `before_bans`
 
-    @property
-    def banned(self) -> dict[bytes, str]:
-        return self.judgement.banned
-
-    def count_from(self, peer: bytes, round_: int) -> int:
-        """The effective round from which update (peer, round_) counts: it is in S_t iff
-        round_ < t - lag and this < t - lag. ALWAYS for a founder (or probation off),
-        NEVER if it never counts (banned, or a probationer's unvouched update)."""
-        if peer in self.judgement.banned:
+    def count_from(self, standing: Standing, peer: bytes, round_: int) -> int:
+        """`Standing.count_from` under this span's bans."""
+        if peer in self.banned:
             return NEVER
-        if not self.enabled or peer in self.founders:
+        if not standing.enabled or peer in standing.founders:
             return ALWAYS
         when = self.vouched_at.get((peer, round_), NEVER)
         steps = self.steps.get(peer)
@@ -187,24 +175,69 @@ class Standing:
                 when = min(when, times[i])
         return when
 
-    def before_bans(self, unknown: Iterable[bytes]) -> Standing:
-        """The standing of a peer that had not learned of the bans of `unknown` yet: their
-        updates count as they did before, and so do the vouches they gave (an auditor
-        rebuilding the state of a sender that trained before the verdicts reached it)."""
-        unknown = frozenset(unknown)
-        banned = {p: why for p, why in self.judgement.banned.items() if p not in unknown}
-        judgement = Judgement(banned, self.judgement.cases)
-        if not self.enabled or self._redo is None:
-            return dataclasses.replace(self, judgement=judgement)
-        probation, matches, seen = self._redo
-        return _settle(probation, self.lag, matches, judgement, seen)
+
+@dataclass(frozen=True)
+class Standing:
+    """Who is established, which updates are vouched, who is banned: what counts."""
+
+    enabled: bool
+    founders: frozenset[bytes]
+    established: frozenset[bytes]  # founders included
+    vouched: Mapping[tuple[bytes, int], frozenset[bytes]]  # (peer, round) -> established auditors
+    since: Mapping[bytes, int]  # earned peer -> round of its `vouches`-th vouched update
+    judgement: Judgement
+    probationers: frozenset[bytes] = frozenset()  # seen, not established
+    lag: int = 0  # AuditSettings.lag: S_t holds rows (and records) of effect < t - lag
+    # (peer, round) -> the effective round its vouch takes effect from (module docstring)
+    vouched_at: Mapping[tuple[bytes, int], int] = field(default_factory=dict)
+    # earned peer -> (rounds r_k, times w_k): its updates of rounds > r_k count by
+    # establishment from effective round w_k (k >= vouches; w_k non-increasing)
+    steps: Mapping[bytes, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    established_at: Mapping[bytes, int] = field(default_factory=dict)  # peer -> its est
+    # The banned set of each settled prefix, as spans sorted by start (the first from
+    # ALWAYS, the last the whole ledger's: `judgement.banned`); empty: untimed, the final
+    # bans in every state (a standing made by hand).
+    bans: tuple[BanSpan, ...] = ()
+
+    @property
+    def banned(self) -> dict[bytes, str]:
+        """The whole ledger's bans (what counts in the end; `banned_at` for a state)."""
+        return self.judgement.banned
+
+    def span(self, held: int) -> BanSpan:
+        """The bans (and the times without them) of the settled prefix `held` = t - lag."""
+        if not self.bans:
+            return BanSpan(ALWAYS, frozenset(self.banned), self.vouched_at, self.steps)
+        i = bisect_left(self._starts, held + 1) - 1  # the last start <= held
+        return self.bans[max(i, 0)]
+
+    @cached_property
+    def _starts(self) -> list[int]:
+        return [s.start for s in self.bans]
+
+    def banned_at(self, t: int) -> frozenset[bytes]:
+        """The peers banned in S_t, the state round t trains on: a function of the ledger
+        prefix a sender training t surely held (module docstring)."""
+        return self.span(t - self.lag).banned
+
+    def count_from(self, peer: bytes, round_: int) -> int:
+        """The effective round from which update (peer, round_) counts under the whole
+        ledger's bans (`counts_at` for a state's own): ALWAYS for a founder (or probation
+        off), NEVER if it never counts (banned, or a probationer's unvouched update)."""
+        return self.span(NEVER).count_from(self, peer, round_)
+
+    def counts_at(self, peer: bytes, round_: int, held: int) -> bool:
+        """Does update (peer, round_) count in the settled prefix `held` = t - lag, by the
+        bans of that prefix and a vouch or establishment that took effect by then? Its own
+        round (< held) is the caller's to check."""
+        return self.span(held).count_from(self, peer, round_) < held
 
     def counts_in(self, peer: bytes, round_: int, t: int) -> bool:
         """Does update (peer, round_) count in the settled state S_t, the state round t
         trains on (base + counted updates of rounds < t - lag)? A pure function of the
         ledger prefix a sender training t surely held (module docstring)."""
         held = t - self.lag
-        return round_ < held and self.count_from(peer, round_) < held
+        return round_ < held and self.counts_at(peer, round_, held)
 
     def counts(self, peer: bytes, round_: int) -> bool:
         """Does update (peer, round_) count for the model?"""
@@ -313,6 +346,46 @@ def _established(
     return frozenset(members)
 
 
+def ban_spans(
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
+    records: Iterable[AuditRecord],
+    settings: AuditSettings,
+    voting_from: Mapping[bytes, int] | None = None,
+    court: frozenset[bytes] = frozenset(),
+) -> list[tuple[int, frozenset[bytes]]]:
+    """The banned set of every settled prefix "records of effective rounds < h, voters
+    established by h" (`judge` of it), as change points [(h, banned from h on)], the first
+    (ALWAYS, no one). `voting_from`: auditor -> the effective round it votes from (its
+    establishment; None: everyone votes from the start, probation off).
+
+    Only a case with a mismatch bans anyone, and a prefix holds a subset of the ledger's
+    records: so only the records on updates some record mismatches matter, and the verdict
+    can change only where one of them, or one of their voters, enters the prefix."""
+    rule = settings.rule
+    records = [r for r in records if r.auditor != r.accused]
+    if voting_from is not None:
+        records = [r for r in records if r.auditor in voting_from]
+    suspect = set()
+    for r in records:
+        claimed = claims.get((r.round, r.accused))
+        if claimed is not None and rule.mismatches(claimed, r.scalars):
+            suspect.add((r.accused, r.round))
+    timed = [(effective_round(r, settings), r) for r in records if (r.accused, r.round) in suspect]
+    points = {e + 1 for e, _ in timed}
+    if voting_from is not None:
+        points |= {voting_from[r.auditor] + 1 for _, r in timed}
+    spans: list[tuple[int, frozenset[bytes]]] = [(ALWAYS, frozenset())]
+    for h in sorted(p for p in points if p > ALWAYS + 1):
+        held = [r for e, r in timed if e < h]
+        voters = None
+        if voting_from is not None:
+            voters = frozenset(r.auditor for r in held if voting_from[r.auditor] < h)
+        banned = frozenset(judge(claims, held, settings, voters=voters, court=court).banned)
+        if banned != spans[-1][1]:
+            spans.append((h, banned))
+    return spans
+
+
 def standing(
     claims: Mapping[tuple[int, bytes], tuple[float, ...]],
     records: Iterable[AuditRecord],
@@ -320,17 +393,47 @@ def standing(
     probation: ProbationSettings,
 ) -> Standing:
     """What counts, given the claimed scalars of each (round, peer) and the audit records: a
-    pure function of its arguments (see the module docstring for the three steps)."""
+    pure function of its arguments (see the module docstring for the three steps), and
+    from which settled state (the times, the bans of each prefix)."""
     records = list(records)
     if not probation.enabled:
         judgement = judge(claims, records, settings)
-        return Standing(False, frozenset(), frozenset(), {}, {}, judgement, lag=settings.lag)
+        spans = ban_spans(claims, records, settings)
+        bans = tuple(BanSpan(start, banned) for start, banned in spans)
+        return Standing(
+            False, frozenset(), frozenset(), {}, {}, judgement, lag=settings.lag, bans=bans
+        )
     chosen = choose_records(records)
     matches = _matches(claims, chosen, settings)
     first = _established(probation.founders, matches, probation.vouches)
     judgement = judge(claims, records, settings, voters=first, court=probation.founders)
+    # who votes from when: the times of establishment without bans (step 2's `first`)
+    _, voting_from = _timed(probation.founders, matches, probation.vouches, ())
+    spans = ban_spans(claims, records, settings, voting_from, probation.founders)
     seen = frozenset(peer for _, peer in claims)
-    return _settle(probation, settings.lag, matches, judgement, seen)
+    return _settle(probation, settings.lag, matches, judgement, seen, spans)
+
+
+def _timing(
+    probation: ProbationSettings,
+    matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
+    banned: Iterable[bytes],
+) -> tuple[dict[tuple[bytes, int], int], dict[bytes, tuple], dict[bytes, int]]:
+    """The times without the `banned` (module docstring): vouch effective rounds, each
+    earned peer's steps (its updates of rounds > r_k count from w_k), establishments."""
+    vouched_at, est = _timed(probation.founders, matches, probation.vouches, banned)
+    per_peer: dict[bytes, list[int]] = defaultdict(list)
+    for peer, round_ in vouched_at:
+        per_peer[peer].append(round_)
+    steps = {}
+    k = probation.vouches - 1
+    for peer, rounds in per_peer.items():
+        if len(rounds) < probation.vouches:
+            continue  # not established: a fixpoint member has `vouches` vouched updates
+        rounds.sort()
+        times = _kth_smallest_prefix([vouched_at[(peer, r)] for r in rounds], probation.vouches)
+        steps[peer] = (tuple(rounds[k:]), tuple(times[k:]))
+    return vouched_at, steps, est
 
 
 def _settle(
@@ -339,8 +442,10 @@ def _settle(
     matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
     judgement: Judgement,
     seen: frozenset[bytes],
+    spans: list[tuple[int, frozenset[bytes]]],
 ) -> Standing:
-    """Steps 3 and the times (module docstring), given the judgement's bans."""
+    """Steps 3 and the times (module docstring), given the judgement's bans, and the times
+    under the bans of each prefix (`spans`)."""
     banned = set(judgement.banned)
     members = _established(probation.founders, matches, probation.vouches, excluded=banned)
     vouched = {
@@ -348,19 +453,22 @@ def _settle(
         for key, auditors in matches.items()
         if auditors.keys() & members and key[0] not in banned
     }
-    vouched_at, est = _timed(probation.founders, matches, probation.vouches, banned)
-    per_peer: dict[bytes, list[int]] = defaultdict(list)
-    for peer, round_ in vouched:
-        per_peer[peer].append(round_)
-    since, steps = {}, {}
-    for peer, rounds in per_peer.items():
-        if peer not in members or peer in probation.founders:
-            continue
-        rounds.sort()
-        since[peer] = rounds[probation.vouches - 1]
-        times = _kth_smallest_prefix([vouched_at[(peer, r)] for r in rounds], probation.vouches)
-        k = probation.vouches - 1
-        steps[peer] = (tuple(rounds[k:]), tuple(times[k:]))
+    rounds_of: dict[bytes, list[int]] = defaultdict(list)
+    for peer, round_ in sorted(vouched):
+        if peer in members and peer not in probation.founders:
+            rounds_of[peer].append(round_)
+    since = {peer: rounds[probation.vouches - 1] for peer, rounds in rounds_of.items()}
+    timings: dict[frozenset[bytes], tuple] = {}
+    bans = []
+    for start, banned_then in spans:
+        if banned_then not in timings:
+            timings[banned_then] = _timing(probation, matches, banned_then)
+        vouched_at, steps, _ = timings[banned_then]
+        bans.append(BanSpan(start, banned_then, vouched_at, steps))
+    final = frozenset(banned)
+    if final not in timings:  # the last span's bans are the whole ledger's (the same judge)
+        timings[final] = _timing(probation, matches, final)
+    vouched_at, steps, est = timings[final]
     return Standing(
         True,
         probation.founders,
@@ -373,7 +481,7 @@ def _settle(
         vouched_at=vouched_at,
         steps=steps,
         established_at={p: t for p, t in est.items() if p not in probation.founders},
-        _redo=(probation, matches, seen),
+        bans=tuple(bans),
     )
 
 

@@ -22,6 +22,7 @@ after new records arrive.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -117,7 +118,13 @@ class AuditIntake:
         for record, envelope in rows:
             try:
                 self._check_signer(record.auditor, gossip=False)
-                if self.ledger.has_audit(record):
+                # a fetch row carries `at` only in its envelope: a copy with a smaller one
+                # replaces ours (`Ledger.add_audits`), so it is no duplicate
+                try:
+                    at = decode_audit(envelope.data, self.ledger.run_id, record.auditor).at
+                except Rejected:
+                    at = record.at  # `check_audit_envelope` says why, signature first
+                if self.ledger.has_audit(dataclasses.replace(record, at=at)):
                     self.counts["repair:duplicate"] += 1
                     continue
                 record = check_audit_envelope(record, envelope, self.ledger.run_id, self._verify)

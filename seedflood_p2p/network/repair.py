@@ -62,7 +62,7 @@ from seedflood_p2p.network.metrics import NodeMetrics, timed
 from seedflood_p2p.network.reputation import short_id
 from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.network.settings import NodeSettings
-from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+from seedflood_p2p.protocol.message import AuditRecord, Envelope
 from seedflood_p2p.protocol.wire import (
     AUDIT_ROWS,
     BUCKET_ROUNDS,
@@ -74,6 +74,7 @@ from seedflood_p2p.protocol.wire import (
     Rejected,
     Row,
     RowKind,
+    decode_audit,
     decode_digest_request,
     decode_digests,
     quorum_round,
@@ -133,8 +134,9 @@ class RepairTable(Protocol):
         """Up to `limit` signed rows after `cursor` in key order, through `max_round`."""
         ...
 
-    def set_digest(self, records: Sequence[Any]) -> bytes:
-        """The digest `digests` gives a bucket holding exactly `records`."""
+    def set_digest(self, rows: Sequence[Row]) -> bytes:
+        """The digest `digests` gives a bucket holding exactly the rows' records (as
+        their envelopes carry them)."""
         ...
 
     def note_digest(self, server: bytes, theirs: Digests) -> None:
@@ -168,8 +170,8 @@ class UpdateTable:
     def rows_after(self, cursor: tuple, max_round: int, limit: int) -> list[Row]:
         return self.ledger.signed_after(cursor[0], cursor[1], max_round, limit)
 
-    def set_digest(self, records: Sequence[UpdateMessage]) -> bytes:
-        return set_digest(records)
+    def set_digest(self, rows: Sequence[Row]) -> bytes:
+        return set_digest(m for m, _ in rows)
 
     def note_digest(self, server: bytes, theirs: Digests) -> None:
         if theirs:  # the window's upper bound may follow a quorum of digest claims
@@ -211,8 +213,17 @@ class AuditTable:
     def rows_after(self, cursor: tuple, max_round: int, limit: int) -> list[Row]:
         return self.ledger.signed_audits_after(cursor, max_round, limit)
 
-    def set_digest(self, records: Sequence[AuditRecord]) -> bytes:
-        return audit_set_digest(records)
+    def set_digest(self, rows: Sequence[Row]) -> bytes:
+        # a fetch row carries `at` only in its envelope, and the digest covers it
+        return audit_set_digest(self._as_signed(record, envelope) for record, envelope in rows)
+
+    def _as_signed(self, record: AuditRecord, envelope: Envelope) -> AuditRecord:
+        """`record` with the `at` its envelope carries (as it is: such a row that does not
+        decode is refused, and its bucket not taken in)."""
+        try:
+            return decode_audit(envelope.data, self.ledger.run_id, record.auditor)
+        except Exception:
+            return record
 
     def note_digest(self, server: bytes, theirs: Digests) -> None:
         pass
@@ -551,7 +562,7 @@ class Repair:
                 if got.get(bucket, 0) < claims.get(bucket, 0):
                     got[bucket] += 1
                     keep.append(row)
-                    received[bucket].append(row[0])
+                    received[bucket].append(row)
             intake = await table.insert(keep, server, sole_server)
             exchange.new[kind.name] += intake.new
             if intake.bad:

@@ -99,11 +99,14 @@ def set_digest(messages: Iterable[UpdateMessage]) -> bytes:
 
 
 def _audit_member_hash(r: AuditRecord) -> bytes:
-    """Full SHA-256 of one audit record, as a member of an audit bucket's set digest."""
+    """Full SHA-256 of one audit record, as a member of an audit bucket's set digest. It
+    covers `at` (-1: not carried): two ledgers that kept copies differing only in `at`
+    differ here, so repair brings them the smaller (`Ledger.add_audits`)."""
     body = r.round.to_bytes(8, "little")
     for peer in (r.accused, r.auditor):
         body += len(peer).to_bytes(2, "little") + peer
-    return hashlib.sha256(body + pack_scalars(r.scalars)).digest()
+    at = r.at.to_bytes(8, "little", signed=True)
+    return hashlib.sha256(body + pack_scalars(r.scalars) + at).digest()
 
 
 def audit_set_digest(records: Iterable[AuditRecord]) -> bytes:
@@ -268,26 +271,42 @@ class Ledger:
         records: Iterable[AuditRecord],
         envelopes: Sequence[Envelope | None] | None = None,
     ) -> list[AuditRecord]:
-        """Log audit records in one committed transaction; returns those that were new."""
+        """Log audit records in one committed transaction; returns those that were new.
+
+        Of two copies of a record that differ only in `at` (its auditor signed both), the
+        smaller `at` (-1, not carried, smallest) is kept, with its envelope, whichever came
+        first: `at` fixes when the record takes effect (algorithm/probation.py), so every
+        ledger must keep the same one. A copy that replaces the held one counts as new."""
         records = list(records)
         envelopes = list(envelopes) if envelopes is not None else [None] * len(records)
         new = []
+        replaced = False
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for r, env in zip(records, envelopes, strict=True):
+                key = (self.run_id, r.accused, r.round, r.auditor, pack_scalars(r.scalars))
+                at = r.at if r.at >= 0 else None
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO audits (run_id, accused, round, auditor, scalars, "
                     "data, seqno, signature, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (self.run_id, r.accused, r.round, r.auditor, pack_scalars(r.scalars))
-                    + _envelope_columns(env)
-                    + (r.at if r.at >= 0 else None,),
+                    key + _envelope_columns(env) + (at,),
                 )
+                if not cur.rowcount:
+                    cur = self._db.execute(
+                        "UPDATE audits SET data = ?, seqno = ?, signature = ?, at = ? WHERE "
+                        "run_id = ? AND accused = ? AND round = ? AND auditor = ? AND "
+                        "scalars = ? AND COALESCE(at, -1) > ?",
+                        _envelope_columns(env) + (at, *key, r.at),
+                    )
+                    replaced |= bool(cur.rowcount)
                 if cur.rowcount:
                     new.append(r)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        if replaced:  # a bucket's digest changed with its count unchanged
+            self._audit_bucket_cache.clear()
         return new
 
     def audits(self, min_round: int = 0, max_round: int | None = None) -> list[AuditRecord]:
@@ -302,12 +321,13 @@ class Ledger:
         return [_audit_record(*row) for row in rows]
 
     def has_audit(self, record: AuditRecord) -> bool:
+        """Is `record` held, as it is or with an `at` no larger (`add_audits` keeps that)?"""
         query = (
             "SELECT 1 FROM audits WHERE run_id = ? AND accused = ? AND round = ? AND "
-            "auditor = ? AND scalars = ?"
+            "auditor = ? AND scalars = ? AND COALESCE(at, -1) <= ?"
         )
         key = (record.accused, record.round, record.auditor, pack_scalars(record.scalars))
-        return self._db.execute(query, (self.run_id, *key)).fetchone() is not None
+        return self._db.execute(query, (self.run_id, *key, record.at)).fetchone() is not None
 
     def signed_audits_after(
         self, cursor: tuple[int, bytes, bytes, bytes], max_round: int, limit: int
@@ -462,7 +482,8 @@ class Ledger:
 
     def audit_bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
         """`bucket_digests` of the audit records, bucketed by their accused update's round:
-        what audit repair compares (the table only grows, so the same cache rule holds)."""
+        what audit repair compares (the table only grows, so the same cache rule holds; a
+        copy that replaces a record's `at` clears the cache)."""
         return self._bucket_digests(
             "audits",
             bucket_rounds,
