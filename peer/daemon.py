@@ -25,6 +25,8 @@ import signal
 import time
 from pathlib import Path
 
+import base58
+
 from peer.audits import DaemonAudits, PeerAudits, check_test_cheat
 from peer.join import MAX_CLOCK_SKEW, Joiner, NotReady, check_ledger, check_manifest_reply
 from peer.latejoin import LateJoin, start_round
@@ -42,12 +44,12 @@ from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.probation import ProbationSettings
-from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.host import HostSettings, NetworkHost
 from seedflood_p2p.network.metrics import NodeMetrics, value
 from seedflood_p2p.network.runpage import Observed, RunPage, add_routes, run_sampler
-from seedflood_p2p.network.tickets import ticket_creator
+from seedflood_p2p.network.tickets import Ticket, ticket_creator
 from seedflood_p2p.storage.ledger import Ledger
 
 __all__ = [
@@ -62,6 +64,31 @@ __all__ = [
 ]
 
 log = logging.getLogger("seedflood.peer")
+
+
+def check_own_ticket(text: str, config: RunConfig, peer_id: bytes) -> Ticket | None:
+    """This peer's join ticket for a ticketed run (None for another run); a missing, bad or
+    foreign ticket stops the peer at start with one line that says what to do."""
+    from seedflood_p2p.network.tickets import check, decode
+
+    creator = ticket_creator(config)
+    if creator is None:
+        return None
+    me = base58.b58encode(peer_id).decode()
+    if not text:
+        raise UserError(
+            f"run {config.run_id[:12]} is ticketed: ask its creator for a join ticket for "
+            f"this peer ({me}: `seedflood ticket --peer {me} ...`) and pass --ticket"
+        )
+    ticket = decode(text)
+    if ticket.peer != peer_id:
+        raise UserError(
+            f"--ticket is for peer {base58.b58encode(ticket.peer).decode()}, not this one "
+            f"({me}): a ticket cannot be passed on; use this peer's own, or its --data-dir"
+        )
+    if (problem := check(ticket, config, creator)) is not None:
+        raise UserError(f"--ticket is not valid for run {config.run_id[:12]}: {problem}")
+    return ticket
 
 
 class PeerDaemon:
@@ -231,17 +258,15 @@ class PeerDaemon:
             if check.trusted
             else "",
         )
+        own_ticket = check_own_ticket(s.ticket, config, peer_id)
+        if own_ticket is not None and own_ticket.expires <= (s.until_round or MAX_ROUND):
+            log.info(
+                "this peer's join ticket counts its updates of rounds < %d: it stops there",
+                own_ticket.expires,
+            )
+            s.until_round = own_ticket.expires
         await joiner.get_assets(config)
         model, tokenizer, task = await self.model_thread.run(joiner.load_model, config)
-        if ticket_creator(config) is not None:
-            # The admission rule and the tickets are built (network/tickets.py); handing
-            # each peer's ticket to the others is not, so a ticketed run would drop every
-            # honest update: refused, in one line, rather than started half-closed.
-            raise UserError(
-                "this run is ticketed (extra.join.mode): the peer daemon cannot join "
-                "ticketed runs yet (tickets are not passed between peers); use "
-                "allow_peers for a closed run"
-            )
 
         # 2. the message path: network -> admission (validate, ledger) -> apply
         from seedflood_p2p.algorithm.subcge import make_estimator
@@ -301,6 +326,8 @@ class PeerDaemon:
             on_accept=live.receive if self.audits is None else self.audits.accept,
             on_audit_records=None if self.audits is None else self.audits.on_records,
         )
+        if own_ticket is not None and node.tickets is not None:
+            node.tickets.add(own_ticket)  # served to the peers that look for it
 
         # 3. late join and the checkpoint chain; rounds; the run page
         self.late_join = late_join = LateJoin(

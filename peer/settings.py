@@ -50,6 +50,9 @@ class PeerSettings:
     dataset_file: Path | None = None
     # torch threads for this peer (0: torch's default, all cores)
     threads: int = bounded(0, 0, 4096, "a number of threads (0: torch's default)")
+    # A ticketed run: this peer's join ticket from the run creator (`seedflood ticket`,
+    # base58); its updates count in rounds below the ticket's end round
+    ticket: str = ""
     # TEST HOOK, not a feature (peer/audits.py:check_test_cheat; refused unless the
     # environment sets SEEDFLOOD_TEST_HOOKS=1): "flip", "random" or "x3" makes this peer a
     # cheater, so tests can show audits catch it (tests/test_audit_daemon.py).

@@ -248,7 +248,12 @@ def add_ticket_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--manifest", required=True, help="the run's manifest JSON file")
     p.add_argument("--key", required=True, help="the run creator's identity.key")
     p.add_argument("--peer", required=True, help="the holder's peer id (12D3Koo...)")
-    p.add_argument("--days", type=float, default=30.0, help="valid for this many days")
+    p.add_argument(
+        "--until-round",
+        type=int,
+        default=None,
+        help="the holder's updates count in rounds below this one (default: no end)",
+    )
 
 
 def cmd_ticket(args: argparse.Namespace) -> int:
@@ -258,7 +263,7 @@ def cmd_ticket(args: argparse.Namespace) -> int:
     import base58
 
     from seedflood_p2p.network.identity import load_or_create_identity
-    from seedflood_p2p.network.tickets import issue, ticket_creator
+    from seedflood_p2p.network.tickets import NO_END, issue, ticket_creator
 
     try:
         config = RunConfig.from_json(Path(args.manifest).read_bytes())
@@ -275,8 +280,8 @@ def cmd_ticket(args: argparse.Namespace) -> int:
         peer = base58.b58decode(args.peer)
     except ValueError:
         raise UserError("--peer is not a base58 peer id") from None
-    if not (0 < args.days <= 3650):
-        raise UserError("--days must be in (0, 3650]")
-    expires = int(time.time() + args.days * 86400)
+    if args.until_round is not None and not (0 < args.until_round < NO_END):
+        raise UserError(f"--until-round must be a round in 1..{NO_END - 1}")
+    expires = NO_END if args.until_round is None else args.until_round
     print(issue(Path(args.key), config, peer, expires).text())
     return 0

@@ -169,16 +169,23 @@ class Admission:
         if peer != self.peer_id:
             self.bucket_claims[peer] = last_round
 
-    def sender_problem(self, peer: bytes) -> Rejected | None:
-        """Why updates authored by `peer` are not admitted at all, or None."""
+    def sender_problem(self, peer: bytes, round_: int | None = None) -> Rejected | None:
+        """Why updates authored by `peer` (of `round_`, when given) are not admitted, or
+        None. A ticketed run: a row whose author's ticket is unknown here is dropped and
+        the ticket looked for (`TicketBook.want`); repair brings the row back later."""
         try:
             check_sender_key(peer)
         except Rejected as exc:
             return exc
         if self.allowed is not None and peer not in self.allowed:
             return Rejected("not_allowed", "not in the run's allow_peers")
-        if self.tickets is not None and peer != self.peer_id and not self.tickets.admits(peer):
-            return Rejected("no_ticket", "no valid join ticket of the run creator")
+        if (
+            self.tickets is not None
+            and peer != self.peer_id
+            and not self.tickets.admits(peer, round_)
+        ):
+            self.tickets.want(peer)
+            return Rejected("no_ticket", "no join ticket of the run creator for this round")
         return None
 
     # -- the three sources ------------------------------------------------------------
@@ -207,6 +214,9 @@ class Admission:
                 continue
             except Exception as exc:  # never let a hostile payload out of the pipeline
                 verdicts[i] = Verdict(Outcome.DROPPED, sender, None, "malformed", repr(exc))
+                continue
+            if (problem := self.sender_problem(sender, message.round)) is not None:
+                verdicts[i] = _rejected(problem, sender, message)  # its ticket's end is past
                 continue
             if message.peer == self.peer_id and same_scalars(
                 self.ledger.scalars_of(message.peer, message.round), message.scalars
@@ -240,7 +250,7 @@ class Admission:
         verdicts: list[Verdict | None] = [None] * len(rows)
         unseen, where = [], []
         for i, (message, envelope) in enumerate(rows):
-            if (problem := self.sender_problem(message.peer)) is not None:
+            if (problem := self.sender_problem(message.peer, message.round)) is not None:
                 verdicts[i] = _rejected(problem, message.peer, message)
                 continue
             held = self.ledger.scalars_of(message.peer, message.round)

@@ -16,6 +16,7 @@ Request/response protocols (msgpack over the same libp2p daemon):
                                                     syncing)
     seedflood.digest, seedflood.fetch           update repair (network/repair.py)
     seedflood.audit_digest, seedflood.audit_fetch   audit repair (runs with audits)
+    seedflood.tickets   [run, [peer id]]        -> their join tickets (network/tickets.py)
 
 A run with audits (the manifest's `extra.audit`) has a second topic for audit records
 (`network/audit.py:AuditIntake` admits them, from gossip and from repair).
@@ -59,6 +60,7 @@ from seedflood_p2p.network.repair import (
 from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
 from seedflood_p2p.network.rpc import serve_bytes
 from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.network.tickets import TicketBook, TicketExchange, ticket_creator
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     SERVE_BYTES_BURST,
@@ -110,6 +112,9 @@ class FloodNode:
         on_disk = ledger.path is not None and str(ledger.path) != ":memory:"
         self.bans = BanStore(Path(ledger.path).parent / "bans.sqlite" if on_disk else None)
         self.reputation = Reputation(self.bans, metrics.count_ban, on_ban=self._disconnect)
+        run = RunConfig.from_json(manifest_json)
+        # A ticketed run: which authors' rows count, and the exchange that finds tickets
+        self.tickets = TicketBook(run) if ticket_creator(run) is not None else None
         self.admission = Admission(
             ledger,
             self.directions,
@@ -119,7 +124,13 @@ class FloodNode:
             deliver=lambda messages: self.on_accept(messages),  # on_accept may be replaced
             max_behind=settings.max_behind,
             reputation=self.reputation,
-            allowed=RunConfig.from_json(manifest_json).allowed_peer_ids(),
+            allowed=run.allowed_peer_ids(),
+            tickets=self.tickets,
+        )
+        self.ticket_exchange = (
+            None
+            if self.tickets is None
+            else TicketExchange(p2p, self.run_id, self.tickets, lambda: self.connected_peers())
         )
         # Audit records, in a run whose manifest has them: gossip on their own
         # topic and repair, through the same sender rules. New records go to
@@ -159,6 +170,10 @@ class FloodNode:
     async def start(self) -> None:
         await serve_bytes(self.p2p, "seedflood.manifest", self._serve_manifest)
         await self.repair.start()  # every table's digest and fetch requests
+        if self.ticket_exchange is not None:
+            await self.ticket_exchange.start()
+            run = self.ticket_exchange.run(lambda: False)  # cancelled with the node's tasks
+            self._tasks.append(asyncio.create_task(run, name="tickets"))
         # Our own messages come back too: their signed envelopes make them repairable.
         subscription = await self._pubsub.subscribe(self.topic, include_own=True)
         self._tasks.append(asyncio.create_task(self._receive(subscription), name="receive"))
