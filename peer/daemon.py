@@ -259,7 +259,9 @@ class PeerDaemon:
             else "",
         )
         own_ticket = check_own_ticket(s.ticket, config, peer_id)
-        if own_ticket is not None and own_ticket.expires <= (s.until_round or MAX_ROUND):
+        if own_ticket is not None and own_ticket.expires <= (
+            s.until_round or config.total_rounds or MAX_ROUND
+        ):
             log.info(
                 "this peer's join ticket counts its updates of rounds < %d: it stops there",
                 own_ticket.expires,
