@@ -171,22 +171,23 @@ class Admission:
 
     def sender_problem(self, peer: bytes, round_: int | None = None) -> Rejected | None:
         """Why updates authored by `peer` (of `round_`, when given) are not admitted, or
-        None. A ticketed run: a row whose author's ticket is unknown here is dropped and
-        the ticket looked for (`TicketBook.want`); repair brings the row back later."""
+        None."""
         try:
             check_sender_key(peer)
         except Rejected as exc:
             return exc
         if self.allowed is not None and peer not in self.allowed:
             return Rejected("not_allowed", "not in the run's allow_peers")
-        if (
-            self.tickets is not None
-            and peer != self.peer_id
-            and not self.tickets.admits(peer, round_)
-        ):
-            self.tickets.want(peer)
-            return Rejected("no_ticket", "no join ticket of the run creator for this round")
-        return None
+        return self.ticket_problem(peer, round_)
+
+    def ticket_problem(self, peer: bytes, round_: int | None) -> Rejected | None:
+        """A ticketed run: a row whose author holds no ticket here for its round (None: for
+        any round) is dropped and the ticket looked for (`TicketBook.want`); repair brings
+        the row back once it is known."""
+        if self.tickets is None or peer == self.peer_id or self.tickets.admits(peer, round_):
+            return None
+        self.tickets.want(peer)
+        return Rejected("no_ticket", "no join ticket of the run creator for this round")
 
     # -- the three sources ------------------------------------------------------------
     def gossip(self, arrivals: list[tuple[bytes, Envelope]]) -> list[Verdict]:
@@ -215,7 +216,7 @@ class Admission:
             except Exception as exc:  # never let a hostile payload out of the pipeline
                 verdicts[i] = Verdict(Outcome.DROPPED, sender, None, "malformed", repr(exc))
                 continue
-            if (problem := self.sender_problem(sender, message.round)) is not None:
+            if (problem := self.ticket_problem(sender, message.round)) is not None:
                 verdicts[i] = _rejected(problem, sender, message)  # its ticket's end is past
                 continue
             if message.peer == self.peer_id and same_scalars(

@@ -172,8 +172,8 @@ class FloodNode:
         await self.repair.start()  # every table's digest and fetch requests
         if self.ticket_exchange is not None:
             await self.ticket_exchange.start()
-            run = self.ticket_exchange.run(lambda: False)  # cancelled with the node's tasks
-            self._tasks.append(asyncio.create_task(run, name="tickets"))
+            # cancelled with the node's other tasks
+            self._tasks.append(asyncio.create_task(self.ticket_exchange.run(), name="tickets"))
         # Our own messages come back too: their signed envelopes make them repairable.
         subscription = await self._pubsub.subscribe(self.topic, include_own=True)
         self._tasks.append(asyncio.create_task(self._receive(subscription), name="receive"))

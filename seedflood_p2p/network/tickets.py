@@ -236,19 +236,18 @@ class TicketExchange:
             return msgpack.packb([])
         return msgpack.packb(self.book.encoded(peers))
 
-    async def run(self, stopping) -> None:
-        """Ask for wanted tickets every ASK_EVERY_SECONDS until `stopping()`."""
-        while not stopping():
+    async def run(self) -> None:
+        """Ask for wanted tickets every ASK_EVERY_SECONDS (until cancelled)."""
+        while True:
             await asyncio.sleep(ASK_EVERY_SECONDS)
             wanted = self.book.due(time.monotonic(), ASK_AGAIN_SECONDS)
             if not wanted:
                 continue
             peers = await self.connected()
-            authors = {bytes(p.to_bytes()) for p in peers} & set(wanted)
-            ordered = [p for p in peers if p.to_bytes() in authors]
-            others = [p for p in peers if p.to_bytes() not in authors]
+            authors = [p for p in peers if p.to_bytes() in wanted]  # asked first
+            others = [p for p in peers if p.to_bytes() not in wanted]
             random.shuffle(others)
-            for peer in (ordered + others)[:ASK_PEERS]:
+            for peer in (authors + others)[:ASK_PEERS]:
                 request = msgpack.packb([self.run_id, wanted])
                 try:
                     reply = await call_bytes(
@@ -258,19 +257,23 @@ class TicketExchange:
                 except Exception:  # unreachable, timed out, malformed: the next peer
                     continue
                 for raw in tickets[:MAX_TICKETS_PER_REQUEST] if isinstance(tickets, list) else []:
-                    try:
-                        problem = self.book.add(decode(raw)) if isinstance(raw, bytes) else "bad"
-                    except UserError:
-                        problem = "malformed"
-                    if problem is None:
-                        self.fetched += 1
-                        log.info(
-                            "join ticket of %s fetched",
-                            base58.b58encode(decode(raw).peer).decode()[-8:],
-                            extra={"fields": {"event": "ticket_fetched"}},
-                        )
-                    else:
-                        self.refused += 1
+                    self._take(raw)
                 wanted = [p for p in wanted if p in self.book.wanted]
                 if not wanted:
                     break
+
+    def _take(self, raw: object) -> None:
+        """Keep one ticket of a reply if it checks out (any peer may hand tickets on)."""
+        try:
+            ticket = decode(raw) if isinstance(raw, bytes) else None
+        except UserError:
+            ticket = None
+        if ticket is None or self.book.add(ticket) is not None:
+            self.refused += 1
+            return
+        self.fetched += 1
+        log.info(
+            "join ticket of %s fetched",
+            base58.b58encode(ticket.peer).decode()[-8:],
+            extra={"fields": {"event": "ticket_fetched"}},
+        )
