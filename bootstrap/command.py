@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 
 from bootstrap.node import BootstrapSettings, run_bootstrap
+from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
+from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import add_run_flags, read_toml, run_config_from_args, settings_of
 
 BOOTSTRAP_FIELDS = settings_of(BootstrapSettings)
@@ -17,11 +20,40 @@ BOOTSTRAP_FIELDS = settings_of(BootstrapSettings)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_flags(parser)
+    parser.add_argument(
+        "--founders",
+        default=None,
+        metavar="ID[,ID...]",
+        help="the run creator's own peers (base58 peer ids, `seedflood id` prints one): "
+        "every other identity is on probation until they vouch for it (docs/SYBIL.md); "
+        "the manifest's extra.probation.founders",
+    )
     add_daemon_flags(parser, BOOTSTRAP_FIELDS, "bootstrap settings")
+
+
+def with_founders(config: RunConfig, founders: str | None) -> RunConfig:
+    """`config` with `--founders` written into its manifest (`extra.probation.founders`).
+    A bad id, or founders given both here and in the config file, is one UserError line."""
+    if founders is None:
+        return config
+    ids = [f.strip() for f in founders.split(",") if f.strip()]
+    if not ids:
+        raise UserError("--founders is empty: pass one or more peer ids, comma-separated")
+    ProbationSettings.of(config)  # the config file's own extra.probation first
+    probation = config.extra.get("probation", {})
+    if probation is False or (isinstance(probation, dict) and "founders" in probation):
+        raise UserError(
+            "--founders and the config file's extra.probation both set probation: keep one"
+        )
+    extra = {**config.extra, "probation": {**probation, "founders": ids}}
+    out = config.replace(extra=extra)
+    ProbationSettings.of(out)  # the same checks as a manifest read from the network
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     table = read_toml(args)
     config = run_config_from_args(args, extra_fields=BOOTSTRAP_FIELDS + NODE_FIELDS)
+    config = with_founders(config, args.founders)
     settings = daemon_settings(BootstrapSettings, BOOTSTRAP_FIELDS, args, table)
     return run_bootstrap(settings, config)

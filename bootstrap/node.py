@@ -157,6 +157,29 @@ async def serve_assets(p2p, node, config: RunConfig, basis_path: Path | None = N
             )
 
 
+def open_run_warning(config: RunConfig) -> str | None:
+    """What a run creator should know when anyone may join and nobody vouches: each new
+    identity's updates count at once (audits still sample them), so many keys of one
+    attacker count until each is caught (docs/SYBIL.md). None when the run has founders (or
+    an allow-list) or is ticketed."""
+    from seedflood_p2p.algorithm.probation import ProbationSettings
+    from seedflood_p2p.network.tickets import ticket_creator
+
+    probation = ProbationSettings.of(config)
+    if probation.enabled or ticket_creator(config) is not None:  # the creator picks who joins
+        return None
+    if probation.off:
+        why = "extra.probation = false"
+    else:
+        why = "it names no founders"
+    return (
+        f"run {config.run_id[:12]} has no probation ({why}): every new identity's updates "
+        "count at once, so one attacker with many keys moves the model until audits ban "
+        "each key; restart with a new --data-dir and --founders ID,... (your own peers, "
+        "`seedflood id --data-dir DIR` prints each one's id) to put newcomers on probation"
+    )
+
+
 async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     config = await asyncio.to_thread(resolve_manifest, settings, config)
@@ -216,6 +239,8 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             config.dataset,
             config.base_sha256[:16],
         )
+        if warning := open_run_warning(config):
+            log.warning(warning, extra={"fields": {"event": "open_run"}})
         print("bootstrap address (pass to peers with --bootstrap):", flush=True)
         for address in addresses:
             print(f"  {address}", flush=True)

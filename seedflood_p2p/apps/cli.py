@@ -90,6 +90,12 @@ COMMANDS: dict[str, Command] = {
         "add_status_arguments",
         "cmd_status",
     ),
+    "id": Command(
+        "print this machine's peer id (making its key if there is none)",
+        _LOCAL,
+        "add_id_arguments",
+        "cmd_id",
+    ),
     "ticket": Command(
         "sign a join ticket for a ticketed run (with the run creator's key)",
         _LOCAL,

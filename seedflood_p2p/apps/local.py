@@ -244,6 +244,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_id_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data-dir",
+        default="seedflood-peer",
+        help="the peer's data directory (`seedflood peer --data-dir`; default seedflood-peer)",
+    )
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    """Print the peer id of DATA_DIR/identity.key, the key `seedflood peer --data-dir
+    DATA_DIR` signs with, creating the directory and a new Ed25519 key if there is none:
+    what a run creator lists in `--founders` or signs a ticket for."""
+    from pathlib import Path
+
+    from seedflood_p2p.network.identity import load_or_create_identity
+
+    data_dir = Path(args.data_dir).expanduser()
+    if data_dir.exists() and not data_dir.is_dir():
+        raise UserError(f"--data-dir {data_dir} is a file, not a directory")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    print(load_or_create_identity(data_dir / "identity.key").to_base58())
+    return 0
+
+
 def add_ticket_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--manifest", required=True, help="the run's manifest JSON file")
     p.add_argument("--key", required=True, help="the run creator's identity.key")
