@@ -28,7 +28,7 @@ ROWS = {
     # What #26's full-model table trains: every matrix, along the run's activation basis.
     # The peer loads the artifact (computed by the basis publisher in another process, as
     # `seedflood bootstrap --basis activation` does), it never computes one.
-    "k=16, activation basis": {"directions": 16, "basis": "activation"},
+    "k=16, rank 32, activation basis": {"directions": 16, "rank": 32, "basis": "activation"},
 }
 BASIS_FILE = Path("/tmp/seedflood-bench-memory-basis.safetensors")
 
@@ -90,7 +90,7 @@ def main() -> None:
         print(json.dumps(measure(sys.argv[2], json.loads(sys.argv[3]))))
         return
     inference = run("inference", "k=1 (today's default)")
-    run("basis", "k=16, activation basis")
+    run("basis", "k=16, rank 32, activation basis")
     basis_bytes = BASIS_FILE.stat().st_size
     rows = {}
     for row in ROWS:
@@ -124,9 +124,9 @@ def main() -> None:
         )
     lines += [
         "",
-        f"The activation basis row loads the run's artifact ({basis_bytes:,} bytes: every "
-        "linear matrix at rank 32, float32), computed beforehand in another process as the "
-        "basis publisher does; its size is part of the row's peak.",
+        f"The activation basis row loads the run's artifact ({basis_bytes:,} bytes: a "
+        "k x 32 float32 V side for every linear matrix), computed beforehand in another "
+        "process as the basis publisher does; its size is part of the row's peak.",
     ]
     (RESULTS / "memory.md").write_text("\n".join(lines) + "\n")
 

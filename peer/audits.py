@@ -169,6 +169,7 @@ class PeerAudits:
         self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
         self.round = 0  # the round we are training (take_settled)
         self._clock = count()
+        self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
         # work) spent training ("train": our own zo_step) and auditing ("audit"): the cost
@@ -493,7 +494,7 @@ class PeerAudits:
             # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
             # for it past --round-deadline). The states without the updates it most likely
             # lacked are tried (`_late_states`).
-            for late in self._late_states(peer, round_):
+            for kind, late in self._late_states(peer, round_):
                 if not rule.mismatches(claimed, recomputed):
                     break
                 self.counts["late_state_retries"] += 1
@@ -505,6 +506,7 @@ class PeerAudits:
                 if not rule.mismatches(claimed, without):
                     recomputed = without
                     self.counts["late_state_matches"] += 1
+                    self.late_matches[kind] += 1
             self.done.add((peer, round_))
             mismatch = rule.mismatches(claimed, recomputed)
             self.counts["audits"] += 1
@@ -516,7 +518,7 @@ class PeerAudits:
                 out.append((record, mismatch))
         return out
 
-    def _late_states(self, peer: bytes, round_: int) -> list[list[UpdateMessage]]:
+    def _late_states(self, peer: bytes, round_: int) -> list[tuple[str, list[UpdateMessage]]]:
         """Sets of updates of S_round the sender of (peer, round_) may not have held when it
         trained, most likely first, at most MAX_LATE_STATES.
 
@@ -534,33 +536,41 @@ class PeerAudits:
         Rows that count by a vouch or an establishment (on probation) need no retry of
         their own: they are in S_round only from the round their record takes effect in
         (`probation.Standing.count_from`), which the sender held as it held the rows; one
-        whose record reached us late was applied as a late row (its arrival is then)."""
+        whose record reached us late was applied as a late row (its arrival is then).
+
+        Each state comes with its kind ("after", "straggler", "first-of-after",
+        "straggler-newest", "newest"): `late_matches` counts which kinds matched, the data
+        to cut retries on (every mismatch, a cheater's too, tries up to MAX_LATE_STATES)."""
         settled = {(m.peer, m.round): m for m in self._state(round_) if m.peer != peer}
         stamped = sorted(
             ((self.arrival[key], key) for key in settled if key in self.arrival), reverse=True
         )
         heard = self.arrival.get((peer, round_))
         after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
-        candidates: list[list[UpdateMessage]] = []
+        candidates: list[tuple[str, list[UpdateMessage]]] = []
         if heard is not None:
             tied: dict[bytes, list[UpdateMessage]] = {}
             for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
                 tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
             stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
-            candidates.append(after)
-            candidates += [after + tied[q] for q in stragglers]
+            candidates.append(("after", after))
+            candidates += [("straggler", after + tied[q]) for q in stragglers]
             # ... or it got the first of `after` just before it trained (newest first)
-            candidates += [after[:-j] for j in (1, 2) if len(after) > j]
+            candidates += [("first-of-after", after[:-j]) for j in (1, 2) if len(after) > j]
             most = min(MAX_LATE_STATES, max((len(rows) for rows in tied.values()), default=0))
-            candidates += [after + tied[q][:j] for q in stragglers for j in range(1, most)]
+            candidates += [
+                ("straggler-newest", after + tied[q][:j])
+                for q in stragglers
+                for j in range(1, most)
+            ]
         newest = [settled[key] for _, key in stamped[:MAX_LATE_STATES]]
-        candidates += [newest[:j] for j in range(1, len(newest) + 1)]
+        candidates += [("newest", newest[:j]) for j in range(1, len(newest) + 1)]
         states, seen = [], set()
-        for rows in candidates:
+        for kind, rows in candidates:
             key = frozenset((m.peer, m.round) for m in rows)
             if rows and key not in seen:
                 seen.add(key)
-                states.append(rows)
+                states.append((kind, rows))
             if len(states) == MAX_LATE_STATES:
                 break
         return states
@@ -697,7 +707,10 @@ class DaemonAudits:
             "mismatches": audits.counts["mismatches"],
             "published": audits.counts["published"],
             # recomputations on the states a sender may honestly have had instead
-            "retries": {k: audits.counts[k] for k in ("late_state_retries", "late_state_matches")},
+            "retries": {
+                **{k: audits.counts[k] for k in ("late_state_retries", "late_state_matches")},
+                "matched_by_kind": dict(sorted(audits.late_matches.items())),
+            },
             "records": dict(records or {}),
             "verdicts": audits.verdicts,
             "banned": sorted(peer_name(p) for p in audits.banned),

@@ -306,6 +306,18 @@ class PeerDaemon:
             settled_holes if audit_settings.enabled else None,
             hole_wait=3 * s.node.repair_interval,  # a dropped row comes by repair by then
         )
+        probation = ProbationSettings.of(config)
+        if probation.enabled:
+            log.info(
+                "probation: this run names %d founder(s); %s",
+                len(probation.founders),
+                "this peer is one: its updates count at once"
+                if peer_id in probation.founders
+                else "this peer is new: an update counts once an established peer has "
+                f"recomputed and matched it, and every later one once {probation.vouches} "
+                "have been (`seedflood status` shows where it stands)",
+                extra={"fields": {"event": "probation", "founder": peer_id in probation.founders}},
+            )
         if audit_settings.enabled:
             peer_audits = PeerAudits(
                 audit_settings,
@@ -314,7 +326,7 @@ class PeerDaemon:
                 ledger,
                 live,
                 None,  # the flood node's intake: DaemonAudits reaches it through the node
-                ProbationSettings.of(config),
+                probation,
             )
             self.audits = DaemonAudits(
                 peer_audits,

@@ -498,6 +498,7 @@ def test_an_honest_sender_that_missed_a_late_update_is_matched(tmp_path):
     assert rule.mismatches(record.scalars, whole)  # the whole settled state does not match
     assert not mismatch  # the state without the late update does
     assert audits.counts["late_state_matches"] == 1 and audits.counts["late_state_retries"] == 1
+    assert audits.late_matches == {"after": 1}  # it reached the auditor after the claim
 
 
 def test_after_a_burst_the_late_update_is_found_among_the_tied_ones(tmp_path):
@@ -505,6 +506,7 @@ def test_after_a_burst_the_late_update_is_found_among_the_tied_ones(tmp_path):
     assert AuditSettings(enabled=True).rule.mismatches(record.scalars, whole)
     assert not mismatch and audits.counts["late_state_matches"] == 1
     assert 1 <= audits.counts["late_state_retries"] <= 8  # MAX_LATE_STATES
+    assert sum(audits.late_matches.values()) == 1 and "after" not in audits.late_matches
 
 
 def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):

@@ -125,3 +125,12 @@ def test_live_models_equal_the_replay_of_what_counts_and_founders_agree(scenario
                 live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
             )
     assert len(set(hashes.values())) == 1, hashes
+
+
+def test_each_peer_is_told_at_start_whether_it_is_a_founder(scenario):
+    for name, proc in scenario["peers"].items():
+        said = [e for e in proc.events() if e.get("event") == "probation"]
+        assert len(said) == 1, (name, said)
+        assert said[0]["founder"] == (name in FOUNDERS), (name, said[0])
+        if name not in FOUNDERS:
+            assert "this peer is new" in said[0]["message"], said[0]
