@@ -67,6 +67,10 @@ log = logging.getLogger("seedflood.audit")
 
 MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
 MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
+# ... of a probationer's update: each retry is paid from the verification budget like an
+# audit (so `share` bounds the compute), and fresh keys are free, so fewer: 20 keys that
+# negate cost a founder 3 budget units each, not 9 (bench/results/sybil_daemon_n20*.md).
+PROBATION_LATE_STATES = 2
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
@@ -277,8 +281,9 @@ class PeerAudits:
         return after
 
     def _earn_tokens(self, st: Standing | None) -> None:
-        """One round's verification budget: `share` audits (an audit costs one training
-        step), for an established peer only; at most two rounds' worth saved up."""
+        """One round's verification budget: `share` audits (an audit, or a retry of one on a
+        late state, costs one training step), for an established peer only; at most two
+        rounds' worth saved up. Retries may leave it below 0: later rounds repay that."""
         if st is None or not st.enabled or self.peer_id not in st.established:
             return
         share = self.probation.share
@@ -299,6 +304,7 @@ class PeerAudits:
             "counted_late": self.counts["counted_late"],  # records that reached us late
             "counted_on_time": self.counts["counted_on_time"],  # at their effective round
             "probation_audits": self.counts["probation_audits"],
+            "probation_retries": self.counts["probation_retries"],  # paid like audits
             "backlog": self.backlog,
             "backlog_peers": self.waiting_peers,
             "share": self.probation.share,
@@ -337,7 +343,7 @@ class PeerAudits:
                 audit_draw(self.secret, run_key, m.peer, m.round),
             )
         )
-        jobs, budget = [], int(self.tokens)
+        jobs, budget = [], max(0, int(self.tokens))  # below 0: retries still being repaid
         for m in due[:budget]:
             self.done.add((m.peer, m.round))
             jobs.append((m.peer, m.round, "probation", m.scalars))
@@ -493,11 +499,16 @@ class PeerAudits:
             # The sender may have trained before a settled update reached it (a peer that
             # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
             # for it past --round-deadline). The states without the updates it most likely
-            # lacked are tried (`_late_states`).
-            for kind, late in self._late_states(peer, round_):
+            # lacked are tried (`_late_states`). Probation work pays for its retries.
+            paid = self._is_probation_work(peer, why)
+            states = self._late_states(peer, round_)
+            for kind, late in states[:PROBATION_LATE_STATES] if paid else states:
                 if not rule.mismatches(claimed, recomputed):
                     break
                 self.counts["late_state_retries"] += 1
+                if paid:
+                    self.tokens -= 1  # repaid from later rounds' budget (`_earn_tokens`)
+                    self.counts["probation_retries"] += 1
                 without = self._on_settled(
                     round_,
                     [m.negated() for m in late],
@@ -517,6 +528,13 @@ class PeerAudits:
                 record = AuditRecord(peer, round_, self.peer_id, recomputed, self.round)
                 out.append((record, mismatch))
         return out
+
+    def _is_probation_work(self, peer: bytes, why: str) -> bool:
+        """Is an audit of `peer`'s update paid from the verification budget: a probation
+        audit, or a re-check of a probationer's update (`ready`)?"""
+        st = self.standing
+        probationer = st is not None and st.enabled and peer in st.probationers
+        return why == "probation" or (why == "recheck" and probationer)
 
     def _late_states(self, peer: bytes, round_: int) -> list[tuple[str, list[UpdateMessage]]]:
         """Sets of updates of S_round the sender of (peer, round_) may not have held when it

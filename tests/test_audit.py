@@ -23,6 +23,7 @@ from seedflood_p2p.algorithm.audit import (
     verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import zo_step
@@ -450,7 +451,7 @@ def test_a_sender_between_two_bans_is_matched_on_its_state_with_no_retry(tmp_pat
     ledger.close()
 
 
-def _late_row_audit(tmp_path, cheat_sign: float, burst: bool = False):
+def _late_row_audit(tmp_path, cheat_sign: float, burst: bool = False, probation: bool = False):
     """Sender A trained round 3 before straggler X's round-2 update reached it; auditor C
     received that update in a later round than A's (`burst`: all in one round, as after
     the auditor slept). Returns (audit record, mismatch, audits, the scalars recomputed
@@ -473,7 +474,13 @@ def _late_row_audit(tmp_path, cheat_sign: float, burst: bool = False):
     claim = UpdateMessage(3, A, quantize_scalars([cheat_sign * s for s in honest.scalars]))
     ledger.add(history + [claim])
     settings = AuditSettings(enabled=True, lag=0)
-    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    # with `probation`, A is new to a run founded by B, X and C: auditing it is paid work
+    rules = ProbationSettings(frozenset([B, X, C]), vouches=2) if probation else None
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1), rules)
+    if probation:
+        audits.set_standing(audits.judge())
+        assert A in audits.standing.probationers
+        audits.tokens = 5.0  # capped to two rounds' worth when the round earns its share
     audits.round = 3
     audits.on_accept(on_time, 4)
     audits.round = 3 if burst else 4
@@ -507,6 +514,27 @@ def test_after_a_burst_the_late_update_is_found_among_the_tied_ones(tmp_path):
     assert not mismatch and audits.counts["late_state_matches"] == 1
     assert 1 <= audits.counts["late_state_retries"] <= 8  # MAX_LATE_STATES
     assert sum(audits.late_matches.values()) == 1 and "after" not in audits.late_matches
+
+
+def test_a_probationers_retries_are_few_and_paid_from_the_verification_budget(tmp_path):
+    """Fresh keys are free, so a probationer's mismatch tries only PROBATION_LATE_STATES
+    states, each paid from the budget like an audit (`share` then bounds the compute)."""
+    from peer.audits import PROBATION_LATE_STATES
+
+    for name in "xyz":
+        (tmp_path / name).mkdir()
+    _, mismatch, audits, _ = _late_row_audit(tmp_path / "x", cheat_sign=-1.0, probation=True)
+    assert mismatch and audits.counts["late_state_retries"] == PROBATION_LATE_STATES
+    assert audits.counts["probation_retries"] == PROBATION_LATE_STATES
+    # the round's budget (at most 1 saved up at share 0.25) paid the re-check; the retries
+    # are a debt the next rounds repay before any other probation audit
+    assert audits.tokens == 1.0 - 1 - PROBATION_LATE_STATES
+    unpaid = _late_row_audit(tmp_path / "y", cheat_sign=-1.0, burst=True)[2]
+    assert unpaid.counts["late_state_retries"] > PROBATION_LATE_STATES  # an established sender
+    # an honest probationer that missed the late update: matched on the first retry
+    _, mismatch, audits, _ = _late_row_audit(tmp_path / "z", cheat_sign=1.0, probation=True)
+    assert not mismatch and audits.late_matches == {"after": 1}
+    assert audits.tokens == 1.0 - 1 - 1
 
 
 def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
