@@ -194,3 +194,40 @@ def test_status_lines_name_the_partition():
         }
     )
     assert "PARTITIONED" in text and B[-8:] in text
+
+
+def _peer_ids(folder, n: int) -> list[str]:
+    from seedflood_p2p.network.identity import load_or_create_identity
+
+    folder.mkdir(exist_ok=True)
+    return [load_or_create_identity(folder / f"{i}.key").to_base58() for i in range(n)]
+
+
+def test_a_hint_list_filled_by_many_identities_still_takes_the_founders(tmp_path):
+    """Fresh keys are free: an attacker's identities can fill the bounded list of peers a
+    node heard of (DHT records, summaries), first come first served. The run's founders
+    still get in, each in place of the non-founder named longest ago."""
+    from seedflood_p2p.network.reconnect import MAX_HINTS, Reconnector, run_founders
+
+    me, *founders = _peer_ids(tmp_path / "keys", 3)
+    run = RunConfig(model="tiny-llama", extra={"probation": {"founders": founders}})
+    assert run_founders(run.to_json()) == set(founders)
+    assert run_founders(RunConfig(model="tiny-llama").to_json()) == frozenset()
+
+    class StubP2P:
+        peer_id = PeerID.from_base58(me)
+
+    r = Reconnector(StubP2P(), tmp_path, [], NodeSettings(), NodeMetrics())
+    r.founders = run_founders(run.to_json())
+    sybils = _peer_ids(tmp_path / "sybils", MAX_HINTS + 1)
+    addr = ["/ip4/127.0.0.1/tcp/4001"]
+    for sybil in sybils:
+        r.add_hints({sybil: addr}, "dht")
+    assert len(r.hints) == MAX_HINTS and sybils[-1] not in r.hints  # full: the rest dropped
+    r.add_hints({founders[0]: addr}, "dht")
+    assert founders[0] in r.hints and len(r.hints) == MAX_HINTS
+    assert sybils[0] not in r.hints  # the one named longest ago made room
+    r.add_hints({founders[1]: addr}, "summary")
+    assert set(founders) <= set(r.hints) and sybils[1] not in r.hints
+    r.add_hints({sybils[0]: addr}, "dht")  # still full: a non-founder waits for room
+    assert sybils[0] not in r.hints

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.network.p2pd import connect_peer, is_relayed, peer_connections, relay_counters
@@ -260,6 +260,17 @@ class IslandView:
         return "; ".join(parts) or "every known peer reachable"
 
 
+def run_founders(manifest_json: str) -> frozenset[str]:
+    """The base58 ids of a run's founders (`extra.probation.founders` and its allow-list);
+    empty for an open run without them."""
+    import base58
+
+    from seedflood_p2p.algorithm.probation import ProbationSettings
+
+    probation = ProbationSettings.of(RunConfig.from_json(manifest_json))
+    return frozenset(base58.b58encode(p).decode() for p in probation.founders)
+
+
 class Reconnector:
     """Dials the bootstrap list, the peer book and peers heard of, with backoff, forever.
 
@@ -278,6 +289,9 @@ class Reconnector:
         self.s = settings
         self.metrics = metrics
         self.hints: dict[str, list[str]] = {}  # heard of in summaries, not (yet) met
+        # The run's founders (base58; `attach`): fresh keys are free, so a hint list that
+        # many identities of one attacker filled still takes a founder (`add_hints`).
+        self.founders: frozenset[str] = frozenset()
         self.hinted_at: dict[str, float] = {}  # when a summary last named each hint
         self.learned_from: dict[str, str] = {}  # hint -> where we first heard of it
         self.backoff: dict[str, Backoff] = {}
@@ -537,6 +551,7 @@ class Reconnector:
         """Serve summaries for `flood`'s run, repair on every new connection, and start the
         loop. Peers already connected get a summary exchange in the first pass."""
         self.flood = flood
+        self.founders = run_founders(flood.manifest_json)
         await self._refresh_own_addrs()
         await serve_bytes(self.p2p, "seedflood.summary", self._serve_summary)
         self._on_connect.append(self._repair_new_connection)
@@ -669,7 +684,8 @@ class Reconnector:
             if name == self.own_id or name in self.book.entries or not addrs:
                 continue
             if len(self.hints) >= MAX_HINTS and name not in self.hints:
-                continue
+                if name not in self.founders or not self._evict_hint():
+                    continue
             if name not in self.hints and name not in self.connected:
                 self.learned_from[name] = source
                 log.info(
@@ -680,6 +696,17 @@ class Reconnector:
                 )
             self.hints[name] = _dialable(addrs, name)
             self.hinted_at[name] = time.monotonic()
+
+    def _evict_hint(self) -> bool:
+        """Make room for a founder's hint: forget the hint named longest ago that is not a
+        founder (False: every hint is one)."""
+        others = [p for p in self.hints if p not in self.founders]
+        if not others:
+            return False
+        oldest = min(others, key=lambda p: self.hinted_at.get(p, 0.0))
+        for table in (self.hints, self.hinted_at, self.learned_from, self.backoff):
+            table.pop(oldest, None)
+        return True
 
     def _update_view(self) -> None:
         now = time.monotonic()
