@@ -448,6 +448,7 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         "replay_sha256": evaluation["sha256"],
         "replay_loss_by_round": by_round,
         "work": str(work),
+        **founder_work(work),
         "audit_cpu_share": _mean([f["audit_cpu_share"] for f in per_founder.values()]),
         "per_founder": per_founder,
         "per_key": per_key,
@@ -530,10 +531,11 @@ def write_markdown(result: dict, path: Path) -> None:
         "counted | established (round) -> banned (round) of keys that counted | keys banned "
         "| founders banned "
         "| held-out loss (end; delta vs honest-only at round R) | accuracy "
-        "| audit CPU / training (founders) | newcomer rounds to first count / established "
+        "| audit CPU / training (founders) | founders' retries (matched) "
+        "| founders' updates counted | newcomer rounds to first count / established "
         "| backlog at end | founders' ledgers agree, "
         "counted rows identical | peer RSS MiB / CPU s | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     refs = {  # per seed: the honest-only row with losses by round (the longest)
         r["seed"]: r
@@ -549,12 +551,15 @@ def write_markdown(result: dict, path: Path) -> None:
         s = summarize(r, ref if r["scenario"] != "honest-only" else None)
         delta = f"; at R {s['delta'][0]}: {s['delta'][1]:+.4f}" if s["delta"] else ""
         cost = r["cost"]
+        tried = r.get("founder_retries")
+        retried = f"{tried['late_state_retries']} ({tried['late_state_matches']})" if tried else "?"
         lines.append(
             f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {s['counted_ever']} / "
             f"{s['counted_end']} / {s['sent']} | {s['keys_counted']} | {s['start_rounds']} -> "
             f"{s['stop_rounds']} | {s['banned']} | {s['honest_banned']} | "
             f"{r['replay_loss']:.4f}{delta} | "
-            f"{r['replay_accuracy']:.3f} | {r['audit_cpu_share']:.3f} | "
+            f"{r['replay_accuracy']:.3f} | {r['audit_cpu_share']:.3f} | {retried} | "
+            f"{r.get('founder_updates_counted', '?')} | "
             f"{s['newcomer_count']} / {s['newcomer_est']} | {s['backlog']} | "
             f"{r['ledgers_agree_on_what_counts']}, {r['counted_rows_identical']} | "
             f"{cost['peak_rss_mib_per_peer']:.0f} / {cost['cpu_s_per_peer']:.0f} | "
@@ -568,7 +573,11 @@ def write_markdown(result: dict, path: Path) -> None:
         "banned: the earliest founder's training round when it logged the key established "
         "(-1: before its first round) and the last founder's when it logged the ban (`-`: "
         "none). Founders banned: by the first founder's final ledger (target 0). Keys banned:"
-        " by each founder's log (span over founders). Newcomer rounds: from a key's first "
+        " by each founder's log (span over founders). Retries: the founders' recomputations "
+        "of a mismatch on the states its sender may honestly have trained on instead "
+        "(summed), and how many matched. Founders' updates counted: in the first founder's "
+        "ledger (a founder that starts late or misses a deadline skips rounds, so two runs "
+        "of one seed differ there too). Newcomer rounds: from a key's first "
         "update to its first counted one / to its establishing vouched one. Backlog: "
         "probation audits due that the founders' budget had not paid for, at the end. Agree: "
         "the 4 founders' final ledgers count the same (round, peer) set, with equal scalars. "
@@ -578,10 +587,36 @@ def write_markdown(result: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def founder_work(work: Path) -> dict:
+    """From a finished row's folder: the founders' updates that count in the first founder's
+    ledger (real daemons skip rounds when late, so the honest rows of two runs differ), and
+    the founders' late-state retries (peer/audits.py `_late_states`) from final_status."""
+    from seedflood_p2p.storage.ledger import peer_name
+
+    view = ledger_view(work / FOUNDERS[0] / "ledger.sqlite", set())
+    founders = set(view["config"].extra["probation"]["founders"])
+    retries = {"late_state_retries": 0, "late_state_matches": 0, "probation_retries": 0}
+    for name in FOUNDERS:
+        status = work / name / "final_status.json"
+        if status.exists():
+            audits = json.loads(status.read_text()).get("audits", {})
+            for k in ("late_state_retries", "late_state_matches"):
+                retries[k] += audits.get("retries", {}).get(k, 0)
+            retries["probation_retries"] += audits.get("probation", {}).get("probation_retries", 0)
+    return {
+        "founder_updates_counted": sum(1 for m in view["counted"] if peer_name(m.peer) in founders),
+        "founder_retries": retries,
+    }
+
+
 def backfill(result: dict, base: Path) -> None:
-    """Rows written without `replay_loss_by_round` (an earlier version): from their kept
-    ledgers (WORK/a/ledger.sqlite under --keep), where they still exist."""
+    """Rows written without `replay_loss_by_round` or `founder_updates_counted` (earlier
+    versions): from their kept folders (--keep), where they still exist."""
     for key, row in result["rows"].items():
+        work = Path(row.get("work", ""))
+        if "founder_updates_counted" not in row and (work / FOUNDERS[0]).is_dir():
+            row.update(founder_work(work))
+            print("backfilled founders' updates and retries of", key, "from", work)
         if row.get("replay_loss_by_round"):
             continue
         n, seed, scenario = row["sybils"], row["seed"], row["scenario"]
