@@ -513,6 +513,54 @@ def summarize(row: dict, reference: dict | None) -> dict:
     }
 
 
+def _mean_se(values: list[float]) -> str:
+    """`mean +- standard error` over seeds (the mean alone for one value)."""
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:+.4f}"
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return f"{mean:+.4f} +- {(var / len(values)) ** 0.5:.4f}"
+
+
+def by_scenario(rows: dict, refs: dict) -> list[str]:
+    """One line per (scenario, N, rounds) over its seeds: the issue's report."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows.values():
+        groups.setdefault((r["scenario"], r["sybils"], r["rounds"]), []).append(r)
+    order = list(SCENARIOS)
+    lines = [
+        "| scenario | N | rounds | seeds | attacker updates counted at end, per seed | "
+        "counted ever, per seed | keys banned, per seed | founders banned (all seeds) | "
+        "held-out loss delta vs honest-only (mean +- SE over seeds) | founders' audit CPU "
+        "/ training | newcomer rounds to first count / established | founders' ledgers "
+        "agree |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (scenario, n, rounds), group in sorted(
+        groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1], kv[0][2])
+    ):
+        group.sort(key=lambda r: r["seed"])
+        sums = [summarize(r, refs.get(r["seed"]) if scenario != "honest-only" else None)
+                for r in group]  # fmt: skip
+        deltas = [s["delta"][1] for s in sums if s["delta"]]
+        cpu = [r["audit_cpu_share"] for r in group if r["audit_cpu_share"] is not None]
+        lines.append(
+            f"| {scenario} | {n} | {rounds} | {len(group)} | "
+            f"{' / '.join(str(s['counted_end']) for s in sums)} | "
+            f"{' / '.join(str(s['counted_ever']) for s in sums)} | "
+            f"{' / '.join(s['banned'] for s in sums)} | "
+            f"{sum(s['honest_banned'] for s in sums)} | "
+            f"{_mean_se(deltas) if scenario != 'honest-only' else 'reference'} | "
+            f"{sum(cpu) / len(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f}) | "
+            f"{' / '.join(s['newcomer_count'] for s in sums)} ; "
+            f"{' / '.join(s['newcomer_est'] for s in sums)} | "
+            f"{'yes' if all(r['ledgers_agree_on_what_counts'] for r in group) else 'no'} |"
+        )
+    return lines
+
+
 def write_markdown(result: dict, path: Path) -> None:
     rows = result["rows"]
     lines = [
@@ -565,6 +613,7 @@ def write_markdown(result: dict, path: Path) -> None:
             f"{cost['peak_rss_mib_per_peer']:.0f} / {cost['cpu_s_per_peer']:.0f} | "
             f"{r['seconds']:.0f} |"
         )
+    lines += ["", "By scenario, over seeds:", "", *by_scenario(rows, refs)]
     lines += [
         "",
         "Counted ever: the most, over the founders, of the attacker updates a founder applied"
