@@ -255,7 +255,8 @@ def render(path: Path, meta: dict) -> None:
         )
         + (f"; device {meta['device']}" if meta.get("device", "cpu") != "cpu" else "")
         + "; +- is the standard error of the mean over seeds (sample std / "
-        "sqrt(seeds)); one score on 1,000 sentences alone has SE ~0.015. Trained weights: "
+        f"sqrt(seeds)); one score on {meta.get('eval_examples') or 1000:,} sentences alone has "
+        f"SE ~{0.5 / math.sqrt(meta.get('eval_examples') or 1000):.3f}. Trained weights: "
         f"`{meta.get('train_only') or 'all matrices'}`"
         + (", frozen blocks cached per example (prefix cache)" if meta.get("cache_prefix") else "")
         + ". Adam: one machine, batch 16, one step per round.",
