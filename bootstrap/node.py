@@ -11,6 +11,7 @@ of them before it serves the manifest to joiners (network/reconnect.py:catch_up)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -77,7 +78,8 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
         if same != stored_config:
             raise UserError(
                 f"{settings.data_dir} already serves run {stored_config.run_id[:12]} with other "
-                "settings: start with the same settings, or use a new --data-dir for a new run"
+                f"settings ({settings_diff(stored_config, same)}): start with the run's "
+                "settings, or use a new --data-dir for a new run"
             )
         if stored_config.basis_sha256 and not basis_store(settings).has(stored_config.basis_sha256):
             raise UserError(
@@ -100,6 +102,18 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
             basis_sha256=publish_basis(settings, config, model, tokenizer, task)
         )
     return config
+
+
+def settings_diff(stored: RunConfig, given: RunConfig, limit: int = 4) -> str:
+    """The settings that differ, as `name: run's X, given Y` (the first `limit` of them)."""
+    fields = [f.name for f in dataclasses.fields(RunConfig)]
+    diff = [
+        f"{name}: run's {getattr(stored, name)!r}, given {getattr(given, name)!r}"
+        for name in fields
+        if getattr(stored, name) != getattr(given, name)
+    ]
+    more = f"; and {len(diff) - limit} more" if len(diff) > limit else ""
+    return "; ".join(diff[:limit]) + more
 
 
 def basis_store(settings: BootstrapSettings):
