@@ -11,7 +11,7 @@ import argparse
 from bootstrap.node import BootstrapSettings, run_bootstrap
 from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
-from seedflood_p2p.core.config import NEW_RUN_DEFAULTS, RunConfig
+from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import add_run_flags, read_toml, run_config_from_args, settings_of
 
@@ -19,7 +19,7 @@ BOOTSTRAP_FIELDS = settings_of(BootstrapSettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_flags(parser, NEW_RUN_DEFAULTS)
+    add_run_flags(parser)
     parser.add_argument(
         "--founders",
         default=None,
@@ -53,9 +53,7 @@ def with_founders(config: RunConfig, founders: str | None) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     table = read_toml(args)
-    config = run_config_from_args(
-        args, defaults=NEW_RUN_DEFAULTS, extra_fields=BOOTSTRAP_FIELDS + NODE_FIELDS
-    )
+    config = run_config_from_args(args, extra_fields=BOOTSTRAP_FIELDS + NODE_FIELDS)
     config = with_founders(config, args.founders)
     settings = daemon_settings(BootstrapSettings, BOOTSTRAP_FIELDS, args, table)
     return run_bootstrap(settings, config)

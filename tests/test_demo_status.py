@@ -5,9 +5,6 @@ import json
 import pytest
 
 from seedflood_p2p.apps.cli import main
-from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
-from seedflood_p2p.storage.ledger import Ledger
 
 from helpers.cluster import run_toml, start_bootstrap, start_peer
 
@@ -48,35 +45,6 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     assert (work / "demo.png").stat().st_size > 20_000
     assert summary["progress"]["round"] in (11, 12)  # progress read from the peers' events
     assert summary["time_budget_final_round"] is None  # ended by --rounds, not the clock
-
-
-def test_demo_defaults_carry_the_activation_basis_to_every_peer(tmp_path, capsys):
-    """The demo's built-in learning settings (NEW_RUN_DEFAULTS, on the tiny model): the
-    bootstrap node computes one activation basis, every peer fetches it and trains with 16
-    scalars a message and the round step, and the replay along it matches every live model."""
-    work = tmp_path / "demo"
-    args = ["--model", "tiny-llama", "--dataset", "synthetic-sentiment", "--peers", "2"]
-    args += ["--rounds", "6", "--eval-every", "0", "--final-eval-examples", "0"]
-    code = main(["demo", *args, "--work-dir", str(work)])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    with Ledger.open_existing(work / "bootstrap" / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
-    assert (config.basis, config.directions, config.step_rule) == (
-        "activation",
-        16,
-        "round_mean",
-    )
-    assert (config.rank, config.n_ref, config.lr) == (32, 16, 6.4e-2)
-    for name in ("peer0", "peer1"):
-        with Ledger.open_existing(work / name / "ledger.sqlite") as ledger:
-            assert read_schedule(ledger) == [(0, config.basis_sha256)]
-            assert ArtifactStore.beside(ledger.path).has(config.basis_sha256)
-            scalars = {len(message.scalars) for message in ledger.messages()}
-        assert scalars == {16}, scalars
-    summary = json.loads((work / "summary.json").read_text())
-    assert summary["ledgers_identical"]
-    assert all(v < 1e-5 for v in summary["max_live_deviation"].values())
 
 
 def test_demo_time_budget_ends_every_peer_at_the_same_round(tmp_path, capsys):

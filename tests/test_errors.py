@@ -15,7 +15,7 @@ from seedflood_p2p.network.identity import load_or_create_identity
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
-from helpers.cluster import RUN, start_bootstrap
+from helpers.cluster import RUN, run_toml, start_bootstrap
 
 
 def _peer_error(capsys, *args: str) -> str:
@@ -144,3 +144,22 @@ def test_disk_full_while_writing_the_ledger(tmp_path):
             assert len(again) == kept
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_bootstrap_restarted_with_other_settings_names_the_ones_that_differ(capsys, tmp_path):
+    from bootstrap.node import BootstrapSettings, resolve_manifest
+
+    run = RUN.replace(base_sha256="0" * 64, dataset_sha256="1" * 64)
+    data = tmp_path / "boot"
+    data.mkdir()
+    with Ledger(data / "ledger.sqlite", run.run_id) as ledger:
+        ledger.set_meta("manifest", run.to_json())
+    argv = ["bootstrap", "--data-dir", str(data), "--config", str(run_toml(tmp_path))]
+    assert main([*argv, "--basis", "activation", "--directions", "8"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"error: {data} already serves run {run.run_id[:12]}"), line
+    assert "directions: run's 1, given 8; basis: run's 'random', given 'activation'" in line
+    assert "start with the run's settings" in line
+    # with the run's own settings it is the same run again (the hashes come from its ledger)
+    config = run_config_from_args(build_parser().parse_args(argv))
+    assert resolve_manifest(BootstrapSettings(data_dir=data), config) == run

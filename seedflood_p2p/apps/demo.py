@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer
-from seedflood_p2p.core.config import NEW_RUN_DEFAULTS, RunConfig
+from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import (
     add_flags,
@@ -39,7 +39,9 @@ log = logging.getLogger("seedflood.demo")
 DEMO_DEFAULTS: dict[str, Any] = {
     "model": "smollm2-135m",
     "dataset": "mr",
-    **NEW_RUN_DEFAULTS,  # 4 peers move a quarter step a round (n_ref 16)
+    "rank": 32,
+    "refresh_period": 20,
+    "lr": 4e-3,  # normalize = "unit" (RunConfig's default): one update's step
 }
 
 
@@ -82,13 +84,15 @@ def own_copies(config: RunConfig) -> list[str]:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_flags(parser, DEMO_DEFAULTS)
+    add_run_flags(parser, {**DEMO_DEFAULTS, "n_ref": "--peers"})
     add_flags(parser, DEMO_FIELDS, "demo settings")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     demo = DemoSettings(**settings_values(args, DEMO_FIELDS, read_toml(args), {}))
-    config = run_config_from_args(args, defaults=DEMO_DEFAULTS, extra_fields=DEMO_FIELDS)
+    config = run_config_from_args(
+        args, defaults={**DEMO_DEFAULTS, "n_ref": demo.peers}, extra_fields=DEMO_FIELDS
+    )
     if problem := config.daemon_problem():
         raise UserError(f"the demo runs real daemons: {problem}")
     work = demo.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")

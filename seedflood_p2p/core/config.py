@@ -47,21 +47,6 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "basis_sha256": "",
     "step_rule": "per_update",
 }
-# The learning settings a new run gets from `seedflood bootstrap` and `seedflood demo`
-# unless it sets its own (docs/LEARNING.md, "The defaults"): curvature-aware directions
-# (one activation basis, computed by the bootstrap node at the base weights), 16 scalars a
-# message (one per example of the batch), and a round's updates sharing one step of lr,
-# a round of fewer than n_ref updates taking that fraction of it. RunConfig's own defaults
-# stay as they were: a manifest leaves out fields that hold their default (above) and must
-# keep meaning what it meant.
-NEW_RUN_DEFAULTS: dict[str, Any] = {
-    "rank": 32,
-    "basis": "activation",
-    "directions": 16,
-    "step_rule": "round_mean",
-    "n_ref": 16,
-    "lr": 6.4e-2,  # with normalize = "unit": a full round's step
-}
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
 ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
 # Integer settings and their bounds. The upper bounds are far past any useful value; they
