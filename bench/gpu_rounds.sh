@@ -130,18 +130,19 @@ trainall)
     --out gpu-rounds-trainall
   ;;
 levers)
-  # The one suspect left for the N = PEERS plateau (0.77-0.79): the subspace. Rank 64 and
-  # 128 (artifacts 2x and 4x), then a basis refreshed every 5 rounds (8 in 40), seed-major
-  # so a cut call still compares all three; then random bases at N = PEERS.
+  # The one suspect left for the N = PEERS plateau (0.77-0.79): the subspace. The basis
+  # fixed at the base (what a network run carries today), rank 64 (artifacts 2x) and a
+  # basis refreshed every 5 rounds (8 in 40), seed-major so a cut call still compares all
+  # three; then rank 128 and random bases at N = PEERS.
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
   COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
-    --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-r128=${ACT/rank:32/rank:128},$PICK" \
-    --row "act-T5=$ACT,$PICK,refresh_period:5"
-  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" \
-    --row "random=$RANDOM_ROW,$PICK" --out gpu-rounds
+    --row "act-fixed=${ACT/basis_refresh:1/basis_refresh:0},$PICK" \
+    --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-T5=$ACT,$PICK,refresh_period:5"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
+    --row "act-r128=${ACT/rank:32/rank:128},$PICK" --row "random=$RANDOM_ROW,$PICK"
   ;;
 *)
   echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers" >&2
