@@ -285,6 +285,36 @@ async def test_a_round_waits_for_a_dropped_row_of_its_settled_state():
     assert pacing.gapped == set()
 
 
+async def test_the_row_that_ends_the_wait_for_a_peer_is_checked_for_a_hole_behind_it():
+    """We lack a peer's row of our previous round, so it looks behind and the round waits
+    for it. Its next row arrives first: it is in step now, and the hole behind that row
+    must still be waited for (a hole query made while it looked behind saw none)."""
+    from peer.rounds import Pacing
+    from peer.settings import PeerSettings
+
+    settings = PeerSettings(round_deadline=3600.0, max_staleness=0)
+    other = b"o" * 38
+    peers = {other: PeerState(round=10, last_seen=1e18)}  # we hold its rows up to 10
+    ledger_rows = {10}
+
+    def holes(round_: int) -> dict:
+        held = sorted(ledger_rows)  # a hole needs a later row of the same peer
+        lacking = [r for r in range(held[0], held[-1]) if r not in ledger_rows]
+        return {other: lacking} if lacking else {}
+
+    pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False, holes)
+    waiting = asyncio.ensure_future(pacing.wait_ready(12))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # behind: its row of round 11 has not come
+    ledger_rows.add(12)  # its round 12 arrives; round 11 was dropped on the way
+    peers[other].round = 12
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # in step, but the state of round 12 lacks its row of 11
+    ledger_rows.add(11)  # repair brought it
+    await asyncio.wait_for(waiting, timeout=60)
+    assert pacing.gapped == set()
+
+
 async def test_a_peer_whose_hole_outlasts_the_hole_wait_is_not_waited_for_again():
     from peer.rounds import Pacing
     from peer.settings import PeerSettings
