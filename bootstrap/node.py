@@ -97,7 +97,7 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
     model, tokenizer = load_model(config.model)
     task = load_run_task(config)
     config = config.replace(base_sha256=weights_sha256(model), dataset_sha256=examples_sha256(task))
-    if config.basis == "activation" and not config.basis_sha256:
+    if config.data_basis and not config.basis_sha256:
         config = config.replace(
             basis_sha256=publish_basis(settings, config, model, tokenizer, task)
         )

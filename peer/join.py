@@ -48,7 +48,7 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
     config = RunConfig.from_json(reply["manifest"])
     if problem := config.daemon_problem():
         raise UserError(f"cannot join run {config.run_id[:12]}: {problem}")
-    if config.basis == "activation" and not config.basis_sha256:
+    if config.data_basis and not config.basis_sha256:
         raise UserError(
             f"cannot join run {config.run_id[:12]}: it uses an activation basis but its "
             "manifest names no basis artifact (basis_sha256); its bootstrap node must "

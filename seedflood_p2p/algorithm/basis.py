@@ -10,6 +10,12 @@ of A (measured on unlabelled prompts: forward passes only) scaled by (lambda + d
 so directions drawn from it have covariance ~ A^-1 on that subspace: whitened ZO. The
 U (output) side stays Philox +-1.
 
+A *K-FAC basis* (basis "kfac") also replaces U, by the top eigenvectors of K-FAC's output
+factor G = E[g g^T], g = dL/dy the loss's gradient at the layer's output, whitened the same
+way: directions then have covariance ~ G^-1 (x) A^-1 on the subspace, K-FAC's natural
+gradient preconditioner. G needs one backward pass per publisher batch (labels used): the
+publisher pays it once per artifact; peers only ever run forward passes along it.
+
 Eigenvectors computed in floating point differ between machines in their last bits, so a
 basis is never recomputed by a replaying peer: it is an *artifact*, the exact bytes of a
 safetensors file, named by their SHA-256 and scheduled from an epoch on
@@ -28,7 +34,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -39,14 +45,22 @@ from seedflood_p2p.algorithm.objective import on_model_device
 from seedflood_p2p.algorithm.trainable import TrainableMatrix
 from seedflood_p2p.core.errors import UserError
 
-ARTIFACT_KIND = "seedflood/activation-basis/1"
-MAX_GAIN = 8.0  # bound on a basis column's norm relative to a +-1 column of the same length
+ARTIFACT_KIND = "seedflood/activation-basis/1"  # V sides only
+KFAC_ARTIFACT_KIND = "seedflood/kfac-basis/1"  # U and V sides (an older peer refuses it)
+# Bound on a direction's norm relative to a +-1 direction of the same matrix: per matrix,
+# (longest U column / a +-1 one) x (longest V column / a +-1 one) <= MAX_GAIN.
+MAX_GAIN = 8.0
+# The U side's damping, x the mean of its top-r eigenvalues. G is often rank-deficient (a
+# classifier's head sees gradients along its label words only): damped against the mean of
+# all eigenvalues, its null directions would take every column's length.
+OUTPUT_DAMPING = 0.1
 MAX_ARTIFACT_BYTES = 1 << 31
 
 
 @dataclass(frozen=True)
 class BasisArtifact:
-    """V sides (k x r, float32) of the linear matrices a run trains, by parameter name.
+    """V sides (k x r, float32) of the linear matrices a run trains, by parameter name, and
+    for a K-FAC basis their U sides (m x r) too.
 
     `body` is the artifact's exact bytes and `sha256` their digest: what the ledger names.
     """
@@ -55,6 +69,7 @@ class BasisArtifact:
     meta: dict[str, str]
     body: bytes
     sha256: str
+    u: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -103,18 +118,77 @@ def activation_covariances(
     return {name: (sums[name], counts[name]) for name in sums}
 
 
-def whitened_top_eigenvectors(covariance: torch.Tensor, rank: int, damping: float) -> torch.Tensor:
+def output_gradient_covariances(
+    model: torch.nn.Module,
+    matrices: list[TrainableMatrix],
+    batches: Iterable[dict[str, torch.Tensor]],
+    loss_of: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+) -> dict[str, tuple[torch.Tensor, int]]:
+    """Per linear matrix, sum of g g^T (float64, m x m), g = dL/dy at the matrix's output,
+    over the tokens with attention_mask 1, and the token count; L = loss_of(model, batch)
+    summed over the batch. One backward pass per batch; the weights get no gradient (the
+    graph starts at the embeddings' output)."""
+    linear = [m for m in matrices if m.kind == "linear"]
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+    mask_holder: dict[str, torch.Tensor] = {}
+
+    def accumulate(name: str, g: torch.Tensor) -> None:
+        mask = mask_holder.get("mask")
+        if mask is not None and g.dim() == 3 and g.shape[:2] == mask.shape:
+            g = g[mask.bool()]
+        g = g.reshape(-1, g.shape[-1]).double()
+        s = sums.get(name)
+        sums[name] = g.T @ g if s is None else s.addmm_(g.T, g)
+        counts[name] = counts.get(name, 0) + g.shape[0]
+
+    def on_output(matrix: TrainableMatrix):
+        def hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if output.requires_grad:
+                output.register_hook(lambda g: accumulate(matrix.name, g.detach()))
+
+        return hook
+
+    def grad_from_here(module: torch.nn.Module, args: tuple, output: torch.Tensor):
+        return output.detach().requires_grad_(True)
+
+    handles = [
+        module.register_forward_hook(on_output(matrix))
+        for matrix in linear
+        for module in matrix.modules[:1]
+    ]
+    handles.append(model.get_input_embeddings().register_forward_hook(grad_from_here))
+    try:
+        for batch in batches:
+            batch = on_model_device(model, batch)
+            mask_holder["mask"] = batch["attention_mask"]
+            with torch.enable_grad():
+                loss_of(model, batch).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: (sums[name], counts[name]) for name in sums}
+
+
+def whitened_top_eigenvectors(
+    covariance: torch.Tensor,
+    rank: int,
+    damping: float,
+    max_gain: float = MAX_GAIN,
+    damp_top: bool = False,
+) -> torch.Tensor:
     """k x r: the top-r eigenvectors of `covariance`, column j scaled by
-    (lambda_j + damping * mean(lambda))^-1/2, then all scaled so the mean squared column
-    norm is k (a +-1 column's), and no column exceeds MAX_GAIN x sqrt(k)."""
+    (lambda_j + damping * mean(lambda))^-1/2 (`damp_top`: the mean of the top r only), then
+    all scaled so the mean squared column norm is k (a +-1 column's), and no column exceeds
+    max_gain x sqrt(k)."""
     k = covariance.shape[0]
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance.double())
     top = torch.argsort(eigenvalues, descending=True)[:rank]
     lam = eigenvalues[top].clamp(min=0.0)
-    floor = damping * float(eigenvalues.clamp(min=0.0).mean()) + 1e-30
+    floor = damping * float((lam if damp_top else eigenvalues.clamp(min=0.0)).mean()) + 1e-30
     scale = (lam + floor).rsqrt()
     scale = scale * (k / float((scale * scale).mean())) ** 0.5
-    scale = scale.clamp(max=MAX_GAIN * k**0.5 * 0.999)
+    scale = scale.clamp(max=max_gain * k**0.5 * 0.999)
     basis = eigenvectors[:, top] * scale
     # A fixed sign per column (eigh's is arbitrary): the largest entry positive.
     flip = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True))).squeeze(0)
@@ -128,23 +202,42 @@ def compute_basis(
     rank: int,
     damping: float,
     meta: dict[str, str] | None = None,
+    loss_of: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
 ) -> BasisArtifact:
-    """The activation basis of the model's current weights on `batches` (an artifact)."""
+    """The activation basis of the model's current weights on `batches` (an artifact); with
+    `loss_of` (per-example losses, differentiable) the K-FAC basis: U sides from the output
+    gradients too, each clamped so the matrix's direction gain stays within MAX_GAIN."""
+    batches = list(batches)
     covariances = activation_covariances(model, matrices, batches)
-    v = {}
+    gradients = output_gradient_covariances(model, matrices, batches, loss_of) if loss_of else {}
+    v, u = {}, {}
     for matrix in matrices:
         if matrix.name in covariances:
             total, count = covariances[matrix.name]
             v[matrix.name] = whitened_top_eigenvectors(total / max(count, 1), rank, damping)
-    info = {"kind": ARTIFACT_KIND, "rank": str(rank), "damping": repr(damping), **(meta or {})}
-    return encode(v, info)
+        if matrix.name in gradients:
+            total, count = gradients[matrix.name]
+            left = MAX_GAIN / _gain(v[matrix.name])
+            u[matrix.name] = whitened_top_eigenvectors(
+                total / max(count, 1), rank, OUTPUT_DAMPING, left, damp_top=True
+            )
+    kind = KFAC_ARTIFACT_KIND if u else ARTIFACT_KIND
+    info = {"kind": kind, "rank": str(rank), "damping": repr(damping), **(meta or {})}
+    return encode(v, info, u)
 
 
-def encode(v: dict[str, torch.Tensor], meta: dict[str, str]) -> BasisArtifact:
-    body = st_save(
-        {f"v/{name}": t.contiguous().cpu() for name, t in sorted(v.items())}, metadata=meta
-    )
-    return BasisArtifact(dict(v), dict(meta), body, hashlib.sha256(body).hexdigest())
+def _gain(t: torch.Tensor) -> float:
+    """The longest column of `t` relative to a +-1 column of its length."""
+    return (float(t.double().pow(2).sum(0).max()) / t.shape[0]) ** 0.5
+
+
+def encode(
+    v: dict[str, torch.Tensor], meta: dict[str, str], u: dict[str, torch.Tensor] | None = None
+) -> BasisArtifact:
+    tensors = {f"v/{name}": t.contiguous().cpu() for name, t in sorted(v.items())}
+    tensors.update({f"u/{name}": t.contiguous().cpu() for name, t in sorted((u or {}).items())})
+    body = st_save(tensors, metadata=meta)
+    return BasisArtifact(dict(v), dict(meta), body, hashlib.sha256(body).hexdigest(), dict(u or {}))
 
 
 def decode(body: bytes, sha256: str | None = None) -> BasisArtifact:
@@ -163,10 +256,14 @@ def decode(body: bytes, sha256: str | None = None) -> BasisArtifact:
         meta = _metadata(body)
     except Exception as exc:  # noqa: BLE001 - any parse failure is a bad artifact
         raise UserError(f"basis artifact {digest[:16]} is not a safetensors file ({exc})") from None
-    if meta.get("kind") != ARTIFACT_KIND:
-        raise UserError(f"basis artifact {digest[:16]} is of kind {meta.get('kind')!r}")
+    kind = meta.get("kind")
+    if kind not in (ARTIFACT_KIND, KFAC_ARTIFACT_KIND):
+        raise UserError(f"basis artifact {digest[:16]} is of kind {kind!r}")
     v = {name[2:]: t for name, t in tensors.items() if name.startswith("v/")}
-    return BasisArtifact(v, meta, body, digest)
+    u = {name[2:]: t for name, t in tensors.items() if name.startswith("u/")}
+    if u and kind != KFAC_ARTIFACT_KIND:
+        raise UserError(f"basis artifact {digest[:16]} has U sides but is of kind {kind!r}")
+    return BasisArtifact(v, meta, body, digest, u)
 
 
 def _metadata(body: bytes) -> dict[str, str]:
@@ -190,8 +287,22 @@ def check(artifact: BasisArtifact, matrices: list[TrainableMatrix], rank: int) -
             raise UserError(f"{where}: shape {tuple(t.shape)} {t.dtype}, expected ({k}, {rank})")
         if not torch.isfinite(t).all():
             raise UserError(f"{where}: holds non-finite values")
-        if float(t.double().pow(2).sum(0).max()) > MAX_GAIN**2 * k:
+        if _gain(t) > MAX_GAIN:
             raise UserError(f"{where}: a column is longer than {MAX_GAIN:g} x a +-1 column")
+    for name, t in artifact.u.items():
+        matrix = names.get(name)
+        where = f"basis artifact {artifact.sha256[:16]}, matrix '{name}' (U side)"
+        if name not in artifact.v:
+            raise UserError(f"{where}: a U side without a V side")
+        m = matrix.shape[0]
+        if tuple(t.shape) != (m, rank) or t.dtype != torch.float32:
+            raise UserError(f"{where}: shape {tuple(t.shape)} {t.dtype}, expected ({m}, {rank})")
+        if not torch.isfinite(t).all():
+            raise UserError(f"{where}: holds non-finite values")
+        if _gain(t) * _gain(artifact.v[name]) > MAX_GAIN:
+            raise UserError(
+                f"{where}: its directions are longer than {MAX_GAIN:g} x a +-1 direction"
+            )
 
 
 @dataclass

@@ -26,6 +26,10 @@ def on_model_device(model: nn.Module, batch: dict) -> dict:
 @torch.no_grad()
 def label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
     """[batch, num_labels] logits of the label words at each prompt's last position."""
+    return _label_word_logits(model, batch)
+
+
+def _label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
     batch = on_model_device(model, batch)
     hidden = model.base_model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
@@ -39,9 +43,16 @@ def label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
 @torch.no_grad()
 def example_losses(model: nn.Module, batch: dict, kind: str) -> torch.Tensor:
     """[batch] loss of each example (what per-example directions are estimated on)."""
+    return differentiable_example_losses(model, batch, kind)
+
+
+def differentiable_example_losses(model: nn.Module, batch: dict, kind: str) -> torch.Tensor:
+    """`example_losses` under the caller's grad mode: a K-FAC basis publisher backpropagates
+    it (algorithm/basis.py); peers never do."""
     batch = on_model_device(model, batch)
     if kind == "classification":
-        return F.cross_entropy(label_word_logits(model, batch), batch["labels"], reduction="none")
+        logits = _label_word_logits(model, batch)
+        return F.cross_entropy(logits, batch["labels"], reduction="none")
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels = batch["labels"][:, 1:]
     token = F.cross_entropy(

@@ -307,9 +307,10 @@ class SubCGE(ZerothOrderEstimator):
         self.schedule.add(first_epoch, artifact)
         self._bases = {e: b for e, b in self._bases.items() if e < first_epoch}
 
-    def _v_override(self, epoch: int) -> dict[str, torch.Tensor]:
+    def _overrides(self, epoch: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The epoch's artifact sides: (U by matrix name, V by matrix name)."""
         artifact = self.schedule.for_epoch(epoch)
-        return {} if artifact is None else artifact.v
+        return ({}, {}) if artifact is None else (artifact.u, artifact.v)
 
     def close(self) -> None:
         for handle in self._hooks:
@@ -321,14 +322,15 @@ class SubCGE(ZerothOrderEstimator):
         """[(U_l, V_l)] of an epoch, on the weights' device and dtype (cached)."""
         if epoch not in self._bases:
             bases = []
-            override = self._v_override(epoch)
+            u_sides, v_sides = self._overrides(epoch)
             for index, matrix in enumerate(self.matrices):
                 m, k = matrix.shape
                 uv = layer_basis(self.run_key, epoch, index, m, k, self.config.rank)
                 uv = torch.from_numpy(uv).to(matrix.weight.device, matrix.weight.dtype)
-                v = override.get(matrix.name)
+                u, v = u_sides.get(matrix.name), v_sides.get(matrix.name)
+                u = uv[:m] if u is None else u.to(uv.device, uv.dtype)
                 v = uv[m:] if v is None else v.to(uv.device, uv.dtype)
-                bases.append((uv[:m], v))
+                bases.append((u, v))
             self._bases[epoch] = bases
             while len(self._bases) > self._basis_cache_size:
                 # Evict the oldest other epoch: a late message may ask for an old one.
@@ -471,14 +473,16 @@ class SubCGE(ZerothOrderEstimator):
         cores = [self._pending.pop(e) for e in chunk]
         with self.times.stage("basis"):
             signs = epoch_bases(self.run_key, chunk, shapes, r)
-        overrides = [self._v_override(e) for e in chunk]
+        overrides = [self._overrides(e) for e in chunk]
         for i, matrix in enumerate(self.matrices):
             m, k = shapes[i]
             w = matrix.as_2d()
             uv = torch.from_numpy(signs[i]).to(w.device, w.dtype)
-            for j, override in enumerate(overrides):
-                if matrix.name in override:
-                    uv[j, m:] = override[matrix.name].to(w.device, w.dtype)
+            for j, (u_sides, v_sides) in enumerate(overrides):
+                if matrix.name in u_sides:
+                    uv[j, :m] = u_sides[matrix.name].to(w.device, w.dtype)
+                if matrix.name in v_sides:
+                    uv[j, m:] = v_sides[matrix.name].to(w.device, w.dtype)
             c = np.stack([core[i].reshape(r, r) for core in cores])
             c = torch.from_numpy(c).to(w.device, w.dtype)
             uc = torch.bmm(uv[:, :m], c).permute(1, 0, 2).reshape(m, len(chunk) * r)

@@ -21,7 +21,12 @@ import torch
 
 from seedflood_p2p.algorithm.basis import BasisArtifact, compute_basis
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.objective import batch_loss, example_losses, label_word_logits
+from seedflood_p2p.algorithm.objective import (
+    batch_loss,
+    differentiable_example_losses,
+    example_losses,
+    label_word_logits,
+)
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.subcge import Direction, SubCGE, ZerothOrderEstimator
 from seedflood_p2p.core.config import RunConfig
@@ -210,7 +215,7 @@ def format_metrics(metrics: dict[str, float]) -> str:
 def basis_due(config: RunConfig, round_: int) -> int | None:
     """The epoch whose first round `round_` is, if a basis artifact is due then: epoch 0,
     and every `basis_refresh` epochs after it (a pure function of the settings)."""
-    if config.basis != "activation" or round_ % config.refresh_period:
+    if not config.data_basis or round_ % config.refresh_period:
         return None
     epoch = config.epoch_of(round_)
     if epoch == 0 or (config.basis_refresh and epoch % config.basis_refresh == 0):
@@ -220,7 +225,8 @@ def basis_due(config: RunConfig, round_: int) -> int | None:
 
 def make_basis(engine: ZerothOrderEstimator, tokenizer, task: Task, round_: int) -> BasisArtifact:
     """The activation basis of the model as it is now, on the first `basis_examples` training
-    prompts (labels unused): what the run's basis publisher computes at an epoch's start."""
+    prompts (labels unused; basis "kfac" also backpropagates their losses for the U sides):
+    what the run's basis publisher computes at an epoch's start."""
     config = engine.config
     examples = task.train[: config.basis_examples]
     batches = (
@@ -234,6 +240,11 @@ def make_basis(engine: ZerothOrderEstimator, tokenizer, task: Task, round_: int)
         config.rank,
         config.basis_damping,
         meta={"run": config.run_id, "round": str(round_)},
+        loss_of=(
+            (lambda model, batch: differentiable_example_losses(model, batch, task.kind))
+            if config.basis == "kfac"
+            else None
+        ),
     )
 
 

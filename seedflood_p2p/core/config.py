@@ -24,6 +24,7 @@ FLOAT16_MAX = 65504.0  # scalars travel as float16
 # `clip`); "rms" divided by their root mean square by the sender; "unit" by every receiver,
 # so a message's step has the same size whoever sent it (with k = 1: the sign).
 NORMALIZE_CHOICES = ("none", "rms", "unit")
+BASIS_CHOICES = ("random", "activation", "kfac")
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
@@ -115,7 +116,8 @@ class RunConfig:
     # Curvature-aware directions (algorithm/basis.py): "random" +-1 bases, or "activation":
     # each linear matrix's V side from the top eigenvectors of its input covariance, whitened,
     # shipped as an artifact computed every `basis_refresh` epochs (0: once, at the base) on
-    # the first `basis_examples` training prompts, damping `basis_damping` x mean eigenvalue.
+    # the first `basis_examples` training prompts, damping `basis_damping` x mean eigenvalue;
+    # or "kfac": the same, and the U side from its output-gradient covariance (K-FAC's G).
     basis: str = "random"
     basis_refresh: int = 0
     basis_examples: int = 64
@@ -166,10 +168,12 @@ class RunConfig:
             problems.append("the naive estimator supports directions = 1 only")
         if self.estimator not in ("subcge", "naive"):
             problems.append(f"estimator must be 'subcge' or 'naive' (got {_short(self.estimator)})")
-        if self.basis not in ("random", "activation"):
-            problems.append(f"basis must be 'random' or 'activation' (got {_short(self.basis)})")
-        if self.basis == "activation" and self.estimator != "subcge":
-            problems.append("basis 'activation' needs the subcge estimator")
+        if self.basis not in BASIS_CHOICES:
+            problems.append(
+                f"basis must be one of {', '.join(BASIS_CHOICES)} (got {_short(self.basis)})"
+            )
+        if self.data_basis and self.estimator != "subcge":
+            problems.append(f"basis '{self.basis}' needs the subcge estimator")
         if not (0 < self.basis_damping < 1e6 and _finite(self.basis_damping)):
             problems.append(f"basis_damping must be in (0, 1e6) (got {_short(self.basis_damping)})")
         if self.step_rule == "round_mean" and self.estimator != "subcge":
@@ -184,8 +188,10 @@ class RunConfig:
             problems.append("dataset_sha256 must be empty or 64 lowercase hex digits")
         if self.basis_sha256 and not _is_sha256(self.basis_sha256):
             problems.append("basis_sha256 must be empty or 64 lowercase hex digits")
-        if self.basis_sha256 and self.basis != "activation":
-            problems.append("basis_sha256 names an activation basis: it needs basis 'activation'")
+        if self.basis_sha256 and not self.data_basis:
+            problems.append(
+                "basis_sha256 names a basis artifact: it needs basis 'activation' or 'kfac'"
+            )
         if self.kind not in TASK_KINDS:
             problems.append(
                 f"kind must be one of {', '.join(k or repr(k) for k in TASK_KINDS)} "
@@ -280,13 +286,18 @@ class RunConfig:
         can). A network run carries one basis artifact, the organiser's, computed at the
         base weights; a basis refreshed as training moves needs a publisher the network
         does not have yet (`seedflood train` computes and replays refreshed ones)."""
-        if self.basis == "activation" and self.basis_refresh:
+        if self.data_basis and self.basis_refresh:
             return (
                 f"basis_refresh {self.basis_refresh} runs in `seedflood train` only: a network "
-                "run carries one activation basis, computed by its bootstrap node at the base "
+                "run carries one basis artifact, computed by its bootstrap node at the base "
                 "weights; set basis_refresh = 0"
             )
         return None
+
+    @property
+    def data_basis(self) -> bool:
+        """Whether the run's directions come from a basis artifact (not Philox alone)."""
+        return self.basis in ("activation", "kfac")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
