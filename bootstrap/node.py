@@ -124,9 +124,10 @@ def basis_store(settings: BootstrapSettings):
 
 
 def publish_basis(settings: BootstrapSettings, config: RunConfig, model, tokenizer, task) -> str:
-    """The run's one activation basis, computed here at the base weights on the first
-    `basis_examples` training prompts (labels unused) and stored by its SHA-256, which the
-    manifest then carries: every peer fetches these bytes and none recomputes them."""
+    """The run's one basis artifact, computed here at the base weights on the first
+    `basis_examples` training prompts (labels unused, but for a K-FAC basis's U sides) and
+    stored by its SHA-256, which the manifest then carries: every peer fetches these bytes
+    and none recomputes them."""
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.algorithm.trainer import make_basis
 
@@ -138,7 +139,8 @@ def publish_basis(settings: BootstrapSettings, config: RunConfig, model, tokeniz
         engine.close()
     digest = basis_store(settings).put(artifact.body)
     log.info(
-        "activation basis computed in %.1f s: %s (%d bytes, %d matrices)",
+        "%s basis computed in %.1f s: %s (%d bytes, %d matrices)",
+        config.basis,
         time.monotonic() - started,
         digest[:16],
         artifact.size,

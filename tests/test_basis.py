@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from seedflood_p2p.algorithm.basis import (
+    KFAC_ARTIFACT_KIND,
     MAX_GAIN,
+    OUTPUT_DAMPING,
     BasisSchedule,
     decode,
     encode,
     whitened_top_eigenvectors,
 )
-from seedflood_p2p.algorithm.objective import example_losses
+from seedflood_p2p.algorithm.objective import differentiable_example_losses, example_losses
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import SubCGE, layer_basis, step_coefficients
@@ -81,6 +83,69 @@ def test_artifact_round_trips_and_its_digest_is_checked(tiny):
         decode(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}xxxxxx")
 
 
+def _output_gradient_covariance(model, matrix, batches, kind):
+    """G = mean of g g^T over real tokens, g = dL/dy at `matrix`'s output, measured with a
+    zero tensor added to that output (its gradient is g): independent of basis.py's hooks."""
+    total, count, probe = None, 0, {}
+
+    def add_probe(module, args, output):
+        probe["z"] = torch.zeros_like(output, requires_grad=True)
+        return output + probe["z"]
+
+    handle = matrix.modules[0].register_forward_hook(add_probe)
+    try:
+        for batch in batches:
+            with torch.enable_grad():
+                differentiable_example_losses(model, batch, kind).sum().backward()
+            g = probe["z"].grad
+            g = (g[batch["attention_mask"].bool()] if g.dim() == 3 else g).double()
+            total = g.T @ g if total is None else total + g.T @ g
+            count += g.shape[0]
+    finally:
+        handle.remove()
+    return total / count
+
+
+def test_kfac_u_sides_are_the_whitened_top_eigenvectors_of_the_output_gradients(tiny):
+    model, tokenizer, task = tiny
+    config = _config(basis="kfac", basis_examples=32, batch_size=16)
+    engine = SubCGE(model, config)
+    before = _weights(engine)
+    artifact = make_basis(engine, tokenizer, task, 0)
+    engine.close()
+    assert artifact.meta["kind"] == KFAC_ARTIFACT_KIND
+    linear = [m for m in engine.matrices if m.kind == "linear"]
+    assert sorted(artifact.u) == sorted(m.name for m in linear)
+    # The publisher's backward passes leave no trace on the model.
+    assert all(torch.equal(w, before[n]) for n, w in _weights(engine).items())
+    assert all(p.grad is None for p in model.parameters())
+    examples = [task.train[i : i + 16] for i in (0, 16)]
+    batches = [make_batch(e, tokenizer, task, config.max_length) for e in examples]
+    spans = exact = 0
+    for matrix in linear:
+        g = _output_gradient_covariance(model, matrix, batches, task.kind)
+        lam, vectors = torch.linalg.eigh(g)
+        lam, vectors = lam.flip(0)[: config.rank + 1], vectors.flip(1)[:, : config.rank]
+        gaps = (lam[:-1] - lam[1:]).abs() / lam[:-1].abs().clamp(min=1e-12 * float(lam[0]))
+        u = artifact.u[matrix.name].double()
+        if gaps[-1] > 1e-3:  # the top-r subspace is unique: u's columns lie in it
+            outside = u - vectors @ (vectors.T @ u)
+            assert float(outside.norm() / u.norm()) < 1e-3, matrix.name
+            spans += 1
+        if float(gaps.min()) < 1e-3:
+            continue  # near-equal eigenvalues: the eigenvectors themselves are not unique
+        v_gain = float(artifact.v[matrix.name].pow(2).sum(0).max() / matrix.shape[1]) ** 0.5
+        expected = whitened_top_eigenvectors(
+            g, config.rank, OUTPUT_DAMPING, MAX_GAIN / v_gain, damp_top=True
+        )
+        u = artifact.u[matrix.name]
+        assert torch.allclose(u, expected, rtol=1e-3, atol=1e-3 * float(u.abs().max())), matrix.name
+        exact += 1
+    assert spans >= len(linear) // 2 and exact >= 4, (spans, exact)
+    again = decode(artifact.body, artifact.sha256)
+    assert all(torch.equal(again.u[n], artifact.u[n]) for n in artifact.u)
+
+
 @pytest.mark.slow
 def test_hostile_artifacts_are_refused(tiny):
     model, tokenizer, task = tiny
@@ -97,14 +162,32 @@ def test_hostile_artifacts_are_refused(tiny):
     for why, v in bad.items():
         with pytest.raises(UserError, match=why):
             engine.add_basis(0, encode(v, good.meta))
+    # U sides: only in a K-FAC artifact, of the matrix's output size, and the direction's
+    # gain (U's longest column x V's, each against a +-1 one) within MAX_GAIN.
+    m = engine.matrices[[x.name for x in engine.matrices].index(name)].shape[0]
+    u = torch.ones(m, 4)
+    kfac = {**good.meta, "kind": KFAC_ARTIFACT_KIND}
+    with pytest.raises(UserError, match="has U sides but is of kind"):
+        decode(encode(good.v, good.meta, {name: u}).body)
+    bad_u = {
+        "longer than": {name: u * MAX_GAIN},
+        "shape": {name: torch.ones(m + 1, 4)},
+        "non-finite": {name: u * float("inf")},
+        "without a V side": {"model.evil.weight": u},
+    }
+    for why, sides in bad_u.items():
+        with pytest.raises(UserError, match=why):
+            engine.add_basis(0, decode(encode(good.v, kfac, sides).body))
     assert engine.schedule.entries == []
+    engine.add_basis(0, decode(encode(good.v, kfac, {name: u}).body))  # gain ~1 x V's: fine
     engine.close()
 
 
 @pytest.mark.slow
-def test_merge_uses_the_artifacts_v_side(tiny):
+@pytest.mark.parametrize("basis", ["activation", "kfac"])
+def test_merge_uses_the_artifacts_sides(tiny, basis):
     model, tokenizer, task = tiny
-    config = _config(rank=4)
+    config = _config(rank=4, basis=basis)
     engine = SubCGE(model, config)
     artifact = make_basis(engine, tokenizer, task, 0)
     engine.add_basis(1, artifact)  # epoch 0 stays random, epoch 1 on uses the artifact
@@ -118,8 +201,10 @@ def test_merge_uses_the_artifacts_v_side(tiny):
         m, k = matrix.shape
         uv = torch.from_numpy(layer_basis(config.run_key, 1, i, m, k, config.rank))
         v = artifact.v.get(matrix.name, uv[m:])
+        u = artifact.u.get(matrix.name, uv[:m])
+        assert (matrix.name in artifact.u) == (basis == "kfac" and matrix.kind == "linear")
         a, b, s = int(direction.a[0, i]), int(direction.b[0, i]), direction.sign[0, i]
-        expected = before[matrix.name].reshape(m, k) - coef * s * torch.outer(uv[:m, a], v[:, b])
+        expected = before[matrix.name].reshape(m, k) - coef * s * torch.outer(u[:, a], v[:, b])
         assert torch.allclose(matrix.weight.reshape(m, k), expected, atol=1e-6), matrix.name
     with pytest.raises(ValueError, match="pending"):
         engine.accumulate([UpdateMessage(9, b"peer-a", quantize_scalars([0.1]))])

@@ -1,4 +1,4 @@
-"""A network run with an activation basis (127.0.0.1, tiny model, real daemons): the
+"""A network run with an activation or K-FAC basis (127.0.0.1, tiny model, real daemons): the
 bootstrap node computes the run's one basis artifact at the base weights and the manifest
 names its SHA-256; peers that never had it fetch it by digest, keep it beside their
 ledgers, train and audit along it, and their live models equal the replay of their
@@ -58,11 +58,12 @@ def test_a_refreshed_basis_is_refused_by_the_daemons_and_a_peer_needs_the_digest
 
 
 @pytest.mark.slow
-def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_path):
+@pytest.mark.parametrize("basis", ["activation", "kfac"])
+def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_path, basis):
     work = tmp_path
     procs = []
     try:
-        boot, address = start_bootstrap(work, ACTIVATION)
+        boot, address = start_bootstrap(work, dataclasses.replace(ACTIVATION, basis=basis))
         procs.append(boot)
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b")}
         procs += peers.values()
@@ -92,6 +93,7 @@ def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_pa
             schedule = load_schedule(ledger)  # the bytes beside the ledger, digest checked
             messages, _ = counted_updates(ledger, config)
         assert len(messages) >= ROUNDS
+        assert bool(schedule.artifacts[sha].u) == (basis == "kfac")  # K-FAC: U sides too
         model, _ = load_model(config.model)
         replay(model, config, messages, schedule=schedule)
         replayed[name] = weights_sha256(model)
@@ -102,7 +104,7 @@ def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_pa
                 live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
             )
         without, _ = load_model(config.model)
-        replay(without, config, messages)  # random +-1 V sides instead of the artifact's
+        replay(without, config, messages)  # random +-1 sides instead of the artifact's
         assert weights_sha256(without) != replayed[name]
         audits = finals[name]["audits"]
         assert audits["banned"] == [] and audits["mismatches"] == 0, (name, audits)
