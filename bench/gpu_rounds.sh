@@ -129,18 +129,21 @@ trainall)
     --out gpu-rounds-trainall
   ;;
 levers)
-  # The one suspect left for the N = PEERS plateau (0.77-0.79): the subspace. The basis
-  # fixed at the base (what a network run carries today), rank 64 (artifacts 2x) and a
-  # basis refreshed every 5 rounds (8 in 40), seed-major so a cut call still compares all
-  # three; then rank 128 and random bases at N = PEERS.
+  # The N = PEERS plateau (0.77-0.79): the shape of the subspace. The K-FAC basis (U sides
+  # from the output gradients too, fixed at the base as a network run carries it), the
+  # activation basis fixed at the base (what a network run carries today) and one
+  # refreshed every 5 rounds (8 in 40), seed-major so a cut call still compares all three;
+  # then rank 64 and 128 and random bases at N = PEERS.
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
+  FIXED=${ACT/basis_refresh:1/basis_refresh:0}
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
-    --row "act-fixed=${ACT/basis_refresh:1/basis_refresh:0},$PICK" \
-    --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-T5=$ACT,$PICK,refresh_period:5"
+    --row "kfac-fixed=${FIXED/basis:activation/basis:kfac},$PICK" \
+    --row "act-fixed=$FIXED,$PICK" --row "act-T5=$ACT,$PICK,refresh_period:5"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
-    --row "act-r128=${ACT/rank:32/rank:128},$PICK" --row "random=$RANDOM_ROW,$PICK"
+    --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-r128=${ACT/rank:32/rank:128},$PICK" \
+    --row "random=$RANDOM_ROW,$PICK"
   ;;
 *)
   echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers" >&2
