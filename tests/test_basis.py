@@ -238,9 +238,10 @@ def test_schedule_picks_the_latest_artifact_at_or_before_an_epoch(tiny):
 
 
 @pytest.mark.slow
-def test_training_with_artifacts_replays_bit_for_bit_and_only_with_them(tiny, tmp_path):
+@pytest.mark.parametrize("basis", ["activation", "kfac"])
+def test_training_with_artifacts_replays_bit_for_bit_and_only_with_them(tiny, tmp_path, basis):
     _, tokenizer, task = tiny
-    config = _config(basis_refresh=1, step_rule="round_mean", n_ref=2)
+    config = _config(basis=basis, basis_refresh=1, step_rule="round_mean", n_ref=2)
     model, _ = load_model("tiny-llama")
     engine = SubCGE(model, config)
     ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
@@ -364,8 +365,9 @@ def test_daemons_refuse_what_they_do_not_carry_yet_with_one_line():
 
     assert RunConfig().daemon_problem() is None
     assert RunConfig(step_rule="round_mean").daemon_problem() is None  # live re-scaling
-    refreshed = RunConfig(basis="activation", basis_refresh=1)
-    for config, what in ((refreshed, "carries one activation basis"),):
+    refreshed = [RunConfig(basis=b, basis_refresh=1) for b in ("activation", "kfac")]
+    for config in refreshed:
+        what = "carries one basis artifact"
         assert what in config.daemon_problem()
         reply = {"time": time.time(), "version": "0.1.0", "manifest": config.to_json()}
         with pytest.raises(UserError, match="cannot join run"):
