@@ -277,8 +277,8 @@ def train_local(
 
     `ledger` needs only `max_round` and `add` (a benchmark passes a stand-in); the model
     must already hold it (`LiveModel.restore`, or a replay), and the engine the ledger's basis
-    artifacts. Under basis "activation" the loop is the basis publisher too: at each due
-    epoch it computes the artifact from the model, uses it, and hands it to `on_basis`.
+    artifacts. Under basis "activation" or "kfac" the loop is the basis publisher too: at each
+    due epoch it computes the artifact from the model, uses it, and hands it to `on_basis`.
     `peers_per_pass` > 1 estimates that many peers in one pair of forward passes
     (`zo_steps`: on a GPU one large batch instead of many small ones)."""
     live = LiveModel(engine)
