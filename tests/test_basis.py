@@ -9,7 +9,6 @@ import torch
 from seedflood_p2p.algorithm.basis import (
     KFAC_ARTIFACT_KIND,
     MAX_GAIN,
-    OUTPUT_DAMPING,
     BasisSchedule,
     decode,
     encode,
@@ -108,7 +107,7 @@ def _output_gradient_covariance(model, matrix, batches, kind):
 
 def test_kfac_u_sides_are_the_whitened_top_eigenvectors_of_the_output_gradients(tiny):
     model, tokenizer, task = tiny
-    config = _config(basis="kfac", basis_examples=32, batch_size=16)
+    config = _config(basis="kfac", basis_examples=32, batch_size=16, basis_output_damping=0.5)
     engine = SubCGE(model, config)
     before = _weights(engine)
     artifact = make_basis(engine, tokenizer, task, 0)
@@ -136,7 +135,7 @@ def test_kfac_u_sides_are_the_whitened_top_eigenvectors_of_the_output_gradients(
             continue  # near-equal eigenvalues: the eigenvectors themselves are not unique
         v_gain = float(artifact.v[matrix.name].pow(2).sum(0).max() / matrix.shape[1]) ** 0.5
         expected = whitened_top_eigenvectors(
-            g, config.rank, OUTPUT_DAMPING, MAX_GAIN / v_gain, damp_top=True
+            g, config.rank, config.basis_output_damping, MAX_GAIN / v_gain, damp_top=True
         )
         u = artifact.u[matrix.name]
         assert torch.allclose(u, expected, rtol=1e-3, atol=1e-3 * float(u.abs().max())), matrix.name
@@ -321,6 +320,7 @@ def test_round_mean_depends_on_the_rounds_size_in_the_ledger(tiny):
 def test_settings_added_later_keep_old_run_ids():
     assert "basis" not in RunConfig().to_json()
     assert "step_rule" not in RunConfig().to_json()
+    assert "basis_output_damping" not in RunConfig(basis="kfac").to_json()
     config = RunConfig(basis="activation", step_rule="round_mean", basis_refresh=3)
     assert RunConfig.from_json(config.to_json()) == config
     assert config.run_id != RunConfig().run_id
@@ -328,6 +328,7 @@ def test_settings_added_later_keep_old_run_ids():
         (dict(basis="hessian"), "basis must be"),
         (dict(step_rule="sum"), "step_rule must be"),
         (dict(basis_damping=0.0), "basis_damping"),
+        (dict(basis_output_damping=-1.0), "basis_output_damping"),
         (dict(basis="activation", estimator="naive"), "subcge estimator"),
     ):
         with pytest.raises(UserError, match=why):

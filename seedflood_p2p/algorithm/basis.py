@@ -50,10 +50,6 @@ KFAC_ARTIFACT_KIND = "seedflood/kfac-basis/1"  # U and V sides (an older peer re
 # Bound on a direction's norm relative to a +-1 direction of the same matrix: per matrix,
 # (longest U column / a +-1 one) x (longest V column / a +-1 one) <= MAX_GAIN.
 MAX_GAIN = 8.0
-# The U side's damping, x the mean of its top-r eigenvalues. G is often rank-deficient (a
-# classifier's head sees gradients along its label words only): damped against the mean of
-# all eigenvalues, its null directions would take every column's length.
-OUTPUT_DAMPING = 0.1
 MAX_ARTIFACT_BYTES = 1 << 31
 
 
@@ -203,10 +199,16 @@ def compute_basis(
     damping: float,
     meta: dict[str, str] | None = None,
     loss_of: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
+    output_damping: float = 0.1,
 ) -> BasisArtifact:
     """The activation basis of the model's current weights on `batches` (an artifact); with
     `loss_of` (per-example losses, differentiable) the K-FAC basis: U sides from the output
-    gradients too, each clamped so the matrix's direction gain stays within MAX_GAIN."""
+    gradients too, each clamped so the matrix's direction gain stays within MAX_GAIN.
+
+    The U side is damped by `output_damping` x the mean of its top-r eigenvalues, not of
+    all: G is often rank-deficient (a classifier's head sees gradients along its label
+    words only), and damped against the mean of all its eigenvalues the null directions
+    would take every column's length."""
     batches = list(batches)
     covariances = activation_covariances(model, matrices, batches)
     gradients = output_gradient_covariances(model, matrices, batches, loss_of) if loss_of else {}
@@ -219,10 +221,12 @@ def compute_basis(
             total, count = gradients[matrix.name]
             left = MAX_GAIN / _gain(v[matrix.name])
             u[matrix.name] = whitened_top_eigenvectors(
-                total / max(count, 1), rank, OUTPUT_DAMPING, left, damp_top=True
+                total / max(count, 1), rank, output_damping, left, damp_top=True
             )
-    kind = KFAC_ARTIFACT_KIND if u else ARTIFACT_KIND
-    info = {"kind": kind, "rank": str(rank), "damping": repr(damping), **(meta or {})}
+    info = {"kind": ARTIFACT_KIND, "rank": str(rank), "damping": repr(damping)}
+    if u:
+        info.update(kind=KFAC_ARTIFACT_KIND, output_damping=repr(output_damping))
+    info.update(meta or {})
     return encode(v, info, u)
 
 

@@ -245,6 +245,7 @@ def make_basis(engine: ZerothOrderEstimator, tokenizer, task: Task, round_: int)
             if config.basis == "kfac"
             else None
         ),
+        output_damping=config.basis_output_damping,
     )
 
 

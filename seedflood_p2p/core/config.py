@@ -45,6 +45,7 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "basis_refresh": 0,
     "basis_examples": 64,
     "basis_damping": 1e-3,
+    "basis_output_damping": 0.1,
     "basis_sha256": "",
     "step_rule": "per_update",
 }
@@ -117,11 +118,13 @@ class RunConfig:
     # each linear matrix's V side from the top eigenvectors of its input covariance, whitened,
     # shipped as an artifact computed every `basis_refresh` epochs (0: once, at the base) on
     # the first `basis_examples` training prompts, damping `basis_damping` x mean eigenvalue;
-    # or "kfac": the same, and the U side from its output-gradient covariance (K-FAC's G).
+    # or "kfac": the same, and the U side from its output-gradient covariance (K-FAC's G),
+    # damped by `basis_output_damping` x the mean of its top-r eigenvalues.
     basis: str = "random"
     basis_refresh: int = 0
     basis_examples: int = 64
     basis_damping: float = 1e-3
+    basis_output_damping: float = 0.1
     # A network run's one activation basis: the SHA-256 of the artifact the run's organiser
     # (its bootstrap node) computed at the base weights; peers fetch it by this digest.
     basis_sha256: str = ""  # (filled in by the bootstrap)
@@ -176,6 +179,11 @@ class RunConfig:
             problems.append(f"basis '{self.basis}' needs the subcge estimator")
         if not (0 < self.basis_damping < 1e6 and _finite(self.basis_damping)):
             problems.append(f"basis_damping must be in (0, 1e6) (got {_short(self.basis_damping)})")
+        if not (0 < self.basis_output_damping < 1e6 and _finite(self.basis_output_damping)):
+            problems.append(
+                "basis_output_damping must be in (0, 1e6) "
+                f"(got {_short(self.basis_output_damping)})"
+            )
         if self.step_rule == "round_mean" and self.estimator != "subcge":
             problems.append("step_rule 'round_mean' needs the subcge estimator")
         if self.step_rule not in ("per_update", "round_mean"):
