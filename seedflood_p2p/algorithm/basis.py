@@ -286,11 +286,7 @@ def check(artifact: BasisArtifact, matrices: list[TrainableMatrix], rank: int) -
         where = f"basis artifact {artifact.sha256[:16]}, matrix '{name}'"
         if matrix is None or matrix.kind != "linear":
             raise UserError(f"{where}: not a linear matrix this run trains")
-        k = matrix.shape[1]
-        if tuple(t.shape) != (k, rank) or t.dtype != torch.float32:
-            raise UserError(f"{where}: shape {tuple(t.shape)} {t.dtype}, expected ({k}, {rank})")
-        if not torch.isfinite(t).all():
-            raise UserError(f"{where}: holds non-finite values")
+        _check_side(where, t, matrix.shape[1], rank)
         if _gain(t) > MAX_GAIN:
             raise UserError(f"{where}: a column is longer than {MAX_GAIN:g} x a +-1 column")
     for name, t in artifact.u.items():
@@ -298,15 +294,19 @@ def check(artifact: BasisArtifact, matrices: list[TrainableMatrix], rank: int) -
         where = f"basis artifact {artifact.sha256[:16]}, matrix '{name}' (U side)"
         if name not in artifact.v:
             raise UserError(f"{where}: a U side without a V side")
-        m = matrix.shape[0]
-        if tuple(t.shape) != (m, rank) or t.dtype != torch.float32:
-            raise UserError(f"{where}: shape {tuple(t.shape)} {t.dtype}, expected ({m}, {rank})")
-        if not torch.isfinite(t).all():
-            raise UserError(f"{where}: holds non-finite values")
+        _check_side(where, t, matrix.shape[0], rank)
         if _gain(t) * _gain(artifact.v[name]) > MAX_GAIN:
             raise UserError(
                 f"{where}: its directions are longer than {MAX_GAIN:g} x a +-1 direction"
             )
+
+
+def _check_side(where: str, t: torch.Tensor, rows: int, rank: int) -> None:
+    """One side of a matrix's basis: rows x rank float32, every value finite."""
+    if tuple(t.shape) != (rows, rank) or t.dtype != torch.float32:
+        raise UserError(f"{where}: shape {tuple(t.shape)} {t.dtype}, expected ({rows}, {rank})")
+    if not torch.isfinite(t).all():
+        raise UserError(f"{where}: holds non-finite values")
 
 
 @dataclass
