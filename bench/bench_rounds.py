@@ -337,6 +337,9 @@ def main() -> None:
     parser.add_argument("--peers", default="4,16,64")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
+        "--first-seed", type=int, default=0, help="start at this seed (split seeds over processes)"
+    )
+    parser.add_argument(
         "--train-examples", type=int, default=2400, help="first N training sentences (0: all)"
     )
     parser.add_argument("--rounds", type=int, default=40)
@@ -386,7 +389,7 @@ def main() -> None:
         render(path, load(path).get("meta", meta))
         return
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.seeds):
         for peers in [int(x) for x in args.peers.split(",")]:
             for name, spec in rows.items():
                 if spec.get("method") == "adam" and peers != int(args.peers.split(",")[0]):
