@@ -59,6 +59,25 @@ def test_whitened_basis_spans_the_top_eigenvectors_with_inverse_sqrt_scales():
     assert float(v.pow(2).sum(0).max()) <= MAX_GAIN**2 * 16
 
 
+def test_output_directions_no_gradient_reaches_get_no_length():
+    # G = E[g g^T] of rank 2: every probe along its null space would be wasted.
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+    cov = torch.from_numpy(q @ np.diag([4.0, 1.0] + [0.0] * 14) @ q.T)
+    u = whitened_top_eigenvectors(cov, rank=4, damping=0.1, damp_top=True).double()
+    norms = u.norm(dim=0)
+    assert torch.all(norms[2:] == 0) and torch.all(norms[:2] > 0)
+    # The two that carry gradient keep a +-1 column's length on average, flatter one longer.
+    assert float(norms[:2].pow(2).mean()) == pytest.approx(16.0, rel=1e-5)
+    floor = 0.1 * (4.0 + 1.0) / 4  # damping x the mean of the top 4 eigenvalues
+    assert float(norms[1] / norms[0]) == pytest.approx(((4.0 + floor) / (1.0 + floor)) ** 0.5)
+    top = torch.from_numpy(q[:, :2])
+    assert float((u[:, :2] - top @ (top.T @ u[:, :2])).norm() / u.norm()) < 1e-6
+    # A matrix no gradient reaches gets no direction at all.
+    zero = whitened_top_eigenvectors(torch.zeros(8, 8), rank=4, damping=0.1, damp_top=True)
+    assert zero.shape == (8, 4) and not zero.any()
+
+
 @pytest.fixture(scope="module")
 def tiny():
     model, tokenizer = load_model("tiny-llama")
@@ -143,6 +162,14 @@ def test_kfac_u_sides_are_the_whitened_top_eigenvectors_of_the_output_gradients(
     assert spans >= len(linear) // 2 and exact >= 4, (spans, exact)
     again = decode(artifact.body, artifact.sha256)
     assert all(torch.equal(again.u[n], artifact.u[n]) for n in artifact.u)
+    # The head's G has rank one (two label words: g = p - y sums to zero), so its U side
+    # has one column, along the difference of the two label words' rows.
+    head = artifact.u["lm_head.weight"].double()
+    assert int((head.norm(dim=0) > 0).sum()) == 1
+    words = batches[0]["label_word_ids"].tolist()
+    column = head[:, 0] / head[:, 0].norm()
+    assert float(column[words].abs().sum()) == pytest.approx(2**0.5, rel=1e-4)
+    assert float(column[words].sum()) == pytest.approx(0.0, abs=1e-4)
 
 
 @pytest.mark.slow

@@ -50,6 +50,8 @@ KFAC_ARTIFACT_KIND = "seedflood/kfac-basis/1"  # U and V sides (an older peer re
 # Bound on a direction's norm relative to a +-1 direction of the same matrix: per matrix,
 # (longest U column / a +-1 one) x (longest V column / a +-1 one) <= MAX_GAIN.
 MAX_GAIN = 8.0
+# An output-gradient eigenvalue below this x the largest counts as zero (float32 sums).
+NULL_EIGENVALUE = 1e-8
 MAX_ARTIFACT_BYTES = 1 << 31
 
 
@@ -174,8 +176,9 @@ def whitened_top_eigenvectors(
     damp_top: bool = False,
 ) -> torch.Tensor:
     """k x r: the top-r eigenvectors of `covariance`, column j scaled by
-    (lambda_j + damping * mean(lambda))^-1/2 (`damp_top`: the mean of the top r only), then
-    all scaled so the mean squared column norm is k (a +-1 column's), and no column exceeds
+    (lambda_j + damping * mean(lambda))^-1/2 (`damp_top`: the mean of the top r only, and
+    columns with a numerically zero eigenvalue set to zero), then all scaled so the mean
+    squared norm of the nonzero columns is k (a +-1 column's), and no column exceeds
     max_gain x sqrt(k)."""
     k = covariance.shape[0]
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance.double())
@@ -183,7 +186,15 @@ def whitened_top_eigenvectors(
     lam = eigenvalues[top].clamp(min=0.0)
     floor = damping * float((lam if damp_top else eigenvalues.clamp(min=0.0)).mean()) + 1e-30
     scale = (lam + floor).rsqrt()
-    scale = scale * (k / float((scale * scale).mean())) ** 0.5
+    if damp_top:
+        # G = E[g g^T]: along an eigenvector with a (numerically) zero eigenvalue no example's
+        # gradient has any component, so a probe there is wasted (a classifier head's G has
+        # rank one). Such columns get no length; the others keep a +-1 column's each.
+        scale = torch.where(lam > NULL_EIGENVALUE * lam[0], scale, 0.0)
+    kept = scale > 0
+    if not bool(kept.any()):
+        return torch.zeros(k, len(top))  # no gradient reaches this matrix at all
+    scale = scale * (k / float((scale * scale)[kept].mean())) ** 0.5
     scale = scale.clamp(max=max_gain * k**0.5 * 0.999)
     basis = eigenvectors[:, top] * scale
     # A fixed sign per column (eigh's is arbitrary): the largest entry positive.
