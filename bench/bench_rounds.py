@@ -17,7 +17,13 @@ upper blocks, and the frozen blocks' hidden states are cached per example
     python bench/bench_rounds.py --render                              # .md/.png from .json
 
 Resumable: each finished (row, N, seed) run is written to bench/results/<out>.json at
-once, and a rerun skips what is there (a session's background jobs die with it).
+once, and a rerun skips what is there (a session's background jobs die with it). A
+zeroth-order run also resumes mid-way: its simulated peers log every round to a real
+SQLite ledger (with the basis artifacts beside it) in bench/results/partial/, and the
+evaluations done so far go to a JSON file next to it; a rerun of the same command replays
+that ledger (base + ledger, as `seedflood train` resumes) and carries on from the next
+round. The replayed model equals the uninterrupted one to float32 rounding (canonical
+order instead of arrival order). Finished runs delete their partial files.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -69,12 +76,80 @@ def parse_row(text: str) -> tuple[str, dict[str, Any]]:
     return name, spec
 
 
+class Partial:
+    """An unfinished zeroth-order run between sessions: its ledger (a real SQLite file,
+    basis artifacts beside it, as `seedflood train` keeps them) and the evaluations and
+    CPU time so far, under bench/results/partial/."""
+
+    def __init__(self, args: argparse.Namespace, name: str, peers: int, seed: int, config):
+        from seedflood_p2p.storage.ledger import Ledger
+
+        self.path, self.state = self.paths(args, name, peers, seed)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.ledger = Ledger(self.path, config.run_id)
+        self.ledger.claim(
+            config.to_json(), f"delete {self.path.name}* there to start this run again"
+        )
+        saved = json.loads(self.state.read_text()) if self.state.exists() else {}
+        self.curve = {int(r): tuple(v) for r, v in saved.get("curve", {}).items()}
+        self.wall_s, self.cpu_s = saved.get("wall_s", 0.0), saved.get("cpu_s", 0.0)
+        self.resumed_at: list[int] = saved.get("resumed_at", [])  # rounds it restarted at
+        self._wall0, self._cpu0 = time.time(), time.process_time()
+
+    @staticmethod
+    def paths(args: argparse.Namespace, name: str, peers: int, seed: int) -> tuple[Path, Path]:
+        stem = args.results_dir / "partial" / f"{args.out}-{name}-N{peers}-seed{seed}"
+        return stem.with_suffix(".sqlite"), stem.with_suffix(".json")
+
+    def resume(self, model: torch.nn.Module, engine) -> list[int]:
+        """Load the ledger's artifacts into `engine` and replay the ledger into `model`;
+        returns the artifacts' sizes."""
+        from seedflood_p2p.algorithm.replay import replay
+        from seedflood_p2p.apps.local import load_schedule
+
+        schedule = load_schedule(self.ledger)
+        for first_epoch, sha in schedule.entries:
+            engine.add_basis(first_epoch, schedule.artifacts[sha])
+        if len(self.ledger):
+            self.resumed_at.append(self.ledger.max_round() + 1)
+            print(
+                f"  resuming {self.path.name}: replaying {len(self.ledger)} messages "
+                f"(rounds 0-{self.ledger.max_round()}), evaluations at {sorted(self.curve)}",
+                flush=True,
+            )
+            replay(model, self.config, self.ledger.messages(), schedule=schedule)
+        return [schedule.artifacts[sha].size for _, sha in schedule.entries]
+
+    def save(self, curve: dict[int, tuple[float, float]]) -> None:
+        state = {
+            "curve": {str(r): list(v) for r, v in sorted(curve.items())},
+            "wall_s": self.wall_s + time.time() - self._wall0,
+            "cpu_s": self.cpu_s + time.process_time() - self._cpu0,
+            "resumed_at": self.resumed_at,
+        }
+        tmp = self.state.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state)
+
+    @classmethod
+    def discard(cls, args: argparse.Namespace, name: str, peers: int, seed: int) -> None:
+        """Delete a finished run's partial files (its result is in <out>.json by now)."""
+        path, state = cls.paths(args, name, peers, seed)
+        for f in [state, *path.parent.glob(path.name + "*")]:
+            if f.is_dir():
+                shutil.rmtree(f)
+            else:
+                f.unlink(missing_ok=True)
+
+
 def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: int) -> dict:
     from seedflood_p2p.algorithm.objective import on_model_device
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainable import find_trainable_matrices
     from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, train_local
+    from seedflood_p2p.apps.local import save_basis
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.workload.batching import make_batch, sample_batch
     from seedflood_p2p.workload.data import load_task
@@ -104,7 +179,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         **spec,
     )
     curve: dict[int, tuple[float, float]] = {}
-    started, cpu0 = time.time(), time.process_time()
+    wall0, cpu0 = time.time(), time.process_time()
     extra: dict[str, Any] = {}
     if method == "adam":
         matrices = find_trainable_matrices(model, only=config.train_only)
@@ -139,18 +214,27 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     else:
         engine = make_estimator(model, config)
         cache = ExamplePrefixCache(model, engine.matrices) if args.cache_prefix else None
+        partial = Partial(args, name, peers, seed, config)
+        curve.update(partial.curve)
+        sizes = partial.resume(model, engine)
         warm(args, cache, model, tokenizer, task, config)
-        if 0 in args.eval_at:
-            curve[0] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
-        sizes: list[int] = []
+        done = partial.ledger.max_round() + 1  # rounds already in the ledger
+        if done in args.eval_at and done not in curve:  # stopped before that evaluation
+            curve[done] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+            partial.save(curve)
 
         def on_round(record) -> None:
             r = record.round + 1
             if r in args.eval_at:
                 curve[r] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+                partial.save(curve)
                 print(
                     f"  {name} N={peers} seed={seed} round {r}: acc {curve[r][1]:.3f}", flush=True
                 )
+
+        def on_basis(epoch: int, artifact) -> None:
+            save_basis(partial.ledger, epoch, artifact)
+            sizes.append(artifact.size)
 
         train_local(
             engine,
@@ -158,8 +242,9 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             task,
             peers=peers,
             rounds=args.rounds,
+            ledger=partial.ledger,
             on_round=on_round,
-            on_basis=lambda e, a: sizes.append(a.size),
+            on_basis=on_basis,
             prefix_cache=cache,
             peers_per_pass=args.peers_per_pass,
         )
@@ -168,14 +253,18 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             "artifacts": len(sizes),
             "artifact_bytes": sizes[0] if sizes else 0,
             "trainable_params": engine.num_parameters,
+            # Replay equals the live model to float32 rounding (~1e-7 here), not bitwise, so
+            # a resumed run is a fair sample of its row, not the uninterrupted trajectory.
+            "resumed_at": partial.resumed_at,
         }
+        wall0, cpu0 = wall0 - partial.wall_s, cpu0 - partial.cpu_s  # earlier sessions' share
     return {
         "row": name,
         "peers": peers,
         "seed": seed,
         "settings": {"method": method, **spec, "train_only": config.train_only},
         "curve": {str(r): {"loss": v[0], "accuracy": v[1]} for r, v in sorted(curve.items())},
-        "wall_s": round(time.time() - started, 1),
+        "wall_s": round(time.time() - wall0, 1),
         "cpu_s": round(time.process_time() - cpu0, 1),
         "prefix_cache": bool(args.cache_prefix),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
@@ -413,6 +502,7 @@ def main() -> None:
                     tmp = path.with_suffix(".json.tmp")
                     tmp.write_text(json.dumps(data, indent=1))
                     os.replace(tmp, path)
+                Partial.discard(args, name, peers, seed)
                 render(path, meta)
                 last = run["curve"][max(run["curve"], key=int)]
                 print(f"{name} N={peers} seed={seed}: {last} ({run['cpu_s']} CPU-s)", flush=True)
