@@ -249,6 +249,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             peers_per_pass=args.peers_per_pass,
         )
         engine.close()
+        partial.ledger.close()  # before main() deletes its files
         extra = {
             "artifacts": len(sizes),
             "artifact_bytes": sizes[0] if sizes else 0,
