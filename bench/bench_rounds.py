@@ -105,8 +105,8 @@ class Partial:
     def resume(self, model: torch.nn.Module, engine) -> list[int]:
         """Load the ledger's artifacts into `engine` and replay the ledger into `model`;
         returns the artifacts' sizes."""
+        from seedflood_p2p.algorithm.basis import load_schedule
         from seedflood_p2p.algorithm.replay import replay
-        from seedflood_p2p.apps.local import load_schedule
 
         schedule = load_schedule(self.ledger)
         for first_epoch, sha in schedule.entries:
@@ -149,8 +149,8 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainable import find_trainable_matrices
     from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, train_local
-    from seedflood_p2p.apps.local import save_basis
     from seedflood_p2p.core.config import RunConfig
+    from seedflood_p2p.storage.artifacts import save_basis
     from seedflood_p2p.workload.batching import make_batch, sample_batch
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model

@@ -12,6 +12,7 @@ from seedflood_p2p.algorithm.basis import (
     BasisSchedule,
     decode,
     encode,
+    load_schedule,
     whitened_top_eigenvectors,
 )
 from seedflood_p2p.algorithm.objective import differentiable_example_losses, example_losses
@@ -19,11 +20,10 @@ from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import SubCGE, layer_basis, step_coefficients
 from seedflood_p2p.algorithm.trainer import basis_due, make_basis, train_local
-from seedflood_p2p.apps.local import load_schedule, save_basis
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.storage.artifacts import ArtifactStore
+from seedflood_p2p.storage.artifacts import ArtifactStore, save_basis
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.batching import make_batch
 from seedflood_p2p.workload.data import load_task

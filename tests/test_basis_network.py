@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from seedflood_p2p.algorithm.basis import load_schedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
-from seedflood_p2p.apps.local import counted_updates, load_schedule
+from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError

@@ -68,3 +68,31 @@ def test_a_stopped_run_resumes_from_its_ledger(tmp_path, monkeypatch):
         assert result["curve"][r] == dict(zip(("loss", "accuracy"), state["curve"][r]))
     assert result["artifacts"] == 1 and result["artifact_bytes"] == artifact_bytes
     assert not any(partial.iterdir())  # a finished run leaves no partial files
+
+
+def test_the_benchmark_runs_without_the_daemons_settings_packages(tmp_path):
+    """The lent GPU machines' image has torch and transformers but not pydantic (the
+    daemons' settings); the benchmark and its resume must not need it."""
+    import os
+    import subprocess
+
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['pydantic'] = None\nsys.modules['pydantic_settings'] = None\n"
+    )
+    argv = [
+        sys.executable, str(BENCH),
+        "--model", "tiny-llama", "--task", "synthetic-sentiment",
+        "--train-only", "", "--no-cache-prefix",
+        "--peers", "2", "--seeds", "1", "--rounds", "2", "--eval-at", "2",
+        "--eval-examples", "16", "--rows", "",
+        "--row", "act=rank:8,directions:4,step_rule:round_mean,n_ref:2,lr:0.05,"
+        "basis:activation,basis_refresh:0",
+        "--out", "nopydantic", "--results-dir", str(tmp_path / "results"),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(block), str(BENCH.parents[1])])}
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = json.loads((tmp_path / "results" / "nopydantic.json").read_text())
+    assert any(r["row"] == "act" for r in runs["runs"])

@@ -338,3 +338,14 @@ class BasisSchedule:
     def for_epoch(self, epoch: int) -> BasisArtifact | None:
         i = bisect.bisect_right(self.entries, (epoch, "\uffff")) - 1
         return self.artifacts[self.entries[i][1]] if i >= 0 else None
+
+
+def load_schedule(ledger) -> BasisSchedule:
+    """The ledger's basis artifacts, read from the store beside it and checked by digest
+    (replayed from the artifact, never recomputed)."""
+    from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
+
+    store, schedule = ArtifactStore.beside(ledger.path), BasisSchedule()
+    for first_epoch, sha in read_schedule(ledger):
+        schedule.add(first_epoch, decode(store.get(sha), sha))
+    return schedule

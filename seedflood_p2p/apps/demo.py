@@ -193,10 +193,11 @@ def consensus(work: Path, names: list[str], final_eval_examples: int = 0) -> dic
     import torch
     from safetensors.torch import load_file
 
+    from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import trainable_tensors
     from seedflood_p2p.algorithm.trainer import evaluate_metrics
-    from seedflood_p2p.apps.local import counted_updates, load_schedule
+    from seedflood_p2p.apps.local import counted_updates
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256
     from seedflood_p2p.workload.tasks import load_run_task

@@ -81,8 +81,9 @@ def _base_model(config: RunConfig, base: Path | None):
 
 def rebuild_from_ledger(path: Path, base: Path | None) -> tuple[Any, Any, RunConfig, dict]:
     """Base weights + the ledger at `path` (verified, audits judged): the run's model."""
+    from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.replay import replay
-    from seedflood_p2p.apps.local import counted_updates, load_schedule
+    from seedflood_p2p.apps.local import counted_updates
     from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, digest_of
 

@@ -12,14 +12,10 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import add_run_flags, run_config_from_args
-
-if TYPE_CHECKING:
-    from seedflood_p2p.algorithm.basis import BasisSchedule
 
 log = logging.getLogger("seedflood")
 
@@ -46,29 +42,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True)
 
 
-def load_schedule(ledger) -> BasisSchedule:
-    """The ledger's basis artifacts, read from the store beside it and checked by digest."""
-    from seedflood_p2p.algorithm.basis import BasisSchedule, decode
-    from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
-
-    store, schedule = ArtifactStore.beside(ledger.path), BasisSchedule()
-    for first_epoch, sha in read_schedule(ledger):
-        schedule.add(first_epoch, decode(store.get(sha), sha))
-    return schedule
-
-
-def save_basis(ledger, first_epoch: int, artifact) -> None:
-    """Store an artifact's bytes, then name it in the ledger (in that order: a ledger never
-    names bytes that are not on disk)."""
-    from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule, write_schedule
-
-    ArtifactStore.beside(ledger.path).put(artifact.body)
-    write_schedule(ledger, [*read_schedule(ledger), (first_epoch, artifact.sha256)])
-
-
 def cmd_train(args: argparse.Namespace) -> int:
+    from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import evaluate_metrics, format_metrics, train_local
+    from seedflood_p2p.storage.artifacts import save_basis
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.data import examples_sha256
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
@@ -180,6 +158,7 @@ def counted_updates(ledger, config: RunConfig) -> tuple[list, object]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.network.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, peer_name

@@ -73,3 +73,11 @@ def read_schedule(ledger) -> list[tuple[int, str]]:
 
 def write_schedule(ledger, entries: list[tuple[int, str]]) -> None:
     ledger.set_meta(SCHEDULE_KEY, json.dumps(sorted([int(e), s] for e, s in entries)))
+
+
+def save_basis(ledger, first_epoch: int, artifact) -> None:
+    """Store a basis artifact's bytes (`.body`, named by `.sha256`), then name it in the
+    ledger's schedule from `first_epoch` on; in that order, so a ledger never names bytes
+    that are not on disk."""
+    ArtifactStore.beside(ledger.path).put(artifact.body)
+    write_schedule(ledger, [*read_schedule(ledger), (first_epoch, artifact.sha256)])
