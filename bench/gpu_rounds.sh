@@ -150,16 +150,22 @@ kfac)
   # The K-FAC basis fixed at the base leads at round 10 on the full model (0.749 +- 0.011
   # against 0.709 +- 0.013 for the fixed activation basis) and then drifts down (0.727 +-
   # 0.023 at round 40): its long flat directions overshoot at lr 0.064. Half the step and a
-  # cosine-decayed step; then the runs the fourth session's call cut (act-T5 seed 2) and the
-  # rest of `levers`.
+  # cosine-decayed step; then the fixed activation basis over twice the rounds, the run the
+  # fourth session's call cut (act-T5 seed 2) and the rest of `levers`.
   install_model
-  [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds.json "$OUT"/ 2>/dev/null
+  [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds*.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
   FIXED=${ACT/basis_refresh:1/basis_refresh:0}
   KFAC=${FIXED/basis:activation/basis:kfac}
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "kfac-fixed-cosine=$KFAC,$PICK,$COSINE" --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032"
+  # The fixed activation basis was still gaining at round 40 (held-out loss 0.581 / 0.538 /
+  # 0.511 / 0.488 at rounds 10-40): where does it flatten? Twice the rounds, seed-major.
+  R2=$((2 * ROUNDS))
+  "${BR[@]}" "${FULL[@]}" --rounds "$R2" --eval-at "0,$ROUNDS,$((3 * ROUNDS / 2)),$R2" \
+    --eval-examples "$EVAL" --seeds "$SEEDS" --peers "$PEERS" --rows "" --out gpu-rounds-long \
+    --row "act-fixed=$FIXED,$PICK"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "act-T5=$ACT,$PICK,refresh_period:5" \
     --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-r128=${ACT/rank:32/rank:128},$PICK" \
