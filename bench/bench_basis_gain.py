@@ -58,6 +58,10 @@ def main() -> None:
     parser.add_argument("--grad-examples", type=int, default=256, help="sentences for g")
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--train-only", default="", help="as bench_rounds (default: all)")
+    parser.add_argument("--adam-steps", type=int, default=0,
+                        help="measure after this many first-order Adam steps (batch 16), "
+                        "with the bases of the base weights and fresh ones")  # fmt: skip
+    parser.add_argument("--adam-lr", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", default="basis-gain")
     parser.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
@@ -70,27 +74,51 @@ def main() -> None:
     task.train = task.train[: args.train_examples]
     common = dict(model=args.model, dataset=args.task, train_only=args.train_only,
                   rank=args.rank, directions=16, salt="bench-seed0")  # fmt: skip
-    rows = {}
-    engines = {}
-    for name in ("random", "activation", "kfac"):
-        extra = {} if name == "random" else {"basis": name, "basis_refresh": 0}
-        config = RunConfig(**common, **extra)
-        engine = make_estimator(model, config)
-        if name != "random":
-            artifact = make_basis(engine, tokenizer, task, 0)
-            engine.add_basis(0, artifact)
-            rows[name] = {"artifact_bytes": artifact.size}
-            print(f"{name} basis: {artifact.size:,} bytes ({time.time() - t0:.0f} s)", flush=True)
-        else:
-            rows[name] = {}
-        engines[name] = engine
-    # The gradient at the base weights, mean loss over the first grad-examples sentences
+    rows: dict[str, dict] = {}
+    engines: dict[str, object] = {}
+
+    def add_bases(suffix: str, kinds: tuple[str, ...]) -> None:
+        """Bases of the model's weights as they are now (what a publisher would compute)."""
+        for p in model.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        for kind in kinds:
+            extra = {} if kind == "random" else {"basis": kind, "basis_refresh": 0}
+            engine = make_estimator(model, RunConfig(**common, **extra))
+            rows[kind + suffix] = {}
+            if kind != "random":
+                artifact = make_basis(engine, tokenizer, task, 0)
+                engine.add_basis(0, artifact)
+                rows[kind + suffix]["artifact_bytes"] = artifact.size
+                print(f"{kind}{suffix} basis: {artifact.size:,} bytes ({time.time() - t0:.0f} s)")
+            engines[kind + suffix] = engine
+
+    def trainable(matrices) -> list[torch.Tensor]:
+        for p in model.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        for m in matrices:
+            m.weight.requires_grad_(True)
+        return [m.weight for m in matrices]
+
+    add_bases("", ("random", "activation", "kfac"))
     matrices = engines["random"].matrices
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for m in matrices:
-        m.weight.grad = None
-        m.weight.requires_grad_(True)
+    if args.adam_steps:
+        # First-order Adam moves the weights the way a good run does (the label prior is
+        # learned within ~10 steps); the bases above stay those of the base weights.
+        opt = torch.optim.Adam(trainable(matrices), lr=args.adam_lr)
+        pool = task.train[args.grad_examples :]
+        for step in range(args.adam_steps):
+            chunk = [pool[(step * 16 + i) % len(pool)] for i in range(16)]
+            batch = on_model_device(model, make_batch(chunk, tokenizer, task, 512))
+            loss = differentiable_example_losses(model, batch, task.kind).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(f"{args.adam_steps} Adam steps, last batch loss {loss.item():.3f}", flush=True)
+        add_bases("-now", ("activation", "kfac"))
+    # The gradient at the weights as they are, mean loss over the first grad-examples sentences
+    trainable(matrices)
     examples = task.train[: args.grad_examples]
     for i in range(0, len(examples), 16):
         batch = on_model_device(model, make_batch(examples[i : i + 16], tokenizer, task, 512))
@@ -108,6 +136,7 @@ def main() -> None:
         row["descent_vs_random"] = row["descent_per_lr"] / ref["descent_per_lr"]
         row["descent_vs_activation"] = row["descent_per_lr"] / rows["activation"]["descent_per_lr"]
     out = {"model": args.model, "task": args.task, "rank": args.rank, "grad_sq": grad_sq,
+           "adam_steps": args.adam_steps, "adam_lr": args.adam_lr,
            "grad_examples": len(examples), "matrices": len(matrices), "rows": rows,
            "command": "python " + " ".join(sys.argv), "seconds": time.time() - t0}  # fmt: skip
     results = Path(args.results_dir)
@@ -115,7 +144,13 @@ def main() -> None:
     (results / f"{args.out}.json").write_text(json.dumps(out, indent=1))
     lines = [
         f"# One update's length and descent per basis: {args.model} on {args.task}, rank "
-        f"{args.rank}, at the base weights",
+        f"{args.rank}, "
+        + (
+            f"after {args.adam_steps} Adam steps (lr {args.adam_lr:g}, batch 16); "
+            "`-now` bases are computed there, the others at the base weights"
+            if args.adam_steps
+            else "at the base weights"
+        ),
         "",
         f"Command: `{out['command']}`. Gradient: the mean loss over the first "
         f"{len(examples)} training sentences ({len(matrices)} matrices, |g|^2 = {grad_sq:.4g}).",

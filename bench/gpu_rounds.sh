@@ -149,9 +149,9 @@ levers)
 kfac)
   # The K-FAC basis fixed at the base leads at round 10 on the full model (0.749 +- 0.011
   # against 0.709 +- 0.013 for the fixed activation basis) and then drifts down (0.727 +-
-  # 0.023 at round 40). Its steps are not longer (bench/results/basis-gain.md); a stale
-  # basis is likelier. Refreshed every 10 rounds, a cosine-decayed step, half the step
-  # (seed-major); then the fixed activation basis over twice the rounds, the run the sixth
+  # 0.023 at round 40): its step per unit of lr grows ~2.7x against the activation basis's
+  # as training moves (bench/results/basis-gain*.md). Half the step, a cosine-decayed step,
+  # refreshed every 10 rounds (seed-major); then the fixed activation basis over twice the rounds, the run the sixth
   # session's call cut (act-T5 seed 2) and the rest of `levers`.
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds*.json "$OUT"/ 2>/dev/null
@@ -160,8 +160,8 @@ kfac)
   KFAC=${FIXED/basis:activation/basis:kfac}
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
-    --row "kfac-T10=${ACT/basis:activation/basis:kfac},$PICK,refresh_period:10" \
-    --row "kfac-fixed-cosine=$KFAC,$PICK,$COSINE" --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032"
+    --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" --row "kfac-fixed-cosine=$KFAC,$PICK,$COSINE" \
+    --row "kfac-T10=${ACT/basis:activation/basis:kfac},$PICK,refresh_period:10"
   # The fixed activation basis was still gaining at round 40 (held-out loss 0.581 / 0.538 /
   # 0.511 / 0.488 at rounds 10-40): where does it flatten? Twice the rounds, seed-major.
   R2=$((2 * ROUNDS))
