@@ -323,7 +323,9 @@ def load(path: Path) -> dict:
     return {"runs": []}
 
 
-def render(path: Path, meta: dict) -> None:
+def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
+    """<out>.md (every row) and a PNG: every row in <out>.png, or with `plot` ("ROW" or
+    "ROW@N", comma-separated) only those, in that order, in `plot_name`.png."""
     data = load(path)
     runs = data["runs"]
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -389,7 +391,17 @@ def render(path: Path, meta: dict) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (row, peers), group in sorted(groups.items()):
+    drawn = sorted(groups.items())
+    if plot:
+        wanted = [w.strip() for w in plot.split(",") if w.strip()]
+        drawn = [
+            (key, group)
+            for w in wanted
+            for key, group in drawn
+            if w in (key[0], f"{key[0]}@{key[1]}")
+        ]
+    colors = plt.get_cmap("tab10" if len(drawn) <= 10 else "tab20").colors
+    for index, ((row, peers), group) in enumerate(drawn):
         xs, ys, es = [], [], []
         for r in eval_at:
             accs = [g["curve"][str(r)]["accuracy"] for g in group if str(r) in g["curve"]]
@@ -408,6 +420,7 @@ def render(path: Path, meta: dict) -> None:
             capsize=3,
             label=label,
             linestyle="--" if adam else "-",
+            color=colors[index % len(colors)],
         )
     ax.set_xlabel("round (Adam: step)")
     ax.set_ylabel(f"held-out accuracy ({meta.get('eval_examples')} sentences)")
@@ -415,7 +428,9 @@ def render(path: Path, meta: dict) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=110)
+    fig.savefig(
+        path.with_name(f"{plot_name}.png") if plot_name else path.with_suffix(".png"), dpi=110
+    )
 
 
 def main() -> None:
@@ -439,6 +454,10 @@ def main() -> None:
     parser.add_argument("--row", action="append", default=[], help="NAME=key:value,...")
     parser.add_argument("--out", default="rounds")
     parser.add_argument("--render", action="store_true")
+    parser.add_argument(
+        "--plot", default="", help="with --render: rows to draw, ROW or ROW@N, comma-separated"
+    )
+    parser.add_argument("--plot-name", default="", help="with --plot: the PNG's name (no .png)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the full model")
     parser.add_argument(
@@ -476,7 +495,9 @@ def main() -> None:
         "command": "python bench/bench_rounds.py " + " ".join(sys.argv[1:]),
     }
     if args.render:
-        render(path, load(path).get("meta", meta))
+        if args.plot and not args.plot_name:
+            parser.error("--plot needs --plot-name (the full plot keeps <out>.png)")
+        render(path, load(path).get("meta", meta), args.plot, args.plot_name)
         return
     args.results_dir.mkdir(parents=True, exist_ok=True)
     for seed in range(args.first_seed, args.seeds):
