@@ -8,12 +8,17 @@ peer scoring its batch would) or one `zo_step` of the row's settings. Reported: 
 process's peak RSS, and the part above what loading the model and batch took.
 
     python bench/bench_memory.py            # ~5 CPU-min
+    python bench/bench_memory.py --device cuda --results-dir OUT   # on a GPU: allocated bytes
 
-Writes bench/results/memory.{json,md}.
+Writes bench/results/memory.{json,md} (memory-cuda.{json,md} on a GPU; --results-dir
+elsewhere). On a GPU "peak" is torch's peak of allocated CUDA memory and "loaded" what the
+model, batch and basis hold before the forward or step (RSS would count the CUDA runtime,
+not the model's work).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import subprocess
@@ -43,11 +48,12 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(mode: str, overrides: dict) -> dict:
-    """In this process: load, then one inference forward or one step; peak RSS in MiB."""
+def measure(mode: str, overrides: dict, device: str = "cpu") -> dict:
+    """In this process: load, then one inference forward or one step; peak RSS in MiB (on a
+    GPU: peak allocated CUDA memory)."""
     import torch
 
-    from seedflood_p2p.algorithm.objective import example_losses
+    from seedflood_p2p.algorithm.objective import example_losses, on_model_device
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import batch_seed, zo_step
     from seedflood_p2p.core.config import RunConfig
@@ -58,6 +64,7 @@ def measure(mode: str, overrides: dict) -> dict:
     torch.set_num_threads(1)
     config = RunConfig(model="smollm2-135m", dataset="mr", **overrides)
     model, tokenizer = load_model(config.model)
+    model.to(device)
     task = load_task(config.dataset)
     peer = b"local-0"
     examples = sample_batch(task, batch_seed(config.run_key, peer, 1), config.batch_size)
@@ -72,18 +79,30 @@ def measure(mode: str, overrides: dict) -> dict:
         from seedflood_p2p.algorithm.basis import decode
 
         engine.add_basis(0, decode(basis_file(config.basis).read_bytes()))
-    loaded = peak_mib()
+    cuda = device.startswith("cuda")
+    if cuda:
+        batch = on_model_device(model, batch)
+        if engine is not None:
+            engine.basis(0)  # the artifact's tensors on the GPU before the peak is reset
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        loaded = torch.cuda.memory_allocated() / 2**20
+    else:
+        loaded = peak_mib()
     if mode == "inference":
         with torch.no_grad():
             example_losses(model, batch, task.kind)
     else:
         zo_step(engine, tokenizer, task, peer, 1)
+    if cuda:
+        torch.cuda.synchronize()
+        return {"loaded_mib": loaded, "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
     return {"loaded_mib": loaded, "peak_mib": peak_mib()}
 
 
-def run(mode: str, row: str) -> dict:
+def run(mode: str, row: str, device: str = "cpu") -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, json.dumps(ROWS[row])],
+        [sys.executable, __file__, "--child", mode, json.dumps(ROWS[row]), device],
         capture_output=True,
         text=True,
         check=True,
@@ -93,16 +112,21 @@ def run(mode: str, row: str) -> dict:
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(measure(sys.argv[2], json.loads(sys.argv[3]))))
+        print(json.dumps(measure(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4])))
         return
-    inference = run("inference", "k=1 (today's default)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (allocated GPU memory)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    device = args.device
+    inference = run("inference", "k=1 (today's default)", device)
     basis_bytes = {}
     for basis, row in BASIS_ROWS.items():
-        run("basis", row)
+        run("basis", row, device)
         basis_bytes[basis] = basis_file(basis).stat().st_size
     rows = {}
     for row in ROWS:
-        step = run("step", row)
+        step = run("step", row, device)
         rows[row] = {
             **step,
             "peak_ratio": step["peak_mib"] / inference["peak_mib"],
@@ -110,17 +134,31 @@ def main() -> None:
             / (inference["peak_mib"] - inference["loaded_mib"]),
         }
         print(row, rows[row], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "memory.json").write_text(
-        json.dumps({"inference": inference, "steps": rows, "basis_bytes": basis_bytes}, indent=1)
+    cuda = device.startswith("cuda")
+    name = "memory-cuda" if cuda else "memory"
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"{name}.json").write_text(
+        json.dumps(
+            {"device": device, "inference": inference, "steps": rows, "basis_bytes": basis_bytes},
+            indent=1,
+        )
+    )
+    what = (
+        "Peak allocated CUDA memory (torch); 'above load' is the peak minus what the model, "
+        "batch and basis held before it"
+        if cuda
+        else "Peak RSS of a fresh process; 'above load' is the peak minus what loading the "
+        "model and the batch took"
     )
     lines = [
-        "# Peak memory: one ZO step vs one inference forward (SmolLM2-135M, batch 16, MR)",
+        f"# Peak memory: one ZO step vs one inference forward (SmolLM2-135M, batch 16, MR, "
+        f"{device})",
         "",
-        "Peak RSS of a fresh process; 'above load' is the peak minus what loading the model "
-        "and the batch took. Command: `python bench/bench_memory.py`.",
+        f"{what}. Command: `python bench/bench_memory.py"
+        + (f" --device {device}`." if cuda else "`."),
         "",
-        "| | peak RSS (MiB) | above load (MiB) | peak / inference | above load / inference |",
+        f"| | peak {'allocated' if cuda else 'RSS'} (MiB) | above load (MiB) | peak / inference "
+        "| above load / inference |",
         "|---|---:|---:|---:|---:|",
         f"| inference forward | {inference['peak_mib']:.0f} | "
         f"{inference['peak_mib'] - inference['loaded_mib']:.0f} | 1.00 | 1.00 |",
@@ -137,7 +175,7 @@ def main() -> None:
         f"({basis_bytes['kfac']:,} bytes: an m x 32 U side too), each computed beforehand in "
         "another process as the basis publisher does; its size is part of the row's peak.",
     ]
-    (RESULTS / "memory.md").write_text("\n".join(lines) + "\n")
+    (args.results_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

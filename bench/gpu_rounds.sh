@@ -151,8 +151,9 @@ kfac)
   # against 0.709 +- 0.013 for the fixed activation basis) and then drifts down (0.727 +-
   # 0.023 at round 40): its step per unit of lr grows ~2.7x against the activation basis's
   # as training moves (bench/results/basis-gain*.md). Half the step, a cosine-decayed step,
-  # refreshed every 10 rounds (seed-major); then the fixed activation basis over twice the rounds, the run the sixth
-  # session's call cut (act-T5 seed 2) and the rest of `levers`.
+  # refreshed every 10 rounds (seed-major); then the fixed activation basis over twice the
+  # rounds, the run the third GPU session's call cut (act-T5 seed 2), the rest of `levers`
+  # and memory per peer.
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds*.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
@@ -172,6 +173,9 @@ kfac)
     --row "act-T5=$ACT,$PICK,refresh_period:5" \
     --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-r128=${ACT/rank:32/rank:128},$PICK" \
     --row "random=$RANDOM_ROW,$PICK"
+  # Memory per peer against inference on the GPU (allocated CUDA memory; the CPU's RSS
+  # figures are in bench/results/memory.md)
+  timeout 150 python3 bench/bench_memory.py --device "$DEVICE" --results-dir "$OUT"
   ;;
 *)
   echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers|kfac" >&2
