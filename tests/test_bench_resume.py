@@ -24,18 +24,23 @@ class Stopped(Exception):
     """Stands in for the session ending (the process killed) after an evaluation."""
 
 
-def run(bench, monkeypatch, results: Path) -> None:
-    argv = [
-        "bench_rounds.py",
+def tiny_args(rounds: int, eval_at: str, eval_examples: int, out: str, results: Path) -> list:
+    """bench_rounds.py's flags for one activation-basis row of 2 peers on the tiny model."""
+    return [
         "--model", "tiny-llama", "--task", "synthetic-sentiment",
         "--train-only", "", "--no-cache-prefix",
-        "--peers", "2", "--seeds", "1", "--rounds", "8", "--eval-at", "0,4,8",
-        "--eval-examples", "40", "--rows", "",
+        "--peers", "2", "--seeds", "1", "--rounds", str(rounds), "--eval-at", eval_at,
+        "--eval-examples", str(eval_examples), "--rows", "",
         "--row", "act=rank:8,directions:4,step_rule:round_mean,n_ref:2,lr:0.05,"
         "basis:activation,basis_refresh:0",
-        "--out", "resume", "--results-dir", str(results),
+        "--out", out, "--results-dir", str(results),
     ]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
+
+
+def run(bench, monkeypatch, results: Path) -> None:
+    monkeypatch.setattr(
+        sys, "argv", ["bench_rounds.py", *tiny_args(8, "0,4,8", 40, "resume", results)]
+    )
     bench.main()
 
 
@@ -81,16 +86,7 @@ def test_the_benchmark_runs_without_the_daemons_settings_packages(tmp_path):
     (block / "sitecustomize.py").write_text(
         "import sys\nsys.modules['pydantic'] = None\nsys.modules['pydantic_settings'] = None\n"
     )
-    argv = [
-        sys.executable, str(BENCH),
-        "--model", "tiny-llama", "--task", "synthetic-sentiment",
-        "--train-only", "", "--no-cache-prefix",
-        "--peers", "2", "--seeds", "1", "--rounds", "2", "--eval-at", "2",
-        "--eval-examples", "16", "--rows", "",
-        "--row", "act=rank:8,directions:4,step_rule:round_mean,n_ref:2,lr:0.05,"
-        "basis:activation,basis_refresh:0",
-        "--out", "nopydantic", "--results-dir", str(tmp_path / "results"),
-    ]  # fmt: skip
+    argv = [sys.executable, str(BENCH), *tiny_args(2, "2", 16, "nopydantic", tmp_path / "results")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(block), str(BENCH.parents[1])])}
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
