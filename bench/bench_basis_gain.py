@@ -77,11 +77,18 @@ def main() -> None:
     rows: dict[str, dict] = {}
     engines: dict[str, object] = {}
 
-    def add_bases(suffix: str, kinds: tuple[str, ...]) -> None:
-        """Bases of the model's weights as they are now (what a publisher would compute)."""
+    def trainable(matrices) -> list[torch.Tensor]:
+        """Only these matrices' weights take gradients (none: every weight frozen)."""
         for p in model.parameters():
             p.requires_grad_(False)
             p.grad = None
+        for m in matrices:
+            m.weight.requires_grad_(True)
+        return [m.weight for m in matrices]
+
+    def add_bases(suffix: str, kinds: tuple[str, ...]) -> None:
+        """Bases of the model's weights as they are now (what a publisher would compute)."""
+        trainable([])
         for kind in kinds:
             extra = {} if kind == "random" else {"basis": kind, "basis_refresh": 0}
             engine = make_estimator(model, RunConfig(**common, **extra))
@@ -92,14 +99,6 @@ def main() -> None:
                 rows[kind + suffix]["artifact_bytes"] = artifact.size
                 print(f"{kind}{suffix} basis: {artifact.size:,} bytes ({time.time() - t0:.0f} s)")
             engines[kind + suffix] = engine
-
-    def trainable(matrices) -> list[torch.Tensor]:
-        for p in model.parameters():
-            p.requires_grad_(False)
-            p.grad = None
-        for m in matrices:
-            m.weight.requires_grad_(True)
-        return [m.weight for m in matrices]
 
     add_bases("", ("random", "activation", "kfac"))
     matrices = engines["random"].matrices
