@@ -10,6 +10,7 @@ from seedflood_p2p.algorithm.basis import (
     KFAC_ARTIFACT_KIND,
     MAX_GAIN,
     BasisSchedule,
+    check,
     decode,
     encode,
     load_schedule,
@@ -170,6 +171,90 @@ def test_kfac_u_sides_are_the_whitened_top_eigenvectors_of_the_output_gradients(
     column = head[:, 0] / head[:, 0].norm()
     assert float(column[words].abs().sum()) == pytest.approx(2**0.5, rel=1e-4)
     assert float(column[words].sum()) == pytest.approx(0.0, abs=1e-4)
+
+
+def _input_covariance(model, matrix, batches):
+    """A = mean of x x^T over real tokens, x = `matrix`'s input (a pre-hook of this test)."""
+    total, count, mask = None, 0, {}
+
+    def record(module, args):
+        nonlocal total, count
+        x = args[0].detach()[mask["m"].bool()].double()
+        total = x.T @ x if total is None else total + x.T @ x
+        count += x.shape[0]
+
+    handle = matrix.modules[0].register_forward_pre_hook(record)
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                mask["m"] = batch["attention_mask"]
+                model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        handle.remove()
+    return total / count
+
+
+def test_fisher_power_scales_each_matrix_by_its_kfac_curvature(tiny):
+    """basis_fisher_power p multiplies each matrix's U side by (F_m / F_typical)^p: at
+    p = -1/2 every matrix whose gain is not capped has the same K-FAC curvature along its
+    directions (damped as the basis is: G + 0.1 x its top-r mean, A + 1e-3 x its mean;
+    natural gradient across matrices), at p = 0 they differ by orders of magnitude, and at
+    p > 0 the sharpest matrix is the longest. Checked against G and A measured by this
+    test's own hooks, not basis.py's."""
+
+    def eye(c):
+        return torch.eye(c.shape[0], dtype=c.dtype)
+
+    model, tokenizer, task = tiny
+    common = dict(basis="kfac", basis_examples=32, batch_size=16, rank=8)
+    artifacts = {}
+    for power in (0.0, -0.5, 0.25):
+        engine = SubCGE(model, _config(**common, basis_fisher_power=power))
+        artifacts[power] = make_basis(engine, tokenizer, task, 0)
+        check(artifacts[power], engine.matrices, 8)  # the gain bound holds at any power
+        engine.close()
+    assert (
+        artifacts[-0.5].meta["fisher_power"] == "-0.5" and "fisher_power" not in artifacts[0.0].meta
+    )
+    examples = [task.train[i : i + 16] for i in (0, 16)]
+    batches = [make_batch(e, tokenizer, task, 64) for e in examples]
+    linear = [m for m in engine.matrices if m.kind == "linear"]
+    curvature: dict[float, dict[str, float]] = {0.0: {}, -0.5: {}}
+    gain: dict[float, dict[str, float]] = {-0.5: {}, 0.25: {}}
+    capped = set()
+    for matrix in linear:
+        g = _output_gradient_covariance(model, matrix, batches, task.kind)
+        a = _input_covariance(model, matrix, batches)
+        u0 = artifacts[0.0].u[matrix.name].double()
+        for power, artifact in artifacts.items():
+            assert torch.equal(artifact.v[matrix.name], artifacts[0.0].v[matrix.name])
+            u, v = artifact.u[matrix.name].double(), artifact.v[matrix.name].double()
+            if power:  # one factor per matrix: its U side is the p = 0 one, scaled
+                ratio = float(u.norm() / u0.norm())
+                assert torch.allclose(u, u0 * ratio, atol=1e-6 * float(u.abs().max()))
+                gain[power][matrix.name] = ratio
+            if power in curvature:  # damped K-FAC curvature along u_i v_j^T, averaged
+                kept = u.norm(dim=0) > 0
+                g_damped = g + 0.1 * float(torch.linalg.eigvalsh(g)[-8:].mean()) * eye(g)
+                a_damped = a + 1e-3 * float(torch.linalg.eigvalsh(a).mean()) * eye(a)
+                along_u = torch.einsum("mi,mn,ni->i", u, g_damped, u)[kept].mean()
+                along_v = torch.einsum("ki,kl,li->i", v, a_damped, v).mean()
+                curvature[power][matrix.name] = float(along_u * along_v)
+            u_gain = float(u.pow(2).sum(0).max() / u.shape[0]) ** 0.5
+            v_gain = float(v.pow(2).sum(0).max() / v.shape[0]) ** 0.5
+            if power == -0.5 and u_gain * v_gain > 0.99 * MAX_GAIN:
+                capped.add(matrix.name)
+    free = [name for name in curvature[-0.5] if name not in capped]
+    assert len(free) >= 6, capped
+    spread0 = max(curvature[0.0].values()) / min(curvature[0.0].values())
+    at_half = [curvature[-0.5][name] for name in free]
+    assert spread0 > 100  # equal lengths: the matrices' curvatures differ by > 100x
+    assert max(at_half) / min(at_half) < 1.05, at_half  # natural gradient: all alike
+    # p > 0 lengthens the sharp matrices: gains rank as the p = 0 curvatures do.
+    sharpest = max(curvature[0.0], key=curvature[0.0].get)
+    flattest = min(curvature[0.0], key=curvature[0.0].get)
+    assert gain[0.25][sharpest] > 1 > gain[0.25][flattest]
+    assert gain[-0.5][sharpest] < 1
 
 
 @pytest.mark.slow
@@ -348,6 +433,8 @@ def test_settings_added_later_keep_old_run_ids():
     assert "basis" not in RunConfig().to_json()
     assert "step_rule" not in RunConfig().to_json()
     assert "basis_output_damping" not in RunConfig(basis="kfac").to_json()
+    assert "basis_fisher_power" not in RunConfig(basis="kfac").to_json()
+    assert RunConfig(basis="kfac", basis_fisher_power=0.25).run_id != RunConfig(basis="kfac").run_id
     config = RunConfig(basis="activation", step_rule="round_mean", basis_refresh=3)
     assert RunConfig.from_json(config.to_json()) == config
     assert config.run_id != RunConfig().run_id
@@ -356,6 +443,8 @@ def test_settings_added_later_keep_old_run_ids():
         (dict(step_rule="sum"), "step_rule must be"),
         (dict(basis_damping=0.0), "basis_damping"),
         (dict(basis_output_damping=-1.0), "basis_output_damping"),
+        (dict(basis="kfac", basis_fisher_power=1.5), "basis_fisher_power must be in"),
+        (dict(basis="activation", basis_fisher_power=0.25), "needs basis 'kfac'"),
         (dict(basis="activation", estimator="naive"), "subcge estimator"),
     ):
         with pytest.raises(UserError, match=why):

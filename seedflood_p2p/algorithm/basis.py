@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -180,6 +181,15 @@ def whitened_top_eigenvectors(
     columns with a numerically zero eigenvalue set to zero), then all scaled so the mean
     squared norm of the nonzero columns is k (a +-1 column's), and no column exceeds
     max_gain x sqrt(k)."""
+    return _whiten(covariance, rank, damping, max_gain, damp_top)[0]
+
+
+def _whiten(
+    covariance: torch.Tensor, rank: int, damping: float, max_gain: float, damp_top: bool
+) -> tuple[torch.Tensor, float]:
+    """`whitened_top_eigenvectors`, and the RMS length its nonzero columns had before they
+    were rescaled to a +-1 column's, relative to one (0.0 when every column is zero): how
+    long the side would be if only the curvature set it."""
     k = covariance.shape[0]
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance.double())
     top = torch.argsort(eigenvalues, descending=True)[:rank]
@@ -193,13 +203,38 @@ def whitened_top_eigenvectors(
         scale = torch.where(lam > NULL_EIGENVALUE * lam[0], scale, 0.0)
     kept = scale > 0
     if not bool(kept.any()):
-        return torch.zeros(k, len(top))  # no gradient reaches this matrix at all
-    scale = scale * (k / float((scale * scale)[kept].mean())) ** 0.5
+        return torch.zeros(k, len(top)), 0.0  # no gradient reaches this matrix at all
+    raw_gain = float((scale * scale)[kept].mean()) ** 0.5
+    scale = scale * (k**0.5 / raw_gain)
     scale = scale.clamp(max=max_gain * k**0.5 * 0.999)
     basis = eigenvectors[:, top] * scale
     # A fixed sign per column (eigh's is arbitrary): the largest entry positive.
     flip = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True))).squeeze(0)
-    return (basis * torch.where(flip == 0, 1.0, flip)).float().contiguous()
+    return (basis * torch.where(flip == 0, 1.0, flip)).float().contiguous(), raw_gain / k**0.5
+
+
+def fisher_gains(raw: dict[str, float], limits: dict[str, float], power: float) -> dict[str, float]:
+    """Per matrix, the factor its unit-RMS K-FAC directions are scaled by:
+    (F_m / F_typical)^power, capped at `limits` (the gain bound). F_m is the K-FAC Fisher
+    along a +-1-length direction of matrix m, 1 / raw_m^2 (`raw`: the RMS length at which
+    its whitened directions have unit curvature), and F_typical their geometric mean over
+    the matrices, so a typical matrix keeps a +-1 direction's length.
+
+    power 0 leaves every matrix as long as a +-1 direction; -1/2 gives each matrix its
+    curvature-set length (K-FAC's natural gradient across matrices too); > 0 lengthens
+    the matrices along which the loss changes most, where a two-point estimate's signal
+    is (measured: docs/LEARNING.md)."""
+    live = {name: g for name, g in raw.items() if g > 0}
+    if not live or power == 0:
+        return {name: 1.0 for name in raw}
+    logs = {name: math.log(g) for name, g in live.items()}
+    typical = sum(logs.values()) / len(logs)
+    return {
+        name: min(math.exp(-2 * power * (logs[name] - typical)), limits[name])
+        if name in live
+        else 1.0
+        for name in raw
+    }
 
 
 def compute_basis(
@@ -211,6 +246,7 @@ def compute_basis(
     meta: dict[str, str] | None = None,
     loss_of: Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
     output_damping: float = 0.1,
+    fisher_power: float = 0.0,
 ) -> BasisArtifact:
     """The activation basis of the model's current weights on `batches` (an artifact); with
     `loss_of` (per-example losses, differentiable) the K-FAC basis: U sides from the output
@@ -219,24 +255,35 @@ def compute_basis(
     The U side is damped by `output_damping` x the mean of its top-r eigenvalues, not of
     all: G is often rank-deficient (a classifier's head sees gradients along its label
     words only), and damped against the mean of all its eigenvalues the null directions
-    would take every column's length."""
+    would take every column's length.
+
+    `fisher_power` (K-FAC only): the matrices' directions scaled against each other by
+    `fisher_gains`; 0, every matrix's as long as a +-1 direction on average."""
+    if fisher_power and loss_of is None:
+        raise ValueError("fisher_power needs the output gradients (loss_of): a K-FAC basis")
     batches = list(batches)
     covariances = activation_covariances(model, matrices, batches)
     gradients = output_gradient_covariances(model, matrices, batches, loss_of) if loss_of else {}
-    v, u = {}, {}
+    v, u, raw, limits = {}, {}, {}, {}
     for matrix in matrices:
         if matrix.name in covariances:
             total, count = covariances[matrix.name]
-            v[matrix.name] = whitened_top_eigenvectors(total / max(count, 1), rank, damping)
+            v[matrix.name], v_raw = _whiten(total / max(count, 1), rank, damping, MAX_GAIN, False)
         if matrix.name in gradients:
             total, count = gradients[matrix.name]
             left = MAX_GAIN / _gain(v[matrix.name])
-            u[matrix.name] = whitened_top_eigenvectors(
-                total / max(count, 1), rank, output_damping, left, damp_top=True
-            )
+            u[matrix.name], u_raw = _whiten(total / max(count, 1), rank, output_damping, left, True)
+            raw[matrix.name] = u_raw * v_raw
+            longest = _gain(u[matrix.name])
+            limits[matrix.name] = left * 0.999 / longest if longest > 0 else 1.0
+    if fisher_power:
+        for name, gain in fisher_gains(raw, limits, fisher_power).items():
+            u[name] = (u[name] * gain).contiguous()
     info = {"kind": ARTIFACT_KIND, "rank": str(rank), "damping": repr(damping)}
     if u:
         info.update(kind=KFAC_ARTIFACT_KIND, output_damping=repr(output_damping))
+    if fisher_power:
+        info.update(fisher_power=repr(fisher_power))
     info.update(meta or {})
     return encode(v, info, u)
 

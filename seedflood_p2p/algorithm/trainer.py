@@ -246,6 +246,7 @@ def make_basis(engine: ZerothOrderEstimator, tokenizer, task: Task, round_: int)
             else None
         ),
         output_damping=config.basis_output_damping,
+        fisher_power=config.basis_fisher_power,
     )
 
 

@@ -46,6 +46,7 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "basis_examples": 64,
     "basis_damping": 1e-3,
     "basis_output_damping": 0.1,
+    "basis_fisher_power": 0.0,
     "basis_sha256": "",
     "step_rule": "per_update",
 }
@@ -119,12 +120,15 @@ class RunConfig:
     # shipped as an artifact computed every `basis_refresh` epochs (0: once, at the base) on
     # the first `basis_examples` training prompts, damping `basis_damping` x mean eigenvalue;
     # or "kfac": the same, and the U side from its output-gradient covariance (K-FAC's G),
-    # damped by `basis_output_damping` x the mean of its top-r eigenvalues.
+    # damped by `basis_output_damping` x the mean of its top-r eigenvalues. With kfac,
+    # `basis_fisher_power` p scales each matrix's directions by (its Fisher / the typical
+    # matrix's)^p (algorithm/basis.py fisher_gains); 0: all as long as a +-1 direction.
     basis: str = "random"
     basis_refresh: int = 0
     basis_examples: int = 64
     basis_damping: float = 1e-3
     basis_output_damping: float = 0.1
+    basis_fisher_power: float = 0.0
     # A network run's one activation basis: the SHA-256 of the artifact the run's organiser
     # (its bootstrap node) computed at the base weights; peers fetch it by this digest.
     basis_sha256: str = ""  # (filled in by the bootstrap)
@@ -184,6 +188,12 @@ class RunConfig:
                 "basis_output_damping must be in (0, 1e6) "
                 f"(got {_short(self.basis_output_damping)})"
             )
+        if not (-1.0 <= self.basis_fisher_power <= 1.0 and _finite(self.basis_fisher_power)):
+            problems.append(
+                f"basis_fisher_power must be in [-1, 1] (got {_short(self.basis_fisher_power)})"
+            )
+        elif self.basis_fisher_power and self.basis != "kfac":
+            problems.append("basis_fisher_power needs basis 'kfac' (it scales by K-FAC's Fisher)")
         if self.step_rule == "round_mean" and self.estimator != "subcge":
             problems.append("step_rule 'round_mean' needs the subcge estimator")
         if self.step_rule not in ("per_update", "round_mean"):
