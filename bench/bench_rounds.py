@@ -99,8 +99,11 @@ class Partial:
 
     @staticmethod
     def paths(args: argparse.Namespace, name: str, peers: int, seed: int) -> tuple[Path, Path]:
-        stem = args.results_dir / "partial" / f"{args.out}-{name}-N{peers}-seed{seed}"
-        return stem.with_suffix(".sqlite"), stem.with_suffix(".json")
+        # Appended, not with_suffix: a row name may hold a dot ("kfac-f0.25"), and
+        # with_suffix would cut the name there, giving several runs one ledger.
+        stem = f"{args.out}-{name}-N{peers}-seed{seed}"
+        folder = args.results_dir / "partial"
+        return folder / f"{stem}.sqlite", folder / f"{stem}.json"
 
     def resume(self, model: torch.nn.Module, engine) -> list[int]:
         """Load the ledger's artifacts into `engine` and replay the ledger into `model`;

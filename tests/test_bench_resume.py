@@ -75,6 +75,23 @@ def test_a_stopped_run_resumes_from_its_ledger(tmp_path, monkeypatch):
     assert not any(partial.iterdir())  # a finished run leaves no partial files
 
 
+def test_rows_whose_names_hold_a_dot_keep_separate_ledgers(tmp_path):
+    """A row named "kfac-f0.25" once lost everything after its dot in the partial files'
+    names, so its seeds (and "kfac-f0.125") shared one ledger and a second process was
+    refused as "another run"."""
+    bench = load_bench()
+    args = bench.argparse.Namespace(results_dir=tmp_path, out="levers")
+    paths = {
+        bench.Partial.paths(args, name, 64, seed)
+        for name in ("kfac-f0.25", "kfac-f0.125", "kfac-f0")
+        for seed in (1, 2)
+    }
+    assert len(paths) == 6
+    ledger, state = bench.Partial.paths(args, "kfac-f0.25", 64, 1)
+    assert ledger.name == "levers-kfac-f0.25-N64-seed1.sqlite"
+    assert state.name == "levers-kfac-f0.25-N64-seed1.json"
+
+
 def test_the_benchmark_runs_without_the_daemons_settings_packages(tmp_path):
     """The lent GPU machines' image has torch and transformers but not pydantic (the
     daemons' settings); the benchmark and its resume must not need it."""
