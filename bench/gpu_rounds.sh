@@ -150,10 +150,11 @@ kfac)
   # The K-FAC basis fixed at the base leads at round 10 on the full model (0.749 +- 0.011
   # against 0.709 +- 0.013 for the fixed activation basis) and then drifts down (0.727 +-
   # 0.023 at round 40): its step per unit of lr grows ~2.7x against the activation basis's
-  # as training moves (bench/results/basis-gain*.md). Half the step, a cosine-decayed step,
-  # refreshed every 10 rounds (seed-major); then the fixed activation basis over twice the
-  # rounds, the run the third GPU session's call cut (act-T5 seed 2), the rest of `levers`
-  # and memory per peer.
+  # as training moves (bench/results/basis-gain*.md). Half the step; the matrices scaled by
+  # their Fisher^0.125 (1.000 against 0.939 at N = 64 on the tiny model; its full-model gains
+  # run 0.51-1.73, docs/LEARNING.md); a cosine-decayed step; refreshed every 10 rounds
+  # (seed-major); then the fixed activation basis over twice the rounds, the run the third
+  # GPU session's call cut (act-T5 seed 2), the rest of `levers` and memory per peer.
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds*.json "$OUT"/ 2>/dev/null
   PICK=${PICK:-lr:0.064,refresh_period:20}
@@ -161,7 +162,9 @@ kfac)
   KFAC=${FIXED/basis:activation/basis:kfac}
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
-    --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" --row "kfac-fixed-cosine=$KFAC,$PICK,$COSINE" \
+    --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" \
+    --row "kfac-fixed-f0.125=$KFAC,$PICK,basis_fisher_power:0.125" \
+    --row "kfac-fixed-cosine=$KFAC,$PICK,$COSINE" \
     --row "kfac-T10=${ACT/basis:activation/basis:kfac},$PICK,refresh_period:10"
   # The fixed activation basis was still gaining at round 40 (held-out loss 0.581 / 0.538 /
   # 0.511 / 0.488 at rounds 10-40): where does it flatten? Twice the rounds, seed-major.

@@ -2,6 +2,8 @@
 (bit for bit in replay), hostile ones are refused, the schedule and the step rule are pure
 functions of the ledger, and the per-example prefix cache computes what a full pass does."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -232,6 +234,8 @@ def test_fisher_power_scales_each_matrix_by_its_kfac_curvature(tiny):
             if power:  # one factor per matrix: its U side is the p = 0 one, scaled
                 ratio = float(u.norm() / u0.norm())
                 assert torch.allclose(u, u0 * ratio, atol=1e-6 * float(u.abs().max()))
+                recorded = json.loads(artifact.meta["fisher_gains"])[matrix.name]
+                assert recorded == pytest.approx(ratio, rel=1e-4)
                 gain[power][matrix.name] = ratio
             if power in curvature:  # damped K-FAC curvature along u_i v_j^T, averaged
                 kept = u.norm(dim=0) > 0

@@ -276,14 +276,17 @@ def compute_basis(
             raw[matrix.name] = u_raw * v_raw
             longest = _gain(u[matrix.name])
             limits[matrix.name] = left * 0.999 / longest if longest > 0 else 1.0
-    if fisher_power:
-        for name, gain in fisher_gains(raw, limits, fisher_power).items():
-            u[name] = (u[name] * gain).contiguous()
+    gains = fisher_gains(raw, limits, fisher_power) if fisher_power else {}
+    for name, gain in gains.items():
+        u[name] = (u[name] * gain).contiguous()
     info = {"kind": ARTIFACT_KIND, "rank": str(rank), "damping": repr(damping)}
     if u:
         info.update(kind=KFAC_ARTIFACT_KIND, output_damping=repr(output_damping))
-    if fisher_power:
-        info.update(fisher_power=repr(fisher_power))
+    if fisher_power:  # the gains travel with the artifact, for whoever wants to see them
+        info.update(
+            fisher_power=repr(fisher_power),
+            fisher_gains=json.dumps({n: round(g, 6) for n, g in sorted(gains.items())}),
+        )
     info.update(meta or {})
     return encode(v, info, u)
 
