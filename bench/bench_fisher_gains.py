@@ -48,7 +48,9 @@ def summarize(gains: dict[str, float], power: float) -> dict:
     return {
         "fisher_vs_typical": fisher,
         "by_kind": {k: stats(v) for k, v in sorted(by_kind.items())},
-        "by_layer": {k: stats(v) for k, v in sorted(by_layer.items(), key=lambda kv: kv[0])},
+        "by_layer": {
+            k: stats(v) for k, v in sorted(by_layer.items(), key=lambda kv: (len(kv[0]), kv[0]))
+        },
         "gain_min": min(gains.values()),
         "gain_max": max(gains.values()),
     }
