@@ -14,7 +14,9 @@ A *K-FAC basis* (basis "kfac") also replaces U, by the top eigenvectors of K-FAC
 factor G = E[g g^T], g = dL/dy the loss's gradient at the layer's output, whitened the same
 way: directions then have covariance ~ G^-1 (x) A^-1 on the subspace, K-FAC's natural
 gradient preconditioner. G needs one backward pass per publisher batch (labels used): the
-publisher pays it once per artifact; peers only ever run forward passes along it.
+publisher pays it once per artifact; peers only ever run forward passes along it. Its
+factors also say how sharp each matrix is, so a K-FAC basis can scale the matrices against
+each other too (`fisher_gains`; off by default).
 
 Eigenvectors computed in floating point differ between machines in their last bits, so a
 basis is never recomputed by a replaying peer: it is an *artifact*, the exact bytes of a
