@@ -151,8 +151,8 @@ kfac)
   # against 0.709 +- 0.013 for the fixed activation basis) and then drifts down (0.727 +-
   # 0.023 at round 40): its step per unit of lr grows ~2.7x against the activation basis's
   # as training moves (bench/results/basis-gain*.md). Half the step; the matrices scaled by
-  # their Fisher^(1/4) (on two blocks at N = 64 ahead at rounds 10-20 by 2-3 SE, level at 40;
-  # full-model gains 0.26-3.0: docs/LEARNING.md); a cosine-decayed step; refreshed every 10 rounds
+  # their Fisher^(1/8) (on two blocks at N = 64 ahead through round 30, level at 40;
+  # full-model gains 0.51-1.73: docs/LEARNING.md); a cosine-decayed step; refreshed every 10 rounds
   # (seed-major); then the fixed activation basis over twice the rounds, the run the third
   # GPU session's call cut (act-T5 seed 2), the rest of `levers` and memory per peer.
   install_model
@@ -163,7 +163,7 @@ kfac)
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" \
-    --row "kfac-fixed-f0.25=$KFAC,$PICK,basis_fisher_power:0.25" \
+    --row "kfac-fixed-f0.125=$KFAC,$PICK,basis_fisher_power:0.125" \
     --row "kfac-fixed-cosine=$KFAC,$PICK,$COSINE" \
     --row "kfac-T10=${ACT/basis:activation/basis:kfac},$PICK,refresh_period:10"
   # The fixed activation basis was still gaining at round 40 (held-out loss 0.581 / 0.538 /
