@@ -147,14 +147,14 @@ class Partial:
 
 
 def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: int) -> dict:
-    from seedflood_p2p.algorithm.objective import on_model_device
+    from seedflood_p2p.algorithm.objective import differentiable_example_losses, on_model_device
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainable import find_trainable_matrices
     from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, train_local
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.artifacts import save_basis
-    from seedflood_p2p.workload.batching import make_batch, sample_batch
+    from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
@@ -181,6 +181,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         salt=f"bench-seed{seed}",
         **spec,
     )
+    task.calibration = config.calibration  # load_run_task's rule; the rows share one task
     curve: dict[int, tuple[float, float]] = {}
     wall0, cpu0 = time.time(), time.process_time()
     extra: dict[str, Any] = {}
@@ -201,16 +202,11 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             if step == args.rounds:
                 break
             examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
-            batch = make_batch(examples, tokenizer, task, config.max_length)
-            batch = on_model_device(model, batch)
-            ctx = cache.batch(examples, batch["attention_mask"]) if cache else _null()
-            with ctx:  # objective.py's losses run under no_grad: the same maths with grad
-                hidden = model.base_model(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                ).last_hidden_state
-                last = hidden[torch.arange(hidden.shape[0]), batch["target_positions"]]
-                logits = model.get_output_embeddings()(last)[:, batch["label_word_ids"]]
-                loss = torch.nn.functional.cross_entropy(logits.float(), batch["labels"])
+            rows = calibrated(task, examples)
+            batch = on_model_device(model, make_batch(rows, tokenizer, task, config.max_length))
+            ctx = cache.batch(rows, batch["attention_mask"]) if cache else _null()
+            with ctx:  # the peers' objective, with autograd
+                loss = differentiable_example_losses(model, batch, task.kind).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -2,7 +2,8 @@
 
 Batches come from `seedflood_p2p.workload.batching.make_batch`. Classification reads the
 logits of the label words (" terrible" / " great") at the end of the prompt
-and takes the cross-entropy over those words only, as MeZO does. Only the
+and takes the cross-entropy over those words only, as MeZO does; a calibrated task reads
+them relative to a content-free prompt's (`batching.calibrated`). Only the
 target positions go through the LM head, which saves its full-vocabulary
 matmul at every other position.
 """
@@ -37,7 +38,12 @@ def _label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     last = hidden[rows, batch["target_positions"]]
     logits = model.get_output_embeddings()(last)  # goes through the perturbation hooks
-    return logits[:, batch["label_word_ids"]].float()
+    logits = logits[:, batch["label_word_ids"]].float()
+    group = batch.get("calibration_group")
+    if group:  # each group's content-free row closes it (workload.batching.calibrated)
+        grouped = logits.view(-1, group, logits.shape[1])
+        logits = (grouped[:, :-1] - grouped[:, -1:]).reshape(-1, logits.shape[1])
+    return logits
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.rng import derive_key
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.storage.ledger import Ledger
-from seedflood_p2p.workload.batching import make_batch, sample_batch
+from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
 from seedflood_p2p.workload.data import Task
 
 log = logging.getLogger("seedflood.train")
@@ -57,11 +57,12 @@ def zo_step(
     """Estimate this peer's update for `round_`; returns (message, training loss)."""
     config = engine.config
     examples = sample_batch(task, batch_seed(config.run_key, peer, round_), config.batch_size)
-    batch = make_batch(examples, tokenizer, task, config.max_length)
     direction = engine.direction(peer, round_)
-    with _cached(prefix_cache, examples, batch):
+    rows = calibrated(task, examples, direction.count)
+    batch = make_batch(rows, tokenizer, task, config.max_length)
+    with _cached(prefix_cache, rows, batch):
         g, loss = engine.estimate(
-            lambda: example_losses(engine.model, batch, task.kind), direction, len(examples)
+            lambda: example_losses(engine.model, batch, task.kind), direction, len(rows)
         )
     if not all(math.isfinite(x) for x in g):
         raise FloatingPointError(f"non-finite projected gradient at round {round_}: lower lr")
@@ -88,8 +89,9 @@ def zo_steps(
     examples = [
         e for p in peers for e in sample_batch(task, batch_seed(config.run_key, p, round_), size)
     ]
-    batch = make_batch(examples, tokenizer, task, config.max_length)
     own = [engine.direction(p, round_) for p in peers]
+    rows = calibrated(task, examples, len(peers) * config.directions)
+    batch = make_batch(rows, tokenizer, task, config.max_length)
     stacked = Direction(
         b"",
         round_,
@@ -98,9 +100,9 @@ def zo_steps(
         np.concatenate([d.b for d in own]),
         np.concatenate([d.sign for d in own]),
     )
-    with _cached(prefix_cache, examples, batch):
+    with _cached(prefix_cache, rows, batch):
         g, losses = engine.two_point(
-            lambda: example_losses(engine.model, batch, task.kind), stacked, len(examples)
+            lambda: example_losses(engine.model, batch, task.kind), stacked, len(rows)
         )
     k = config.directions
     out = []
@@ -170,15 +172,16 @@ def evaluate_metrics(
     truth: list[int] = []
     for start in range(0, len(examples), config.batch_size):
         chunk = examples[start : start + config.batch_size]
-        batch = make_batch(chunk, tokenizer, task, config.max_length)
+        rows = calibrated(task, chunk)
+        batch = make_batch(rows, tokenizer, task, config.max_length)
         if classification:
-            with _cached(prefix_cache, chunk, batch):
+            with _cached(prefix_cache, rows, batch):
                 logits = label_word_logits(model, batch).cpu()
             loss = torch.nn.functional.cross_entropy(logits, batch["labels"]).item()
             predicted += logits.argmax(dim=-1).tolist()
             truth += batch["labels"].tolist()
         else:
-            with _cached(prefix_cache, chunk, batch):
+            with _cached(prefix_cache, rows, batch):
                 loss, _ = batch_loss(model, batch, task.kind)
             n = int((batch["labels"][:, 1:] != -100).sum())
             token_loss += loss * n
@@ -229,9 +232,10 @@ def make_basis(engine: ZerothOrderEstimator, tokenizer, task: Task, round_: int)
     what the run's basis publisher computes at an epoch's start."""
     config = engine.config
     examples = task.train[: config.basis_examples]
+    size = config.batch_size
     batches = (
-        make_batch(examples[i : i + config.batch_size], tokenizer, task, config.max_length)
-        for i in range(0, len(examples), config.batch_size)
+        make_batch(calibrated(task, examples[i : i + size]), tokenizer, task, config.max_length)
+        for i in range(0, len(examples), size)
     )
     return compute_basis(
         engine.model,

@@ -25,6 +25,7 @@ FLOAT16_MAX = 65504.0  # scalars travel as float16
 # so a message's step has the same size whoever sent it (with k = 1: the sign).
 NORMALIZE_CHOICES = ("none", "rms", "unit")
 BASIS_CHOICES = ("random", "activation", "kfac")
+CALIBRATION_CHOICES = ("", "content-free")  # = workload.data.CALIBRATIONS
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
@@ -49,6 +50,7 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "basis_fisher_power": 0.0,
     "basis_sha256": "",
     "step_rule": "per_update",
+    "calibration": "",
 }
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
 ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
@@ -136,6 +138,14 @@ class RunConfig:
     # "round_mean" each moves lr / max(n_t, n_ref), n_t the updates the ledger holds for the
     # round, so a full round is about one step however many peers it carries.
     step_rule: str = "per_update"
+    # "content-free": a classification's label logits are read relative to those of the
+    # template filled with "N/A", scored under the same direction (contextual calibration):
+    # the label prior, the loss's sharpest direction, leaves the estimates (docs/LEARNING.md).
+    # One more row per direction in each forward pass. "": the logits as they are.
+    calibration: str = field(
+        default="",
+        metadata={"help": "content-free: label logits relative to the prompt filled with N/A"},
+    )
 
     def __post_init__(self) -> None:
         problems = _type_problems(self)
@@ -200,6 +210,12 @@ class RunConfig:
             problems.append(
                 f"step_rule must be 'per_update' or 'round_mean' (got {_short(self.step_rule)})"
             )
+        if self.calibration not in CALIBRATION_CHOICES:
+            problems.append(
+                f"calibration must be 'content-free' or empty (got {_short(self.calibration)})"
+            )
+        elif self.calibration and self.kind in ("lm", "completion"):
+            problems.append(f"calibration needs a classification task (kind is '{self.kind}')")
         if self.base_sha256 and not _is_sha256(self.base_sha256):
             problems.append("base_sha256 must be empty or 64 lowercase hex digits")
         if self.dataset_sha256 and not _is_sha256(self.dataset_sha256):

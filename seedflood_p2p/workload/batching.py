@@ -21,7 +21,7 @@ from seedflood_p2p.workload.data import Example, Task
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["Batcher", "label_token_ids", "make_batch", "sample_batch"]
+__all__ = ["Batcher", "calibrated", "label_token_ids", "make_batch", "sample_batch"]
 
 
 def label_token_ids(
@@ -163,7 +163,12 @@ class Batcher:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         if kind == "classification":
             labels = []
+            group = _calibration_group(examples)
+            if group:
+                batch["calibration_group"] = group
             for ex in examples:
+                if ex.content_free:
+                    continue
                 if ex.label is None or not 0 <= ex.label < len(self._label_ids):
                     raise ValueError(
                         f"example without a valid label in a classification batch: {ex}"
@@ -222,6 +227,34 @@ def make_batch(
     re-tokenizing the label words each time.
     """
     return Batcher(task, tokenizer, max_length).make(examples)
+
+
+def calibrated(task: Task, examples: Sequence[Example], groups: int = 1) -> list[Example]:
+    """The rows of a batch of `examples` split into `groups` equal groups: as they are, or,
+    when the task calibrates, each group followed by the task's content-free prompt. A
+    group's label logits are then read relative to its own content-free row, scored under
+    the same direction (SubCGE gives each equal share of a batch its own direction), so the
+    label prior, the loss's one sharp direction, drops out of every estimate."""
+    if not task.calibration or task.kind != "classification":
+        return list(examples)
+    if groups < 1 or len(examples) % groups:
+        raise ValueError(f"{len(examples)} examples do not split into {groups} groups")
+    size = len(examples) // groups
+    rows: list[Example] = []
+    for g in range(groups):
+        rows += [*examples[g * size : (g + 1) * size], task.content_free]
+    return rows
+
+
+def _calibration_group(rows: Sequence[Example]) -> int:
+    """Rows per group (the content-free row last) of a calibrated batch; 0: not calibrated."""
+    marks = [i for i, ex in enumerate(rows) if ex.content_free]
+    if not marks:
+        return 0
+    group = marks[0] + 1
+    if group < 2 or len(rows) % group or marks != list(range(group - 1, len(rows), group)):
+        raise ValueError("content-free rows must close equal groups: build rows with calibrated()")
+    return group
 
 
 def sample_batch(task: Task, rng_seed: int, batch_size: int) -> list[Example]:

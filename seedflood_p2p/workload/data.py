@@ -18,6 +18,7 @@ Their tokenized tensors (prompts, label words, batches) are `workload/batching.p
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -57,6 +58,9 @@ log = logging.getLogger("seedflood.data")
 
 DEFAULT_TEMPLATE = "{text}\nIt was"
 DEFAULT_LABEL_WORDS = (" terrible", " great")
+# Calibration (RunConfig.calibration): what every field of the content-free prompt holds.
+CONTENT_FREE_TEXT = "N/A"
+CALIBRATIONS = ("", "content-free")
 MAX_LINE_BYTES = 8 << 20  # one row of a data file; longer lines are refused, never read whole
 
 
@@ -70,6 +74,9 @@ class Example:
     label: int | None = None
     fields: tuple[tuple[str, str], ...] = ()
     target: str | None = None
+    # The task's content-free prompt (Task.content_free): scored under each direction and
+    # subtracted from its group's label logits when the run calibrates; it has no label.
+    content_free: bool = False
 
     def values(self) -> dict[str, str]:
         """The template's fields of this example."""
@@ -92,10 +99,21 @@ class Task:
     test: list[Example]
     template: str = DEFAULT_TEMPLATE
     label_words: tuple[str, ...] = DEFAULT_LABEL_WORDS
+    # "content-free": a classification's label logits are read relative to those of the
+    # template filled with "N/A" (contextual calibration, Zhao et al. 2021); "": as they are.
+    calibration: str = ""
 
     @property
     def num_labels(self) -> int:
         return len(self.label_words) if self.kind == "classification" else 0
+
+    @functools.cached_property
+    def content_free(self) -> Example:
+        """The template with every field "N/A": one object per task, so per-example caches
+        that key on identity (algorithm/prefix_cache.py) keep it once."""
+        names = template_fields(self.template)
+        fields = tuple((n, CONTENT_FREE_TEXT) for n in names) if names != ["text"] else ()
+        return Example(CONTENT_FREE_TEXT, fields=fields, content_free=True)
 
 
 @dataclass(frozen=True)

@@ -138,12 +138,20 @@ def task_spec(config: RunConfig) -> tuple[TaskSpec, str]:
 def load_run_task(config: RunConfig, dataset: str | None = None) -> Task:
     """The run's task, read from `dataset` (default: the run's own `dataset` setting)."""
     spec, label_column = task_spec(config)
-    return load_task(
+    task = load_task(
         dataset or config.dataset,
         text_column=config.text_column,
         label_column=label_column,
         spec=spec,
     )
+    if config.calibration:
+        if task.kind != "classification":
+            raise UserError(
+                f"--calibration {config.calibration} needs a classification task; "
+                f"'{task.name}' is {task.kind}: leave --calibration out"
+            )
+        task.calibration = config.calibration
+    return task
 
 
 _LOCAL_SUFFIXES = (".jsonl", ".csv", ".json", ".txt", ".tsv", ".gguf", ".safetensors")
