@@ -153,7 +153,8 @@ kfac)
   # as training moves (bench/results/basis-gain*.md). Half the step; the matrices scaled by
   # their Fisher^(1/8) (on two blocks at N = 64 ahead through round 30, level at 40;
   # full-model gains 0.51-1.73: docs/LEARNING.md); a cosine-decayed step; refreshed every 10 rounds
-  # (seed-major); then the fixed activation basis over twice the rounds, the run the third
+  # (seed-major), after the calibrated rows below; then the fixed activation basis over
+  # twice the rounds, the run the third
   # GPU session's call cut (act-T5 seed 2), the rest of `levers` and memory per peer.
   install_model
   [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-rounds*.json "$OUT"/ 2>/dev/null
@@ -161,6 +162,15 @@ kfac)
   FIXED=${ACT/basis_refresh:1/basis_refresh:0}
   KFAC=${FIXED/basis:activation/basis:kfac}
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
+  # First (eighth CPU session): content-free calibration, the label prior out of the loss
+  # (zero-shot 0.493 -> 0.634; on two blocks a small gain at N = 4 and 16: docs/LEARNING.md).
+  # The best round-40 row and Adam at 1e-4 with it (seed-major), then the demo's N = 4.
+  CAL="calibration:content-free"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
+    --row "act-fixed-cal=$FIXED,$PICK,$CAL" --row "adam-lr1e-4-cal=method:adam,lr:1e-4,$CAL" \
+    --row "kfac-fixed-cal=$KFAC,$PICK,$CAL"
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 4 --rows "" --out gpu-rounds \
+    --row "act-fixed-nref16-cal=${FIXED/n_ref:4/n_ref:16},$PICK,$CAL"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" \
     --row "kfac-fixed-f0.125=$KFAC,$PICK,basis_fisher_power:0.125" \
