@@ -162,3 +162,12 @@ def test_calibrated_training_learns_and_replays_from_the_ledger(tmp_path):
     live = dict(model.named_parameters())
     for name, weight in fresh.named_parameters():
         assert torch.allclose(weight, live[name], atol=1e-5), name
+
+
+def test_model_card_of_a_calibrated_run_says_how_to_read_its_logits():
+    from seedflood_p2p.apps.export import model_card
+
+    card = model_card(RunConfig(calibration="content-free"), {}, {"accuracy": 0.7})
+    assert "| calibration | content-free" in card
+    assert 'every\nfield "N/A"' in card
+    assert "calibration" not in model_card(RunConfig(), {}, {"accuracy": 0.7})

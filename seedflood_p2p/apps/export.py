@@ -194,6 +194,8 @@ def model_card(config: RunConfig, facts: dict, metrics: dict[str, float] | None)
     if spec.kind in ("", "classification"):
         words = ", ".join(json.dumps(w) for w in spec.label_words)
         lines.append(f"| label words | {words} (column `{label_column}`) |")
+    if config.calibration:
+        lines.append(f"| calibration | {config.calibration} (below) |")
     lines += ["", "## Held-out figures", ""]
     if metrics is None:
         lines.append(f"Not computed: {facts.get('eval_skipped', 'no data')}")
@@ -214,4 +216,11 @@ def model_card(config: RunConfig, facts: dict, metrics: dict[str, float] | None)
         "The run's settings are in `seedflood_run.json` (its SHA-256 is the run id).",
         "",
     ]
+    if config.calibration:
+        lines += [
+            "The run was trained, and the figures above scored, with content-free calibration:",
+            "read a prompt's label-word logits minus those of the same template with every",
+            'field "N/A". The raw logits alone carry a label prior the run did not train away.',
+            "",
+        ]
     return "\n".join(lines)
