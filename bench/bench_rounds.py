@@ -410,7 +410,10 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
                 es.append(statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else 0)
         settings = group[0]["settings"]
         adam = settings["method"] == "adam"
-        label = f"Adam lr {settings['lr']:g} (1 machine)" if adam else f"{row}, N={peers}"
+        label = f"{row}, N={peers}"
+        if adam:
+            named = "" if row == "adam" else f", {row}"
+            label = f"Adam lr {settings['lr']:g} (1 machine){named}"
         ax.errorbar(
             xs,
             ys,
