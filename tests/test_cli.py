@@ -340,6 +340,11 @@ def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
     (tmp_path / "typo.toml").write_text('peers = "nine"\n')
     line = _error_line(capsys, ["simulate", "--config", str(tmp_path / "typo.toml")])
     assert "setting 'peers' must be int, got 'nine'" in line
+    from seedflood_p2p.apps.demo import DEMO_DEFAULTS
+    from seedflood_p2p.core.flags import run_config_from_args
+
+    demo = build_parser().parse_args(["demo"])
+    assert run_config_from_args(demo, defaults=DEMO_DEFAULTS).calibration == "content-free"
     (tmp_path / "bad.toml").write_text("minutes = -1\n")
     line = _error_line(capsys, ["demo", "--config", str(tmp_path / "bad.toml")])
     assert "--minutes > 0" in line

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from seedflood_p2p.apps.cli import main
+from seedflood_p2p.core.flags import to_toml
 
-from helpers.cluster import run_toml, start_bootstrap, start_peer
+from helpers.cluster import RUN, run_toml, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 TEST_EXAMPLES = 400  # synthetic-sentiment's test split: the final score takes all of it
@@ -14,11 +15,14 @@ TEST_EXAMPLES = 400  # synthetic-sentiment's test split: the final score takes a
 
 def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     work = tmp_path / "demo"
+    # calibrated, as the demo's default is (RUN's TOML sets every field, so say it here)
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(RUN.replace(calibration="content-free")))
     code = main(
         [
             "demo",
             "--config",
-            str(run_toml(tmp_path)),
+            str(config),
             "--peers",
             "3",
             "--rounds",
@@ -41,6 +45,7 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     assert {e["eval_examples"] for e in summary["evals"]} == {64}  # each eval says on how many
     final = summary["final_eval"]  # the replayed model on up to 1000 test examples
     assert final["eval_examples"] == TEST_EXAMPLES and 0 <= final["accuracy"] <= 1
+    assert final["calibration"] == "content-free"  # read through real daemons and replay
     assert f"replayed model on {TEST_EXAMPLES} held-out examples" in out
     assert (work / "demo.png").stat().st_size > 20_000
     assert summary["progress"]["round"] in (11, 12)  # progress read from the peers' events
