@@ -368,7 +368,10 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
             se = statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else float("nan")
             cells.append(f"{mean:.3f} +- {se:.3f}" if len(accs) > 1 else f"{mean:.3f}")
         cpu = statistics.fmean(g["cpu_s"] for g in group)
-        lines.append(f"| {row} | {peers} | {len(group)} | " + " | ".join(cells) + f" | {cpu:.0f} |")
+        copied = {g["copied_from"] for g in group if g.get("copied_from")}  # a reference row
+        name = f"{row} (from {', '.join(sorted(copied))}; CPU-s of its runs)" if copied else row
+        cells.append(f"{cpu:.0f}")
+        lines.append(f"| {name} | {peers} | {len(group)} | " + " | ".join(cells) + " |")
     lines += ["", "Row settings:", ""]
     for row in sorted({r["row"] for r in runs}):
         settings = next(r["settings"] for r in runs if r["row"] == row)
