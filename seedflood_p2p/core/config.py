@@ -25,7 +25,7 @@ FLOAT16_MAX = 65504.0  # scalars travel as float16
 # so a message's step has the same size whoever sent it (with k = 1: the sign).
 NORMALIZE_CHOICES = ("none", "rms", "unit")
 BASIS_CHOICES = ("random", "activation", "kfac")
-CALIBRATION_CHOICES = ("", "content-free")  # = workload.data.CALIBRATIONS
+CALIBRATION_CHOICES = ("", "content-free")
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`

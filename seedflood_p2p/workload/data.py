@@ -60,7 +60,6 @@ DEFAULT_TEMPLATE = "{text}\nIt was"
 DEFAULT_LABEL_WORDS = (" terrible", " great")
 # Calibration (RunConfig.calibration): what every field of the content-free prompt holds.
 CONTENT_FREE_TEXT = "N/A"
-CALIBRATIONS = ("", "content-free")
 MAX_LINE_BYTES = 8 << 20  # one row of a data file; longer lines are refused, never read whole
 
 
