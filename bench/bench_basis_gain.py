@@ -47,7 +47,7 @@ def main() -> None:
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import make_basis
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.workload.batching import make_batch
+    from seedflood_p2p.workload.batching import calibrated, make_batch
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
@@ -62,6 +62,7 @@ def main() -> None:
                         help="measure after this many first-order Adam steps (batch 16), "
                         "with the bases of the base weights and fresh ones")  # fmt: skip
     parser.add_argument("--adam-lr", type=float, default=1e-4)
+    parser.add_argument("--calibration", default="", help='"content-free": as RunConfig')
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", default="basis-gain")
     parser.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
@@ -72,8 +73,10 @@ def main() -> None:
     model, tokenizer = load_model(args.model)
     task = load_task(args.task)
     task.train = task.train[: args.train_examples]
+    task.calibration = args.calibration  # the bases' G and the gradient read labels this way
     common = dict(model=args.model, dataset=args.task, train_only=args.train_only,
-                  rank=args.rank, directions=16, salt="bench-seed0")  # fmt: skip
+                  rank=args.rank, directions=16, salt="bench-seed0",
+                  calibration=args.calibration)  # fmt: skip
     rows: dict[str, dict] = {}
     engines: dict[str, object] = {}
 
@@ -109,7 +112,8 @@ def main() -> None:
         pool = task.train[args.grad_examples :]
         for step in range(args.adam_steps):
             chunk = [pool[(step * 16 + i) % len(pool)] for i in range(16)]
-            batch = on_model_device(model, make_batch(chunk, tokenizer, task, 512))
+            rows_i = calibrated(task, chunk)
+            batch = on_model_device(model, make_batch(rows_i, tokenizer, task, 512))
             loss = differentiable_example_losses(model, batch, task.kind).mean()
             opt.zero_grad()
             loss.backward()
@@ -120,7 +124,8 @@ def main() -> None:
     trainable(matrices)
     examples = task.train[: args.grad_examples]
     for i in range(0, len(examples), 16):
-        batch = on_model_device(model, make_batch(examples[i : i + 16], tokenizer, task, 512))
+        rows_i = calibrated(task, examples[i : i + 16])
+        batch = on_model_device(model, make_batch(rows_i, tokenizer, task, 512))
         loss = differentiable_example_losses(model, batch, task.kind).sum() / len(examples)
         loss.backward()
     grads = [m.weight.grad.detach().clone() for m in matrices]
@@ -135,6 +140,7 @@ def main() -> None:
         row["descent_vs_random"] = row["descent_per_lr"] / ref["descent_per_lr"]
         row["descent_vs_activation"] = row["descent_per_lr"] / rows["activation"]["descent_per_lr"]
     out = {"model": args.model, "task": args.task, "rank": args.rank, "grad_sq": grad_sq,
+           "calibration": args.calibration,
            "adam_steps": args.adam_steps, "adam_lr": args.adam_lr,
            "grad_examples": len(examples), "matrices": len(matrices), "rows": rows,
            "command": "python " + " ".join(sys.argv), "seconds": time.time() - t0}  # fmt: skip
