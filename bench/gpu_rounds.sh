@@ -164,13 +164,17 @@ kfac)
   COSINE="lr_schedule:cosine,total_rounds:$ROUNDS"
   # First (eighth CPU session): content-free calibration, the label prior out of the loss
   # (zero-shot 0.493 -> 0.634; on two blocks a small gain at N = 4 and 16: docs/LEARNING.md).
-  # The best round-40 row and Adam at 1e-4 with it (seed-major), then the demo's N = 4.
+  # The best round-40 row and Adam at 1e-4 with it (seed-major). (The demo's N = 4 with
+  # the fixed activation basis was measured on the CPU in the ninth session.)
   CAL="calibration:content-free"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "act-fixed-cal=$FIXED,$PICK,$CAL" --row "adam-lr1e-4-cal=method:adam,lr:1e-4,$CAL" \
     --row "kfac-fixed-cal=$KFAC,$PICK,$CAL"
-  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 4 --rows "" --out gpu-rounds \
-    --row "act-fixed-nref16-cal=${FIXED/n_ref:4/n_ref:16},$PICK,$CAL"
+  # The square-root rule (docs/LEARNING.md, "Next"): a round of N moves sqrt(N / 64) of the
+  # 64-peer step. It fits N = 4 (n_ref 16) and 64; at N = 16 it says n_ref 32 (the 64-peer
+  # step itself, n_ref 4, diverged there: 0.574 +- 0.013 at round 40).
+  "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 16 --rows "" --out gpu-rounds \
+    --row "act-fixed-nref32-cal=${FIXED/n_ref:4/n_ref:32},$PICK,$CAL"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" \
     --row "kfac-fixed-f0.125=$KFAC,$PICK,basis_fisher_power:0.125" \
