@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import sys
 import time
@@ -39,6 +38,8 @@ ROW = (
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
+    import bench_rounds as rounds_bench  # a sibling script: its folder is on sys.path
+
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainer import evaluate, train_local
@@ -46,9 +47,6 @@ def measure(args: argparse.Namespace) -> list[dict]:
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
-    spec = importlib.util.spec_from_file_location("bench_rounds", ROOT / "bench/bench_rounds.py")
-    rounds_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rounds_bench)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model("smollm2-135m")
@@ -83,6 +81,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     def on_round(record) -> None:
         r = record.round + 1
         history[r] = [w.detach().clone() for w in weights]
+        if r > 11:  # keep the base and the last 10 rounds: all the windows need
+            history.pop(r - 11, None)
         if r % 10:
             return
         now = history[r]
