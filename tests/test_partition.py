@@ -35,8 +35,8 @@ def test_partition_heals_to_one_ledger(tmp_path):
     # Both sides knew they were cut off, and named the other side.
     seen = result["partitioned_seen"]
     assert set(seen) == {2, HOSTS}, seen
-    assert result["peer_ids"][2] in seen[HOSTS]["unreachable"], seen
-    assert result["peer_ids"][HOSTS] in seen[2]["unreachable"], seen
+    assert result["peer_ids"][2] in seen[HOSTS]["named"], seen
+    assert result["peer_ids"][HOSTS] in seen[2]["named"], seen
     # Both sides trained on through the cut.
     assert all(r > 8 for r in result["rounds_at_heal"].values()), result["rounds_at_heal"]
     # One ledger, with every peer's every round, after the heal.

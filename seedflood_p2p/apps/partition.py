@@ -203,13 +203,19 @@ def run_partition(
 
         testnet.cut(True)
         cut_at = time.time()
-        partitioned_seen = {}  # host -> the status' network view when it said so
+        # host -> the status' network view when it first said so, with every peer it
+        # named unreachable during the cut: each peer's dial fails on its own timer, so
+        # the first view may name only some of the other side.
+        partitioned_seen = {}
         while time.time() - cut_at < partition_s:
             for h in (2, HOSTS):
-                if h not in partitioned_seen:
-                    network = testnet.status(h)["network"]
-                    if network["state"] == "partitioned":
-                        partitioned_seen[h] = {**network, "after_s": time.time() - cut_at}
+                network = testnet.status(h)["network"]
+                if network["state"] != "partitioned":
+                    continue
+                seen = partitioned_seen.setdefault(
+                    h, {**network, "after_s": time.time() - cut_at, "named": []}
+                )
+                seen["named"] = sorted(set(seen["named"]) | set(network["unreachable"]))
             time.sleep(1)
         rounds_at_heal = {h: p.last_round() for h, p in peers.items()}
         testnet.cut(False)
