@@ -21,7 +21,7 @@ from seedflood_p2p.algorithm.basis import (
 from seedflood_p2p.algorithm.objective import differentiable_example_losses, example_losses
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.replay import replay
-from seedflood_p2p.algorithm.subcge import SubCGE, layer_basis, step_coefficients
+from seedflood_p2p.algorithm.subcge import SubCGE, layer_basis, step_coefficients, step_divisor
 from seedflood_p2p.algorithm.trainer import basis_due, make_basis, train_local
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -406,6 +406,25 @@ def test_round_mean_averages_a_rounds_updates():
     assert np.allclose(step_coefficients(g, 0, per_update, 64), 0.1 / (4 * 2) * unit)
 
 
+def test_round_sqrt_moves_the_square_root_of_a_small_rounds_share():
+    """Below n_ref a round of n moves sqrt(n / n_ref) of a full round's step (each update
+    lr / sqrt(n n_ref)); from n_ref on, as round_mean, each update lr / n."""
+    config = RunConfig(step_rule="round_sqrt", n_ref=64, lr=0.1, directions=2, batch_size=16)
+    g = (3.0, -4.0)
+    unit = np.array(g) / np.sqrt(np.mean(np.square(g)))
+    for size, divisor in ((1, 8.0), (4, 16.0), (16, 32.0), (64, 64.0), (100, 100.0)):
+        assert step_divisor(config, size) == divisor
+        coef = step_coefficients(g, 0, config, size)
+        assert np.allclose(coef, 0.1 / (divisor * 2) * unit)
+        round_step = size * 0.1 / divisor  # what the round's mean update moves, in lr
+        assert np.isclose(round_step, 0.1 * min(1.0, np.sqrt(size / 64)))
+    # round_mean at the same n_ref: a round of 4 moves 4/64 of the step, not sqrt(4/64)
+    assert step_divisor(config.replace(step_rule="round_mean"), 4) == 64.0
+    assert step_divisor(config.replace(step_rule="per_update"), 4) == 64.0
+    with pytest.raises(UserError, match="step_rule 'round_sqrt' needs the subcge estimator"):
+        RunConfig(step_rule="round_sqrt", estimator="naive")
+
+
 def test_round_mean_depends_on_the_rounds_size_in_the_ledger(tiny):
     config = _config(basis="random", step_rule="round_mean", n_ref=1)
     messages = [
@@ -444,7 +463,7 @@ def test_settings_added_later_keep_old_run_ids():
     assert config.run_id != RunConfig().run_id
     for bad, why in (
         (dict(basis="hessian"), "basis must be"),
-        (dict(step_rule="sum"), "step_rule must be"),
+        (dict(step_rule="sum"), "step_rule must be one of per_update, round_mean, round_sqrt"),
         (dict(basis_damping=0.0), "basis_damping"),
         (dict(basis_output_damping=-1.0), "basis_output_damping"),
         (dict(basis="kfac", basis_fisher_power=1.5), "basis_fisher_power must be in"),

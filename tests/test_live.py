@@ -236,28 +236,35 @@ def _envelope(message: UpdateMessage) -> Envelope:
     return Envelope(encode_update(CONFIG.run_id, message.round, message.scalars), b"", b"")
 
 
-# -- step_rule "round_mean": a late row re-scales its round --------------------------------
-ROUND_MEAN = CONFIG.replace(step_rule="round_mean", n_ref=2)
+# -- round-sized step rules: a late row re-scales its round --------------------------------
+# round_mean with n_ref 2 (rounds of 3-5 rows move at lr / n); round_sqrt with n_ref 8
+# (every round below n_ref: lr / sqrt(n n_ref)).
+ROUND_SIZED = [CONFIG.replace(step_rule="round_mean", n_ref=2)]
+ROUND_SIZED.append(CONFIG.replace(step_rule="round_sqrt", n_ref=8))
+round_sized = pytest.mark.parametrize("config", ROUND_SIZED, ids=lambda c: c.step_rule)
 
 
-def _round_mean_live(ledger: Ledger | None = None) -> LiveModel:
-    model, _ = load_model(ROUND_MEAN.model)
-    return LiveModel(make_estimator(model, ROUND_MEAN), ledger)
+def _round_mean_live(config: RunConfig, ledger: Ledger | None = None) -> LiveModel:
+    model, _ = load_model(config.model)
+    return LiveModel(make_estimator(model, config), ledger)
 
 
-def _assert_round_mean_replay(live: LiveModel, rows: list[UpdateMessage]) -> None:
-    model, _ = load_model(ROUND_MEAN.model)
-    replay(model, ROUND_MEAN, sorted(rows, key=lambda m: (m.round, m.peer)))
-    for name, tensor in LiveModel(make_estimator(model, ROUND_MEAN)).weights().items():
+def _assert_round_mean_replay(
+    config: RunConfig, live: LiveModel, rows: list[UpdateMessage]
+) -> None:
+    model, _ = load_model(config.model)
+    replay(model, config, sorted(rows, key=lambda m: (m.round, m.peer)))
+    for name, tensor in LiveModel(make_estimator(model, config)).weights().items():
         torch.testing.assert_close(
             live.weights()[name], tensor, atol=LIVE_VS_REPLAY_ATOL, rtol=0, msg=name
         )
 
 
-def test_round_mean_late_rows_and_take_backs_end_where_the_replay_is():
-    """Rows of 5 peers (n_ref 2) arrive shuffled in batches, some taken back (negated) and
-    put back again; the live model re-scales each round as its size changes and ends
-    where a replay of the rows it holds is, whose steps use each round's final size."""
+@round_sized
+def test_round_mean_late_rows_and_take_backs_end_where_the_replay_is(config):
+    """Rows of 5 peers arrive shuffled in batches, some taken back (negated) and put back
+    again; the live model re-scales each round as its size changes and ends where a
+    replay of the rows it holds is, whose steps use each round's final size."""
     messages = _messages(12, 5)
     for seed in (1, 2):
         rng = random.Random(seed)
@@ -266,40 +273,43 @@ def test_round_mean_late_rows_and_take_backs_end_where_the_replay_is():
         taken = rng.sample(messages, 8)
         events[20:20] = [m.negated() for m in taken[:4]]  # taken back, some for good
         events += [m.negated() for m in taken[4:]] + taken[4:6]  # ... and two put back
-        live = _round_mean_live()
+        live = _round_mean_live(config)
         for start in range(0, len(events), 7):
             live.apply(events[start : start + 7])
         gone = {(m.peer, m.round) for m in taken[:4] + taken[6:]}
         kept = [m for m in messages if (m.peer, m.round) not in gone]
         assert sum(len(rows) for rows in live.held.values()) == len(kept)
-        _assert_round_mean_replay(live, kept)
+        _assert_round_mean_replay(config, live, kept)
         # the step rule matters: a per-update replay of the same rows is elsewhere
         model, _ = load_model(CONFIG.model)
-        replay(model, CONFIG.replace(n_ref=2), sorted(kept, key=lambda m: (m.round, m.peer)))
+        per_update = config.replace(step_rule="per_update")
+        replay(model, per_update, sorted(kept, key=lambda m: (m.round, m.peer)))
         other = LiveModel(make_estimator(model, CONFIG)).weights()
         assert any(
             (other[n] - w).abs().max() > 10 * LIVE_VS_REPLAY_ATOL for n, w in live.weights().items()
         )
 
 
-def test_round_mean_restart_from_a_checkpoint_re_scales_the_rounds_a_tail_joins(tmp_path):
+@round_sized
+def test_round_mean_restart_from_a_checkpoint_re_scales_the_rounds_a_tail_joins(config, tmp_path):
     messages = _messages(10, 4)
     late = [m for m in messages if m.peer == messages[3].peer and 2 <= m.round <= 4]
-    ledger = Ledger(":memory:", ROUND_MEAN.run_id)
+    ledger = Ledger(":memory:", config.run_id)
     ledger.add([m for m in messages[:28] if m not in late])
-    live = _round_mean_live(ledger)
+    live = _round_mean_live(config, ledger)
     live.restore(live.cut())
     live.checkpoint(tmp_path, live.cut(), {"round": 7})
     ledger.add(late + messages[28:])  # rows of rounds the checkpoint covers, and new rounds
-    restarted = _round_mean_live(ledger)
+    restarted = _round_mean_live(config, ledger)
     how = restarted.restore(restarted.cut(), tmp_path)
     assert how == f"checkpoint of round 7 + {len(late) + 12} ledger messages after it"
-    _assert_round_mean_replay(restarted, messages)
+    _assert_round_mean_replay(config, restarted, messages)
 
 
-def test_round_mean_trial_states_put_back_the_weights_and_what_they_hold():
+@round_sized
+def test_round_mean_trial_states_put_back_the_weights_and_what_they_hold(config):
     messages = _messages(6, 4)
-    live = _round_mean_live()
+    live = _round_mean_live(config)
     live.apply(messages)
     saved = live.save_state()
     before = {n: w.clone() for n, w in live.weights().items()}
@@ -309,4 +319,4 @@ def test_round_mean_trial_states_put_back_the_weights_and_what_they_hold():
     assert sorted(live.held) == list(range(6))
     assert all(torch.equal(before[n], w) for n, w in live.weights().items())
     live.apply([messages[0].negated()])  # round 0 shrinks 4 -> 3: the rest re-scaled
-    _assert_round_mean_replay(live, messages[1:])
+    _assert_round_mean_replay(config, live, messages[1:])

@@ -21,10 +21,11 @@ Taking the cut where accepts run, with no other work in between, puts every upda
 exactly one of the cut and the new pending list: none applied twice, none missed.
 
 Under step_rule "round_mean" an update's step is lr / max(n_t, n_ref), n_t the updates its
-round holds, so a row arriving late (or taken back) changes the step of every row of its
-round already applied. The live model keeps the rows it holds per round (`held`) and, when
-a round's size changes, re-scales that round's applied rows: each is added again at the
-new size and taken back at the old one (two more additions each, O(n_t) for the round).
+round holds ("round_sqrt": lr / sqrt(n_t n_ref) below n_ref), so a row arriving late (or
+taken back) changes the step of every row of its round already applied. The live model
+keeps the rows it holds per round (`held`) and, when a round's size changes, re-scales
+that round's applied rows: each is added again at the new size and taken back at the old
+one (two more additions each, O(n_t) for the round).
 A replay applies each row once at the ledger's final size; the live weights agree with it
 to float32 rounding, as for any late row.
 """
@@ -40,7 +41,7 @@ import torch
 
 from seedflood_p2p.algorithm.basis import BasisSchedule
 from seedflood_p2p.algorithm.replay import replay
-from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator
+from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator, step_divisor
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
     cut_contains,
@@ -69,7 +70,7 @@ class LiveModel:
         self.engine = engine
         self.ledger = ledger  # needed by `cut` only
         self.pending: list[UpdateMessage] = []
-        # step_rule "round_mean" only: round -> peer -> the scalars applied for it
+        # round-sized step rules only: round -> peer -> the scalars applied for it
         self.held: dict[int, dict[bytes, tuple[float, ...]]] = {}
 
     @property
@@ -112,7 +113,7 @@ class LiveModel:
         """Fold `messages` into the weights; the sender's own update goes through here too,
         with the float16 scalars it published, so it applies what every receiver applies.
         A message that negates a held row takes that row back."""
-        if self.config.step_rule != "round_mean":
+        if not self.config.round_sized:
             count = self.engine.accumulate(messages)
             self.engine.commit()
             return count
@@ -131,7 +132,7 @@ class LiveModel:
             # new size (if held now), taken back at the old one (if held before).
             added = [UpdateMessage(round_, p, g) for p, g in sorted(new.items())]
             taken = [UpdateMessage(round_, p, g).negated() for p, g in sorted(old.items())]
-            if len(old) == len(new) or max(len(old), len(new)) <= self.config.n_ref:
+            if step_divisor(self.config, len(old)) == step_divisor(self.config, len(new)):
                 # same step size: only the rows that changed
                 added = [m for m in added if old.get(m.peer) != m.scalars]
                 taken = [m for m in taken if new.get(m.peer) != m.negated().scalars]
@@ -142,8 +143,8 @@ class LiveModel:
 
     def hold(self, messages: Iterable[UpdateMessage]) -> None:
         """Record `messages` as what the weights hold (they were put there by a replay or a
-        checkpoint), so later rows of their rounds re-scale them (step_rule "round_mean")."""
-        if self.config.step_rule == "round_mean":
+        checkpoint), so later rows of their rounds re-scale them (a round-sized step rule)."""
+        if self.config.round_sized:
             self.held = {}
             for m in messages:
                 self.held.setdefault(m.round, {})[m.peer] = m.scalars
@@ -233,7 +234,7 @@ class LiveModel:
             )
             return None
         self.load_weights(weights)
-        if self.config.step_rule == "round_mean":  # the tail re-scales the rounds it joins
+        if self.config.round_sized:  # the tail re-scales the rounds it joins
             self.hold(inside)
             self.apply(tail)
         else:

@@ -48,7 +48,7 @@ def replay(
     for first_epoch, sha in schedule.entries if schedule else []:
         engine.add_basis(first_epoch, schedule.artifacts[sha])
     round_sizes = None
-    if config.step_rule == "round_mean":  # a round's step depends on its size: count first
+    if config.round_sized:  # a round's step depends on its size: count first
         messages = list(messages)
         round_sizes = Counter(m.round for m in messages)
     buffer: list[UpdateMessage] = []

@@ -64,8 +64,9 @@ def step_coefficients(
     scalars: tuple[float, ...], round_: int, config: RunConfig, round_size: int = 1
 ) -> np.ndarray:
     """The step size of each of a message's directions: a pure function of the message, the
-    run settings (see `RunConfig.normalize`, `RunConfig.step_rule`) and, under "round_mean",
-    how many updates the ledger holds for the round; the same on every peer and in replay."""
+    run settings (see `RunConfig.normalize`, `RunConfig.step_rule`) and, under "round_mean"
+    or "round_sqrt", how many updates the ledger holds for the round; the same on every peer
+    and in replay."""
     g = np.asarray(scalars, dtype=np.float64)
     if config.normalize == "unit":  # no clip first: it would bend the direction of k > 1
         rms = math.sqrt(float(np.mean(g * g)))
@@ -75,13 +76,23 @@ def step_coefficients(
     return config.lr_at(round_) / (step_divisor(config, round_size) * len(g)) * g
 
 
-def step_divisor(config: RunConfig, round_size: int) -> int:
-    """n_ref, or under "round_mean" max(updates in the round, n_ref): the round's updates are
-    averaged, so 64 peers make one better step rather than 64 steps, and n_ref keeps a round
-    of a few peers from taking a whole step on a noisy estimate."""
+def step_divisor(config: RunConfig, round_size: int) -> float:
+    """What an update's lr is divided by, from the updates its round holds (n >= 1):
+
+    - "per_update": n_ref, whatever the round holds;
+    - "round_mean": max(n, n_ref): the round's updates are averaged, so 64 peers make one
+      better step rather than 64 steps, and n_ref keeps a round of a few peers from taking
+      a whole step on a noisy estimate (a round of n < n_ref moves n / n_ref of it);
+    - "round_sqrt": sqrt(n * n_ref) below n_ref, n from it: a round of n < n_ref moves
+      sqrt(n / n_ref) of a full round's step, as the mean of n noisy estimates (1/n of one's
+      variance) warrants. IEEE sqrt is correctly rounded: the same on every machine.
+    """
+    n = max(int(round_size), 1)
     if config.step_rule == "round_mean":
-        return max(int(round_size), config.n_ref)
-    return config.n_ref
+        return float(max(n, config.n_ref))
+    if config.step_rule == "round_sqrt":
+        return float(n) if n >= config.n_ref else math.sqrt(n * config.n_ref)
+    return float(config.n_ref)
 
 
 def message_coordinates(
@@ -387,7 +398,7 @@ class SubCGE(ZerothOrderEstimator):
         floats; message i adds value[i, j] at index[i, j], in the order of j (direction
         major, then layer). `accumulate` and the simulator's per-peer backlog both fold
         these entries, so they agree to the bit. `round_sizes` (round -> updates the ledger
-        holds for it) matters under step_rule "round_mean" only; without it each round's size
+        holds for it) matters under a round-sized step rule only; without it each round's size
         is its count among `messages`."""
         L, r, k = len(self.matrices), self.config.rank, self.config.directions
         if any(len(m.scalars) != k for m in messages):
@@ -396,7 +407,7 @@ class SubCGE(ZerothOrderEstimator):
         a, b, sign = message_coordinates(
             self.run_key, [m.peer for m in messages], [m.round for m in messages], L, r, k
         )
-        if round_sizes is None and self.config.step_rule == "round_mean":
+        if round_sizes is None and self.config.round_sized:
             round_sizes = Counter(m.round for m in messages)
         sizes = round_sizes or {}
         coef = np.stack([self.coefficients(m, sizes.get(m.round, 1)) for m in messages])

@@ -26,6 +26,9 @@ FLOAT16_MAX = 65504.0  # scalars travel as float16
 NORMALIZE_CHOICES = ("none", "rms", "unit")
 BASIS_CHOICES = ("random", "activation", "kfac")
 CALIBRATION_CHOICES = ("", "content-free")
+# "per_update": a fixed step per update; the others scale it by the round's size in the
+# ledger (subcge.step_divisor).
+STEP_RULES = ("per_update", "round_mean", "round_sqrt")
 MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
@@ -136,8 +139,13 @@ class RunConfig:
     basis_sha256: str = ""  # (filled in by the bootstrap)
     # How a round's updates share a step: "per_update" each moves lr / n_ref (as always);
     # "round_mean" each moves lr / max(n_t, n_ref), n_t the updates the ledger holds for the
-    # round, so a full round is about one step however many peers it carries.
-    step_rule: str = "per_update"
+    # round, so a full round is about one step however many peers it carries; "round_sqrt"
+    # each moves lr / sqrt(n_t * n_ref) below n_ref and lr / n_t from it: a round of n_t
+    # moves sqrt(n_t / n_ref) of a full round's step (docs/LEARNING.md, "The round step").
+    step_rule: str = field(
+        default="per_update",
+        metadata={"choices": STEP_RULES, "help": "how a round's updates share a step"},
+    )
     # "content-free": a classification's label logits are read relative to those of the
     # template filled with "N/A", scored under the same direction (contextual calibration):
     # the label prior, the loss's sharpest direction, leaves the estimates (docs/LEARNING.md).
@@ -204,12 +212,12 @@ class RunConfig:
             )
         elif self.basis_fisher_power and self.basis != "kfac":
             problems.append("basis_fisher_power needs basis 'kfac' (it scales by K-FAC's Fisher)")
-        if self.step_rule == "round_mean" and self.estimator != "subcge":
-            problems.append("step_rule 'round_mean' needs the subcge estimator")
-        if self.step_rule not in ("per_update", "round_mean"):
+        if self.step_rule not in STEP_RULES:
             problems.append(
-                f"step_rule must be 'per_update' or 'round_mean' (got {_short(self.step_rule)})"
+                f"step_rule must be one of {', '.join(STEP_RULES)} (got {_short(self.step_rule)})"
             )
+        elif self.round_sized and self.estimator != "subcge":
+            problems.append(f"step_rule '{self.step_rule}' needs the subcge estimator")
         if self.calibration not in CALIBRATION_CHOICES:
             problems.append(
                 f"calibration must be 'content-free' or empty (got {_short(self.calibration)})"
@@ -249,6 +257,12 @@ class RunConfig:
 
     def epoch_of(self, round_: int) -> int:
         return round_ // self.refresh_period
+
+    @property
+    def round_sized(self) -> bool:
+        """Whether an update's step depends on how many updates its round holds (then a
+        late row re-scales its round: algorithm/live.py)."""
+        return self.step_rule in ("round_mean", "round_sqrt")
 
     def to_json(self) -> str:
         body = {"manifest_version": MANIFEST_VERSION, **dataclasses.asdict(self)}
