@@ -170,11 +170,12 @@ kfac)
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "act-fixed-cal=$FIXED,$PICK,$CAL" --row "adam-lr1e-4-cal=method:adam,lr:1e-4,$CAL" \
     --row "kfac-fixed-cal=$KFAC,$PICK,$CAL"
-  # The square-root rule (docs/LEARNING.md, "Next"): a round of N moves sqrt(N / 64) of the
-  # 64-peer step. It fits N = 4 (n_ref 16) and 64; at N = 16 it says n_ref 32 (the 64-peer
-  # step itself, n_ref 4, diverged there: 0.574 +- 0.013 at round 40).
+  # step_rule round_sqrt, n_ref 64 (docs/LEARNING.md, "The round step"): a round of N
+  # moves sqrt(N / 64) of the 64-peer step. It equals round_mean at N = 64 and n_ref 16 at
+  # N = 4, the measured good steps; at N = 16 it moves half the 64-peer step, which itself
+  # diverged there (0.574 +- 0.013 at round 40).
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers 16 --rows "" --out gpu-rounds \
-    --row "act-fixed-nref32-cal=${FIXED/n_ref:4/n_ref:32},$PICK,$CAL"
+    --row "act-fixed-sqrt-cal=${FIXED/round_mean,n_ref:4/round_sqrt,n_ref:64},$PICK,$CAL"
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "kfac-fixed-lr0.032=$KFAC,$PICK,lr:0.032" \
     --row "kfac-fixed-f0.125=$KFAC,$PICK,basis_fisher_power:0.125" \
