@@ -237,10 +237,10 @@ def _envelope(message: UpdateMessage) -> Envelope:
 
 
 # -- round-sized step rules: a late row re-scales its round --------------------------------
-# round_mean with n_ref 2 (rounds of 3-5 rows move at lr / n); round_sqrt with n_ref 8
-# (every round below n_ref: lr / sqrt(n n_ref)).
+# round_mean with n_ref 2 (rounds of 3-5 rows move at lr / n); round_sqrt with n_ref 4
+# (rounds of 1-3 rows at lr / sqrt(4 n), of 4-5 at lr / n: sizes cross n_ref).
 ROUND_SIZED = [CONFIG.replace(step_rule="round_mean", n_ref=2)]
-ROUND_SIZED.append(CONFIG.replace(step_rule="round_sqrt", n_ref=8))
+ROUND_SIZED.append(CONFIG.replace(step_rule="round_sqrt", n_ref=4))
 round_sized = pytest.mark.parametrize("config", ROUND_SIZED, ids=lambda c: c.step_rule)
 
 

@@ -229,6 +229,32 @@ def test_delayed_peers_hold_base_plus_exactly_the_messages_they_received(task, s
     assert not any(sim.backlog.has_missing(p) for p in range(n)) and sim.backlog.cores == {}
 
 
+@pytest.mark.parametrize("step_rule", ["round_mean", "round_sqrt"])
+def test_centralized_steps_each_update_at_its_rounds_size(task, step_rule):
+    """The centralized baseline applies a round's n updates one after another, each the
+    step it has in a round of n (lr / n at n_ref 1), not in a round of one."""
+    from seedflood_p2p.algorithm.replay import replay
+    from seedflood_p2p.sim.methods import CentralizedSimulation
+
+    config = _sim_config(method="centralized", peers=4, rounds=1, run=dict(
+        step_rule=step_rule, n_ref=1, normalize="unit", lr=1e-2))  # fmt: skip
+    model, tokenizer = load_model(config.run.model)
+    sim = CentralizedSimulation(make_setup(config, tokenizer, task), model)
+    sent = []
+    accumulate = sim.engine.accumulate
+    sim.engine.accumulate = lambda messages, sizes=None: (
+        sent.extend(messages),
+        accumulate(messages, sizes),
+    )[1]
+    sim.step(0)
+    assert len(sent) == 4
+    expected, _ = load_model(config.run.model)
+    replay(expected, config.run.replace(estimator="subcge"), sorted(sent, key=lambda m: m.peer))
+    trained = dict(model.named_parameters())
+    for name, w in expected.named_parameters():
+        torch.testing.assert_close(trained[name], w, atol=1e-6, rtol=0, msg=name)
+
+
 # -- learning -------------------------------------------------------------------------
 
 # Settings measured to lower the held-out loss steadily (see the test below).

@@ -387,7 +387,8 @@ class CentralizedSimulation(Simulation):
         for peer in range(self.n):
             message, _ = zo_step(self.engine, s.tokenizer, s.task, s.peer_ids[peer], round_)
             ta = time.perf_counter()
-            self.engine.accumulate([message])
+            # each step the size it has in a round of n (round-sized step rules)
+            self.engine.accumulate([message], {round_: self.n})
             self.engine.commit()
             apply += time.perf_counter() - ta
         self.forward_passes += 2 * self.n
