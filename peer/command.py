@@ -38,5 +38,8 @@ def run(args: argparse.Namespace) -> int:
             "no bootstrap address: pass --bootstrap /ip4/HOST/tcp/PORT/p2p/PEER_ID "
             "(the address a bootstrap node prints when it starts)"
         )
+    from seedflood_p2p.workload.models import check_device  # imports torch: not for --help
+
+    check_device(settings.device)
     run_peer(settings)
     return 0

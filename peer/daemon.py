@@ -416,15 +416,18 @@ class PeerDaemon:
         node.not_ready = None
         self.state = "training"
         self.schedule.round = start_round(ledger, peer_id)
+        device = str(next(model.parameters()).device)  # where this peer computes
         log.info(
-            "ready at round %d: model from %s (%d fetched from peers)",
+            "ready at round %d on %s: model from %s (%d fetched from peers)",
             self.schedule.round,
+            device,
             how,
             synced,
             extra={
                 "fields": {
                     "event": "ready",
                     "round": self.schedule.round,
+                    "device": device,
                     "source": how,
                     "fetched": synced,
                 }

@@ -328,6 +328,22 @@ def test_status_shows_audits():
     assert "audits" not in format_status({"audits": None})
 
 
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cuda:99"])
+def test_a_device_this_machine_cannot_use_is_one_line(capsys, device):
+    import torch
+
+    address = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWHwY64993DfLEQr2QG39nzF48ghhBrhHH6XWNHFtBmDrf"
+    if device != "cuda:99":
+        problem = "use cpu or cuda (cuda:N picks one of several GPUs)"
+    elif torch.cuda.is_available():
+        problem = "numbered from 0"
+    else:
+        problem = "no usable CUDA GPU"
+    for argv in (["demo"], ["peer", "--bootstrap", address]):
+        line = _error_line(capsys, [*argv, "--device", device])
+        assert f"device '{device}'" in line and problem in line, line
+
+
 def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
     from seedflood_p2p.sim.simulator import sim_config_from_args
 

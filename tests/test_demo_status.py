@@ -33,6 +33,8 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
             "64",
             "--work-dir",
             str(work),
+            "--device",
+            "cpu",
         ]
     )
     out = capsys.readouterr().out
@@ -40,6 +42,7 @@ def test_demo_runs_end_to_end_and_writes_plot_and_summary(tmp_path, capsys):
     summary = json.loads((work / "summary.json").read_text())
     assert summary["ledgers_identical"]
     assert len(summary["ledger_digests"]) == 3
+    assert summary["devices"] == {f"peer{i}": "cpu" for i in range(3)}  # each peer said so
     assert all(v < 1e-5 for v in summary["max_live_deviation"].values())
     assert [e["rounds_done"] for e in summary["evals"]][:1] == [0]  # zero-shot point
     assert {e["eval_examples"] for e in summary["evals"]} == {64}  # each eval says on how many

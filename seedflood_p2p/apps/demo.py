@@ -62,6 +62,9 @@ class DemoSettings:
     )
     round_interval: float = 0.0
     work_dir: Path | None = field(default=None, metadata={"help": "runs/demo-TIMESTAMP if unset"})
+    # Where each peer computes (the peers' --device); the final replay and its score run on
+    # the CPU, as anyone's check would.
+    device: str = field(default="cpu", metadata={"help": "cpu, or cuda: the peers' device"})
 
     def __post_init__(self) -> None:
         if self.peers < 1 or self.rounds < 1 or not self.minutes > 0:
@@ -98,6 +101,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     if problem := config.daemon_problem():
         raise UserError(f"the demo runs real daemons: {problem}")
+    from seedflood_p2p.workload.models import check_device  # imports torch: not for --help
+
+    check_device(demo.device)
     work = demo.work_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     result = run_demo(
         config,
@@ -109,6 +115,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         eval_examples=demo.eval_examples,
         round_interval=demo.round_interval,
         final_eval_examples=demo.final_eval_examples,
+        device=demo.device,
     )
     return 0 if result["ledgers_identical"] else 1
 
@@ -315,11 +322,13 @@ def run_demo(
     eval_examples: int,
     round_interval: float = 0.0,
     final_eval_examples: int = 0,
+    device: str = "cpu",
 ) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 2) // peers)
     print(
-        f"SeedFlood demo: {peers} peers, model {config.model}, dataset {config.dataset}, "
+        f"SeedFlood demo: {peers} peers{'' if device == 'cpu' else ' on ' + device}, "
+        f"model {config.model}, dataset {config.dataset}, "
         f"up to {rounds} rounds or {minutes:g} minutes; logs and results in {work}",
         flush=True,
     )
@@ -344,6 +353,8 @@ def run_demo(
                 "3",
                 "--eval-examples",
                 str(eval_examples),
+                "--device",
+                device,
             ]
             if i == 0 and eval_every:
                 extra += ["--eval-every", str(eval_every)]
@@ -391,6 +402,11 @@ def run_demo(
     result["evals"] = evals
     result["progress"] = final_progress
     result["time_budget_final_round"] = budget_final_round
+    # where each peer computed, from its "ready" event
+    result["devices"] = {
+        name: next((e.get("device") for e in p.events() if e.get("event") == "ready"), None)
+        for name, p in procs.items()
+    }
     result["plot"] = str(plot(work, procs, result))
     (work / "summary.json").write_text(json.dumps(result, indent=1, default=str))
     print_summary(result, evals)

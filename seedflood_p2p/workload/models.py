@@ -56,6 +56,29 @@ _TINY_SEED = 1234
 _TINY_STD = 0.02  # transformers' initializer_range
 
 
+def check_device(device: str) -> None:
+    """Refuse, with one line, a `--device` this machine cannot run a model on (at start,
+    before anything is loaded): not a torch device, not cpu/cuda, or a GPU that is absent."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise UserError(f"device {device!r}: use cpu or cuda (cuda:N picks one of several GPUs)")
+    if parsed.type == "cpu":
+        return
+    if not torch.cuda.is_available():
+        raise UserError(
+            f"device {device!r}: this machine has no usable CUDA GPU (torch.cuda.is_available() "
+            "is False: no GPU, no driver, or a CPU build of torch); use --device cpu"
+        )
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise UserError(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+            f"numbered from 0; use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+
+
 def _log(msg: str) -> None:
     print(f"[models] {msg}", file=sys.stderr, flush=True)
 
