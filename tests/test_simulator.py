@@ -236,16 +236,18 @@ def test_centralized_steps_each_update_at_its_rounds_size(task, step_rule):
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.sim.methods import CentralizedSimulation
 
-    config = _sim_config(method="centralized", peers=4, rounds=1, run=dict(
-        step_rule=step_rule, n_ref=1, normalize="unit", lr=1e-2))  # fmt: skip
+    run = dict(step_rule=step_rule, n_ref=1, normalize="unit", lr=1e-2)
+    config = _sim_config(method="centralized", peers=4, rounds=1, run=run)
     model, tokenizer = load_model(config.run.model)
     sim = CentralizedSimulation(make_setup(config, tokenizer, task), model)
     sent = []
     accumulate = sim.engine.accumulate
-    sim.engine.accumulate = lambda messages, sizes=None: (
-        sent.extend(messages),
-        accumulate(messages, sizes),
-    )[1]
+
+    def recording(messages, sizes=None):  # what the baseline applied, for the replay
+        sent.extend(messages)
+        return accumulate(messages, sizes)
+
+    sim.engine.accumulate = recording
     sim.step(0)
     assert len(sent) == 4
     expected, _ = load_model(config.run.model)
