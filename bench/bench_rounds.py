@@ -204,7 +204,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
             rows = calibrated(task, examples)
             batch = on_model_device(model, make_batch(rows, tokenizer, task, config.max_length))
-            ctx = cache.batch(rows, batch["attention_mask"]) if cache else _null()
+            ctx = cache.batch(rows, batch) if cache else _null()
             with ctx:  # the peers' objective, with autograd
                 loss = differentiable_example_losses(model, batch, task.kind).mean()
             opt.zero_grad()
@@ -286,17 +286,15 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
         name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
         path = CACHE_DIR / f"prefix-{name}-len{config.max_length}.pt"
         if path.exists():
-            cache.hidden.update(zip(map(id, examples), torch.load(path)))
+            for example, states in zip(examples, torch.load(path)):
+                cache.keep(example, states)
             continue
         started = time.time()
         with torch.no_grad():
             for i in range(0, len(examples), 32):
                 chunk = examples[i : i + 32]
                 batch = make_batch(chunk, tokenizer, task, config.max_length)
-                with cache.batch(chunk, batch["attention_mask"]):
-                    model.base_model(
-                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                    )
+                cache.fill(chunk, batch)
                 if i % 640 == 0:
                     print(
                         f"  prefix cache {split} {i}/{len(examples)} "

@@ -56,6 +56,7 @@ from seedflood_p2p.algorithm.audit import (
     selects,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import NEVER, ProbationSettings, Standing, standing
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
@@ -143,8 +144,10 @@ class PeerAudits:
         live: LiveModel,
         intake: AuditIntake | None,
         probation: ProbationSettings | None = None,
+        prefix_cache: ExamplePrefixCache | None = None,
     ) -> None:
         self.settings = settings
+        self.prefix_cache = prefix_cache  # our frozen-prefix cache (recomputations use it)
         self.probation = probation or ProbationSettings()
         self.standing: Standing | None = None  # what counts (`probation.standing`)
         # Settled updates taken that do not count (yet): a probationer's unvouched ones (or
@@ -397,7 +400,7 @@ class PeerAudits:
         """One recomputation, its CPU time counted as "audit"."""
         started = time.thread_time()
         try:
-            return recompute(engine, tokenizer, task, message)
+            return recompute(engine, tokenizer, task, message, self.prefix_cache)
         finally:
             self.cpu_seconds["audit"] += time.thread_time() - started
 

@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import base58
 
@@ -43,6 +44,7 @@ from peer.settings import PeerSettings
 from seedflood_p2p import __version__
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -155,6 +157,7 @@ class PeerDaemon:
             "bytes_in": int(value(self.metrics.bytes_in)),
             "loss": value(self.metrics.loss),
             "eval": rounds.last_eval if rounds else None,
+            "prefix_cache": rounds.cache_status() if rounds else None,
             "model_sha256": rounds.model_hash if rounds else "",
             "uptime_s": round(time.time() - self.started, 1),
             "network": reconnector.view.as_status() if reconnector else None,
@@ -277,6 +280,7 @@ class PeerDaemon:
         if config.basis_sha256:
             engine.add_basis(0, joiner.basis_artifact(config, ledger))
         live = LiveModel(engine, ledger)
+        prefix_caches = make_prefix_caches(model, engine, s.prefix_cache_mb)
         audit_settings = AuditSettings.of(config.extra)
         staleness = audited_staleness(s.max_staleness, audit_settings)
         if staleness != s.max_staleness:
@@ -327,6 +331,7 @@ class PeerDaemon:
                 live,
                 None,  # the flood node's intake: DaemonAudits reaches it through the node
                 probation,
+                prefix_caches[0],
             )
             self.audits = DaemonAudits(
                 peer_audits,
@@ -388,6 +393,7 @@ class PeerDaemon:
             self.page,
             self._is_stopping,
             self._set_state,
+            *prefix_caches,
         )
         base_scored = False
         if s.eval_every and len(ledger) == 0:
@@ -448,6 +454,26 @@ class PeerDaemon:
             extra={"fields": {"event": "checkpoint", **meta}},
         )
         return meta
+
+
+def make_prefix_caches(
+    model: Any, engine: Any, megabytes: int
+) -> tuple[ExamplePrefixCache | None, ExamplePrefixCache | None]:
+    """Caches of the frozen blocks' output (training examples, held-out examples) for a
+    run that trains upper blocks only; (None, None) when every block trains or `megabytes`
+    is 0. A local speed-up: scalars change by float rounding only (prefix_cache.py)."""
+    train = ExamplePrefixCache(model, engine.matrices, max_bytes=megabytes << 20)
+    if not megabytes or not train.active:
+        return None, None
+    log.info(
+        "frozen prefix: blocks 0-%d do not train; their output is cached per example (up "
+        "to %d MB of training examples, and the held-out ones), so an example seen before "
+        "skips them",
+        train.first - 1,
+        megabytes,
+        extra={"fields": {"event": "prefix_cache", "frozen_blocks": train.first}},
+    )
+    return train, ExamplePrefixCache(model, engine.matrices)
 
 
 def log_tasks() -> None:

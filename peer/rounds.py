@@ -25,6 +25,7 @@ from peer.audits import DaemonAudits, cheated
 from peer.settings import PeerSettings
 from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
+from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.flood import FloodNode
 from seedflood_p2p.network.metrics import NodeMetrics, timed
@@ -260,8 +261,15 @@ class Rounds:
         page: RunPage | None,
         stopping: Callable[[], bool],
         set_state: Callable[[str], None],
+        prefix_cache: ExamplePrefixCache | None = None,
+        eval_cache: ExamplePrefixCache | None = None,
     ) -> None:
         self.s = settings
+        # Frozen-prefix caches (a run training upper blocks only): training examples (ours
+        # and those we audit, least recently used first out) and the held-out ones apart,
+        # so training examples never push out the sentences scored at every evaluation.
+        self.prefix_cache = prefix_cache
+        self.eval_cache = eval_cache
         self.config = config
         self.schedule = schedule
         self.pacing = pacing
@@ -340,6 +348,7 @@ class Rounds:
                 self.task,
                 self.peer_id,
                 schedule.round,
+                self.prefix_cache,
             )
             if audits is None:
                 message, loss = await self.model_thread.run(*step)
@@ -410,6 +419,16 @@ class Rounds:
             final = schedule.final_round
             schedule.round = quorum if final is None else min(quorum, final)
 
+    def cache_status(self) -> dict | None:
+        """The frozen-prefix caches' counts (None: this peer keeps none)."""
+        if self.prefix_cache is None or self.eval_cache is None:
+            return None
+        return {
+            "frozen_blocks": self.prefix_cache.first,
+            "train": self.prefix_cache.status(),
+            "held_out": self.eval_cache.status(),
+        }
+
     async def evaluate(self) -> None:
         """Held-out figures of the live model after the rounds done, logged: loss, and
         accuracy and macro-F1 (classification) or perplexity (lm, completion)."""
@@ -422,6 +441,7 @@ class Rounds:
             self.task,
             self.config,
             self.s.eval_examples,
+            self.eval_cache,
         )
         await self.model_thread.run(self.set_model_hash)
         done = self.schedule.round

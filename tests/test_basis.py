@@ -484,16 +484,43 @@ def test_prefix_cache_gives_what_a_full_pass_gives(tiny):
     examples = task.train[:6]
     batch = make_batch(examples, tokenizer, task, config.max_length)
     full = example_losses(model, batch, task.kind)
-    with cache.batch(examples, batch["attention_mask"]):
-        recorded = example_losses(model, batch, task.kind)
-    assert cache.misses == 1 and len(cache.hidden) == 6
-    mixed = [examples[4], examples[0], examples[2]]
+    with cache.batch(examples, batch):
+        first = example_losses(model, batch, task.kind)
+    assert (cache.hits, cache.misses, len(cache.hidden)) == (0, 6, 6)
+    with cache.batch(examples, batch):
+        again = example_losses(model, batch, task.kind)
+    assert cache.hits == 6 and torch.equal(again, first)  # the same states, the same batch
+    # partly cached: only the new examples run through the frozen block
+    mixed = [examples[4], task.train[7], examples[0], task.train[6]]
     mixed_batch = make_batch(mixed, tokenizer, task, config.max_length)
-    with cache.batch(mixed, mixed_batch["attention_mask"]):
+    with cache.batch(mixed, mixed_batch):
         cached = example_losses(model, mixed_batch, task.kind)
-    assert cache.hits == 1
-    assert torch.equal(recorded, full)
-    assert torch.allclose(cached, full[[4, 0, 2]], atol=1e-5)
+    assert (cache.hits, cache.misses, len(cache.hidden)) == (8, 8, 8)
+    assert torch.allclose(first, full, atol=1e-5)
+    assert torch.allclose(cached, example_losses(model, mixed_batch, task.kind), atol=1e-5)
+    assert not torch.allclose(cached, cached.flip(0), atol=1e-5)  # rows stay distinct
+    engine.close()
+
+
+def test_prefix_cache_stays_within_its_memory_bound(tiny):
+    _, tokenizer, task = tiny
+    model, _ = load_model("tiny-llama")
+    config = RunConfig(model="tiny-llama", train_only="model.layers.1.*", rank=4)
+    engine = SubCGE(model, config)
+    probe = ExamplePrefixCache(model, engine.matrices)
+    examples = task.train[:12]
+    probe.fill(examples[:1], make_batch(examples[:1], tokenizer, task, config.max_length))
+    bound = 4 * probe.nbytes  # about four examples (their lengths differ a little)
+    cache = ExamplePrefixCache(model, engine.matrices, max_bytes=bound)
+    for i in range(0, 12, 3):
+        chunk = examples[i : i + 3]
+        batch = make_batch(chunk, tokenizer, task, config.max_length)
+        with cache.batch(chunk, batch):
+            losses = example_losses(model, batch, task.kind)
+        assert torch.allclose(losses, example_losses(model, batch, task.kind), atol=1e-5)
+        assert cache.nbytes <= bound
+    assert cache.evicted > 0 and 0 < len(cache.hidden) < 12
+    assert id(examples[-1]) in cache.hidden and id(examples[0]) not in cache.hidden  # LRU
     engine.close()
 
 

@@ -102,12 +102,15 @@ def cheat(kind: str, scalars: tuple[float, ...], pool: list[tuple[float, ...]], 
 # ---------------------------------------------------------------------- the recomputation
 
 
-def recompute(engine, tokenizer, task, message: UpdateMessage) -> tuple[float, ...]:
+def recompute(
+    engine, tokenizer, task, message: UpdateMessage, prefix_cache=None
+) -> tuple[float, ...]:
     """The scalars an honest sender would have sent for (message.peer, message.round),
-    recomputed on the engine's current model (exactly the sender's step: `zo_step`)."""
+    recomputed on the engine's current model (exactly the sender's step: `zo_step`; with
+    the auditor's own `prefix_cache`, if it keeps one)."""
     from seedflood_p2p.algorithm.trainer import zo_step  # trainer imports live -> replay
 
-    recomputed, _ = zo_step(engine, tokenizer, task, message.peer, message.round)
+    recomputed, _ = zo_step(engine, tokenizer, task, message.peer, message.round, prefix_cache)
     return recomputed.scalars
 
 

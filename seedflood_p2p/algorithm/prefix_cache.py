@@ -4,17 +4,23 @@ When a run trains only the upper decoder blocks (`train_only`), every forward pa
 example computes the same hidden states up to the first trained block, round after round.
 `ExamplePrefixCache` keeps, per training or held-out example, the hidden states the last
 frozen block returns (its real tokens only: rows are right padded and attention is
-causal, so padding never changes them), and later batches of cached examples skip the
-frozen blocks. An opt-in for `seedflood train` and the learning benchmark, where the same
-examples recur thousands of times; a row that uses it says so. The hidden states of a
-cached example equal a full pass's to float rounding (another batch composition), not
-bitwise, so a network peer does not use it (audits recompute scalars with full passes).
+causal, so padding never changes them). A batch's uncached examples first run through the
+frozen blocks alone (one prefix pass, their rows only); then every pass of the batch
+starts from the cache. So an example costs one prefix pass the first time it is seen and
+none after: the held-out sentences a peer scores again and again, the content-free row of
+every calibrated batch, and training examples that recur.
 
-Memory: tokens x hidden x 4 bytes per cached example (SmolLM2: ~2.3 kB per token).
+The hidden states of a cached example equal a full pass's to float rounding (another
+batch composition), not bitwise. That is as close as two machines' passes agree anyway:
+a peer's scalars are checked by audits with a tolerance (algorithm/audit.py `AuditRule`),
+and nothing the ledger replays depends on them. `max_bytes` bounds the memory (least
+recently used examples go first): tokens x hidden x 4 bytes per example, ~2.3 kB per
+token for SmolLM2, ~90 kB for an MR prompt.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -29,59 +35,113 @@ from seedflood_p2p.algorithm.trainable import (
 )
 
 
+class _PrefixDone(Exception):
+    """Raised by the last frozen block's hook: the prefix pass needs nothing after it."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
 class ExamplePrefixCache:
-    def __init__(self, model: nn.Module, matrices: list[TrainableMatrix]) -> None:
+    def __init__(
+        self, model: nn.Module, matrices: list[TrainableMatrix], max_bytes: int | None = None
+    ) -> None:
         prefix = SharedPrefix(model, matrices)
+        self.model = model
         self.layers = prefix.layers  # None: nothing before the first trained block
         self.first = prefix.first
-        self.hidden: dict[int, torch.Tensor] = {}  # id(example) -> [tokens, hidden]
-        self.hits = self.misses = 0
+        self.max_bytes = max_bytes  # None: unbounded
+        self.hidden: OrderedDict[int, torch.Tensor] = OrderedDict()  # id(example) -> [n, h]
+        self.nbytes = 0
+        self.hits = self.misses = 0  # examples found / computed
+        self.evicted = 0
 
     @property
     def active(self) -> bool:
         return self.layers is not None
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.hidden.values())
+    def status(self) -> dict:
+        """Examples found and computed, held, pushed out; megabytes held."""
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "examples": len(self.hidden),
+            "evicted": self.evicted,
+            "mb": round(self.nbytes / 2**20, 1),
+        }
+
+    def fill(self, examples: Sequence[object], batch: dict) -> list[torch.Tensor]:
+        """The cached hidden states of `examples` (rows of the tokenized `batch`, in that
+        order), running the frozen blocks on the rows not cached yet."""
+        keys = [id(e) for e in examples]
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        found = {k: self.hidden[k] for k in keys if k in self.hidden}
+        for k in found:
+            self.hidden.move_to_end(k)
+        missing = [row for row, k in enumerate(keys) if k not in found]
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        if missing:
+            computed = self._prefix_pass(batch, missing)
+            for row, states in zip(missing, computed):
+                found[keys[row]] = states[: lengths[row]].clone()
+                self.keep(examples[row], found[keys[row]])
+        return [found[k] for k in keys]
 
     @contextmanager
-    def batch(self, examples: Sequence[object], attention_mask: torch.Tensor) -> Iterator[None]:
-        """Forward passes inside run on the batch of `examples` (rows in that order, with
-        `attention_mask`): from the cache when every example is in it, else recording."""
+    def batch(self, examples: Sequence[object], batch: dict) -> Iterator[None]:
+        """Forward passes inside run on the tokenized `batch` of `examples` (rows in that
+        order) from the cache: the frozen blocks are skipped."""
         if self.layers is None:
             yield
             return
-        keys = [id(e) for e in examples]
-        lengths = attention_mask.sum(dim=1).tolist()
-        if all(k in self.hidden for k in keys):
-            self.hits += 1
-            some = next(iter(self.hidden.values()))
-            out = some.new_zeros((len(keys), attention_mask.shape[1], some.shape[1]))
-            for row, (key, n) in enumerate(zip(keys, lengths)):
-                out[row, :n] = self.hidden[key][:n]
-            originals = [self.layers[i] for i in range(self.first)]
-            try:
-                for i in range(self.first - 1):
-                    self.layers[i] = _PassThrough()
-                self.layers[self.first - 1] = _Recorded(out)
-                yield
-            finally:
-                for i, block in enumerate(originals):
-                    self.layers[i] = block
-            return
-        self.misses += 1
-        seen: list[torch.Tensor] = []
-
-        def keep(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            if not seen:  # the first pass is the unperturbed-prefix one: all passes agree
-                seen.append(output.detach())
-
-        handle = self.layers[self.first - 1].register_forward_hook(keep)
+        states = self.fill(examples, batch)
+        mask = batch["attention_mask"]
+        out = states[0].new_zeros((len(states), mask.shape[1], states[0].shape[1]))
+        for row, s in enumerate(states):
+            out[row, : s.shape[0]] = s
+        originals = [self.layers[i] for i in range(self.first)]
         try:
+            for i in range(self.first - 1):
+                self.layers[i] = _PassThrough()
+            self.layers[self.first - 1] = _Recorded(out)
             yield
         finally:
+            for i, block in enumerate(originals):
+                self.layers[i] = block
+
+    @torch.no_grad()
+    def _prefix_pass(self, batch: dict, rows: list[int]) -> torch.Tensor:
+        """The last frozen block's output for `rows` of `batch`; later blocks never run."""
+        device = next(self.model.parameters()).device
+        index = torch.tensor(rows)
+
+        def stop(module: nn.Module, args: tuple, output: object) -> None:
+            raise _PrefixDone(output[0] if isinstance(output, tuple) else output)
+
+        handle = self.layers[self.first - 1].register_forward_hook(stop)
+        try:
+            self.model.base_model(
+                input_ids=batch["input_ids"][index].to(device),
+                attention_mask=batch["attention_mask"][index].to(device),
+            )
+        except _PrefixDone as done:
+            return done.hidden.detach()
+        finally:
             handle.remove()
-        if seen:
-            for row, (key, n) in enumerate(zip(keys, lengths)):
-                self.hidden.setdefault(key, seen[0][row, :n].clone())
+        raise RuntimeError("the prefix pass never reached the last frozen block")
+
+    def keep(self, example: object, states: torch.Tensor) -> None:
+        """Cache `states` ([tokens, hidden], real tokens only) for `example`."""
+        key = id(example)
+        if key in self.hidden:
+            return
+        size = states.numel() * states.element_size()
+        if self.max_bytes is not None and size > self.max_bytes:
+            return
+        self.hidden[key] = states
+        self.nbytes += size
+        while self.max_bytes is not None and self.nbytes > self.max_bytes:
+            _, old = self.hidden.popitem(last=False)
+            self.nbytes -= old.numel() * old.element_size()
+            self.evicted += 1

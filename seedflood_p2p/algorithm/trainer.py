@@ -130,7 +130,7 @@ def normalize(g: tuple[float, ...], how: str) -> tuple[float, ...]:
 
 
 def _cached(cache: ExamplePrefixCache | None, examples: list, batch: dict):
-    return nullcontext() if cache is None else cache.batch(examples, batch["attention_mask"])
+    return nullcontext() if cache is None else cache.batch(examples, batch)
 
 
 @torch.no_grad()
