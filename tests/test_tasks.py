@@ -330,3 +330,26 @@ def test_completion_and_lm_report_loss_and_perplexity(capsys, tmp_path):
     assert "accuracy" not in out
     assert main(["eval", "--dataset", str(EXAMPLES / "lm.jsonl"), "--task", "lm"]) == 0
     assert "perplexity" in capsys.readouterr().out
+
+
+def test_train_examples_keeps_the_first_n_and_is_part_of_the_run():
+    from seedflood_p2p.algorithm.trainer import batch_seed
+    from seedflood_p2p.workload.batching import sample_batch
+
+    full = load_run_task(RunConfig())
+    config = RunConfig(train_examples=40)
+    task = load_run_task(config)
+    assert task.train == full.train[:40] and task.test == full.test
+    assert config.run_id != RunConfig().run_id  # the set trained on is the run's
+    assert "train_examples" not in RunConfig().to_json()  # old run ids unchanged
+    drawn = {
+        id(e) for r in range(50) for e in sample_batch(task, batch_seed(config.run_key, b"p", r), 8)
+    }
+    assert drawn <= {id(e) for e in task.train} and len(drawn) > 30
+    # the digest a joiner checks is of what it trains on, the same on every machine
+    assert examples_sha256(task) == examples_sha256(load_run_task(config))
+    assert examples_sha256(task) != examples_sha256(full)
+    with pytest.raises(UserError, match="has 2000 training examples; lower --train-examples"):
+        load_run_task(RunConfig(train_examples=2001))
+    with pytest.raises(UserError, match="train_examples must be 0"):
+        RunConfig(train_examples=-1)

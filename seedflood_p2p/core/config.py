@@ -54,6 +54,7 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "basis_sha256": "",
     "step_rule": "per_update",
     "calibration": "",
+    "train_examples": 0,
 }
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
 ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
@@ -69,6 +70,7 @@ INT_RANGES = {
     "n_ref": (1, 1 << 20),
     "basis_refresh": (0, MAX_ROUND),
     "basis_examples": (1, 1 << 16),
+    "train_examples": (0, 1 << 40),
 }
 
 
@@ -95,6 +97,11 @@ class RunConfig:
         metadata={"nargs": "+", "help": "string labels of the data, in label order"},
     )
     dataset_sha256: str = ""  # SHA-256 of the parsed examples (filled in by the bootstrap)
+    # Train on the first N training examples only (0: all). A smaller set recurs sooner,
+    # so a peer's frozen-prefix cache (train_only runs) serves more of each batch.
+    train_examples: int = field(
+        default=0, metadata={"help": "train on the first N training examples (0: all)"}
+    )
     # SubCGE
     rank: int = 8  # r: subspace rank per weight matrix
     refresh_period: int = 20  # T: rounds per epoch (basis refresh)

@@ -144,6 +144,13 @@ def load_run_task(config: RunConfig, dataset: str | None = None) -> Task:
         label_column=label_column,
         spec=spec,
     )
+    if config.train_examples:
+        if config.train_examples > len(task.train):
+            raise UserError(
+                f"train_examples {config.train_examples}: '{task.name}' has "
+                f"{len(task.train)} training examples; lower --train-examples (0: all)"
+            )
+        task.train = task.train[: config.train_examples]
     if config.calibration:
         if task.kind != "classification":
             raise UserError(
