@@ -459,19 +459,20 @@ class PeerDaemon:
 def make_prefix_caches(
     model: Any, engine: Any, megabytes: int
 ) -> tuple[ExamplePrefixCache | None, ExamplePrefixCache | None]:
-    """Caches of the frozen blocks' output (training examples, held-out examples) for a
-    run that trains upper blocks only; (None, None) when every block trains or `megabytes`
-    is 0. A local speed-up: scalars change by float rounding only (prefix_cache.py)."""
+    """The frozen blocks' output per example (training examples, held-out examples) for a
+    run that trains upper blocks only; (None, None) when every block trains. Every peer of
+    such a run computes it per example, as its auditors do (prefix_cache.py); `megabytes`
+    of training examples are kept (0: none), and every held-out one."""
     train = ExamplePrefixCache(model, engine.matrices, max_bytes=megabytes << 20)
-    if not megabytes or not train.active:
+    if not train.active:
         return None, None
     log.info(
-        "frozen prefix: blocks 0-%d do not train; their output is cached per example (up "
-        "to %d MB of training examples, and the held-out ones), so an example seen before "
-        "skips them",
+        "frozen prefix: blocks 0-%d do not train; their output is computed per example and "
+        "kept (up to %d MB of training examples, and the held-out ones), so an example "
+        "seen before skips them",
         train.first - 1,
         megabytes,
-        extra={"fields": {"event": "prefix_cache", "frozen_blocks": train.first}},
+        extra={"fields": {"event": "prefix_cache", "frozen_blocks": train.first, "mb": megabytes}},
     )
     return train, ExamplePrefixCache(model, engine.matrices)
 

@@ -50,8 +50,8 @@ class PeerSettings:
     dataset_file: Path | None = None
     # A run that trains upper blocks only (train_only): MB of training examples' hidden
     # states at the first trained block kept, so a recurring example skips the frozen
-    # blocks (the held-out examples are kept apart, all of them); 0: no cache
-    prefix_cache_mb: int = bounded(64, 0, 1 << 20, "MB (0: no cache)")
+    # blocks (the held-out examples are kept apart, all of them); 0: keep none
+    prefix_cache_mb: int = bounded(64, 0, 1 << 20, "MB (0: keep none)")
     # torch threads for this peer (0: torch's default, all cores)
     threads: int = bounded(0, 0, 4096, "a number of threads (0: torch's default)")
     # A ticketed run: this peer's join ticket from the run creator (`seedflood ticket`,

@@ -502,6 +502,77 @@ def test_prefix_cache_gives_what_a_full_pass_gives(tiny):
     engine.close()
 
 
+def test_a_cached_prefix_gives_the_same_scalars_whatever_the_cache_held(tiny):
+    """What audits need: an example's states depend on the example alone, so a sender and
+    its auditor, with different caches (or none kept), send and recompute the same bits."""
+    from seedflood_p2p.algorithm.trainer import zo_step
+
+    _, tokenizer, task = tiny
+    model, _ = load_model("tiny-llama")
+    config = RunConfig(
+        model="tiny-llama",
+        train_only="model.layers.1.*",
+        rank=4,
+        directions=4,
+        batch_size=8,
+        calibration="content-free",
+    )
+    task.calibration = config.calibration
+    engine = SubCGE(model, config)
+    fresh = ExamplePrefixCache(model, engine.matrices)
+    seasoned = ExamplePrefixCache(model, engine.matrices)
+    keeps_none = ExamplePrefixCache(model, engine.matrices, max_bytes=0)
+    for r in range(20, 26):  # other rounds' batches: other examples, other padding
+        zo_step(engine, tokenizer, task, b"someone", r, seasoned)
+    assert seasoned.misses > 0
+    try:
+        for round_ in range(3):
+            # (message, training loss): the loss, not rounded to float16, shows any bit
+            sent = [
+                zo_step(engine, tokenizer, task, b"p", round_, c)
+                for c in (fresh, seasoned, keeps_none, fresh)  # the last: from the cache
+            ]
+            assert len({(m.scalars, loss) for m, loss in sent}) == 1
+        assert not keeps_none.hidden and keeps_none.misses > 0
+    finally:
+        task.calibration = ""
+        engine.close()
+
+
+@pytest.mark.slow
+def test_smollm2_scalars_with_a_cached_prefix_are_the_same_bits_for_sender_and_auditor():
+    """The same on SmolLM2's top two blocks, where a prefix computed as one padded batch
+    gave other bits than the same examples computed alone (other losses, 1 scalar in 48,
+    and false audit mismatches in a demo run): the tiny model's kernels hide that."""
+    from seedflood_p2p.algorithm.trainer import zo_step
+    from seedflood_p2p.workload.tasks import load_run_task
+
+    model, tokenizer = load_model("smollm2-135m")
+    config = RunConfig(
+        model="smollm2-135m",
+        dataset="mr",
+        train_only="model.layers.2[89].*",
+        rank=8,
+        directions=16,
+        calibration="content-free",
+        train_examples=64,
+    )
+    task = load_run_task(config)
+    engine = SubCGE(model, config)
+    sender = ExamplePrefixCache(model, engine.matrices)
+    auditor = ExamplePrefixCache(model, engine.matrices)
+    for r in range(20, 24):  # the auditor's own rounds first: other batches, other padding
+        zo_step(engine, tokenizer, task, b"auditor", r, auditor)
+    try:
+        for r in range(4):
+            # (message, training loss): the loss, not rounded to float16, shows any bit
+            claimed, loss = zo_step(engine, tokenizer, task, b"sender", r, sender)
+            recomputed, again = zo_step(engine, tokenizer, task, b"sender", r, auditor)
+            assert (recomputed.scalars, again) == (claimed.scalars, loss)
+    finally:
+        engine.close()
+
+
 def test_prefix_cache_stays_within_its_memory_bound(tiny):
     _, tokenizer, task = tiny
     model, _ = load_model("tiny-llama")

@@ -366,6 +366,28 @@ def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
     assert "--minutes > 0" in line
 
 
+def test_the_demo_trains_the_default_models_upper_blocks_and_all_of_another(tmp_path):
+    from seedflood_p2p.apps.demo import demo_defaults
+    from seedflood_p2p.core.flags import run_config_from_args
+
+    def config(*argv: str):
+        args = build_parser().parse_args(["demo", *argv])
+        return run_config_from_args(args, defaults=demo_defaults(args))
+
+    default = config()
+    assert (default.model, default.train_only, default.train_examples) == (
+        "smollm2-135m",
+        "model.layers.2[89].*",
+        512,
+    )
+    assert (default.basis, default.directions, default.step_rule) == ("kfac", 16, "round_mean")
+    assert config("--train-examples", "0", "--train-only", "").train_only == ""  # flags win
+    other = config("--model", "tiny-llama", "--dataset", "synthetic-sentiment")
+    assert (other.train_only, other.train_examples, other.basis) == ("", 0, "kfac")
+    (tmp_path / "run.toml").write_text('model = "tiny-llama"\n')
+    assert config("--config", str(tmp_path / "run.toml")).train_only == ""
+
+
 def test_peer_bootstrap_list_from_toml_and_a_flag_replaces_it(tmp_path, capsys):
     from peer.command import settings_from_args
 

@@ -55,10 +55,11 @@ def test_a_cached_and_an_uncached_peer_agree_and_audit_each_other_clean(tmp_path
     finals = {n: json.loads((tmp_path / n / "final_status.json").read_text()) for n in peers}
     assert finals["cached"]["ledger_digest"] == finals["full"]["ledger_digest"]
 
-    announced = [e for e in peers["cached"].events() if e.get("event") == "prefix_cache"]
-    assert [e["frozen_blocks"] for e in announced] == [1], peers["cached"].tail()
-    assert not [e for e in peers["full"].events() if e.get("event") == "prefix_cache"]
-    assert finals["full"]["prefix_cache"] is None
+    for name, mb in (("cached", 64), ("full", 0)):
+        said = [e for e in peers[name].events() if e.get("event") == "prefix_cache"]
+        assert [(e["frozen_blocks"], e["mb"]) for e in said] == [(1, mb)], peers[name].tail()
+    kept_none = finals["full"]["prefix_cache"]["train"]
+    assert kept_none["examples"] == kept_none["hits"] == 0 and kept_none["misses"] > 0
     cache = finals["cached"]["prefix_cache"]
     # held-out: scored at rounds 0, 4, 8 and the end; only the first pass computed them
     # (24 sentences and the content-free row each of their batches ends with)

@@ -5,17 +5,20 @@ example computes the same hidden states up to the first trained block, round aft
 `ExamplePrefixCache` keeps, per training or held-out example, the hidden states the last
 frozen block returns (its real tokens only: rows are right padded and attention is
 causal, so padding never changes them). A batch's uncached examples first run through the
-frozen blocks alone (one prefix pass, their rows only); then every pass of the batch
-starts from the cache. So an example costs one prefix pass the first time it is seen and
-none after: the held-out sentences a peer scores again and again, the content-free row of
-every calibrated batch, and training examples that recur.
+frozen blocks, each alone at its own length; then every pass of the batch starts from
+the cache. So an example costs one prefix pass the first time it is seen and none after:
+the held-out sentences a peer scores again and again, the content-free row of every
+calibrated batch, and training examples that recur.
 
-The hidden states of a cached example equal a full pass's to float rounding (another
-batch composition), not bitwise. That is as close as two machines' passes agree anyway:
-a peer's scalars are checked by audits with a tolerance (algorithm/audit.py `AuditRule`),
-and nothing the ledger replays depends on them. `max_bytes` bounds the memory (least
-recently used examples go first): tokens x hidden x 4 bytes per example, ~2.3 kB per
-token for SmolLM2, ~90 kB for an MR prompt.
+Each alone, so an example's hidden states are a function of the example only, never of
+the batch it first came in: a sender and its auditor, whatever they cached before, feed
+the trained blocks the same numbers and recompute the same scalars bit for bit, as the
+audit rule's rounding tolerance needs (algorithm/audit.py; a pass of the whole padded
+batch differs in the last bits, and a two-point scalar divides those by 2 eps). They
+differ from a full pass of the model to float rounding, so every peer of a run that
+trains upper blocks computes them this way: `max_bytes` 0 keeps nothing and still does.
+`max_bytes` bounds the memory (least recently used examples go first): tokens x hidden x
+4 bytes per example, ~2.3 kB per token for SmolLM2, ~90 kB for an MR prompt.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class ExamplePrefixCache:
         self.max_bytes = max_bytes  # None: unbounded
         self.hidden: OrderedDict[int, torch.Tensor] = OrderedDict()  # id(example) -> [n, h]
         self.nbytes = 0
-        self.hits = self.misses = 0  # examples found / computed
+        self.hits = self.misses = 0  # rows found in the cache / examples computed
         self.evicted = 0
 
     @property
@@ -61,7 +64,7 @@ class ExamplePrefixCache:
         return self.layers is not None
 
     def status(self) -> dict:
-        """Examples found and computed, held, pushed out; megabytes held."""
+        """Rows found, examples computed, held, pushed out; megabytes held."""
         return {
             "hits": self.hits,
             "misses": self.misses,
@@ -80,12 +83,12 @@ class ExamplePrefixCache:
             self.hidden.move_to_end(k)
         missing = [row for row, k in enumerate(keys) if k not in found]
         self.hits += len(keys) - len(missing)
-        self.misses += len(missing)
-        if missing:
-            computed = self._prefix_pass(batch, missing)
-            for row, states in zip(missing, computed):
-                found[keys[row]] = states[: lengths[row]].clone()
-                self.keep(examples[row], found[keys[row]])
+        for row in missing:
+            if keys[row] in found:  # the same example twice in one batch
+                continue
+            found[keys[row]] = self._prefix_pass(batch["input_ids"][row, : lengths[row]])
+            self.misses += 1
+            self.keep(examples[row], found[keys[row]])
         return [found[k] for k in keys]
 
     @contextmanager
@@ -111,22 +114,20 @@ class ExamplePrefixCache:
                 self.layers[i] = block
 
     @torch.no_grad()
-    def _prefix_pass(self, batch: dict, rows: list[int]) -> torch.Tensor:
-        """The last frozen block's output for `rows` of `batch`; later blocks never run."""
+    def _prefix_pass(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[tokens, hidden]: the last frozen block's output for one example's `tokens`
+        (no padding); the later blocks never run."""
         device = next(self.model.parameters()).device
-        index = torch.tensor(rows)
 
         def stop(module: nn.Module, args: tuple, output: object) -> None:
             raise _PrefixDone(output[0] if isinstance(output, tuple) else output)
 
         handle = self.layers[self.first - 1].register_forward_hook(stop)
         try:
-            self.model.base_model(
-                input_ids=batch["input_ids"][index].to(device),
-                attention_mask=batch["attention_mask"][index].to(device),
-            )
+            ids = tokens.unsqueeze(0).to(device)
+            self.model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids))
         except _PrefixDone as done:
-            return done.hidden.detach()
+            return done.hidden[0].detach().clone()
         finally:
             handle.remove()
         raise RuntimeError("the prefix pass never reached the last frozen block")

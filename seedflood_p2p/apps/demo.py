@@ -40,11 +40,24 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "model": "smollm2-135m",
     "dataset": "mr",
     "rank": 32,
-    "refresh_period": 20,
-    "lr": 4e-3,  # normalize = "unit" (RunConfig's default): one update's step
     # the label prior out of the loss: ahead at round 20 by 3.7 SE, +0.030 at 40 (1.6 SE),
     # one more row per batch (docs/LEARNING.md, "Calibration"); --calibration "" turns it off
     "calibration": "content-free",
+    # K-FAC directions, 16 scalars a message, a round of 4 moving a quarter of a full step
+    # (docs/LEARNING.md, "How far rounds go"): the bootstrap node computes the basis once
+    "basis": "kfac",
+    "directions": 16,
+    "step_rule": "round_mean",
+    "n_ref": 16,
+    "lr": 0.064,
+}
+# The default model's own: its top 2 of 30 blocks train, on the first 512 training
+# sentences, so after the first minutes every example's frozen-prefix output is in each
+# peer's cache and a step runs 2 blocks, not 30 (docs/DEMO.md). Another --model trains
+# all of itself on all of its data unless told otherwise.
+DEFAULT_MODEL_DEFAULTS: dict[str, Any] = {
+    "train_only": "model.layers.2[89].*",
+    "train_examples": 512,
 }
 
 
@@ -53,9 +66,9 @@ class DemoSettings:
     """How the demo runs (the run's own settings are RunConfig's, with DEMO_DEFAULTS)."""
 
     peers: int = 4
-    rounds: int = 60
+    rounds: int = 2000
     minutes: float = field(default=10.0, metadata={"help": "training time budget"})
-    eval_every: int = field(default=15, metadata={"help": "peer0 scores the model"})
+    eval_every: int = field(default=25, metadata={"help": "peer0 scores the model"})
     eval_examples: int = field(default=200, metadata={"help": "test sentences per eval"})
     final_eval_examples: int = field(
         default=1000, metadata={"help": "the replayed model scored at the end; 0: skip"}
@@ -90,15 +103,21 @@ def own_copies(config: RunConfig) -> list[str]:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_flags(parser, {**DEMO_DEFAULTS, "n_ref": "--peers"})
+    add_run_flags(parser, {**DEMO_DEFAULTS, **DEFAULT_MODEL_DEFAULTS})
     add_flags(parser, DEMO_FIELDS, "demo settings")
+
+
+def demo_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """DEMO_DEFAULTS, and the default model's own when the flags and file keep that model."""
+    model = args.model or read_toml(args).get("model") or DEMO_DEFAULTS["model"]
+    if model != DEMO_DEFAULTS["model"]:
+        return dict(DEMO_DEFAULTS)
+    return {**DEMO_DEFAULTS, **DEFAULT_MODEL_DEFAULTS}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     demo = DemoSettings(**settings_values(args, DEMO_FIELDS, read_toml(args), {}))
-    config = run_config_from_args(
-        args, defaults={**DEMO_DEFAULTS, "n_ref": demo.peers}, extra_fields=DEMO_FIELDS
-    )
+    config = run_config_from_args(args, defaults=demo_defaults(args), extra_fields=DEMO_FIELDS)
     if problem := config.daemon_problem():
         raise UserError(f"the demo runs real daemons: {problem}")
     from seedflood_p2p.workload.models import check_device  # imports torch: not for --help
