@@ -46,6 +46,8 @@ class _PrefixDone(Exception):
 
 
 class ExamplePrefixCache:
+    """Per example (by identity), the last frozen block's output; see the module doc."""
+
     def __init__(
         self, model: nn.Module, matrices: list[TrainableMatrix], max_bytes: int | None = None
     ) -> None:
