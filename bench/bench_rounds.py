@@ -284,9 +284,10 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
     held_out = "val" if args.eval_split == "val" else "test"
     for split, examples in (("train", task.train), (held_out, task.test[: args.eval_examples])):
         name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
-        path = CACHE_DIR / f"prefix-{name}-len{config.max_length}.pt"
+        # v2: computed one example at a time (prefix_cache.py); v1 files were batched
+        path = CACHE_DIR / f"prefix-{name}-len{config.max_length}-v2.pt"
         if path.exists():
-            for example, states in zip(examples, torch.load(path)):
+            for example, states in zip(examples, torch.load(path, map_location=args.device)):
                 cache.keep(example, states)
             continue
         started = time.time()
@@ -302,7 +303,7 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
                         flush=True,
                     )
         CACHE_DIR.mkdir(exist_ok=True)
-        torch.save([cache.hidden[id(e)] for e in examples], path.with_suffix(".tmp"))
+        torch.save([cache.hidden[id(e)][1] for e in examples], path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
 
 

@@ -517,15 +517,15 @@ def test_a_cached_prefix_gives_the_same_scalars_whatever_the_cache_held(tiny):
         batch_size=8,
         calibration="content-free",
     )
-    task.calibration = config.calibration
     engine = SubCGE(model, config)
     fresh = ExamplePrefixCache(model, engine.matrices)
     seasoned = ExamplePrefixCache(model, engine.matrices)
     keeps_none = ExamplePrefixCache(model, engine.matrices, max_bytes=0)
-    for r in range(20, 26):  # other rounds' batches: other examples, other padding
-        zo_step(engine, tokenizer, task, b"someone", r, seasoned)
-    assert seasoned.misses > 0
     try:
+        task.calibration = config.calibration  # the module's task: put back below
+        for r in range(20, 26):  # other rounds' batches: other examples, other padding
+            zo_step(engine, tokenizer, task, b"someone", r, seasoned)
+        assert seasoned.misses > 0
         for round_ in range(3):
             # (message, training loss): the loss, not rounded to float16, shows any bit
             sent = [
@@ -583,15 +583,19 @@ def test_prefix_cache_stays_within_its_memory_bound(tiny):
     probe.fill(examples[:1], make_batch(examples[:1], tokenizer, task, config.max_length))
     bound = 4 * probe.nbytes  # about four examples (their lengths differ a little)
     cache = ExamplePrefixCache(model, engine.matrices, max_bytes=bound)
-    for i in range(0, 12, 3):
+    first = examples[:1]
+    for i in range(1, 12, 3):
         chunk = examples[i : i + 3]
         batch = make_batch(chunk, tokenizer, task, config.max_length)
         with cache.batch(chunk, batch):
             losses = example_losses(model, batch, task.kind)
         assert torch.allclose(losses, example_losses(model, batch, task.kind), atol=1e-5)
+        cache.fill(first, make_batch(first, tokenizer, task, config.max_length))  # used again
         assert cache.nbytes <= bound
     assert cache.evicted > 0 and 0 < len(cache.hidden) < 12
-    assert id(examples[-1]) in cache.hidden and id(examples[0]) not in cache.hidden  # LRU
+    # least recently used out first: the example used every time stays, the early ones go
+    assert id(examples[0]) in cache.hidden and id(examples[-1]) in cache.hidden
+    assert id(examples[1]) not in cache.hidden
     engine.close()
 
 

@@ -366,7 +366,7 @@ def test_simulator_and_demo_settings_load_like_the_others(tmp_path, capsys):
     assert "--minutes > 0" in line
 
 
-def test_the_demo_trains_the_default_models_upper_blocks_and_all_of_another(tmp_path):
+def test_the_demo_trains_the_default_models_upper_blocks_and_all_of_another(tmp_path, monkeypatch):
     from seedflood_p2p.apps.demo import demo_defaults
     from seedflood_p2p.core.flags import run_config_from_args
 
@@ -381,11 +381,15 @@ def test_the_demo_trains_the_default_models_upper_blocks_and_all_of_another(tmp_
         512,
     )
     assert (default.basis, default.directions, default.step_rule) == ("kfac", 16, "round_mean")
-    assert config("--train-examples", "0", "--train-only", "").train_only == ""  # flags win
+    flags_win = config("--train-examples", "0", "--train-only", "")
+    assert (flags_win.train_only, flags_win.train_examples) == ("", 0)
     other = config("--model", "tiny-llama", "--dataset", "synthetic-sentiment")
     assert (other.train_only, other.train_examples, other.basis) == ("", 0, "kfac")
     (tmp_path / "run.toml").write_text('model = "tiny-llama"\n')
     assert config("--config", str(tmp_path / "run.toml")).train_only == ""
+    assert config("--dataset", "synthetic-sentiment").train_examples == 0  # another data set
+    monkeypatch.setenv("SEEDFLOOD_MODEL", "tiny-llama")
+    assert config().train_only == ""
 
 
 def test_peer_bootstrap_list_from_toml_and_a_flag_replaces_it(tmp_path, capsys):

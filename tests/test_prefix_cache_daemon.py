@@ -1,9 +1,9 @@
 """A network run that trains the upper block only (127.0.0.1, tiny model, real daemons):
 a peer keeps the frozen block's output per example and reuses it (its held-out sentences,
-the content-free row, training examples seen before), another runs every pass in full
-(`--prefix-cache-mb 0`). They audit each other's every update: the cache changes scalars
-by float rounding only, so nobody is accused, and both live models equal the replay of
-the one ledger."""
+the content-free row, training examples seen before); another keeps none of it
+(`--prefix-cache-mb 0`) and computes it per example every time. They audit each other's
+every update under the run's rounding tolerance: the same states, so nobody is accused,
+and both live models equal the replay of the one ledger."""
 
 import dataclasses
 import json

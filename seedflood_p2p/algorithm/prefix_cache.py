@@ -18,7 +18,7 @@ batch differs in the last bits, and a two-point scalar divides those by 2 eps). 
 differ from a full pass of the model to float rounding, so every peer of a run that
 trains upper blocks computes them this way: `max_bytes` 0 keeps nothing and still does.
 `max_bytes` bounds the memory (least recently used examples go first): tokens x hidden x
-4 bytes per example, ~2.3 kB per token for SmolLM2, ~90 kB for an MR prompt.
+4 bytes per example, ~2.3 kB per token for SmolLM2, ~60 kB for an MR prompt.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ class ExamplePrefixCache:
         self.layers = prefix.layers  # None: nothing before the first trained block
         self.first = prefix.first
         self.max_bytes = max_bytes  # None: unbounded
-        self.hidden: OrderedDict[int, torch.Tensor] = OrderedDict()  # id(example) -> [n, h]
+        # id(example) -> (example, [tokens, hidden]); the example is held so its id is never
+        # reused by another object while the entry lives
+        self.hidden: OrderedDict[int, tuple[object, torch.Tensor]] = OrderedDict()
         self.nbytes = 0
         self.hits = self.misses = 0  # rows found in the cache / examples computed
         self.evicted = 0
@@ -80,7 +82,7 @@ class ExamplePrefixCache:
         order), running the frozen blocks on the rows not cached yet."""
         keys = [id(e) for e in examples]
         lengths = batch["attention_mask"].sum(dim=1).tolist()
-        found = {k: self.hidden[k] for k in keys if k in self.hidden}
+        found = {k: self.hidden[k][1] for k in keys if k in self.hidden}
         for k in found:
             self.hidden.move_to_end(k)
         missing = [row for row, k in enumerate(keys) if k not in found]
@@ -142,9 +144,9 @@ class ExamplePrefixCache:
         size = states.numel() * states.element_size()
         if self.max_bytes is not None and size > self.max_bytes:
             return
-        self.hidden[key] = states
+        self.hidden[key] = (example, states)
         self.nbytes += size
         while self.max_bytes is not None and self.nbytes > self.max_bytes:
-            _, old = self.hidden.popitem(last=False)
+            _, (_, old) = self.hidden.popitem(last=False)
             self.nbytes -= old.numel() * old.element_size()
             self.evicted += 1

@@ -53,8 +53,8 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 # The default model's own: its top 2 of 30 blocks train, on the first 512 training
 # sentences, so after the first minutes every example's frozen-prefix output is in each
-# peer's cache and a step runs 2 blocks, not 30 (docs/DEMO.md). Another --model trains
-# all of itself on all of its data unless told otherwise.
+# peer's cache and a step runs 2 blocks, not 30 (docs/DEMO.md). Another --model or
+# --dataset trains all of the model on all of the data unless told otherwise.
 DEFAULT_MODEL_DEFAULTS: dict[str, Any] = {
     "train_only": "model.layers.2[89].*",
     "train_examples": 512,
@@ -108,9 +108,16 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """DEMO_DEFAULTS, and the default model's own when the flags and file keep that model."""
-    model = args.model or read_toml(args).get("model") or DEMO_DEFAULTS["model"]
-    if model != DEMO_DEFAULTS["model"]:
+    """DEMO_DEFAULTS, and the default model's own when the flags, the environment and the
+    file keep both the default model and the default data set (settings_values' order)."""
+    table = read_toml(args)
+
+    def chosen(name: str) -> Any:
+        flag = getattr(args, name, None)
+        env = os.environ.get(f"SEEDFLOOD_{name.upper()}")
+        return flag or env or table.get(name) or DEMO_DEFAULTS[name]
+
+    if (chosen("model"), chosen("dataset")) != (DEMO_DEFAULTS["model"], DEMO_DEFAULTS["dataset"]):
         return dict(DEMO_DEFAULTS)
     return {**DEMO_DEFAULTS, **DEFAULT_MODEL_DEFAULTS}
 

@@ -112,7 +112,7 @@ class RunConfig:
     # unit: every receiver scales a message's k scalars to RMS 1, so no identity's update
     # moves the model further than an honest one's | rms: the sender does | none: as sent
     normalize: str = "unit"
-    lr: float = 4e-3  # with "unit", the step of one update (the demo's SmolLM2 setting)
+    lr: float = 4e-3  # with "unit", the step of one update (SmolLM2, whole model, k = 1)
     lr_schedule: str = "constant"  # constant | cosine (needs total_rounds)
     total_rounds: int = 0  # 0: open-ended run
     clip: float = 100.0  # |projected gradient| is clipped to this
