@@ -52,6 +52,10 @@ part1)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .dev1/base58-*.whl
   nvidia-smi --query-gpu=name,memory.total --format=csv
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+  # What the daemons would need there (the GPU demo check carries none of it yet): which
+  # Python, and which of the project's dependencies the image already has
+  python3 -c "import sys; print('python', sys.version.split()[0])"
+  python3 -m pip list 2>/dev/null | grep -iE '^(hivemind|msgpack|uvloop|pydantic|pydantic-settings|aiohttp|prometheus.client|multiaddr|grpcio|protobuf|cryptography|scipy|numpy|accelerate|matplotlib|safetensors|gguf) ' || true
   "${BR[@]}" --model tiny-llama --task synthetic-sentiment --train-only "" --no-cache-prefix \
     --peers 4 --seeds 1 --rounds 3 --eval-at 0,3 --eval-examples 32 --train-examples 200 \
     --rows adam,random,activation --out gpu-smoke
