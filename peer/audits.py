@@ -20,7 +20,10 @@ the judgement of the ledger prefix a sender training t held, so the sender and i
 auditors agree on it and no auditor guesses which bans a sender knew. A mismatch is
 retried on the states the sender may honestly have trained on instead: before the
 settled updates that reached us last had reached it (`_late_states`); any match is a
-match. Each retry is one more recomputation, at most MAX_LATE_STATES per audit.
+match. Each retry is one more recomputation, at most MAX_LATE_STATES per audit. Since
+protocol version 3 an update carries the digest of the rows its sender held
+(`protocol/held_state.py`): the auditor rebuilds exactly that state and recomputes once,
+and guesses only for an update without one or with one no honest pattern explains.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
@@ -60,8 +63,9 @@ from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import NEVER, ProbationSettings, Standing, standing
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.audit import AuditIntake
+from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
-from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
+from seedflood_p2p.protocol.wire import audit_topic_for, decode_held, encode_audit
 from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
@@ -72,6 +76,7 @@ MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch
 # audit (so `share` bounds the compute), and fresh keys are free, so fewer: 20 keys that
 # negate cost a founder 3 budget units each, not 9 (bench/results/sybil_daemon_n20*.md).
 PROBATION_LATE_STATES = 2
+HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 # `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
@@ -176,6 +181,7 @@ class PeerAudits:
         self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
         self.round = 0  # the round we are training (take_settled)
         self._clock = count()
+        self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of each row met
         self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -388,13 +394,27 @@ class PeerAudits:
         return out + self.probation_jobs(trained_round)
 
     # -- where the model lives (model thread) ---------------------------------------
-    def timed_step(self, step, *args):
-        """`step(*args)` (our own training step), its CPU time counted as "train"."""
+    def timed_step(self, step, *args) -> tuple[object, int]:
+        """`step(*args)` (our own training step), its CPU time counted as "train"; returns
+        (its result, the held-state digest of the weights it trained on: sent with the
+        update, so auditors recompute on exactly this state)."""
+        held = self.held_digest()
         started = time.thread_time()
         try:
-            return step(*args)
+            return step(*args), held
         finally:
             self.cpu_seconds["train"] += time.thread_time() - started
+
+    def held_digest(self) -> int:
+        """The digest of the rows the weights hold (`applied`: one hash per (peer, round),
+        so an equivocation's swap, three rows applied for one key, counts once)."""
+        return sum(self._row_hash(key) for key in {(m.peer, m.round) for m in self.applied}) & MASK
+
+    def _row_hash(self, key: tuple[bytes, int]) -> int:
+        h = self._hashes.get(key)
+        if h is None:
+            h = self._hashes[key] = row_hash(*key)
+        return h
 
     def _recompute(self, message: UpdateMessage, engine, tokenizer, task) -> tuple[float, ...]:
         """One recomputation, its CPU time counted as "audit"."""
@@ -496,15 +516,33 @@ class PeerAudits:
             if peer in self.banned:
                 continue
             message = UpdateMessage(round_, peer, claimed)
-            recomputed = self._on_settled(
-                round_, [], lambda m=message: self._recompute(m, engine, tokenizer, task)
-            )
+
+            def compute(m=message):
+                return self._recompute(m, engine, tokenizer, task)
+
             # The sender may have trained before a settled update reached it (a peer that
             # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
-            # for it past --round-deadline). The states without the updates it most likely
-            # lacked are tried (`_late_states`). Probation work pays for its retries.
+            # for it past --round-deadline). Its update says which rows it held (a digest,
+            # protocol/held_state.py): rebuilt, that state is the one recomputation.
+            held = decode_held(self.ledger.payload_of(peer, round_))
+            missing = None if held is None else self._held_missing(peer, round_, held)
+            if missing is not None:
+                self.counts["held_found" if missing else "held_exact"] += 1
+                recomputed = self._on_settled(round_, [m.negated() for m in missing], compute)
+                states = []
+            else:
+                # No digest (an update logged without its envelope), or one that no honest
+                # pattern explains: the states without the updates it most likely lacked
+                # are tried (`_late_states`), with a digest only those that have it.
+                # Probation work pays for its retries.
+                recomputed = self._on_settled(round_, [], compute)
+                states = self._late_states(peer, round_)
+                if held is not None:
+                    self.counts["held_unknown"] += 1
+                    states = [
+                        (k, rows) for k, rows in states if self._held_without(round_, rows) == held
+                    ]
             paid = self._is_probation_work(peer, why)
-            states = self._late_states(peer, round_)
             for kind, late in states[:PROBATION_LATE_STATES] if paid else states:
                 if not rule.mismatches(claimed, recomputed):
                     break
@@ -512,11 +550,7 @@ class PeerAudits:
                 if paid:
                     self.tokens -= 1  # repaid from later rounds' budget (`_earn_tokens`)
                     self.counts["probation_retries"] += 1
-                without = self._on_settled(
-                    round_,
-                    [m.negated() for m in late],
-                    lambda m=message: self._recompute(m, engine, tokenizer, task),
-                )
+                without = self._on_settled(round_, [m.negated() for m in late], compute)
                 if not rule.mismatches(claimed, without):
                     recomputed = without
                     self.counts["late_state_matches"] += 1
@@ -531,6 +565,24 @@ class PeerAudits:
                 record = AuditRecord(peer, round_, self.peer_id, recomputed, self.round)
                 out.append((record, mismatch))
         return out
+
+    def _held_missing(self, peer: bytes, round_: int, held: int) -> list[UpdateMessage] | None:
+        """The updates of S_round the sender of (peer, round_) lacked by its held-state
+        digest `held` ([]: none), or None if no honest pattern explains it
+        (`held_state.find_missing`; rows older than HELD_WINDOW rounds are not searched)."""
+        state = self._state(round_)
+        hashes = {(m.peer, m.round): self._row_hash((m.peer, m.round)) for m in state}
+        since = round_ - self.settings.lag - HELD_WINDOW
+        keys = find_missing(hashes, held, peer, since)
+        if keys is None:
+            return None
+        lacked = set(keys)
+        return [m for m in state if (m.peer, m.round) in lacked]
+
+    def _held_without(self, round_: int, rows: list[UpdateMessage]) -> int:
+        """The held-state digest of S_round without `rows`."""
+        keys = {(m.peer, m.round) for m in self._state(round_)} - {(m.peer, m.round) for m in rows}
+        return sum(self._row_hash(key) for key in keys) & MASK
 
     def _is_probation_work(self, peer: bytes, why: str) -> bool:
         """Is an audit of `peer`'s update paid from the verification budget: a probation
@@ -736,6 +788,9 @@ class DaemonAudits:
                 **{k: audits.counts[k] for k in ("late_state_retries", "late_state_matches")},
                 "matched_by_kind": dict(sorted(audits.late_matches.items())),
             },
+            # audits by the sender's held-state digest: its state was the settled one
+            # ("exact"), rebuilt without the rows it lacked ("found"), or not explained
+            "held_state": {k: audits.counts[f"held_{k}"] for k in ("exact", "found", "unknown")},
             "records": dict(records or {}),
             "verdicts": audits.verdicts,
             "banned": sorted(peer_name(p) for p in audits.banned),

@@ -350,14 +350,15 @@ class Rounds:
                 schedule.round,
                 self.prefix_cache,
             )
+            held = None  # with audits: the digest of the rows the step's weights held
             if audits is None:
                 message, loss = await self.model_thread.run(*step)
             else:  # its CPU time counted, against the audits' (audit CPU share)
-                message, loss = await self.model_thread.run(audits.audits.timed_step, *step)
+                (message, loss), held = await self.model_thread.run(audits.audits.timed_step, *step)
             if self.s.test_cheat:  # the test hook: a cheater (peer/audits.py)
                 message = cheated(self.s.test_cheat, message, self.ledger)
             # Admitted like anyone's update: logged, then pending, applied next round.
-            await self.node.publish(message)
+            await self.node.publish(message, held)
             await self.extend_chain(schedule.round)
             if audits is not None:
                 await audits.run_round(

@@ -29,6 +29,7 @@ from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import zo_step
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.held_state import state_digest
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.wire import Rejected, decode_audit, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
@@ -686,3 +687,63 @@ def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
         ledger.set_meta("manifest", CONFIG.to_json())
         other = UpdateMessage(2, X, quantize_scalars([0.5]))
         assert cheated("turn", other, ledger) == other
+
+
+def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True):
+    """Sender A trained round 14 while sleeper X's rounds 3-11 had not reached it (X slept
+    after its round 2 and published them once awake: tests/test_audit_sleep.py), and
+    auditor C, the sleeper itself, published them before A's update reached it, so arrival
+    order says nothing. A's update carries the digest of the rows it held (or none).
+    Returns (A's claim, mismatch, audits, the scalars recomputed on C's whole settled
+    state)."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.protocol.message import Envelope
+    from seedflood_p2p.protocol.wire import encode_update
+
+    model, tokenizer = load_model("tiny-llama")
+    task = load_task("synthetic-sentiment")
+    config = dataclasses.replace(CONFIG, lr=0.5)  # one update moves the model visibly
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    live = LiveModel(SubCGE(model, config), ledger)
+    history = [m for m in _updates(12, [B, X], seed=7) if m.peer == B or m.round <= 11]
+    asleep = [m for m in history if m.peer == X and m.round >= 3]
+    held_rows = [m for m in history if m not in asleep]
+    base = {k: w.clone() for k, w in live.weights().items()}
+    live.apply(held_rows)  # the sender's state: everything but the sleeper's late rounds
+    honest, _ = zo_step(live.engine, tokenizer, task, A, 14)
+    live.load_weights(base)
+    claim = UpdateMessage(14, A, quantize_scalars([cheat_sign * s for s in honest.scalars]))
+    held = state_digest((m.peer, m.round) for m in held_rows)
+    data = encode_update(config.run_id, 14, claim.scalars, held if with_held else None)
+    ledger.add(history + [claim], [None] * len(history) + [Envelope(data, b"s", b"sig")])
+    settings = AuditSettings(enabled=True, lag=2)
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    audits.round = 12
+    audits.on_accept(history, 4)  # the sleeper's own rows stamped before A's update came
+    audits.on_accept([claim], 4)
+    audits.apply(history)  # the auditor's settled state of round 14: all of rounds < 12
+    whole = recompute(live.engine, tokenizer, task, claim)
+    audits.due = {(A, 14): "recheck"}  # this audit only (not the draws among the others)
+    ((record, mismatch),) = audits.audit(audits.ready(20), live.engine, tokenizer, task)
+    assert (record.accused, record.round) == (A, 14)
+    ledger.close()
+    return claim, mismatch, audits, whole
+
+
+def test_a_sender_that_lacked_a_sleepers_rounds_is_matched_by_its_held_state(tmp_path):
+    """The held-state digest names the sleeper's 9 late rows: one recomputation, on exactly
+    the sender's state. Without it, the guessed states miss them (the CI failure)."""
+    claim, mismatch, audits, whole = _sleeper_audit(tmp_path, cheat_sign=1.0)
+    assert AuditSettings(enabled=True).rule.mismatches(claim.scalars, whole)
+    assert not mismatch
+    assert audits.counts["held_found"] == 1 and audits.counts["late_state_retries"] == 0
+    (tmp_path / "old").mkdir()
+    _, mismatch, audits, _ = _sleeper_audit(tmp_path / "old", cheat_sign=1.0, with_held=False)
+    assert mismatch and audits.counts["late_state_matches"] == 0  # guessing: accused
+
+
+def test_a_cheater_with_its_true_held_state_costs_one_recomputation(tmp_path):
+    _, mismatch, audits, _ = _sleeper_audit(tmp_path, cheat_sign=-1.0)
+    assert mismatch
+    assert audits.counts["held_found"] == 1 and audits.counts["late_state_retries"] == 0

@@ -263,9 +263,10 @@ class FloodNode:
             del self.peers[peer]
 
     # -- gossip -----------------------------------------------------------
-    async def publish(self, message: UpdateMessage) -> None:
+    async def publish(self, message: UpdateMessage, held: int | None = None) -> None:
         """Admit our own update (logged, handed to `on_accept` like anyone's), then flood
-        it. Its echo from the daemon attaches the signed envelope to our row."""
+        it, with `held` (the digest of the state it was trained on, for its auditors). Its
+        echo from the daemon attaches the signed envelope to our row."""
         verdict = self.admission.own(message)
         self._track([verdict], heard=True)
         if verdict.outcome is not Outcome.ACCEPTED:
@@ -275,7 +276,7 @@ class FloodNode:
                 f"{message.round} ({verdict.reason}): is another process running with the "
                 "same identity.key?"
             )
-        data = encode_update(self.run_id, message.round, message.scalars)
+        data = encode_update(self.run_id, message.round, message.scalars, held)
         await self._pubsub.publish(self.topic, data)
         self.metrics.published.inc()
         self.metrics.bytes_out.inc(len(data))

@@ -1,8 +1,14 @@
 """The SeedFlood wire protocol and its validation rules, stated in one place.
 
-Update message (GossipSub payload), msgpack array, 11 + 2k to 19 + 2k bytes:
+Update message (GossipSub payload), msgpack array, 11 + 2k to 28 + 2k bytes:
 
-    [version: int = 2, run_tag: bin(4), round: uint, scalars: bin(2k)]
+    [version: int = 3, run_tag: bin(4), round: uint, scalars: bin(2k), held: uint64]
+
+`held` (optional: absent from a sender that keeps no audit state) is the digest of the
+ledger rows the sender's model held when it trained the round
+(`protocol/held_state.py`): auditors recompute on exactly that state instead of guessing
+which rows had not reached it. Version 3 added it; a version-2 peer's update is dropped
+as `bad_version`, so peers of both versions never mix in one run.
 
 `scalars` holds the k projected gradients (one per direction, k = the run's
 `directions`, at most 16) as little-endian float16. The sender is not in the payload:
@@ -14,7 +20,8 @@ A received update is accepted only if all of these hold; otherwise it is
 dropped and counted under the named reason (never raised out of the daemon):
 
     oversized      payload longer than MAX_UPDATE_BYTES
-    malformed      not a msgpack array of the shape above, or not the run's k scalars
+    malformed      not a msgpack array of the shape above, or not the run's k scalars,
+                   or a `held` that is not an integer in 0 .. 2^64 - 1
     bad_version    version is not PROTOCOL_VERSION
     wrong_run      run_tag differs from this run's
     non_finite     a scalar is NaN or infinite
@@ -125,9 +132,10 @@ from seedflood_p2p.protocol.message import (
     unpack_scalars,
 )
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: updates carry the sender's held-state digest
 MAX_SCALARS = 16  # directions per message (config.MAX_DIRECTIONS)
-MAX_UPDATE_BYTES = 64
+MAX_UPDATE_BYTES = 64  # k = 16 with a held digest: 60
+MAX_HELD = (1 << 64) - 1
 RUN_TAG_BYTES = 4
 MAX_ROUND = (1 << 62) - 1  # rounds are SQLite integers; no real run comes near this
 BUCKET_ROUNDS = 64  # rounds per digest bucket in anti-entropy
@@ -181,10 +189,14 @@ def run_tag(run_id: str) -> bytes:
     return bytes.fromhex(run_id)[:RUN_TAG_BYTES]
 
 
-def encode_update(run_id: str, round_: int, scalars: Sequence[float]) -> bytes:
+def encode_update(
+    run_id: str, round_: int, scalars: Sequence[float], held: int | None = None
+) -> bytes:
+    """The payload of an update; `held`: the sender's held-state digest (None: not sent)."""
     # The scalars travel as float16, the precision every peer applies.
     packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack([PROTOCOL_VERSION, run_tag(run_id), round_, pack_scalars(tuple(scalars))])
+    body = [PROTOCOL_VERSION, run_tag(run_id), round_, pack_scalars(tuple(scalars))]
+    return packer.pack(body if held is None else [*body, held])
 
 
 class Rejected(Exception):
@@ -220,12 +232,28 @@ def decode_update(
         raise Rejected("malformed", "not a versioned array")
     if body[0] != PROTOCOL_VERSION:
         raise Rejected("bad_version", f"version {body[0]}, expected {PROTOCOL_VERSION}")
-    if len(body) != 4:
-        raise Rejected("malformed", f"{len(body)} fields, expected 4")
-    _, tag, round_, packed = body
+    if len(body) not in (4, 5):
+        raise Rejected("malformed", f"{len(body)} fields, expected 4 or 5")
+    _, tag, round_, packed, *held = body
+    if held and not (_is_int(held[0]) and 0 <= held[0] <= MAX_HELD):
+        raise Rejected("malformed", "held-state digest is not a 64-bit unsigned integer")
     _check_run_tag(tag, run_id)
     scalars = _check_round_and_scalars(round_, packed, directions)
     return UpdateMessage(round_, sender, scalars)
+
+
+def decode_held(data: bytes | None) -> int | None:
+    """The held-state digest of a stored, already checked update payload (None: the
+    payload carries none, or there is no payload: a local-only row)."""
+    if not data:
+        return None
+    try:
+        body = msgpack.unpackb(data, raw=False, max_bin_len=64, max_str_len=64, max_array_len=8)
+    except Exception:  # the ledger's own rows were checked on the way in; be safe anyway
+        return None
+    if isinstance(body, list) and len(body) == 5 and _is_int(body[4]):
+        return body[4] if 0 <= body[4] <= MAX_HELD else None
+    return None
 
 
 def _check_run_tag(tag: object, run_id: str) -> None:

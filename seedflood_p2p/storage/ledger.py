@@ -463,6 +463,13 @@ class Ledger:
     def has(self, peer: bytes, round_: int) -> bool:
         return self.scalars_of(peer, round_) is not None
 
+    def payload_of(self, peer: bytes, round_: int) -> bytes | None:
+        """The signed envelope's payload of `peer`'s update of `round_` (None: no such row,
+        or a row logged without one yet: local-only, or our own not yet echoed)."""
+        query = "SELECT data FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
+        row = self._db.execute(query, (self.run_id, round_, peer)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
     def bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
         """{bucket: (count, hash)} over rounds [b * bucket_rounds, (b + 1) * bucket_rounds).
 

@@ -235,7 +235,8 @@ def finite_halves(r: random.Random, k: int) -> bytes:
 
 
 def valid_update(r: random.Random) -> list:
-    return [PROTOCOL_VERSION, TAG, random_round(r), finite_halves(r, r.randint(1, MAX_SCALARS))]
+    body = [PROTOCOL_VERSION, TAG, random_round(r), finite_halves(r, r.randint(1, MAX_SCALARS))]
+    return body if r.random() < 0.5 else [*body, r.getrandbits(64)]  # a held-state digest
 
 
 def valid_row(r: random.Random) -> list:
@@ -295,9 +296,11 @@ def reference_update(data: bytes, directions: int | None):
     if len(data) > MAX_UPDATE_BYTES:
         return None
     body = _plain(data)
-    if type(body) is not list or len(body) != 4:
+    if type(body) is not list or len(body) not in (4, 5):
         return None
-    version, tag, round_, packed = body
+    version, tag, round_, packed, *held = body
+    if held and not (_is_int(held[0]) and 0 <= held[0] < 2**64):  # the held-state digest
+        return None
     if not _is_int(version) or version != PROTOCOL_VERSION or tag != TAG or type(tag) is not bytes:
         return None
     if not _is_int(round_) or not 0 <= round_ <= MAX_ROUND:

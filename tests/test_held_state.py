@@ -1,0 +1,125 @@
+"""The held-state digest (protocol/held_state.py): a sender's 8 bytes name the rows it held,
+and `find_missing` names the rows it lacked for each way an honest sender falls behind."""
+
+import random
+
+import msgpack
+
+from seedflood_p2p.protocol.held_state import (
+    MAX_SUMS,
+    find_missing,
+    row_hash,
+    state_digest,
+)
+from seedflood_p2p.protocol.message import pack_scalars
+from seedflood_p2p.protocol.wire import (
+    MAX_UPDATE_BYTES,
+    PROTOCOL_VERSION,
+    Rejected,
+    decode_held,
+    decode_update,
+    encode_update,
+    run_tag,
+)
+
+A, B, C, D, S = (f"peer-{c}".encode() for c in "ABCDS")
+
+
+def _state(peers: dict[bytes, range]) -> dict[tuple[bytes, int], int]:
+    return {(p, r): row_hash(p, r) for p, rounds in peers.items() for r in rounds}
+
+
+def _held(state, lacked) -> int:
+    return state_digest(k for k in state if k not in set(lacked))
+
+
+def test_the_digest_is_of_a_set_and_tells_rows_apart():
+    keys = [(A, 1), (B, 1), (A, 2)]
+    assert state_digest(keys) == state_digest(reversed(keys)) == state_digest(keys + keys[:1])
+    assert state_digest(keys) != state_digest(keys[:2])
+    assert row_hash(A, 1) != row_hash(A, 2) != row_hash(B, 1)
+    assert 0 <= state_digest(keys) < 2**64
+
+
+def test_a_sender_that_held_the_settled_state_lacks_nothing():
+    state = _state({A: range(10), B: range(10), S: range(10)})
+    assert find_missing(state, state_digest(state), S) == []
+
+
+def test_a_sleepers_late_rounds_are_found():
+    """tests/test_audit_sleep.py: the others trained rounds 10-35 while d slept after its
+    round 6, so each of their updates lacked d's rows 7 .. t - lag - 1 (12 and more)."""
+    state = _state({A: range(19), B: range(19), D: range(19), S: range(19)})
+    lacked = [(D, r) for r in range(7, 19)]
+    assert sorted(find_missing(state, _held(state, lacked), S)) == lacked
+
+
+def test_a_newcomers_rows_a_lossy_sender_never_saw_are_found():
+    """tests/test_round_mean_daemon.py: c trained round 11 without any of the late joiner
+    d's rows (rounds 8-10), or without only d's first row."""
+    state = _state({A: range(11), B: range(11), D: range(8, 11), S: range(11)})
+    assert sorted(find_missing(state, _held(state, [(D, 8), (D, 9), (D, 10)]), S)) == [
+        (D, 8),
+        (D, 9),
+        (D, 10),
+    ]
+    assert find_missing(state, _held(state, [(D, 8)]), S) == [(D, 8)]
+
+
+def test_lost_rows_and_two_peers_behind_are_found():
+    state = _state({A: range(20), B: range(20), C: range(20), S: range(20)})
+    for lacked in (
+        [(B, 12)],  # one row lost on the way
+        [(A, 5), (C, 17)],  # two lost rows
+        [(A, 18), (A, 19), (B, 19)],  # two stragglers' newest rows
+        [(A, 3), (B, 16), (B, 17), (B, 18), (B, 19)],  # a hole and a straggler
+    ):
+        assert sorted(find_missing(state, _held(state, lacked), S)) == sorted(lacked)
+
+
+def test_many_peers_each_behind_by_their_last_rounds_are_found():
+    peers = [f"p{i}".encode() for i in range(12)]
+    state = _state({**{p: range(30) for p in peers}, S: range(30)})
+    lacked = [(peers[1], 29), (peers[4], 28), (peers[4], 29), (peers[7], 29), (peers[9], 29)]
+    assert sorted(find_missing(state, _held(state, lacked), S)) == sorted(lacked)
+
+
+def test_what_no_honest_pattern_explains_is_not_found():
+    state = _state({A: range(20), B: range(20), C: range(20), S: range(20)})
+    scattered = [(A, 2), (A, 9), (B, 4), (B, 11), (C, 6), (C, 15)]  # holes everywhere
+    assert find_missing(state, _held(state, scattered), S) is None
+    assert find_missing(state, random.Random(1).getrandbits(64), S) is None
+    # the sender always held its own rows; rows before `since` are never searched
+    assert find_missing(state, _held(state, [(S, 19)]), S) is None
+    assert find_missing(state, _held(state, [(A, 2)]), S, since=5) is None
+
+
+def test_the_search_stays_bounded_with_many_peers():
+    """Each of 64 peers lacking its newest rows: the partial sums stop at MAX_SUMS (this
+    digest is not found rather than searched for without end)."""
+    peers = [f"p{i}".encode() for i in range(64)]
+    state = _state({p: range(40) for p in peers})
+    lacked = [(p, 39) for p in peers[::2]]  # 32 peers behind by one round
+    assert MAX_SUMS < 2**32
+    assert find_missing(state, _held(state, lacked), S) is None
+
+
+def test_the_held_digest_travels_in_the_update():
+    run = "ab" * 32
+    scalars = tuple(0.5 for _ in range(16))
+    held = 2**64 - 1
+    data = encode_update(run, 7, scalars, held)
+    assert len(data) <= MAX_UPDATE_BYTES  # 16 scalars and the largest digest still fit
+    assert decode_update(data, run, A, 16).scalars == scalars
+    assert decode_held(data) == held
+    assert decode_held(encode_update(run, 7, scalars)) is None  # optional
+    assert decode_held(None) is None and decode_held(b"\xc1") is None
+    good = [PROTOCOL_VERSION, run_tag(run), 7, pack_scalars((0.5,))]
+    for bad in (-1, 1.5, b"12345678", None, True):
+        payload = msgpack.packb([*good, bad], use_bin_type=True)
+        try:
+            decode_update(payload, run, A)
+        except Rejected as exc:
+            assert exc.reason == "malformed", bad
+        else:
+            raise AssertionError(f"held {bad!r} was accepted")
