@@ -199,6 +199,7 @@ def run(
             "published": audits.get("published"),
             "q": audits.get("rate"),
             "retries": audits.get("retries"),
+            "held_state": audits.get("held_state"),
             "records": audits.get("records"),
             "banned": audits.get("banned"),
             "ban_rounds": {k: bans[name].get(ids.get(c)) for c, k in cheaters.items()},
@@ -254,7 +255,9 @@ def write_markdown(result: dict, path: Path) -> None:
         f"Total {result['seconds']:.0f} s."
         + (
             f" Paused (SIGSTOP, a sleeping laptop): {result['pause']}; the peers' audit "
-            f"retries on late-update states (tried / matched): {result['late_retries']}."
+            f"retries on late-update states (tried / matched): {result['late_retries']}; "
+            "audits by the sender's held-state digest (on the settled state / on a state "
+            f"rebuilt without the rows it lacked / not explained): {result.get('held', {})}."
             if result.get("pause")
             else ""
         ),
@@ -353,6 +356,14 @@ def main() -> None:
         result["late_retries"] = {
             f"{rate}/{label}/{name}": [
                 (p["retries"] or {}).get(k) for k in ("late_state_retries", "late_state_matches")
+            ]
+            for rate, pair in result["runs"].items()
+            for label, r in pair.items()
+            for name, p in r["per_peer"].items()
+        }
+        result["held"] = {
+            f"{rate}/{label}/{name}": [
+                (p.get("held_state") or {}).get(k) for k in ("exact", "found", "unknown")
             ]
             for rate, pair in result["runs"].items()
             for label, r in pair.items()

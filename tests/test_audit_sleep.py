@@ -7,7 +7,11 @@ late, so every update the others trained meanwhile was computed on a settled sta
 lacked d's late updates, and d's own audits of those updates run after a burst of
 buffered gossip. Before audits tried the states without the updates that reached the
 auditor after the sender's (peer/audits.py:_late_states), this run convicted 3 of the 4
-honest peers (bench/results/archive/audit_daemon-pause-old.md). Each test asserts one promise.
+honest peers (bench/results/archive/audit_daemon-pause-old.md); with those guesses the
+sleeper still accused the others in 1 of 6 runs here (15 mismatch votes: it published its
+late rounds before their updates reached it, so arrival order misled it). Since protocol
+version 3 each update names the rows its sender held (protocol/held_state.py) and the
+auditor rebuilds that state. Each test asserts one promise.
 """
 
 from __future__ import annotations
@@ -87,11 +91,15 @@ def test_every_peer_finishes_and_the_others_went_on_without_the_sleeper(scenario
     assert waited, "nobody went on without the sleeper: the scenario did not happen"
 
 
-def test_audits_met_late_updates_and_matched_them(scenario):
-    """The sleep made audits meet senders that lacked late updates (the scenario is real),
-    and the late-update states matched them."""
-    retries = [scenario["finals"][n]["audits"]["retries"] for n in PEERS]
-    assert sum(r["late_state_matches"] for r in retries) > 0, retries
+def test_audits_met_late_updates_and_rebuilt_the_senders_states(scenario):
+    """The sleep made audits meet senders that lacked late updates (the scenario is real):
+    their held-state digests named the rows they lacked, and every audit was one
+    recomputation on a state the auditor rebuilt (no guessed state tried)."""
+    audits = [scenario["finals"][n]["audits"] for n in PEERS]
+    held = [a["held_state"] for a in audits]
+    assert sum(h["found"] for h in held) > 0, held
+    assert sum(h["exact"] + h["found"] for h in held) == sum(a["done"] for a in audits), held
+    assert sum(a["retries"]["late_state_retries"] for a in audits) == 0, audits
 
 
 def test_no_honest_peer_is_accused_or_convicted(scenario):

@@ -86,6 +86,8 @@ def test_many_peers_each_behind_by_their_last_rounds_are_found():
 
 def test_what_no_honest_pattern_explains_is_not_found():
     state = _state({A: range(20), B: range(20), C: range(20), S: range(20)})
+    three = [(A, 2), (B, 11), (C, 6)]  # three lost rows: still searched
+    assert sorted(find_missing(state, _held(state, three), S)) == sorted(three)
     scattered = [(A, 2), (A, 9), (B, 4), (B, 11), (C, 6), (C, 15)]  # holes everywhere
     assert find_missing(state, _held(state, scattered), S) is None
     assert find_missing(state, random.Random(1).getrandbits(64), S) is None

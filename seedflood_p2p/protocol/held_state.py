@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 MASK = (1 << 64) - 1
 Key = tuple[bytes, int]  # (peer, round)
 MAX_SUMS = 20_000  # partial sums kept a half while combining many peers' last rounds
+MAX_TRIPLE_OPTIONS = 800  # three options at once are searched up to this many options
 LAST_ROUNDS = 2  # ... of which each peer may lack its newest 0 .. LAST_ROUNDS rows
 
 
@@ -48,8 +49,9 @@ def find_missing(
     the digest. Only rows of rounds >= `since` are candidates, never the sender's own.
 
     Patterns, cheapest first: one option of one peer (its rows from some round on, its
-    first one or two rows, or one row), two options of two peers, then each of many peers
-    lacking its newest 0 .. LAST_ROUNDS rows (at most MAX_SUMS partial sums)."""
+    first one or two rows, or one row), two options, three (while there are at most
+    MAX_TRIPLE_OPTIONS options), then each of many peers lacking its newest
+    0 .. LAST_ROUNDS rows (at most MAX_SUMS partial sums a half)."""
     total = sum(hashes.values()) & MASK
     delta = (total - held) & MASK  # the hash sum of the rows the sender lacked
     if delta == 0:
@@ -73,6 +75,13 @@ def find_missing(
         other = options.get((delta - s) & MASK)
         if other is not None and not set(drop) & set(other):
             return list(drop + other)
+    if len(options) <= MAX_TRIPLE_OPTIONS:  # three (a lossy peer's holes), O(options^2)
+        items = list(options.items())
+        for i, (s1, d1) in enumerate(items):
+            for s2, d2 in items[i + 1 :]:
+                d3 = options.get((delta - s1 - s2) & MASK)
+                if d3 is not None and len(set(d1) | set(d2) | set(d3)) == len(d1 + d2 + d3):
+                    return list(d1 + d2 + d3)
     return _newest_of_many(rows, hashes, delta, since)
 
 
