@@ -22,8 +22,9 @@ retried on the states the sender may honestly have trained on instead: before th
 settled updates that reached us last had reached it (`_late_states`); any match is a
 match. Each retry is one more recomputation, at most MAX_LATE_STATES per audit. Since
 protocol version 3 an update carries the digest of the rows its sender held
-(`protocol/held_state.py`): the auditor rebuilds exactly that state and recomputes once,
-and guesses only for an update without one or with one no honest pattern explains.
+(`protocol/held_state.py`): the auditor rebuilds that state and tries it first, so an
+honest sender that lacked rows is matched by the first recomputation; a mismatch there
+still tries S_t and the guessed states.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
@@ -182,6 +183,7 @@ class PeerAudits:
         self.round = 0  # the round we are training (take_settled)
         self._clock = count()
         self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of each row met
+        self._held_memo: tuple | None = None  # (applied list, rows summed, keys, digest)
         self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -398,17 +400,30 @@ class PeerAudits:
         """`step(*args)` (our own training step), its CPU time counted as "train"; returns
         (its result, the held-state digest of the weights it trained on: sent with the
         update, so auditors recompute on exactly this state)."""
-        held = self.held_digest()
         started = time.thread_time()
         try:
+            held = self.held_digest()
             return step(*args), held
         finally:
             self.cpu_seconds["train"] += time.thread_time() - started
 
     def held_digest(self) -> int:
         """The digest of the rows the weights hold (`applied`: one hash per (peer, round),
-        so an equivocation's swap, three rows applied for one key, counts once)."""
-        return sum(self._row_hash(key) for key in {(m.peer, m.round) for m in self.applied}) & MASK
+        so an equivocation's swap, three rows applied for one key, counts once). Kept up to
+        date from the rows appended since the last call; a list rebuilt (a ban took rows
+        back, a restore) is summed again."""
+        applied, memo = self.applied, self._held_memo
+        if memo is not None and memo[0] is applied and memo[1] <= len(applied):
+            _, start, keys, total = memo
+        else:
+            start, keys, total = 0, set(), 0
+        for m in applied[start:]:
+            key = (m.peer, m.round)
+            if key not in keys:
+                keys.add(key)
+                total = (total + self._row_hash(key)) & MASK
+        self._held_memo = (applied, len(applied), keys, total)
+        return total
 
     def _row_hash(self, key: tuple[bytes, int]) -> int:
         h = self._hashes.get(key)
@@ -523,25 +538,22 @@ class PeerAudits:
             # The sender may have trained before a settled update reached it (a peer that
             # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
             # for it past --round-deadline). Its update says which rows it held (a digest,
-            # protocol/held_state.py): rebuilt, that state is the one recomputation.
+            # protocol/held_state.py): that state, rebuilt, is tried first. A mismatch there
+            # still tries S_t and the states without the updates it most likely lacked
+            # (`_late_states`): the digest adds a state, never removes one, so a sender that
+            # sends two copies with different digests to different peers cannot make an
+            # auditor accuse where others match. Probation work pays for its retries.
             held = decode_held(self.ledger.payload_of(peer, round_))
             missing = None if held is None else self._held_missing(peer, round_, held)
-            if missing is not None:
-                self.counts["held_found" if missing else "held_exact"] += 1
-                recomputed = self._on_settled(round_, [m.negated() for m in missing], compute)
-                states = []
-            else:
-                # No digest (an update logged without its envelope), or one that no honest
-                # pattern explains: the states without the updates it most likely lacked
-                # are tried (`_late_states`), with a digest only those that have it.
-                # Probation work pays for its retries.
-                recomputed = self._on_settled(round_, [], compute)
-                states = self._late_states(peer, round_)
-                if held is not None:
-                    self.counts["held_unknown"] += 1
-                    states = [
-                        (k, rows) for k, rows in states if self._held_without(round_, rows) == held
-                    ]
+            if held is not None:
+                self.counts[
+                    "held_unknown" if missing is None else "held_found" if missing else "held_exact"
+                ] += 1
+            # reversed: an equivocation's rows (original, its negation, the replacement)
+            # come out in the order applied, so a round-sized rule's sizes unwind cleanly
+            first = [m.negated() for m in reversed(missing or [])]
+            recomputed = self._on_settled(round_, first, compute)
+            states = ([("settled", [])] if first else []) + self._late_states(peer, round_)
             paid = self._is_probation_work(peer, why)
             for kind, late in states[:PROBATION_LATE_STATES] if paid else states:
                 if not rule.mismatches(claimed, recomputed):
@@ -578,11 +590,6 @@ class PeerAudits:
             return None
         lacked = set(keys)
         return [m for m in state if (m.peer, m.round) in lacked]
-
-    def _held_without(self, round_: int, rows: list[UpdateMessage]) -> int:
-        """The held-state digest of S_round without `rows`."""
-        keys = {(m.peer, m.round) for m in self._state(round_)} - {(m.peer, m.round) for m in rows}
-        return sum(self._row_hash(key) for key in keys) & MASK
 
     def _is_probation_work(self, peer: bytes, why: str) -> bool:
         """Is an audit of `peer`'s update paid from the verification budget: a probation

@@ -689,13 +689,15 @@ def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
         assert cheated("turn", other, ledger) == other
 
 
-def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True):
+def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True, lied: bool = False):
     """Sender A trained round 14 while sleeper X's rounds 3-11 had not reached it (X slept
-    after its round 2 and published them once awake: tests/test_audit_sleep.py), and
-    auditor C, the sleeper itself, published them before A's update reached it, so arrival
-    order says nothing. A's update carries the digest of the rows it held (or none).
-    Returns (A's claim, mismatch, audits, the scalars recomputed on C's whole settled
-    state)."""
+    after its round 2 and published them once awake: tests/test_audit_sleep.py), and the
+    auditor C stamped X's rows before A's update reached it (as the sleeper, auditing, did
+    with its own), so arrival order says nothing. A's update carries the digest of the rows
+    it held (or none). `lied`: A trained on the whole settled state instead, and C's copy
+    of its update carries a digest naming the state without X's late rows (a sender that
+    sent two copies with different digests). Returns (A's claim, mismatch, audits, the
+    scalars recomputed on C's whole settled state)."""
     from peer.audits import PeerAudits
     from seedflood_p2p.network.audit import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
@@ -710,7 +712,7 @@ def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True):
     asleep = [m for m in history if m.peer == X and m.round >= 3]
     held_rows = [m for m in history if m not in asleep]
     base = {k: w.clone() for k, w in live.weights().items()}
-    live.apply(held_rows)  # the sender's state: everything but the sleeper's late rounds
+    live.apply(history if lied else held_rows)  # the sender's state
     honest, _ = zo_step(live.engine, tokenizer, task, A, 14)
     live.load_weights(base)
     claim = UpdateMessage(14, A, quantize_scalars([cheat_sign * s for s in honest.scalars]))
@@ -720,7 +722,7 @@ def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True):
     settings = AuditSettings(enabled=True, lag=2)
     audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
     audits.round = 12
-    audits.on_accept(history, 4)  # the sleeper's own rows stamped before A's update came
+    audits.on_accept(history, 4)  # X's rows stamped before A's update came
     audits.on_accept([claim], 4)
     audits.apply(history)  # the auditor's settled state of round 14: all of rounds < 12
     whole = recompute(live.engine, tokenizer, task, claim)
@@ -732,8 +734,9 @@ def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True):
 
 
 def test_a_sender_that_lacked_a_sleepers_rounds_is_matched_by_its_held_state(tmp_path):
-    """The held-state digest names the sleeper's 9 late rows: one recomputation, on exactly
-    the sender's state. Without it, the guessed states miss them (the CI failure)."""
+    """The held-state digest names the sleeper's 9 late rows: the first recomputation, on
+    exactly the sender's state, matches. Without it, the guessed states miss them (the CI
+    failure)."""
     claim, mismatch, audits, whole = _sleeper_audit(tmp_path, cheat_sign=1.0)
     assert AuditSettings(enabled=True).rule.mismatches(claim.scalars, whole)
     assert not mismatch
@@ -743,7 +746,36 @@ def test_a_sender_that_lacked_a_sleepers_rounds_is_matched_by_its_held_state(tmp
     assert mismatch and audits.counts["late_state_matches"] == 0  # guessing: accused
 
 
-def test_a_cheater_with_its_true_held_state_costs_one_recomputation(tmp_path):
+def test_a_digest_that_names_another_state_cannot_turn_an_audit_into_an_accusation(tmp_path):
+    """A copy of an honest update whose digest names a state the sender did not train on
+    mismatches there; the auditor then tries the settled state too and matches, as the
+    peers holding the true copy do (else it would accuse, be refuted and banned)."""
+    _, mismatch, audits, _ = _sleeper_audit(tmp_path, cheat_sign=1.0, lied=True)
+    assert not mismatch
+    assert audits.counts["held_found"] == 1 and audits.late_matches == {"settled": 1}
+
+
+def test_a_cheater_is_not_cleared_by_its_held_state_or_the_guessed_ones(tmp_path):
     _, mismatch, audits, _ = _sleeper_audit(tmp_path, cheat_sign=-1.0)
-    assert mismatch
-    assert audits.counts["held_found"] == 1 and audits.counts["late_state_retries"] == 0
+    assert mismatch and audits.counts["held_found"] == 1
+    assert audits.counts["late_state_matches"] == 0 and audits.counts["late_state_retries"] >= 1
+
+
+def test_the_held_digest_follows_the_rows_applied(tmp_path):
+    """What a sender sends: the digest of the rows its weights hold, kept up to date as
+    rows are applied, counted once per (peer, round), summed again after a rebuild."""
+    from peer.audits import PeerAudits
+    from seedflood_p2p.network.audit import AuditIntake
+
+    model, _ = load_model("tiny-llama")
+    ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
+    live = LiveModel(SubCGE(model, CONFIG), ledger)
+    audits = PeerAudits(SETTINGS, b"s", C, ledger, live, AuditIntake(ledger, 1))
+    rows = _updates(4, [A, B])
+    audits.apply(rows[:3])
+    assert audits.timed_step(lambda: "step")[1] == state_digest((m.peer, m.round) for m in rows[:3])
+    audits.apply(rows[3:] + [rows[0].negated()])  # a repeat of a key counts once
+    assert audits.held_digest() == state_digest((m.peer, m.round) for m in rows)
+    audits.applied = [m for m in audits.applied if m.peer == A]  # a ban took B's rows back
+    assert audits.held_digest() == state_digest((m.peer, m.round) for m in rows if m.peer == A)
+    ledger.close()

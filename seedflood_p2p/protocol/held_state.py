@@ -10,12 +10,12 @@ So a sender now says which state it held, in 8 bytes of its update: the sum (mod
 of one 64-bit hash per (peer, round) its model held. A sum, not a hash of a list, so an
 auditor can test "S_t without these rows" by subtracting their hashes, with no model
 pass: `find_missing` searches the ways an honest sender falls behind (one peer's newest
-rounds from some round on, its first rows, single lost rows, two of those at once, the
-last rounds of several peers) and names the rows to leave out; the auditor then
-recomputes once, on exactly that state. A digest no such set explains leaves the auditor
-with the settled state (a mismatch there is one, as before). A sender cannot gain by
-lying about its state: a false digest only points its auditors at another state, where a
-wrong scalar is still wrong.
+rounds from some round on, its first rows, single lost rows, two or three of those at
+once, the last rounds of several peers) and names the rows to leave out; the auditor
+recomputes on that state first. A mismatch there still tries the settled state and the
+guessed ones (peer/audits.py), so a false digest, even one sent to some peers only,
+gains a sender nothing: a wrong scalar is wrong on every state tried, a right one is
+matched where it was before.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _newest_of_many(
     """Each peer lacking its newest 0 .. LAST_ROUNDS recent rows (a sender that trained
     before several peers' last rounds reached it): the peers split in two halves, each
     half's partial sums (at most MAX_SUMS), and a sum of one half that the other
-    completes (3^8 sums a half: 16 peers searched in full)."""
+    completes (3^9 < MAX_SUMS sums a half: 18 peers searched in full)."""
     tails_of = []
     for peer_rows in rows.values():
         recent = [k for k in peer_rows if k[1] >= since][-LAST_ROUNDS:]

@@ -577,7 +577,7 @@ def decode_summary(data: bytes) -> Summary:
 #
 # Audit record, GossipSub payload on the run's audit topic, msgpack array:
 #
-#     [version: int = 2, run_tag: bin(4), accused: bin(1..64), round: uint, scalars: bin(2k),
+#     [version: int = 3, run_tag: bin(4), accused: bin(1..64), round: uint, scalars: bin(2k),
 #      at: uint]
 #
 # `scalars` are the auditor's recomputation of the accused's update for `round`, as
