@@ -197,7 +197,7 @@ kfac)
     --row "random=$RANDOM_ROW,$PICK"
   # Memory per peer against inference on the GPU (allocated CUDA memory; the CPU's RSS
   # figures are in bench/results/memory.md)
-  timeout 150 python3 bench/bench_memory.py --device "$DEVICE" --results-dir "$OUT"
+  timeout 300 python3 bench/bench_memory.py --device "$DEVICE" --results-dir "$OUT"
   ;;
 *)
   echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers|kfac" >&2
