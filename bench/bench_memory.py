@@ -7,7 +7,7 @@ one batch of 16 and then does either one inference forward (the per-example loss
 peer scoring its batch would) or one `zo_step` of the row's settings. Reported: the
 process's peak RSS, and the part above what loading the model and batch took.
 
-    python bench/bench_memory.py            # ~10 CPU-min (7 step rows, 3 artifacts first)
+    python bench/bench_memory.py            # ~10 CPU-min (7 step rows, 4 artifacts first)
     python bench/bench_memory.py --device cuda --results-dir OUT   # on a GPU: allocated bytes
 
 Writes bench/results/memory.{json,md} (memory-cuda.{json,md} on a GPU; --results-dir
