@@ -6,7 +6,7 @@
 Per ROUNDS: a synthetic ledger of ROUNDS x PEERS rows (N(0,1) scalars, float16) and the
 link of the run's checkpoint chain (algorithm/chain.py) that covers every row but the
 last TAIL rounds' (P = ROUNDS - TAIL). Two donors with real p2pd daemons on 127.0.0.1 serve
-the same link (network/checkpoints.py:CheckpointServer); a joiner (its own p2pd, the same
+the same link (network/transfer/checkpoints.py:CheckpointServer); a joiner (its own p2pd, the same
 process) then takes each path on a fresh model, timed:
 
 - checkpoint: ask both donors for offers, download the chunks from both at once (hashed per
@@ -61,9 +61,9 @@ async def fetch_path(config, link_dir: Path, ledger, work: Path) -> dict:
     """Two donors serve the link; the joiner fetches it from both. Returns timings."""
     from hivemind.p2p import PeerID
 
-    from seedflood_p2p.network.checkpoints import CheckpointServer, fetch_checkpoint
     from seedflood_p2p.network.host import HostSettings, NetworkHost
-    from seedflood_p2p.network.p2pd import connect_peer
+    from seedflood_p2p.network.transfer.checkpoints import CheckpointServer, fetch_checkpoint
+    from seedflood_p2p.network.transport.p2pd import connect_peer
     from seedflood_p2p.storage.ledger import Ledger
 
     async with contextlib.AsyncExitStack() as stack:

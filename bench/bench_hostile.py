@@ -75,7 +75,7 @@ def make_identities(keys: Path, seed: int) -> dict[str, str]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from hivemind.proto import crypto_pb2
 
-    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     ids = {}
     for node in NODES:
@@ -86,7 +86,7 @@ def make_identities(keys: Path, seed: int) -> dict[str, str]:
             Ed25519PrivateKey.from_private_bytes(secret)
             .public_key()
             .public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
-        )  # the key file format of network/identity.py (libp2p crypto.pb.PrivateKey)
+        )  # the key file format of network/transport/identity.py (libp2p crypto.pb.PrivateKey)
         blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=secret + public)
         path.write_bytes(blob.SerializeToString())
         path.chmod(0o600)

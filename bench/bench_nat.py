@@ -35,7 +35,12 @@ async def _node(role: str, listen: str, dial: list[str], out: Path) -> None:
     """One daemon inside a namespace: print JSON lines (own addresses, connections)."""
     from hivemind.p2p import PeerID
 
-    from seedflood_p2p.network.p2pd import RelayLimits, connect_peer, create_p2p, peer_connections
+    from seedflood_p2p.network.transport.p2pd import (
+        RelayLimits,
+        connect_peer,
+        create_p2p,
+        peer_connections,
+    )
 
     p2p = await create_p2p(
         identity_path=None,

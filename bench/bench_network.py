@@ -7,7 +7,7 @@
 Writes PATH.json and PATH.md (default bench/results/network.json and .md); with --merge the
 parts not re-run are kept from the earlier PATH.json. Measures the library as it is: nothing
 is patched or wrapped; durations per stage (decode, signature check, admission batch, repair
-round trips and answers) come from the nodes' own timing histograms (network/metrics.py).
+round trips and answers) come from the nodes' own timing histograms (network/monitoring/metrics.py).
 
 1. flood     N = 8 and 16 (--peers) peer processes, one update per peer per round. Each process
              runs its own p2pd (via `create_p2p`) and a real `FloodNode` (decode, validate,
@@ -143,7 +143,7 @@ def _lat_stats(seconds: list[float]) -> dict:
 
 def _stage_totals(metrics) -> dict:
     """{stage: {label: {"count", "sum_s"}}} from a node's timing histograms."""
-    from seedflood_p2p.network.metrics import histogram_totals
+    from seedflood_p2p.network.monitoring.metrics import histogram_totals
 
     return {
         "decode": histogram_totals(metrics.decode_seconds),
@@ -529,8 +529,8 @@ def analyze_flood(
 async def bytes_worker(a: dict) -> None:
     _import_without_torch()
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.p2pd import create_p2p
-    from seedflood_p2p.network.pubsub import PubSubClient
+    from seedflood_p2p.network.transport.p2pd import create_p2p
+    from seedflood_p2p.network.transport.pubsub import PubSubClient
     from seedflood_p2p.protocol.wire import encode_update, topic_for
 
     n_msgs, rate = a["messages"], a["rate"]
@@ -689,7 +689,7 @@ def build_ledger_worker(a: dict) -> None:
     from hivemind.proto import p2pd_pb2 as pb
 
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.identity import verify_pubsub_signature
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.protocol.message import Envelope, UpdateMessage
     from seedflood_p2p.protocol.wire import check_envelope, encode_update, topic_for
     from seedflood_p2p.storage.ledger import Ledger
@@ -805,7 +805,7 @@ async def joiner_worker(a: dict) -> None:
     from hivemind.p2p import PeerID
 
     from seedflood_p2p.network.host import HostSettings, NetworkHost
-    from seedflood_p2p.network.metrics import value
+    from seedflood_p2p.network.monitoring.metrics import value
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -911,7 +911,7 @@ async def joiner_worker(a: dict) -> None:
 
 
 def _verify_chunk(run_id: str, rows: list) -> int:
-    from seedflood_p2p.network.identity import verify_pubsub_signature
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.protocol.wire import topic_for
 
     topic = topic_for(run_id)

@@ -7,7 +7,7 @@ trains, h2..h5 peers, the cut {h1, h2, h3} | {h4, h5}, repair_interval 1 s), but
 partition is made up: every peer signs one row per round for --rounds rounds, and each
 side's ledgers hold only their side's rows (8 rounds before the cut are everywhere).
 At t = 0 the partition "heals": every node runs repair-on-connect with each node of the
-other side (`repair_new_peer`, as network/reconnect.py does) and its anti-entropy
+other side (`repair_new_peer`, as network/peers/reconnect.py does) and its anti-entropy
 loop (a random connected node every 0.5-1.5 s), the real FloodNode code, on real ledger
 files, with each repair call routed to the server's handler after --latency seconds
 (what a p2pd stream round trip costs). Reports the seconds until every ledger equals the
@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_admission import RUN, Peer  # noqa: E402
 
 from seedflood_p2p.core.config import RunConfig  # noqa: E402
-from seedflood_p2p.network import repair  # noqa: E402
-from seedflood_p2p.network.flood import FloodNode  # noqa: E402
-from seedflood_p2p.network.metrics import NodeMetrics, histogram_totals  # noqa: E402
+from seedflood_p2p.network.gossip import repair  # noqa: E402
+from seedflood_p2p.network.gossip.flood import FloodNode  # noqa: E402
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, histogram_totals  # noqa: E402
 from seedflood_p2p.network.settings import NodeSettings  # noqa: E402
 from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
 

@@ -54,7 +54,7 @@ def restart(ledger_path: Path, ckpt_dir: Path | None, own_peer: bytes) -> tuple[
     from seedflood_p2p.algorithm.live import LiveModel
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.identity import verify_pubsub_signature
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.storage.checkpoint import unchanged_rows
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256

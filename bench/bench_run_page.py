@@ -36,7 +36,7 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from seedflood_p2p.network.runpage import Observed, RunPage, page_html  # noqa: E402
+from seedflood_p2p.network.monitoring.runpage import Observed, RunPage, page_html  # noqa: E402
 from seedflood_p2p.protocol.message import UpdateMessage  # noqa: E402
 from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
 

@@ -180,7 +180,7 @@ def founder_keys(work: Path, seed: int) -> list[str]:
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from seedflood_p2p.network.identity import crypto_pb2, load_or_create_identity
+    from seedflood_p2p.network.transport.identity import crypto_pb2, load_or_create_identity
 
     ids = []
     for name in FOUNDERS:

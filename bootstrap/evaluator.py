@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.runpage import RunPage
+from seedflood_p2p.network.monitoring.runpage import RunPage
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 

@@ -5,7 +5,7 @@ hashed into the run id), answers `seedflood.manifest`, and takes part in the
 flood and in repair like any peer, so late joiners can sync even when every
 trainer is offline. On restart it keeps its identity and its run, and when it knows
 the run has others (its ledger's rows, its peer book, --bootstrap) it syncs with one
-of them before it serves the manifest to joiners (network/reconnect.py:catch_up).
+of them before it serves the manifest to joiners (network/peers/reconnect.py:catch_up).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, bounded
 from seedflood_p2p.network.host import HostSettings, NetworkHost
-from seedflood_p2p.network.metrics import value
-from seedflood_p2p.network.runpage import (
+from seedflood_p2p.network.monitoring.metrics import value
+from seedflood_p2p.network.monitoring.runpage import (
     LIVENESS_SECONDS,
     Observed,
     RunPage,
@@ -153,8 +153,8 @@ def publish_basis(settings: BootstrapSettings, config: RunConfig, model, tokeniz
 async def serve_assets(p2p, node, config: RunConfig, basis_path: Path | None = None) -> None:
     """Serve the organiser's model directory and data file, when the run names them by a
     local path, and the run's basis artifact (at `basis_path`), to joiners that fetch them
-    by digest (network/assets.py)."""
-    from seedflood_p2p.network.assets import AssetError, AssetServer
+    by digest (network/transfer/assets.py)."""
+    from seedflood_p2p.network.transfer.assets import AssetError, AssetServer
     from seedflood_p2p.workload.tasks import local_assets
 
     kinds = local_assets(config)
@@ -179,7 +179,7 @@ def open_run_warning(config: RunConfig) -> str | None:
     attacker count until each is caught (docs/SYBIL.md). None when the run has founders (or
     an allow-list) or is ticketed."""
     from seedflood_p2p.algorithm.probation import ProbationSettings
-    from seedflood_p2p.network.tickets import ticket_creator
+    from seedflood_p2p.network.peers.tickets import ticket_creator
 
     probation = ProbationSettings.of(config)
     if probation.enabled or ticket_creator(config) is not None:  # the creator picks who joins

@@ -1,6 +1,6 @@
 """The peer daemon's audits: on unless the manifest sets `extra.audit = false`.
 
-What the daemon does with `algorithm/audit.py` and `network/audit.py`:
+What the daemon does with `algorithm/audit.py` and `network/gossip/audit_intake.py`:
 
     train round t on the settled state S_t = base + counted updates of rounds < t - lag
     an accepted update (p, t) of another peer -> audited if our secret draw selects it
@@ -63,7 +63,7 @@ from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import NEVER, ProbationSettings, Standing, standing
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.audit import AuditIntake
+from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.protocol.wire import audit_topic_for, decode_held, encode_audit
@@ -707,7 +707,7 @@ class DaemonAudits:
         peers_alive: Callable[[], int],
     ) -> None:
         self.audits = audits
-        self.metrics = metrics  # network/metrics.py:NodeMetrics
+        self.metrics = metrics  # network/monitoring/metrics.py:NodeMetrics
         self.run = run
         self.peers_alive = peers_alive
 

@@ -8,7 +8,7 @@
 
 The message path, wired once in `run`:
 
-    gossip, repair, own update -> FloodNode admission (network/admission.py: decode,
+    gossip, repair, own update -> FloodNode admission (network/gossip/admission.py: decode,
         validate, policy, ledger) -> on_accept = LiveModel.receive (pending), or in a run
         with audits DaemonAudits.accept (pending, then drawn for audit)
         -> (once per round) LiveModel.apply / PeerAudits.apply (settled, counted only)
@@ -49,9 +49,9 @@ from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.host import HostSettings, NetworkHost
-from seedflood_p2p.network.metrics import NodeMetrics, value
-from seedflood_p2p.network.runpage import Observed, RunPage, add_routes, run_sampler
-from seedflood_p2p.network.tickets import Ticket, ticket_creator
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, value
+from seedflood_p2p.network.monitoring.runpage import Observed, RunPage, add_routes, run_sampler
+from seedflood_p2p.network.peers.tickets import Ticket, ticket_creator
 from seedflood_p2p.storage.ledger import Ledger
 
 __all__ = [
@@ -71,7 +71,7 @@ log = logging.getLogger("seedflood.peer")
 def check_own_ticket(text: str, config: RunConfig, peer_id: bytes) -> Ticket | None:
     """This peer's join ticket for a ticketed run (None for another run); a missing, bad or
     foreign ticket stops the peer at start with one line that says what to do."""
-    from seedflood_p2p.network.tickets import check, decode
+    from seedflood_p2p.network.peers.tickets import check, decode
 
     creator = ticket_creator(config)
     if creator is None:
@@ -174,7 +174,7 @@ class PeerDaemon:
         return self.audits.status(node.audits.counts if node and node.audits else None)
 
     def observe(self) -> Observed:
-        """What the run page samples (network/runpage.py)."""
+        """What the run page samples (network/monitoring/runpage.py)."""
         alive = self.pacing.live(time.monotonic())
         return Observed(
             round=self.schedule.round,

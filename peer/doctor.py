@@ -41,7 +41,7 @@ from seedflood_p2p import __version__
 from seedflood_p2p.core.errors import UserError
 
 if TYPE_CHECKING:
-    from seedflood_p2p.network.p2pd import PubSubP2P
+    from seedflood_p2p.network.transport.p2pd import PubSubP2P
 
 MIN_FREE_BYTES = 2 << 30  # a SmolLM2 peer: the model cache, checkpoints and the ledger
 CLOCK_WARN = 5.0  # seconds: rounds are seconds long; more skew misleads round timing
@@ -150,7 +150,7 @@ def check_p2pd(timeout: float) -> Check:
 
 
 def check_listen(maddr: str) -> Check:
-    from seedflood_p2p.network.p2pd import probe_listen_addrs
+    from seedflood_p2p.network.transport.p2pd import probe_listen_addrs
 
     try:
         probe_listen_addrs([maddr])
@@ -197,7 +197,7 @@ def check_data_dir(data_dir: Path) -> Check:
 
 
 def check_identity(path: Path) -> Check:
-    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     if not path.exists():
         return Check("identity", "ok", f"no {path} yet: a new Ed25519 key is made at first start")
@@ -210,7 +210,7 @@ def check_identity(path: Path) -> Check:
 
 def check_ledger(path: Path) -> Check:
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.identity import verify_pubsub_signature
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger
 
     if not path.exists():
@@ -244,8 +244,8 @@ async def check_network(bootstrap: list[str], timeout: float) -> list[Check]:
     from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
-    from seedflood_p2p.network.p2pd import create_p2p
-    from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
+    from seedflood_p2p.network.transport.p2pd import create_p2p
+    from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes
 
     checks: list[Check] = []
     dialable = []

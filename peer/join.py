@@ -23,11 +23,11 @@ from peer.settings import PeerSettings
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.assets import AssetServer
 from seedflood_p2p.network.host import NetworkHost
-from seedflood_p2p.network.identity import verify_pubsub_signature
-from seedflood_p2p.network.p2pd import host_port
-from seedflood_p2p.network.rpc import RemoteCallError, call_bytes
+from seedflood_p2p.network.transfer.assets import AssetServer
+from seedflood_p2p.network.transport.identity import verify_pubsub_signature
+from seedflood_p2p.network.transport.p2pd import host_port
+from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes
 from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -305,7 +305,7 @@ class Joiner:
         """The run's model directory and data file, when its manifest names paths of the
         organiser's machine: this peer's own copies (--model-dir, --dataset-file), else
         fetched from peers by digest. Then served to later joiners, by digest too."""
-        from seedflood_p2p.network.assets import AssetError, fetch_asset
+        from seedflood_p2p.network.transfer.assets import AssetError, fetch_asset
         from seedflood_p2p.workload.tasks import check_asset, local_assets
 
         kinds = local_assets(config)

@@ -20,14 +20,14 @@ from peer.settings import PeerSettings
 from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.checkpoints import (
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.transfer.checkpoints import (
     OFFER_RETRY_SECONDS,
     CheckpointServer,
     FetchFailed,
     fetch_checkpoint,
 )
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.metrics import NodeMetrics
 from seedflood_p2p.protocol.wire import quorum_round
 from seedflood_p2p.storage.ledger import Ledger, digest_of
 
@@ -220,7 +220,8 @@ class LateJoin:
     async def restore_model(self, peers: list) -> str:
         """Weights = base + the ledger cut: from our own checkpoint plus the rows after it;
         a peer without one, in a run with a checkpoint chain, first tries to fetch a link
-        that a quorum of peers offers (network/checkpoints.py) and restores from it plus the
+        that a quorum of peers offers (network/transfer/checkpoints.py) and restores from it
+        plus the
         rows after it. Whatever is refused on the way is counted and logged; the fallback is
         always the replay of the ledger."""
         s = self.s

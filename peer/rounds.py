@@ -27,9 +27,9 @@ from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.metrics import NodeMetrics, timed
-from seedflood_p2p.network.runpage import RunPage
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
+from seedflood_p2p.network.monitoring.runpage import RunPage
 from seedflood_p2p.protocol.wire import quorum_round
 from seedflood_p2p.storage.ledger import peer_name
 

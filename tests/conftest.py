@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from seedflood_p2p.network.p2pd import create_p2p
+from seedflood_p2p.network.transport.p2pd import create_p2p
 
 sys.path.insert(0, str(Path(__file__).parent))  # the tests/helpers package
 

@@ -1,4 +1,4 @@
-"""Admission (network/admission.py) on an in-memory ledger: every outcome of every source,
+"""Admission (network/gossip/admission.py) on an in-memory ledger: every outcome of every source,
 what reaches the model, and what is counted. No daemons."""
 
 import math
@@ -9,8 +9,13 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.network.admission import Admission, Outcome, Source
-from seedflood_p2p.network.metrics import OUTCOMES, SOURCES, NodeMetrics, histogram_totals
+from seedflood_p2p.network.gossip.admission import Admission, Outcome, Source
+from seedflood_p2p.network.monitoring.metrics import (
+    OUTCOMES,
+    SOURCES,
+    NodeMetrics,
+    histogram_totals,
+)
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.wire import (
     MAX_ROUND,

@@ -14,7 +14,7 @@ import pytest
 from seedflood_p2p.apps.cli import main
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.assets import (
+from seedflood_p2p.network.transfer.assets import (
     ASSET_CHUNK_BYTES,
     allowed_name,
     decode_listing,
@@ -149,7 +149,7 @@ def test_download_uses_several_sources_drops_a_bad_one_and_resumes(tmp_path, mon
     import asyncio
     import json
 
-    from seedflood_p2p.network import assets
+    from seedflood_p2p.network.transfer import assets
 
     data = tmp_path / "big.jsonl"
     with open(data, "w") as fh:

@@ -307,7 +307,7 @@ def test_take_settled_keeps_recent_rounds_pending():
 
 def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
     from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
 
     a, b, x = (ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2, 3))  # Ed25519 ids
@@ -414,7 +414,7 @@ def test_a_sender_between_two_bans_is_matched_on_its_state_with_no_retry(tmp_pat
     and the auditor retried each set of bans the sender may not have known; the bench's
     3-cheater run once accused every honest peer here.)"""
     from peer.audits import PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     X1, X2 = b"peer-X1", b"peer-X2"
     model, tokenizer = load_model("tiny-llama")
@@ -458,7 +458,7 @@ def _late_row_audit(tmp_path, cheat_sign: float, burst: bool = False, probation:
     the auditor slept). Returns (audit record, mismatch, audits, the scalars recomputed
     on C's whole settled state)."""
     from peer.audits import PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, tokenizer = load_model("tiny-llama")
     task = load_task("synthetic-sentiment")
@@ -556,7 +556,7 @@ def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
 
 def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
     from peer import audits as module
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
     model, _ = load_model("tiny-llama")
@@ -576,7 +576,7 @@ def test_a_sender_that_had_the_first_of_the_late_updates_is_matched(tmp_path):
     """Two updates reached the auditor after the sender's; the sender had got the first
     of them just before it trained, not the second."""
     from peer.audits import PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, tokenizer = load_model("tiny-llama")
     task = load_task("synthetic-sentiment")
@@ -613,7 +613,7 @@ def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
     LATE_JUDGEMENTS retry before vouches had an effective round)."""
     from peer.audits import PeerAudits
     from seedflood_p2p.algorithm.probation import ProbationSettings
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, tokenizer = load_model("tiny-llama")
     task = load_task("synthetic-sentiment")
@@ -699,7 +699,7 @@ def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True, lied: bo
     sent two copies with different digests). Returns (A's claim, mismatch, audits, the
     scalars recomputed on C's whole settled state)."""
     from peer.audits import PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
     from seedflood_p2p.protocol.wire import encode_update
 
@@ -765,7 +765,7 @@ def test_the_held_digest_follows_the_rows_applied(tmp_path):
     """What a sender sends: the digest of the rows its weights hold, kept up to date as
     rows are applied, counted once per (peer, round), summed again after a rebuild."""
     from peer.audits import PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, _ = load_model("tiny-llama")
     ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network import repair
-from seedflood_p2p.network.audit import audits_on
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.identity import verify_pubsub_signature
-from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.gossip import repair
+from seedflood_p2p.network.gossip.audit_intake import audits_on
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.network.transport.identity import verify_pubsub_signature
 from seedflood_p2p.protocol.message import AuditRecord, pack_scalars
 from seedflood_p2p.protocol.wire import Rejected, audit_topic_for, encode_audit
 from seedflood_p2p.storage.ledger import Ledger

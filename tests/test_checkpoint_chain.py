@@ -16,7 +16,7 @@ from seedflood_p2p.algorithm.replay import estimate_replay_seconds, replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.checkpoints import file_offer, pick_offer
+from seedflood_p2p.network.transfer.checkpoints import file_offer, pick_offer
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.wire import (
     CHECKPOINT_CHUNK_BYTES,
@@ -204,7 +204,7 @@ async def test_offers_that_disagree_for_a_moment_are_asked_for_again(monkeypatch
     """Each peer offers its newest link: right after one peer made the next link, two honest
     peers offer different ones (seen in CI). The joiner asks again; the refusals it
     reports are those of the answer it acted on."""
-    from seedflood_p2p.network import checkpoints
+    from seedflood_p2p.network.transfer import checkpoints
 
     offer, _ = _offer()
     newer = CheckpointOffer(offer.meta_json, offer.size, b"\x09" * 32, offer.chunk_hashes)
@@ -267,7 +267,7 @@ def test_a_resumed_download_keeps_the_chunks_that_hash_right(tmp_path):
     again, a damaged or missing one is."""
     import os
 
-    from seedflood_p2p.network.checkpoints import _chunks_present
+    from seedflood_p2p.network.transfer.checkpoints import _chunks_present
 
     offer, data = _offer(3 * CHECKPOINT_CHUNK_BYTES + 10)
     part = tmp_path / "x.part"

@@ -15,8 +15,8 @@ import asyncio
 
 import pytest
 
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.reconnect import Reconnector, tcp_answers
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.peers.reconnect import Reconnector, tcp_answers
 from seedflood_p2p.network.settings import NodeSettings
 
 

@@ -1,4 +1,5 @@
-"""Discovery records (network/discovery.py): the signature rule, then real hivemind DHT nodes on
+"""Discovery records (network/peers/discovery.py): the signature rule, then real hivemind DHT
+nodes on
 real p2pd daemons on 127.0.0.1, with a hostile node that stores forged, unsigned and
 re-dated records."""
 
@@ -9,7 +10,8 @@ import types
 
 import pytest
 
-from seedflood_p2p.network.discovery import (
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.peers.discovery import (
     RECORD_TTL,
     BadRecord,
     Discovery,
@@ -17,9 +19,8 @@ from seedflood_p2p.network.discovery import (
     dht_key,
     encode_record,
 )
-from seedflood_p2p.network.identity import load_signing_key
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.p2pd import connect_peer
+from seedflood_p2p.network.transport.identity import load_signing_key
+from seedflood_p2p.network.transport.p2pd import connect_peer
 
 RUN = "ab" * 32
 OTHER_RUN = "cd" * 32
@@ -27,7 +28,7 @@ PEER_BODY = {"addrs": ["/ip4/127.0.0.1/tcp/4001"], "round": 7}
 
 
 def _writer(tmp_path, name):
-    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     path = tmp_path / f"{name}.key"
     peer = load_or_create_identity(path)
@@ -149,8 +150,8 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     (`Joiner.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
     from peer.join import Joiner, NotReady
     from peer.settings import PeerSettings
-    from seedflood_p2p.network.discovery import node_records
-    from seedflood_p2p.network.flood import FloodNode
+    from seedflood_p2p.network.gossip.flood import FloodNode
+    from seedflood_p2p.network.peers.discovery import node_records
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 

@@ -9,7 +9,7 @@ from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.apps.cli import main
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.identity import load_or_create_identity
+from seedflood_p2p.network.transport.identity import load_or_create_identity
 
 RUN = RunConfig(model="tiny-llama", dataset="synthetic-sentiment")
 

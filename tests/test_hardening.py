@@ -12,10 +12,10 @@ from test_admission import RUN, Peer, node  # noqa: F401  (the `node` fixture)
 from seedflood_p2p.apps.status import format_status
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.admission import Admission, Outcome
-from seedflood_p2p.network.flood import PeerState
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
+from seedflood_p2p.network.gossip.admission import Admission, Outcome
+from seedflood_p2p.network.gossip.flood import PeerState
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.peers.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
@@ -348,8 +348,8 @@ def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_se
     """In a live run, gossip lands in an honest server's bucket between its digest reply
     and our fetch. The client takes what the digest claimed, blames no one, and fetches the
     rest next time (blaming it got honest peers banned in a 0.4 s-round run)."""
-    from seedflood_p2p.network import repair
-    from seedflood_p2p.network.flood import FloodNode
+    from seedflood_p2p.network.gossip import repair
+    from seedflood_p2p.network.gossip.flood import FloodNode
 
     alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
     manifest = RunConfig().to_json()
@@ -396,8 +396,8 @@ def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, mo
     """Repair fetches at most MAX_EXCHANGE_PAGES pages per exchange, so one pass leaves a
     long history partly behind; the joiner's catch-up (`sync_until_complete`) goes on
     until nothing was left out (a joiner once became ready with 32,768 of 80,000 rows)."""
-    from seedflood_p2p.network import repair
-    from seedflood_p2p.network.flood import FloodNode
+    from seedflood_p2p.network.gossip import repair
+    from seedflood_p2p.network.gossip.flood import FloodNode
     from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 
     monkeypatch.setattr(repair, "MAX_EXCHANGE_PAGES", 1)  # one page per exchange ...

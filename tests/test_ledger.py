@@ -114,7 +114,7 @@ def test_damage_inside_a_valid_file_is_one_error_naming_the_row_or_the_file(tmp_
     import sqlite3
 
     from seedflood_p2p.core.config import RunConfig
-    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature as check
 
     config = RunConfig(model="tiny-llama")
     path = tmp_path / "l.sqlite"
@@ -195,7 +195,7 @@ def _network_ledger(path, rounds=6):
 
 
 def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
-    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature as check
     from seedflood_p2p.storage.ledger import peer_name
 
     ledger, config, own, peers = _network_ledger(tmp_path / "l.sqlite")
@@ -290,7 +290,7 @@ def _audited_ledger(path):
 
 
 def test_verify_checks_audit_records_signatures_and_names_a_tampered_one(tmp_path):
-    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature as check
     from seedflood_p2p.storage.ledger import peer_name
 
     ledger, config, own, peers = _audited_ledger(tmp_path / "l.sqlite")
@@ -357,7 +357,7 @@ def test_rows_a_checkpoint_covers_are_not_rechecked_while_unchanged(tmp_path):
     rows it covers are byte for byte what they were (`ledger_rows_sha256`)."""
     import json
 
-    from seedflood_p2p.network.identity import verify_pubsub_signature as check
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature as check
     from seedflood_p2p.storage.checkpoint import encode_cut, unchanged_rows
 
     ledger, config, own, peers = _network_ledger(tmp_path / "l.sqlite")

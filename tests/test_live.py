@@ -13,8 +13,8 @@ from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.admission import Admission, Outcome
-from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.gossip.admission import Admission, Outcome
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.wire import encode_update
 from seedflood_p2p.storage.ledger import Ledger

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.metrics import NodeMetrics, serve_http, value
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, serve_http, value
 
 
 def test_value_reads_counters_gauges_and_labelled_children():

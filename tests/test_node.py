@@ -6,8 +6,8 @@ import time
 import pytest
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
@@ -113,7 +113,7 @@ async def test_a_joiner_checks_what_it_fetched_against_every_source(spawn, tmp_p
 async def test_stop_leaves_a_task_that_ignores_cancellation_behind(spawn, tmp_path, monkeypatch):
     """A task stuck in a call that swallows its cancellation (seen once: a daemon that never
     checkpointed after its last round) costs `stop` STOP_SECONDS, not forever."""
-    from seedflood_p2p.network import flood
+    from seedflood_p2p.network.gossip import flood
 
     monkeypatch.setattr(flood, "STOP_SECONDS", 0.5)
     p2p = await spawn()
@@ -144,7 +144,7 @@ async def test_a_control_request_p2pd_never_answers_fails_with_a_clear_error(tmp
     client's timeout, naming the request, and frees the shared connection."""
     import types
 
-    from seedflood_p2p.network.pubsub import PubSubClient, TransportError
+    from seedflood_p2p.network.transport.pubsub import PubSubClient, TransportError
 
     path = str(tmp_path / "p2pd.sock")
     held = []

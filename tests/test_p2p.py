@@ -27,9 +27,9 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.p2pd import create_p2p
-from seedflood_p2p.network.pubsub import PubSubClient
-from seedflood_p2p.network.rpc import serve_bytes
+from seedflood_p2p.network.transport.p2pd import create_p2p
+from seedflood_p2p.network.transport.pubsub import PubSubClient
+from seedflood_p2p.network.transport.rpc import serve_bytes
 from seedflood_p2p.protocol.message import pack_scalars
 from seedflood_p2p.protocol.wire import PROTOCOL_VERSION, encode_update, run_tag, topic_for
 from seedflood_p2p.storage.ledger import Ledger

@@ -12,10 +12,10 @@ import pytest
 from hivemind.p2p import PeerID
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network.admission import Outcome, Verdict
-from seedflood_p2p.network.flood import LIVE_ROUNDS, FloodNode
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.reconnect import PeerBook, _dialable, split_full_addr
+from seedflood_p2p.network.gossip.admission import Outcome, Verdict
+from seedflood_p2p.network.gossip.flood import LIVE_ROUNDS, FloodNode
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.peers.reconnect import PeerBook, _dialable, split_full_addr
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.wire import (
@@ -197,7 +197,7 @@ def test_status_lines_name_the_partition():
 
 
 def _peer_ids(folder, n: int) -> list[str]:
-    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     folder.mkdir(exist_ok=True)
     return [load_or_create_identity(folder / f"{i}.key").to_base58() for i in range(n)]
@@ -207,7 +207,7 @@ def test_a_hint_list_filled_by_many_identities_still_takes_the_founders(tmp_path
     """Fresh keys are free: an attacker's identities can fill the bounded list of peers a
     node heard of (DHT records, summaries), first come first served. The run's founders
     still get in, each in place of the non-founder named longest ago."""
-    from seedflood_p2p.network.reconnect import MAX_HINTS, Reconnector, run_founders
+    from seedflood_p2p.network.peers.reconnect import MAX_HINTS, Reconnector, run_founders
 
     me, *founders = _peer_ids(tmp_path / "keys", 3)
     run = RunConfig(model="tiny-llama", extra={"probation": {"founders": founders}})

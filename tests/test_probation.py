@@ -178,7 +178,7 @@ def _live_run(tmp_path, name, updates, records, probation, seed):
     from peer.audits import PeerAudits
     from seedflood_p2p.algorithm.live import LiveModel
     from seedflood_p2p.algorithm.subcge import SubCGE
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model
 
@@ -266,7 +266,7 @@ def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
     from peer.audits import PeerAudits
     from seedflood_p2p.algorithm.live import LiveModel
     from seedflood_p2p.algorithm.subcge import SubCGE
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model

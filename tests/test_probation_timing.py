@@ -195,7 +195,7 @@ def _daemon_states(tmp_path, name, claims, records, seed, rounds, final=None):
     records as `_arrivals` draws them, judging after each record; -> [counted set of S_t]
     (and with `final`, a list, the counted set after `apply_final` appended to it)."""
     from peer.audits import PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     ledger = Ledger(tmp_path / f"{name}.sqlite", CONFIG.run_id)
     live = LiveModel(_Engine(), ledger)
@@ -266,7 +266,7 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.algorithm.trainer import zo_step
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
@@ -365,7 +365,7 @@ def test_a_sender_that_trained_before_a_ban_took_effect_is_matched_on_its_exact_
     from seedflood_p2p.algorithm.audit import recompute
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.algorithm.trainer import zo_step
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model
 
@@ -561,8 +561,8 @@ def test_of_two_copies_differing_only_in_at_every_ledger_keeps_the_smaller(tmp_p
     hold different copies their digests differ (repair compares them). A fetch row
     carries `at` only in its envelope: repair takes the smaller copy in (not a duplicate)
     and computes the server's digest from the envelopes."""
-    from seedflood_p2p.network.audit import AuditIntake
-    from seedflood_p2p.network.repair import AuditTable
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+    from seedflood_p2p.network.gossip.repair import AuditTable
 
     run_id = CONFIG.run_id
     n = NEWCOMERS[0]
@@ -615,7 +615,7 @@ def test_a_newcomer_seen_after_the_last_judgement_is_put_on_probation(tmp_path, 
     import asyncio
 
     from peer.audits import DaemonAudits, PeerAudits
-    from seedflood_p2p.network.audit import AuditIntake
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     ledger = Ledger(tmp_path / "l.sqlite", CONFIG.run_id)
     live = LiveModel(_Engine(), ledger)

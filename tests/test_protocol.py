@@ -8,7 +8,7 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.network.identity import verify_pubsub_signature
+from seedflood_p2p.network.transport.identity import verify_pubsub_signature
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,

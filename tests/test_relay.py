@@ -16,7 +16,8 @@ import pytest
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from seedflood_p2p.network.p2pd import (
+from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.network.transport.p2pd import (
     RelayLimits,
     connect_peer,
     is_relayed,
@@ -24,7 +25,6 @@ from seedflood_p2p.network.p2pd import (
     peer_connections,
     relay_counters,
 )
-from seedflood_p2p.network.settings import NodeSettings
 
 RELAY = "12D3KooWCTf3Arix6yW2C8xU8T4Jn3Sx2M6bVbHZrFhR4uTnMmtu"
 TARGET = "12D3KooWFhyvxxqrGjXGpDsTU1gCXaf6YA9756NxpBhxPFd49h9U"
@@ -187,8 +187,8 @@ def test_relay_settings():
 
 def test_links_by_kind_and_a_hole_punch_are_tracked(tmp_path):
     from seedflood_p2p.apps.status import describe_nat
-    from seedflood_p2p.network.metrics import NodeMetrics, value
-    from seedflood_p2p.network.reconnect import Reconnector
+    from seedflood_p2p.network.monitoring.metrics import NodeMetrics, value
+    from seedflood_p2p.network.peers.reconnect import Reconnector
 
     class StubP2P:
         peer_id = PeerID.from_base58(TARGET)

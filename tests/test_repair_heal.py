@@ -9,9 +9,9 @@ import types
 from test_admission import RUN, Peer
 
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.network import repair
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.gossip import repair
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
 from seedflood_p2p.storage.ledger import Ledger
@@ -198,7 +198,7 @@ def test_an_exchange_waiting_on_a_cancelled_check_checks_its_rows_itself():
     task ends): the waiting one checks its rows itself, and is not cancelled with it."""
     import threading
 
-    from seedflood_p2p.network.admission import Admission
+    from seedflood_p2p.network.gossip.admission import Admission
 
     alice, me = Peer(), Peer()
     admission = Admission(Ledger(":memory:", RUN), 1, me.id, NodeMetrics(), max_ahead=50)

@@ -17,8 +17,14 @@ import pytest
 from bootstrap.evaluator import LedgerEvaluator
 from seedflood_p2p.apps.cli import main
 from seedflood_p2p.apps.status import format_run_line, format_status
-from seedflood_p2p.network.metrics import NodeMetrics, serve_http
-from seedflood_p2p.network.runpage import MAX_LIMIT, Observed, RunPage, add_routes, page_html
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, serve_http
+from seedflood_p2p.network.monitoring.runpage import (
+    MAX_LIMIT,
+    Observed,
+    RunPage,
+    add_routes,
+    page_html,
+)
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -83,7 +89,7 @@ def test_snapshot_pages_the_ledger_by_rounds(tmp_path):
 
 
 def test_a_crowded_run_lists_the_alive_and_busiest_peers(tmp_path, monkeypatch):
-    from seedflood_p2p.network import runpage
+    from seedflood_p2p.network.monitoring import runpage
 
     monkeypatch.setattr(runpage, "MAX_PEERS", 2)
     page = _page(tmp_path)

@@ -1,4 +1,4 @@
-"""Join tickets (network/tickets.py): the run creator's key signs (identity, expiry); a
+"""Join tickets (network/peers/tickets.py): the run creator's key signs (identity, expiry); a
 ticketed run's admission drops senders without a valid one. No processes."""
 
 import asyncio
@@ -9,10 +9,9 @@ from test_admission import RUN, Peer
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.admission import Admission
-from seedflood_p2p.network.identity import load_or_create_identity
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.tickets import (
+from seedflood_p2p.network.gossip.admission import Admission
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.peers.tickets import (
     MAX_WANTED,
     Ticket,
     TicketBook,
@@ -22,6 +21,7 @@ from seedflood_p2p.network.tickets import (
     join_mode,
     ticket_creator,
 )
+from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
 
 

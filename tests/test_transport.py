@@ -13,15 +13,15 @@ from hivemind.p2p import P2P
 from hivemind.proto import crypto_pb2
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.identity import load_or_create_identity
-from seedflood_p2p.network.p2pd import (
+from seedflood_p2p.network.transport.identity import load_or_create_identity
+from seedflood_p2p.network.transport.p2pd import (
     PubSubP2P,
     TransportError,
     _daemon_user_error,
     remove_stale_sockets,
 )
-from seedflood_p2p.network.pubsub import PubSubClient, TokenBucket
-from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.transport.pubsub import PubSubClient, TokenBucket
+from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
 
 LOCAL = "/ip4/127.0.0.1/tcp/0"
 TOPIC = "seedflood-test"

@@ -8,6 +8,12 @@ its folder under `seedflood_p2p/` (the package's own `__init__` counts as the lo
 layer); `peer/` and `bootstrap/` are the top layer, "daemon". The order is read from
 `LAYERS` in `seedflood_p2p/__init__.py`, where it is stated once.
 
+A layer may be split into rooms: its `__init__.py` states `ROOMS` (lowest first), each a
+sub-package or module directly under the layer's folder. Inside such a layer an import
+may not go up a room either (`seedflood_p2p/network/__init__.py` orders transport <
+monitoring < peers < transfer < settings < gossip < host), and every module must sit in a
+room.
+
 Every import statement counts, at module level or inside a function, and under
 `if TYPE_CHECKING:` too: a function-local import is still a dependency, and hiding one
 is how cycles go unnoticed. Only `importlib.import_module(name)` is invisible here,
@@ -71,6 +77,36 @@ def layer_of(module: str, layers: list[str]) -> str:
     if parts[1] in layers[:-1]:
         return parts[1]
     raise SystemExit(f"{module} is in no layer: move it into one of {', '.join(layers[:-1])}")
+
+
+def read_rooms(root: Path, layers: list[str]) -> dict[str, list[str]]:
+    """{layer: its ROOMS, lowest first} for the layers whose __init__.py states them."""
+    rooms = {}
+    for name in layers[:-1]:
+        init = root / PACKAGE / name / "__init__.py"
+        if not init.exists():
+            continue
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "ROOMS" for t in node.targets
+            ):
+                rooms[name] = list(ast.literal_eval(node.value))
+    return rooms
+
+
+def room_of(module: str, rooms: dict[str, list[str]]) -> str | None:
+    """The room of a module in a layer with rooms ("" for the layer's own __init__)."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE or len(parts) < 2 or parts[1] not in rooms:
+        return None
+    if len(parts) == 2:
+        return ""
+    if parts[2] not in rooms[parts[1]]:
+        raise SystemExit(
+            f"{module} is in no room of {parts[1]}: move it into one of "
+            + ", ".join(rooms[parts[1]])
+        )
+    return parts[2]
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -175,8 +211,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {source} -> {target}")
 
     upward = [e for e in edges if rank[layer[e.target]] > rank[layer[e.source]]]
+    rooms = read_rooms(args.root, layers)
+    room = {m: room_of(m, rooms) for m in modules}
+    for e in edges:
+        if layer[e.source] != layer[e.target] or room[e.source] is None:
+            continue
+        order = ["", *rooms[layer[e.source]]]
+        if order.index(room[e.target]) > order.index(room[e.source]):
+            print(
+                f"upward import: {e.path.relative_to(args.root)}:{e.line}: {e.source} "
+                f"(room {room[e.source]}) imports {e.target} (room {room[e.target]})"
+            )
+            upward.append(e)
+    for name, order in rooms.items():
+        print(f"rooms of {name}, lowest first: " + " < ".join(order))
     cycles = find_cycles(edges)
     for e in upward:
+        if layer[e.source] == layer[e.target]:
+            continue  # a room-order import, printed above
         print(
             f"upward import: {e.path.relative_to(args.root)}:{e.line}: {e.source} "
             f"({layer[e.source]}) imports {e.target} ({layer[e.target]})"

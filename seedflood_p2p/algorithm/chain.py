@@ -11,7 +11,7 @@ rounds < j*P, and its weights are
 (`replay.replay`: canonical order, its grouped merges, one call per link). Given the same
 rows every peer performs the same float32 operations in the same order, so it writes the
 same tensors, the same safetensors bytes and the same JSON (`write_link`): joiners take a
-link that a quorum of distinct peers offers (network/checkpoints.py).
+link that a quorum of distinct peers offers (network/transfer/checkpoints.py).
 
 A row of an old round may still arrive late (repair). Before building link j from link
 j-1, the ledger's rows of rounds < (j-1)P must still digest to link j-1's digest; if they do

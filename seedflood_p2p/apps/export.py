@@ -84,7 +84,7 @@ def rebuild_from_ledger(path: Path, base: Path | None) -> tuple[Any, Any, RunCon
     from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.apps.local import counted_updates
-    from seedflood_p2p.network.identity import verify_pubsub_signature
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, digest_of
 
     ledger = Ledger.open_existing(path)

@@ -160,7 +160,7 @@ def counted_updates(ledger, config: RunConfig) -> tuple[list, object]:
 def cmd_replay(args: argparse.Namespace) -> int:
     from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.replay import replay
-    from seedflood_p2p.network.identity import verify_pubsub_signature
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger, peer_name
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
@@ -237,7 +237,7 @@ def cmd_id(args: argparse.Namespace) -> int:
     what a run creator lists in `--founders` or signs a ticket for."""
     from pathlib import Path
 
-    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     data_dir = Path(args.data_dir).expanduser()
     if data_dir.exists() and not data_dir.is_dir():
@@ -265,8 +265,8 @@ def cmd_ticket(args: argparse.Namespace) -> int:
 
     import base58
 
-    from seedflood_p2p.network.identity import load_or_create_identity
-    from seedflood_p2p.network.tickets import NO_END, issue, ticket_creator
+    from seedflood_p2p.network.peers.tickets import NO_END, issue, ticket_creator
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     try:
         config = RunConfig.from_json(Path(args.manifest).read_bytes())

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from seedflood_p2p.network.discovery import Discovery, run_discovery
-from seedflood_p2p.network.flood import FloodNode
-from seedflood_p2p.network.metrics import HttpEndpoint, NodeMetrics, serve_http
-from seedflood_p2p.network.p2pd import create_p2p, remove_stale_sockets
-from seedflood_p2p.network.reconnect import Reconnector, catch_up
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.monitoring.metrics import HttpEndpoint, NodeMetrics, serve_http
+from seedflood_p2p.network.peers.discovery import Discovery, run_discovery
+from seedflood_p2p.network.peers.reconnect import Reconnector, catch_up
 from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.network.transport.p2pd import create_p2p, remove_stale_sockets
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -56,7 +56,7 @@ class HostSettings:
 
 
 class Service(Protocol):
-    """Something served on the node's daemon (e.g. network/checkpoints.py's server)."""
+    """Something served on the node's daemon (e.g. network/transfer/checkpoints.py's server)."""
 
     async def start(self) -> None: ...
 
@@ -202,7 +202,7 @@ class NetworkHost:
         stopping: Callable[[], bool],
         set_state: Callable[[str], None] = lambda state: None,
     ) -> int:
-        """Wait until one of `others` answered a full repair pass (network/reconnect.py:
+        """Wait until one of `others` answered a full repair pass (network/peers/reconnect.py:
         catch_up); 0 at once when there are none. Rows fetched."""
         assert self.node is not None and self.reconnector is not None
         return await catch_up(self.reconnector, self.node, others, stopping, set_state)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
-from seedflood_p2p.network.p2pd import RelayLimits
+from seedflood_p2p.network.transport.p2pd import RelayLimits
 
 
 @dataclass
@@ -65,7 +65,7 @@ class NodeSettings:
     # unreachable or diverged this long: say "partitioned"
     island_after: float = bounded(30.0, 0, MAX_SECONDS, "seconds")
     allow_alone: bool = False  # start (train, serve joiners) although others are known
-    # Signed discovery records in hivemind's DHT on our own daemon (network/discovery.py):
+    # Signed discovery records in hivemind's DHT on our own daemon (network/peers/discovery.py):
     # the run's manifest, live peers and ledger summaries, written and read this often.
     discovery: bool = True
     discovery_interval: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)

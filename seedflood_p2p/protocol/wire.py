@@ -34,7 +34,7 @@ dropped and counted under the named reason (never raised out of the daemon):
     bad_key        the sender's peer id is not an Ed25519 key (its signature could not be
                    checked offline, so repair could never hand the row on: gossip and
                    repair refuse it alike)
-    banned         the sender is banned by this peer (network/reputation.py); not a rule
+    banned         the sender is banned by this peer (network/peers/reputation.py); not a rule
                    every peer applies at once, see `own_backfill` for why ledgers still agree
     not_allowed    a closed run (the manifest's `allow_peers`) and the sender is not in it
     no_ticket      a ticketed run and the sender holds no valid ticket of the run creator
@@ -76,7 +76,7 @@ is dropped whole, counted as `bad_reply`, and that peer is not asked further thi
                    the requested round; a page holding a row with a bad signature or
                    payload (the whole exchange ends, the peer is backed off)
 
-Repair budgets (network/repair.py applies them): an exchange with one peer fetches at most
+Repair budgets (network/gossip/repair.py applies them): an exchange with one peer fetches at most
 `MAX_EXCHANGE_PAGES` pages, stops after `exchange_deadline(pages claimed)` seconds, and
 takes at most the rows the digest claimed per bucket (more is not an offence: an honest
 server's bucket grows while the run goes on; the rest waits for the next exchange); a
@@ -90,7 +90,7 @@ collided with ~2^32 work).
 Requests a peer serves are checked the same way (unknown run, bucket size other than
 BUCKET_ROUNDS, limit outside 1..FETCH_LIMIT, cursor not a peer id): answered empty.
 
-Summaries (`seedflood.summary`, request/response, network/reconnect.py) tell a node
+Summaries (`seedflood.summary`, request/response, network/peers/reconnect.py) tell a node
 who else exists and whether its ledger agrees with theirs, and carry the addresses
 peers are dialled at:
 
@@ -103,7 +103,8 @@ peer and MAX_SUMMARY_PEERS peers; an address is ASCII, starts with "/" and is at
 MAX_ADDR_CHARS long. A reply that breaks any of these is dropped whole as `bad_reply`;
 a request that does is answered empty.
 
-Checkpoint download (`seedflood.ckpt_offer`, `seedflood.ckpt_chunk`, network/checkpoints.py):
+Checkpoint download (`seedflood.ckpt_offer`, `seedflood.ckpt_chunk`,
+network/transfer/checkpoints.py):
 the rules are stated with their codecs at the end of this file (offer shape and bounds,
 chunk length and SHA-256, the quorum of identical offers, the serving rate); a reply that
 breaks them is `bad_reply`, a request that does is answered empty.
@@ -676,7 +677,7 @@ def check_audit_envelope(
 
 # -- audit repair --------------------------------------------------------------
 #
-# Audit records are repaired like updates (`AUDIT_ROWS` below, network/repair.py), so a
+# Audit records are repaired like updates (`AUDIT_ROWS` below, network/gossip/repair.py), so a
 # peer that missed some (a late joiner, a partition) ends with the same audit table, hence
 # the same verdicts (`judge` is a pure function of the table and the updates). Per row the
 # `bad_key`, `not_allowed`, `bad_signature`, `mismatch` and audit payload rules apply, with
@@ -685,7 +686,7 @@ def check_audit_envelope(
 
 # -- repair rows: one codec for every repairable table ------------------------------------
 #
-# Anti-entropy (network/repair.py) repairs two tables, updates and audit records, with one
+# Anti-entropy (network/gossip/repair.py) repairs two tables, updates and audit records, with one
 # protocol. Each table has a `RowKind`: its row shape, the order rows are served in (the
 # row key, which is also the fetch cursor), its limits and its two request names.
 #
@@ -848,7 +849,7 @@ AUDIT_ROWS = RowKind(
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoint download (network/checkpoints.py)
+# Checkpoint download (network/transfer/checkpoints.py)
 #
 #   seedflood.ckpt_offer  request [run_id]                      reply nil (none) or
 #       [meta_json: str, size: int, file_sha256: bin(32), chunk_hashes: [bin(32)]]
@@ -989,7 +990,7 @@ def check_chunk_bytes(
 ) -> None:
     """Rejected ("bad_reply") unless `data` is chunk `index` of a `size`-byte file cut in
     `chunk_bytes` chunks: its length (the last chunk shorter) and its SHA-256 `expected`.
-    The rule for checkpoint chunks and run assets alike (network/chunks.py)."""
+    The rule for checkpoint chunks and run assets alike (network/transfer/chunks.py)."""
     import hashlib
 
     start = index * chunk_bytes

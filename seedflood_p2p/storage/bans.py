@@ -3,7 +3,7 @@
 A ban is a local decision (this peer stops talking to that one), not a ledger fact, so it
 lives outside the ledger: replay never reads it. It survives restarts, so a peer banned for
 equivocation or abuse does not get a fresh start by waiting for us to restart. Whatever
-decides a ban (network/reputation.py from network behaviour, or a ledger-derived verdict)
+decides a ban (network/peers/reputation.py from network behaviour, or a ledger-derived verdict)
 calls `BanStore.ban(peer, reason)`.
 """
 

@@ -30,7 +30,7 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,8 +45,10 @@ __all__ = [
     "Example",
     "Task",
     "TaskSpec",
+    "VALIDATION_SIZE",
     "examples_sha256",
     "load_task",
+    "split_sha256",
     "template_fields",
 ]
 
@@ -101,6 +103,14 @@ class Task:
     # "content-free": a classification's label logits are read relative to those of the
     # template filled with "N/A" (contextual calibration, Zhao et al. 2021); "": as they are.
     calibration: str = ""
+    # The validation split: where settings are chosen (docs/LEARNING.md, "The validation
+    # protocol"). It is the LAST len(validation) of the loaded training examples and they
+    # stay in `train` (so examples_sha256, run ids and every existing manifest are as they
+    # were); a training pool of the first N <= `pool_limit` examples never meets it, and
+    # load_run_task empties it for a run whose pool does (train_examples 0 or too large).
+    validation: list[Example] = field(default_factory=list)
+    # The largest training pool (the first N examples) disjoint from `validation`.
+    pool_limit: int = 0
 
     @property
     def num_labels(self) -> int:
@@ -183,6 +193,9 @@ _MR_FILE = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 _MR_TOTAL = 10605
 _MR_LAST_POSITIVE = 5152
 _MR_TEST = 1000
+# Validation: 1,000 sentences for MR (the last 1,000 of its training list: pools of up to
+# 8,605 sentences stay disjoint), else a tenth of the training examples, at most 1,000.
+VALIDATION_SIZE = 1000
 
 
 def _parse_mr(raw: bytes) -> list[dict[str, Any]]:
@@ -253,7 +266,19 @@ def _load_mr(test_size: int | None) -> Task:
     # A fixed shuffle that depends on nothing but the ids.
     rows.sort(key=lambda r: _digest(f"mr:{r['id']}"))
     examples = [Example(r["text"], r["label"]) for r in rows]
-    return Task("mr", "classification", train=examples[n_test:], test=examples[:n_test])
+    task = Task("mr", "classification", train=examples[n_test:], test=examples[:n_test])
+    return _with_validation(task, VALIDATION_SIZE if test_size is None else None)
+
+
+def _with_validation(task: Task, size: int | None = None) -> Task:
+    """Carve `task.validation` from the end of its training examples (they stay in train):
+    `size` of them, by default a tenth, at most VALIDATION_SIZE (none below 20 examples)."""
+    n = len(task.train)
+    if size is None:
+        size = min(VALIDATION_SIZE, n // 10) if n >= 20 else 0
+    task.validation = task.train[n - size :] if 0 < size < n else []
+    task.pool_limit = n - len(task.validation)
+    return task
 
 
 # ----------------------------------------------------------------------- synthetic
@@ -571,7 +596,8 @@ def _load_file(
 
 
 def _task(name: str, kind: str, train: list, test: list, spec: TaskSpec) -> Task:
-    return Task(name, kind, train, test, spec.template, spec.label_words)  # type: ignore[arg-type]
+    task = Task(name, kind, train, test, spec.template, spec.label_words)  # type: ignore[arg-type]
+    return _with_validation(task)
 
 
 def _load_hub(
@@ -676,7 +702,9 @@ def _builtin(name: str, test_size: int | None) -> Task:
     if test_size is not None:
         train, test = _split(task.train + task.test, test_size, name)
         task = Task(task.name, task.kind, train=train, test=test)
-    return task
+    # A synthetic task's training texts repeat (drawn with replacement), so its validation
+    # is disjoint from the pool by position only: it exercises the machinery, no more.
+    return _with_validation(task)
 
 
 def examples_sha256(task: Task) -> str:
@@ -696,6 +724,20 @@ def examples_sha256(task: Task) -> str:
             lines.append(
                 json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
             )
+    return _lines_sha256(lines)
+
+
+def split_sha256(examples: Iterable[Example], split: str) -> str:
+    """SHA-256 of one split's examples, lines as examples_sha256's (so a split's digest
+    names exactly the sentences a figure was scored on, whatever order they came in)."""
+    lines = []
+    for e in examples:
+        body = {"split": split, "fields": e.values(), "label": e.label, "target": e.target}
+        lines.append(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+    return _lines_sha256(lines)
+
+
+def _lines_sha256(lines: list[str]) -> str:
     lines.sort()
     h = hashlib.sha256()
     for line in lines:

@@ -151,6 +151,8 @@ def load_run_task(config: RunConfig, dataset: str | None = None) -> Task:
                 f"{len(task.train)} training examples; lower --train-examples (0: all)"
             )
         task.train = task.train[: config.train_examples]
+    if task.validation and not 0 < config.train_examples <= task.pool_limit:
+        task.validation = []  # the run trains on them: nothing of its train is held out
     if config.calibration:
         if task.kind != "classification":
             raise UserError(
@@ -180,7 +182,7 @@ def is_local_path(name: str, builtins: tuple[str, ...] = ()) -> bool:
 def local_assets(config: RunConfig) -> list[str]:
     """The run's assets ("model", "dataset") that it names by a path of the organiser's
     machine, and its activation basis ("basis") when it has one: what joiners get from
-    peers by digest (network/assets.py)."""
+    peers by digest (network/transfer/assets.py)."""
     from seedflood_p2p.workload.data import BUILTIN_TASKS
     from seedflood_p2p.workload.models import BUILTIN_MODELS
 

@@ -4,7 +4,7 @@ target) and bench/bench_fuzz.py (>= 1,000,000 inputs in all).
 Targets: the five decoders of protocol/wire.py (decode_update, UPDATE_ROWS.decode_rows,
 decode_digests, decode_digest_request, UPDATE_ROWS.decode_fetch_request), RunConfig.from_json, the
 TOML settings loader (core/flags.py, for the run commands and for `seedflood peer`) and
-the identity key file loader (network/identity.py).
+the identity key file loader (network/transport/identity.py).
 
 A property gets one input and returns "accepted" or "rejected". It raises `Violation`
 when the target accepted what it must refuse ("wrong_accept"), refused what it must
@@ -864,7 +864,7 @@ def reference_identity(raw: bytes, mode: int):
 
 
 def check_identity(path: Path, raw: bytes, mode: int) -> str:
-    from seedflood_p2p.network.identity import load_or_create_identity
+    from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     if path.exists():
         os.chmod(path, 0o600)

@@ -24,9 +24,9 @@ import threading
 
 import msgpack
 
-from seedflood_p2p.network.p2pd import create_p2p
-from seedflood_p2p.network.pubsub import PubSubClient
-from seedflood_p2p.network.rpc import serve_bytes
+from seedflood_p2p.network.transport.p2pd import create_p2p
+from seedflood_p2p.network.transport.pubsub import PubSubClient
+from seedflood_p2p.network.transport.rpc import serve_bytes
 from seedflood_p2p.protocol.message import pack_scalars
 from seedflood_p2p.protocol.wire import BUCKET_ROUNDS, decode_update, encode_update, topic_for
 

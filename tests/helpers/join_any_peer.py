@@ -4,7 +4,7 @@ Shared by tests/test_join_any_peer.py (asserts) and bench/bench_join.py (times):
 
     bootstrap + A, B, C train; the bootstrap node is SIGKILLed; D starts with the TOML
     list `bootstrap = [<dead bootstrap>, <A>]` only, gets the manifest from A, finds B
-    and C through the signed "peer" records in the DHT (network/discovery.py), dials
+    and C through the signed "peer" records in the DHT (network/peers/discovery.py), dials
     them, trains; every peer then finishes at the same round and writes its final status.
 """
 

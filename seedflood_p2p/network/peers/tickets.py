@@ -42,7 +42,7 @@ import msgpack
 
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.rpc import call_bytes, serve_bytes
+from seedflood_p2p.network.transport.rpc import call_bytes, serve_bytes
 
 log = logging.getLogger("seedflood.tickets")
 
@@ -115,7 +115,7 @@ def _peer_id(text: str) -> bytes | None:
 def issue(key_path: Path, config: RunConfig, peer: bytes, expires: int = NO_END) -> Ticket:
     """A ticket for `peer`'s updates of rounds < `expires` in `config`'s run, signed with
     the creator's key file (a libp2p identity key, as every seedflood node has)."""
-    from seedflood_p2p.network.identity import load_signing_key
+    from seedflood_p2p.network.transport.identity import load_signing_key
 
     key = load_signing_key(key_path)
     unsigned = Ticket(bytes.fromhex(config.run_id)[:8], peer, int(expires), b"")

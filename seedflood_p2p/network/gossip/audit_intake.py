@@ -1,7 +1,7 @@
 """Audit records from the network: decode -> validate -> ledger, each counted.
 
 The audit topic (`wire.audit_topic_for`) carries signed `AuditRecord`s, and repair
-(`network/repair.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`) carries the
+(`network/gossip/repair.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`) carries the
 records a peer missed, so every peer ends with the same audit table. Both sources pass
 the rules updates pass, through the node's update `Admission` when there is one: the
 auditor's key is Ed25519 and in a closed run's allow-list; gossip only: the auditor is
@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-from seedflood_p2p.network.admission import Admission
+from seedflood_p2p.network.gossip.admission import Admission
 from seedflood_p2p.protocol.message import AuditRecord, Envelope
 from seedflood_p2p.protocol.wire import (
     Rejected,
@@ -166,7 +166,7 @@ class AuditIntake:
     def _verify(self, *args) -> bool:
         if self.admission is not None:
             return self.admission.verify(*args)
-        from seedflood_p2p.network.identity import verify_pubsub_signature
+        from seedflood_p2p.network.transport.identity import verify_pubsub_signature
 
         return verify_pubsub_signature(*args)
 

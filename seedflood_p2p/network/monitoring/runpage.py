@@ -252,7 +252,9 @@ async def run_sampler(page: RunPage, period: float = SAMPLER_PERIOD) -> None:
 
 def page_html() -> bytes:
     """The page: one file, inline script and styles, nothing fetched but /run.json."""
-    return resources.files("seedflood_p2p.network").joinpath("run_page.html").read_bytes()
+    return (
+        resources.files("seedflood_p2p.network.monitoring").joinpath("run_page.html").read_bytes()
+    )
 
 
 def parse_window(query: dict[str, str]) -> tuple[int, int]:

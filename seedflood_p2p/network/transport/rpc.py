@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P, P2PContext, PeerID
 
-from seedflood_p2p.network.p2pd import RemoteCallError
+from seedflood_p2p.network.transport.p2pd import RemoteCallError
 
 DEFAULT_RPC_LIMIT = 1 << 20  # request/response size limit for serve_bytes / call_bytes
 

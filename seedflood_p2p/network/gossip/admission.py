@@ -29,7 +29,7 @@ passes the same stages and ends with exactly one `Verdict`, counted:
               negated followed by the new one (updates are linear in the scalars).
 
 Rules and reasons are `protocol/wire.py`'s; this module only orders them, counts them,
-and reports the senders to the reputation (network/reputation.py), which may ban them.
+and reports the senders to the reputation (network/peers/reputation.py), which may ban them.
 No network I/O here: the flood node feeds it, so it is tested on a bare ledger.
 """
 
@@ -41,10 +41,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
-from seedflood_p2p.network.identity import verify_pubsub_signature
-from seedflood_p2p.network.metrics import NodeMetrics, timed
-from seedflood_p2p.network.reputation import LogLimiter, PeerBuckets, Reputation, short_id
-from seedflood_p2p.network.tickets import TicketBook
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
+from seedflood_p2p.network.peers.reputation import LogLimiter, PeerBuckets, Reputation, short_id
+from seedflood_p2p.network.peers.tickets import TicketBook
+from seedflood_p2p.network.transport.identity import verify_pubsub_signature
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.wire import (
     SENDER_BURST,

@@ -1,7 +1,7 @@
 """A file fetched by digest, chunk by chunk, from several peers at once, resumable.
 
-The one download loop behind run assets (network/assets.py) and checkpoints
-(network/checkpoints.py). The caller opens the partial file (`NAME.part`, sized to the
+The one download loop behind run assets (network/transfer/assets.py) and checkpoints
+(network/transfer/checkpoints.py). The caller opens the partial file (`NAME.part`, sized to the
 file) and says how one chunk is asked of one peer; `fetch_chunks` hands the missing
 chunks out from one queue, so a fast peer serves more. Every chunk is checked as it
 arrives (`wire.check_chunk_bytes`): its length (`chunk_bytes`, the last one shorter)
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from seedflood_p2p.network.rpc import RemoteCallError
+from seedflood_p2p.network.transport.rpc import RemoteCallError
 from seedflood_p2p.protocol.wire import Rejected, check_chunk_bytes
 
 

@@ -27,7 +27,7 @@ from prometheus_client import (
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.wire import DROP_REASONS, MAX_ROUND
 
-# Where an update can come from, and how its admission can end (network/admission.py:
+# Where an update can come from, and how its admission can end (network/gossip/admission.py:
 # Source and Outcome hold the same strings; admission imports this module, not the reverse).
 SOURCES = ("gossip", "repair", "own")
 OUTCOMES = ("accepted", "replaced", "duplicate", "echo", "dropped")
@@ -91,11 +91,11 @@ class NodeMetrics:
         self.repaired = Counter(
             "seedflood_messages_repaired", "messages fetched by anti-entropy", registry=r
         )
-        # Reconnection and island detection (network/reconnect.py).
+        # Reconnection and island detection (network/peers/reconnect.py).
         self.connected = Gauge(
             "seedflood_connected_peers", "libp2p peers this node is connected to", registry=r
         )
-        # Peers behind NAT (network/reconnect.py): how each connected peer is reached.
+        # Peers behind NAT (network/peers/reconnect.py): how each connected peer is reached.
         self.links = Gauge(
             "seedflood_links",
             "connected peers by how they are reached: direct, or relayed (only through a "
@@ -142,7 +142,7 @@ class NodeMetrics:
             "seedflood_redials", "dials to known peers, by result", ["result"], registry=r
         )
         # Every update through admission, once, by where it came from and how it ended
-        # (network/admission.py); `accepted` and `dropped` above are views of the same.
+        # (network/gossip/admission.py); `accepted` and `dropped` above are views of the same.
         self.admissions = Counter(
             "seedflood_admissions",
             "updates through admission, by source and outcome",
@@ -166,7 +166,7 @@ class NodeMetrics:
         self.repair_bytes_in = Counter(
             "seedflood_repair_bytes_in", "repair reply bytes received", ["request"], registry=r
         )
-        # Peers banned by this node (network/reputation.py), by the reason of the ban.
+        # Peers banned by this node (network/peers/reputation.py), by the reason of the ban.
         self.banned = Counter(
             "seedflood_peers_banned", "peers banned, by reason", ["reason"], registry=r
         )
@@ -176,7 +176,7 @@ class NodeMetrics:
             ["why"],
             registry=r,
         )
-        # Checkpoint download (network/checkpoints.py): offers or chunks refused, by reason
+        # Checkpoint download (network/transfer/checkpoints.py): offers or chunks refused, by reason
         # (no_quorum, bad_offer, bad_chunk, ledger: its cut or tensors did not check out).
         self.checkpoint_refused = Counter(
             "seedflood_checkpoint_refused", "fetched checkpoints refused", ["why"], registry=r
@@ -302,7 +302,8 @@ async def serve_http(
     `POST /finish?after_round=N` (from this machine only) asks the peer to stop gracefully
     after round N: the demo uses it to end every peer at the same round. Handlers run on
     the caller's event loop, so `status` and `finish_after` see the daemon's state as it is
-    between two awaits. `routes`, if given, adds more (the run page: network/runpage.py)."""
+    between two awaits. `routes`, if given, adds more (the run page:
+    network/monitoring/runpage.py)."""
 
     async def get_metrics(request: web.Request) -> web.Response:
         return web.Response(

@@ -12,7 +12,7 @@ the flood uses. In it, each peer writes three expiring records about the run it 
 
 A record's value is ``msgpack([payload, signature])``; the payload is
 ``msgpack([RECORD_VERSION, kind, run_id, writer, expires, body])`` and the signature is
-the writer's Ed25519 signature (the libp2p identity key of `network/identity.py`) over
+the writer's Ed25519 signature (the libp2p identity key of `network/transport/identity.py`) over
 ``SIGNING_CONTEXT + payload``. Since an Ed25519 peer id holds its public key, anyone can
 check a record offline. `check_record` is the one rule, applied by every node to every
 record it is asked to store and every record a lookup returns (`SignedRecordValidator`,
@@ -43,7 +43,7 @@ import msgpack
 
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
-from seedflood_p2p.network.metrics import NodeMetrics
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.protocol.wire import BUCKET_ROUNDS, MAX_ADDRS
 
 log = logging.getLogger("seedflood.discovery")
@@ -278,7 +278,7 @@ class Discovery:
         *,
         wait_timeout: float = 3.0,
     ) -> None:
-        from seedflood_p2p.network.identity import load_signing_key
+        from seedflood_p2p.network.transport.identity import load_signing_key
 
         self.p2p = p2p
         self.writer: bytes = p2p.peer_id.to_bytes()

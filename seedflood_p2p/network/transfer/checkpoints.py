@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seedflood_p2p.network.chunks import fetch_chunks, file_sha256, present_chunks
-from seedflood_p2p.network.reputation import PeerBuckets, short_id
-from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.peers.reputation import PeerBuckets, short_id
+from seedflood_p2p.network.transfer.chunks import fetch_chunks, file_sha256, present_chunks
+from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.wire import (
     CHECKPOINT_CHUNK_BYTES,
     CHECKPOINT_QUORUM,

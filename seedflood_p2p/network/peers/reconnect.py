@@ -53,9 +53,14 @@ from pathlib import Path
 
 from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.p2pd import connect_peer, is_relayed, peer_connections, relay_counters
-from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.transport.p2pd import (
+    connect_peer,
+    is_relayed,
+    peer_connections,
+    relay_counters,
+)
+from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.wire import (
     BUCKET_ROUNDS,
     MAX_ADDRS,

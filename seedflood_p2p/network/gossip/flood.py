@@ -1,9 +1,9 @@
 """The network side of a participant: gossip in and out, through admission. No model here.
 
 Data flows one way: every update, from gossip, repair or our own publish, goes
-through admission (`network/admission.py`: decode, validate, policy, ledger),
+through admission (`network/gossip/admission.py`: decode, validate, policy, ledger),
 then is handed to `on_accept` (the peer applies it to its model). Lost gossip is
-repaired by anti-entropy (`network/repair.py`, one `Repair` per node over its update
+repaired by anti-entropy (`network/gossip/repair.py`, one `Repair` per node over its update
 table and, in a run with audits, its audit table): every few seconds the node compares
 per-bucket digests with a random peer and fetches the buckets that differ, so every
 ledger converges even when GossipSub drops messages. Peers and the bootstrap node both
@@ -14,15 +14,15 @@ Request/response protocols (msgpack over the same libp2p daemon):
     seedflood.manifest  b""                     -> run manifest JSON + version + clock
                                                    (or {"not_ready": why, "run_id"} while
                                                     syncing)
-    seedflood.digest, seedflood.fetch           update repair (network/repair.py)
+    seedflood.digest, seedflood.fetch           update repair (network/gossip/repair.py)
     seedflood.audit_digest, seedflood.audit_fetch   audit repair (runs with audits)
-    seedflood.tickets   [run, [peer id]]        -> their join tickets (network/tickets.py)
+    seedflood.tickets   [run, [peer id]]        -> their join tickets (network/peers/tickets.py)
 
 A run with audits (the manifest's `extra.audit`) has a second topic for audit records
-(`network/audit.py:AuditIntake` admits them, from gossip and from repair).
+(`network/gossip/audit_intake.py:AuditIntake` admits them, from gossip and from repair).
 
-Against hostile peers (protocol/wire.py states the rules, network/repair.py the repair
-bounds, network/reputation.py the scores): gossip passes admission's window, rate and
+Against hostile peers (protocol/wire.py states the rules, network/gossip/repair.py the repair
+bounds, network/peers/reputation.py the scores): gossip passes admission's window, rate and
 sender rules; banned peers' gossip is dropped and they are disconnected through the
 daemon; banned and (in a closed run) unlisted peers get empty answers, and each requester
 is served at most SERVE_BYTES_RATE bytes a second (`may_serve`).
@@ -45,11 +45,9 @@ import msgpack
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.admission import Admission, Outcome, Verdict
-from seedflood_p2p.network.audit import AuditIntake, audits_on
-from seedflood_p2p.network.metrics import NodeMetrics
-from seedflood_p2p.network.pubsub import PubSubClient
-from seedflood_p2p.network.repair import (
+from seedflood_p2p.network.gossip.admission import Admission, Outcome, Verdict
+from seedflood_p2p.network.gossip.audit_intake import AuditIntake, audits_on
+from seedflood_p2p.network.gossip.repair import (
     MAX_SYNC_PASSES,
     AuditTable,
     Repair,
@@ -57,10 +55,12 @@ from seedflood_p2p.network.repair import (
     SourceCheck,
     UpdateTable,
 )
-from seedflood_p2p.network.reputation import PeerBuckets, Reputation, short_id
-from seedflood_p2p.network.rpc import serve_bytes
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+from seedflood_p2p.network.peers.reputation import PeerBuckets, Reputation, short_id
+from seedflood_p2p.network.peers.tickets import TicketBook, TicketExchange, ticket_creator
 from seedflood_p2p.network.settings import NodeSettings
-from seedflood_p2p.network.tickets import TicketBook, TicketExchange, ticket_creator
+from seedflood_p2p.network.transport.pubsub import PubSubClient
+from seedflood_p2p.network.transport.rpc import serve_bytes
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
 from seedflood_p2p.protocol.wire import (
     SERVE_BYTES_BURST,
@@ -208,7 +208,7 @@ class FloodNode:
 
     def _disconnect(self, peer: bytes) -> None:
         """A banned peer: close its connection through the daemon (it may dial again; its
-        streams are then refused and its gossip dropped, see network/reputation.py)."""
+        streams are then refused and its gossip dropped, see network/peers/reputation.py)."""
         from hivemind.p2p import PeerID
 
         async def disconnect() -> None:
@@ -228,7 +228,7 @@ class FloodNode:
             return "not_allowed"
         return None
 
-    # -- admission: every update in, see network/admission.py ----------------------
+    # -- admission: every update in, see network/gossip/admission.py ----------------------
     @property
     def newest_round(self) -> int:
         return self.admission.newest_round
@@ -362,7 +362,7 @@ class FloodNode:
                 self._track(self.admission.gossip(batch), heard=True)
                 batch = []
 
-    # -- requests: the manifest here, repair in network/repair.py ----------------------
+    # -- requests: the manifest here, repair in network/gossip/repair.py ----------------------
     async def _serve_manifest(self, peer, request: bytes) -> bytes:
         if self.not_ready is not None:
             # The run id lets the joiner read the manifest from the DHT's signed records.
@@ -395,7 +395,8 @@ class FloodNode:
 
         return [PeerID.from_base58(i) for i in ids]
 
-    # The repair entry points the daemons and network/reconnect.py use (network/repair.py).
+    # The repair entry points the daemons and network/peers/reconnect.py use
+    # (network/gossip/repair.py).
     @property
     def behind(self) -> set[bytes]:
         """Peers whose last exchange left claimed rows out (its page budget ran out)."""

@@ -26,7 +26,7 @@ Validation and hostile-input bounds, all here:
   `bad_reply`), the exchange ends, the server is backed off (doubling up to MAX_BACKOFF).
 - A page holding one row no honest server serves (`Intake.bad`: a bad signature or
   payload, a key that cannot sign) ends the exchange with the `bad_page` penalty (a ban at
-  once, network/reputation.py).
+  once, network/peers/reputation.py).
 - Work per exchange and table is bounded by what the peer's digest claimed: at most
   MAX_EXCHANGE_PAGES pages, at most the claimed rows per bucket (rows past a claim are
   left without blame: an honest bucket grows while we fetch), and the exchange's deadline
@@ -56,12 +56,12 @@ from typing import Any, Protocol
 import msgpack
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.admission import Admission, Outcome, Verdict
-from seedflood_p2p.network.audit import AuditIntake
-from seedflood_p2p.network.metrics import NodeMetrics, timed
-from seedflood_p2p.network.reputation import short_id
-from seedflood_p2p.network.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.network.gossip.admission import Admission, Outcome, Verdict
+from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
+from seedflood_p2p.network.peers.reputation import short_id
 from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
 from seedflood_p2p.protocol.message import AuditRecord, Envelope
 from seedflood_p2p.protocol.wire import (
     AUDIT_ROWS,
@@ -649,7 +649,7 @@ class Repair:
         return total
 
     async def repair_new_peer(self, peer_id) -> int:
-        """Repair from a newly connected peer (network/reconnect.py), one such exchange at a
+        """Repair from a newly connected peer (network/peers/reconnect.py), one such exchange at a
         time: when a partition heals, every peer across it connects at once, and exchanges
         run side by side fetched the same rows from each (the set memo `Taken` only knows
         a set once an exchange took it in whole). One after another, the first brings the

@@ -1,4 +1,4 @@
-"""GossipSub over the p2pd daemon's control socket (`create_p2p` in `network/p2pd.py` starts it).
+"""GossipSub over the p2pd daemon's control socket (`create_p2p` in `transport/p2pd.py` starts it).
 
 hivemind's Python bindings do not expose pubsub, so `PubSubClient` speaks the daemon's
 control protocol itself. It connects to the daemon's unix control socket and exchanges
@@ -39,7 +39,7 @@ import base58
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.network.p2pd import TransportError
+from seedflood_p2p.network.transport.p2pd import TransportError
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The go-libp2p daemon (``p2pd``, shipped inside hivemind): start it, dial, list connections.
 
 `create_p2p` starts the daemon with GossipSub switched on and a persistent Ed25519
-identity (`network/identity.py`: the key file, and the signature check of a received
-message). Pubsub over the daemon is `network/pubsub.py`; request/response is
-`network/rpc.py`.
+identity (`network/transport/identity.py`: the key file, and the signature check of a received
+message). Pubsub over the daemon is `network/transport/pubsub.py`; request/response is
+`network/transport/rpc.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hivemind.p2p.p2p_daemon_bindings.control import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.network.identity import load_or_create_identity
+from seedflood_p2p.network.transport.identity import load_or_create_identity
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ async def create_p2p(
     `initial_peers`: full bootstrap multiaddrs ``/ip4/H/tcp/P/p2p/<peer id>``; startup fails
     with a UserError if none of them can be reached.
     `bootstrap_addrs`: full multiaddrs checked like `initial_peers` but not handed to the
-    daemon: the caller dials them itself (network/reconnect.py), with retries.
+    daemon: the caller dials them itself (network/peers/reconnect.py), with retries.
     `use_auto_relay`: when AutoNAT says this node is not reachable (or `reachability` is
     "private"), reserve a slot on a circuit relay and announce the relay address. The relays
     are the bootstrap addresses plus `relays`, given to p2pd as static relays with relay
