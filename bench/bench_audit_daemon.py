@@ -12,15 +12,15 @@ Per audit rate (the run's `extra.audit`; lag 2 with --max-staleness 1, quorum 3)
 
 two runs with the same manifest, so the same run id and, with the same identity keys (the
 honest-only run's key files are copied into the cheaters' run), the same seeds for the
-honest peers: an honest-only run (4 peers) and the run with the three cheaters (the test
-hook `--test-cheat flip|random|x3`, switched on by SEEDFLOOD_TEST_HOOKS=1; a cheater still
-audits honestly). Recorded per run: the round at which each honest peer banned each
-cheater (its log's `audit_ban` line, at its current training round) and the rounds until
+honest peers: an honest-only run (4 peers) and the run with the three cheaters
+(tests/helpers/hooked_peer.py `--cheat flip|random|x3`; a cheater still audits
+honestly). Recorded per run: the round at which each honest peer banned each cheater
+(its log's `audit_ban` line, at its current training round) and the rounds until
 every honest peer banned it; the verdicts and mismatches against honest peers (target 0);
 honest peers' held-out loss (live model, 200 examples) and the loss of a replay of one
 honest ledger as `seedflood replay` judges it (banned peers' updates void); the audit CPU
 share per honest peer (model-thread CPU seconds in audits / in its own training steps,
-peer/audits.py); whether the honest ledgers' audit tables and judgements agree.
+peer/audit_duty.py); whether the honest ledgers' audit tables and judgements agree.
 Writes bench/results/audit_daemon.{json,md} (`--name` for another file name).
 """
 
@@ -41,10 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from peer.audits import TEST_HOOKS_ENV  # noqa: E402
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer  # noqa: E402
 
-from helpers.cluster import RUN  # noqa: E402
+from helpers.cluster import RUN, start_hooked_peer  # noqa: E402
 
 HONEST = ["a", "b", "c", "d"]
 CHEATERS = {"x": "flip", "y": "random", "z": "x3"}
@@ -79,7 +78,7 @@ def ban_rounds(events: list[dict]) -> dict[str, int]:
 def judged(ledger_path: Path) -> dict:
     """What `seedflood replay` makes of a ledger: its judgement, and the held-out loss of
     the replayed model without the banned peers' updates."""
-    from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
+    from seedflood_p2p.algorithm.audit_rules import judge_ledger
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.trainer import evaluate
     from seedflood_p2p.core.config import RunConfig
@@ -89,7 +88,7 @@ def judged(ledger_path: Path) -> dict:
 
     with Ledger.open_existing(ledger_path) as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
-        counted, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
+        counted, judgement = judge_ledger(ledger, config.audit)
         audits = ledger.audits()
     model, tokenizer = load_model(config.model)
     replay(model, config, counted)
@@ -154,8 +153,9 @@ def run(
                 shutil.copy(keys / name / "identity.key", work / name / "identity.key")
             flags = peer_flags(rounds, len(names))
             if name in cheaters:
-                flags += ["--test-cheat", cheaters[name]]
-            peers[name] = start_peer(work, name, address, flags)
+                flags += ["--cheat", cheaters[name]]
+            start = start_hooked_peer if name in cheaters else start_peer
+            peers[name] = start(work, name, address, flags)
         procs += peers.values()
         paused: list = []
         if pause is not None:
@@ -322,9 +322,9 @@ def main() -> None:
         if name not in HONEST:
             parser.error(f"--pause: PEER must be one of {HONEST}")
         pause = (name, int(after), float(seconds))
-    from seedflood_p2p.algorithm.audit import AuditSettings, audit_rate
+    from seedflood_p2p.algorithm.audit_rules import audit_rate
+    from seedflood_p2p.core.extra_settings import AuditSettings
 
-    os.environ[TEST_HOOKS_ENV] = "1"  # --test-cheat: the cheaters are a test hook
     started = time.time()
     n = len(HONEST) + len(CHEATERS)
     result = {

@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seedflood_p2p.algorithm.audit import AuditRule, recompute, relative_error
+from seedflood_p2p.algorithm.audit_rules import recompute, relative_error
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import zo_step
 from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.extra_settings import AuditRule
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model

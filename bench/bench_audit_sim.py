@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Cheaters caught by audits, in the simulator (`sim/audit.py`), tiny model.
+"""Cheaters caught by audits, in the simulator (`sim/audit_sim.py`), tiny model.
 
 Experiments (pick with --experiment; each writes bench/results/audit_sim-<name>.json/.md,
 and the curves as .png):
@@ -22,9 +22,9 @@ import argparse
 import json
 from pathlib import Path
 
-from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters, summary_row
+from seedflood_p2p.core.extra_settings import AuditSettings
+from seedflood_p2p.sim.audit_sim import CheatConfig, simulate_cheaters, summary_row
 
 OUT = Path(__file__).parent / "results"
 

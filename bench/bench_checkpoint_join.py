@@ -73,7 +73,7 @@ async def fetch_path(config, link_dir: Path, ledger, work: Path) -> dict:
             # (no flood, no repair): only the checkpoint download is measured
             host = await stack.enter_async_context(NetworkHost(HostSettings()))
             own = Ledger(":memory:", config.run_id) if name != "joiner" else ledger
-            nodes.append(host.flood_node(own, config.to_json()))
+            nodes.append(host.flood_node(own, config))
         for node in nodes[:2]:
             server = CheckpointServer(node)
             await server.start()

@@ -73,7 +73,7 @@ def main() -> None:
         donor_addr = json.loads((work / "donor.json").read_text())["addr"]
         for repeat in range(args.repeats):
             for variant, root in trees.items():
-                bn.ROOT = root  # _e2e_peer runs `python -m seedflood_p2p.apps.cli` from ROOT
+                bn.ROOT = root  # _e2e_peer runs `python -m seedflood` from ROOT
                 run_dir = work / f"{repeat}-{root.name}"
                 run_dir.mkdir()
                 r = bn._e2e_peer(run_dir, donor_addr, 0, 1800, args.rounds)

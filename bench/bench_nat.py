@@ -196,7 +196,7 @@ def one_run(
         conns = [e for e in a.events() if e.get("event") == "connections"]
         already = conns and any("/p2p-circuit" not in x for x in conns[-1]["conns"].get(bid, []))
         redial = time.time()
-        if not already:  # a fresh relayed dial, as Reconnector.retry_hole_punches makes it
+        if not already:  # a fresh relayed dial, as Links.retry_hole_punches makes it
             (work / f"{a_id['peer_id']}.dial").write_text(f"{b_circuit}/p2p/{bid}")
 
         def has(kind):

@@ -309,7 +309,7 @@ async def flood_worker(a: dict) -> None:
                 for r in range(prefill // 8)
                 for p in old_peers
             )
-        node = host.flood_node(ledger, config.to_json(), on_accept)
+        node = host.flood_node(ledger, config, on_accept)
         await host.start_node()
         if index == 0:
             (work / "addr0.txt").write_text(addr)
@@ -531,7 +531,8 @@ async def bytes_worker(a: dict) -> None:
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.transport.p2pd import create_p2p
     from seedflood_p2p.network.transport.pubsub import PubSubClient
-    from seedflood_p2p.protocol.wire import encode_update, topic_for
+    from seedflood_p2p.protocol.framing import topic_for
+    from seedflood_p2p.protocol.update import encode_update
 
     n_msgs, rate = a["messages"], a["rate"]
     run_id = RunConfig(salt="bench-network-bytes").run_id
@@ -690,8 +691,9 @@ def build_ledger_worker(a: dict) -> None:
 
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.transport.identity import verify_pubsub_signature
+    from seedflood_p2p.protocol.framing import topic_for
     from seedflood_p2p.protocol.message import Envelope, UpdateMessage
-    from seedflood_p2p.protocol.wire import check_envelope, encode_update, topic_for
+    from seedflood_p2p.protocol.update import check_envelope, encode_update
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256
 
@@ -776,14 +778,14 @@ async def donor_worker(a: dict) -> None:
 
     work = Path(a["work"])
     ledger = Ledger.open_existing(a["ledger"])
-    manifest = ledger.get_meta("manifest")
-    assert RunConfig.from_json(manifest).run_id == ledger.run_id
+    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    assert config.run_id == ledger.run_id
     port = _free_port()
     settings = NodeSettings(repair_interval=1e9, auto_relay=False)  # p2pd defaults
     listen = [f"/ip4/127.0.0.1/tcp/{port}"]
     async with NetworkHost(HostSettings(node=settings, listen=listen)) as host:
         p2p = host.p2p
-        node = host.flood_node(ledger, manifest)
+        node = host.flood_node(ledger, config)
         await host.start_node()
         info = {
             "addr": f"/ip4/127.0.0.1/tcp/{port}/p2p/{p2p.peer_id.to_base58()}",
@@ -804,6 +806,7 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
+    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.host import HostSettings, NetworkHost
     from seedflood_p2p.network.monitoring.metrics import value
     from seedflood_p2p.network.settings import NodeSettings
@@ -831,7 +834,7 @@ async def joiner_worker(a: dict) -> None:
             daemon_s = time.perf_counter() - t_start
             ledger = Ledger(path, run_id)
             ledger.set_meta("manifest", manifest)
-            node = host.flood_node(ledger, manifest)
+            node = host.flood_node(ledger, RunConfig.from_json(manifest))
             await host.start_node()
             # What the peer daemon does with the default min_peers=0: sync_round() right away.
             topic_peers_immediately = len(await node.connected_peers())
@@ -912,7 +915,7 @@ async def joiner_worker(a: dict) -> None:
 
 def _verify_chunk(run_id: str, rows: list) -> int:
     from seedflood_p2p.network.transport.identity import verify_pubsub_signature
-    from seedflood_p2p.protocol.wire import topic_for
+    from seedflood_p2p.protocol.framing import topic_for
 
     topic = topic_for(run_id)
     return sum(verify_pubsub_signature(p, d, q, topic, g) for p, d, q, g in rows)
@@ -1025,7 +1028,7 @@ def _e2e_peer(work: Path, donor_addr: str, min_peers: int, timeout: float, round
     data = work / f"e2e_peer_minpeers{min_peers}"
     log = work / f"e2e_peer_minpeers{min_peers}.log"
     cmd = [
-        sys.executable, "-m", "seedflood_p2p.apps.cli", "--log-format", "json", "peer",
+        sys.executable, "-m", "seedflood", "--log-format", "json", "peer",
         "--bootstrap", donor_addr, "--listen", "/ip4/127.0.0.1/tcp/0",
         "--data-dir", str(data), "--until-round", str(rounds), "--linger", "1",
         "--min-peers", str(min_peers), "--repair-interval", "1000", "--threads", "1",

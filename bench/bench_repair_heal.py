@@ -60,7 +60,7 @@ class _Id:
 def build(workdir: Path, rounds: int) -> tuple[dict[int, FloodNode], dict[int, Peer]]:
     hosts = {h: Peer() for h in (*SIDE_A, *SIDE_B)}
     rows = {h: [hosts[h].row(r, (0.5 - r * 1e-4,)) for r in range(rounds)] for h in hosts if h > 1}
-    manifest = RunConfig().to_json()
+    manifest = RunConfig()
     nodes = {}
     for h, who in hosts.items():
         (workdir / f"h{h}").mkdir()

@@ -16,6 +16,19 @@ upper blocks, and the frozen blocks' hidden states are cached per example
     python bench/bench_rounds.py --model tiny-llama --task synthetic-sentiment ...
     python bench/bench_rounds.py --render                              # .md/.png from .json
 
+The validation protocol (docs/LEARNING.md): choose on the fixed validation split, then
+score the chosen row once on the test split:
+
+    python bench/bench_rounds.py --eval-split validation --row a=...,lr:0.032 --row b=...
+        --out NAME-val                         # every candidate, on validation
+    python bench/bench_rounds.py --eval-split test --choose-from NAME-val --out NAME-test
+        # per N the best zeroth-order row of NAME-val.json (mean accuracy at its last
+        # evaluation) and the best Adam row, each run again and scored on test
+
+Every run records `chosen_on` (the split its settings were chosen on) and `scored_on` (the
+split its figures are on) with the digest of the sentences scored; the table gives the
+standard error over seeds beside the sampling SE of one score, sqrt(p(1-p)/n).
+
 Resumable: each finished (row, N, seed) run is written to bench/results/<out>.json at
 once, and a rerun skips what is there (a session's background jobs die with it). A
 zeroth-order run also resumes mid-way: its simulated peers log every round to a real
@@ -102,6 +115,8 @@ class Partial:
         # Appended, not with_suffix: a row name may hold a dot ("kfac-f0.25"), and
         # with_suffix would cut the name there, giving several runs one ledger.
         stem = f"{args.out}-{name}-N{peers}-seed{seed}"
+        if getattr(args, "eval_split", "test") == "validation":  # evaluated on another split
+            stem += "-validation"
         folder = args.results_dir / "partial"
         return folder / f"{stem}.sqlite", folder / f"{stem}.json"
 
@@ -155,14 +170,17 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.artifacts import save_basis
     from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
-    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.data import load_task, split_sha256
     from seedflood_p2p.workload.models import load_model
 
     torch.manual_seed(seed)
     model, tokenizer = load_model(args.model)
     model.to(args.device)
     task = load_task(args.task)
-    if args.eval_split == "val":  # held out from the training sentences (to choose settings)
+    if args.eval_split == "validation":  # the fixed split where settings are chosen
+        check_validation(args, task)
+        task.test = task.validation
+    elif args.eval_split == "val":  # legacy: the sentences after the pool (moves with it)
         val = task.train[args.train_examples : args.train_examples + args.eval_examples]
         if not val:
             raise SystemExit(
@@ -269,9 +287,42 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         "prefix_cache": bool(args.cache_prefix),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "eval_split": args.eval_split,
+        "scored_on": SPLIT_NAMES[args.eval_split],
+        "chosen_on": spec_chosen_on(args, name),
+        **({"chosen_from": args.choose_from} if args.choose_from else {}),
+        "eval_examples": min(args.eval_examples, len(task.test)),
+        "scored_sha256": split_sha256(task.test[: args.eval_examples], args.eval_split),
         "peers_per_pass": args.peers_per_pass,
         **extra,
     }
+
+
+# What each --eval-split scores, as results files name it.
+SPLIT_NAMES = {
+    "test": "test",
+    "validation": "validation",
+    "val": "val (the training sentences after the pool; before the fixed validation split)",
+}
+
+
+def spec_chosen_on(args: argparse.Namespace, name: str) -> str:
+    """The split a row's settings were chosen on: validation for a validation run (it is
+    the choosing) and for a row --choose-from picked; else --chosen-on."""
+    if args.eval_split in ("validation", "val") or args.choose_from:
+        return "validation"
+    return args.chosen_on
+
+
+def check_validation(args: argparse.Namespace, task) -> None:
+    """Refuse a validation run whose training pool would meet the validation sentences."""
+    if not task.validation:
+        raise SystemExit(f"error: --eval-split validation: {args.task} has no validation split")
+    if not 0 < args.train_examples <= task.pool_limit:
+        raise SystemExit(
+            f"error: --eval-split validation: the pool of --train-examples "
+            f"{args.train_examples or 'all'} would train on validation sentences; "
+            f"{args.task}'s pools of up to {task.pool_limit} are disjoint from them"
+        )
 
 
 def warm(args, cache, model, tokenizer, task, config) -> None:
@@ -281,7 +332,7 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
 
     if cache is None or not cache.active:
         return
-    held_out = "val" if args.eval_split == "val" else "test"
+    held_out = args.eval_split  # test, validation, or val (the sentences after the pool)
     for split, examples in (("train", task.train), (held_out, task.test[: args.eval_examples])):
         name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
         # v2: computed one example at a time (prefix_cache.py); v1 files were batched
@@ -332,6 +383,8 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
         groups.setdefault(key, []).append(run)
     eval_at = sorted({int(r) for run in runs for r in run["curve"]})
     commands = list(dict.fromkeys(run.get("command", meta.get("command")) for run in runs))
+    n_scored = meta.get("eval_examples") or 1000
+    digests = sorted({r["scored_sha256"][:16] for r in runs if r.get("scored_sha256")})
     lines = [
         f"# Accuracy against rounds: {meta.get('model')} on {meta.get('task')}",
         "",
@@ -340,21 +393,27 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
         + (
             f". Held-out: the first {meta.get('eval_examples')} test sentences"
             if meta.get("eval_split", "test") == "test"
+            else f". Held-out: the fixed validation split ({meta.get('eval_examples')} "
+            "sentences, carved from the training sentences, disjoint from the pool; used to "
+            "choose settings)"
+            if meta.get("eval_split") == "validation"
             else f". Held-out: validation, the {meta.get('eval_examples')} training sentences "
             f"after the first {meta.get('train_examples')} (used to choose settings)"
         )
+        + (f" (sha256 of the sentences scored: {', '.join(digests)})" if digests else "")
         + (f"; device {meta['device']}" if meta.get("device", "cpu") != "cpu" else "")
-        + "; +- is the standard error of the mean over seeds (sample std / "
-        f"sqrt(seeds)); one score on {meta.get('eval_examples') or 1000:,} sentences alone has "
-        f"SE ~{0.5 / math.sqrt(meta.get('eval_examples') or 1000):.3f}. Trained weights: "
+        + "; each cell is the mean over seeds +- the standard error of that mean over "
+        "seeds (sample std / sqrt(seeds)), and in brackets the sampling SE of one score "
+        f"on the {n_scored:,} sentences, sqrt(p(1-p)/n), which more seeds on the same "
+        "sentences do not shrink. Trained weights: "
         f"`{meta.get('train_only') or 'all matrices'}`"
         + (", frozen blocks cached per example (prefix cache)" if meta.get("cache_prefix") else "")
         + ". Adam: one machine, batch 16, one step per round.",
         "",
-        "| row | N peers/round | seeds | "
+        "| row | N peers/round | chosen on | scored on | seeds | "
         + " | ".join(f"round {r}" for r in eval_at)
         + " | CPU-s/run |",
-        "|---|---:|---:|" + "---:|" * len(eval_at) + "---:|",
+        "|---|---:|---|---|---:|" + "---:|" * len(eval_at) + "---:|",
     ]
     for (row, peers), group in sorted(groups.items(), key=lambda kv: (kv[0][0] != "adam", kv[0])):
         cells = []
@@ -365,12 +424,18 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
                 continue
             mean = statistics.fmean(accs)
             se = statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else float("nan")
-            cells.append(f"{mean:.3f} +- {se:.3f}" if len(accs) > 1 else f"{mean:.3f}")
+            n = max(g.get("eval_examples") or n_scored for g in group)
+            sampling = f" [{math.sqrt(mean * (1 - mean) / n):.3f}]"
+            cells.append((f"{mean:.3f} +- {se:.3f}" if len(accs) > 1 else f"{mean:.3f}") + sampling)
         cpu = statistics.fmean(g["cpu_s"] for g in group)
         copied = {g["copied_from"] for g in group if g.get("copied_from")}  # a reference row
         name = f"{row} (from {', '.join(sorted(copied))}; CPU-s of its runs)" if copied else row
         cells.append(f"{cpu:.0f}")
-        lines.append(f"| {name} | {peers} | {len(group)} | " + " | ".join(cells) + " |")
+        chosen = "/".join(sorted({g.get("chosen_on", "unrecorded") for g in group}))
+        scored = "/".join(sorted({g.get("scored_on") or legacy_split(g, meta) for g in group}))
+        lines.append(
+            f"| {name} | {peers} | {chosen} | {scored} | {len(group)} | " + " | ".join(cells) + " |"
+        )
     lines += ["", "Row settings:", ""]
     for row in sorted({r["row"] for r in runs}):
         settings = next(r["settings"] for r in runs if r["row"] == row)
@@ -437,6 +502,56 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
     )
 
 
+def legacy_split(run: dict, meta: dict) -> str:
+    """The split a run from before `scored_on` was recorded was scored on."""
+    return SPLIT_NAMES.get(run.get("eval_split") or meta.get("eval_split", "test"), "test")
+
+
+def chosen_rows(args: argparse.Namespace, peers: list[int]) -> list[tuple[str, dict, int]]:
+    """--choose-from: per N the zeroth-order row with the highest mean accuracy at the
+    last evaluation of the validation results file, and the best Adam row."""
+    data = load(args.results_dir / f"{args.choose_from}.json")
+    runs = [r for r in data["runs"] if r.get("scored_on") == "validation"]
+    if not runs:
+        raise SystemExit(
+            f"error: --choose-from {args.choose_from}: no run scored on the validation split"
+        )
+
+    def best(candidates: list[dict]) -> tuple[str, dict] | None:
+        groups: dict[str, list[dict]] = {}
+        for r in candidates:
+            groups.setdefault(r["row"], []).append(r)
+        scores = {}
+        for row, group in groups.items():
+            last = max(int(k) for g in group for k in g["curve"])
+            accs = [g["curve"][str(last)]["accuracy"] for g in group if str(last) in g["curve"]]
+            scores[row] = statistics.fmean(accs)
+        if not scores:
+            return None
+        row = max(scores, key=lambda k: scores[k])
+        settings = dict(groups[row][0]["settings"])
+        settings.pop("train_only", None)
+        if settings.get("method") == "zo":
+            settings.pop("method")
+        print(
+            f"chosen on validation: {row} ("
+            + ", ".join(f"{k} {v:.3f}" for k, v in sorted(scores.items(), key=lambda kv: -kv[1]))
+            + ")",
+            flush=True,
+        )
+        return row, settings
+
+    jobs = []
+    adam = best([r for r in runs if r["settings"]["method"] == "adam"])
+    if adam:
+        jobs.append((*adam, peers[0]))
+    for n in peers:
+        zo = best([r for r in runs if r["settings"]["method"] != "adam" and r["peers"] == n])
+        if zo:
+            jobs.append((*zo, n))
+    return jobs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -466,10 +581,24 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the full model")
     parser.add_argument(
         "--eval-split",
-        choices=["test", "val"],
+        choices=["test", "validation", "val"],
         default="test",
-        help="val: score the --eval-examples training sentences after the first "
-        "--train-examples instead of the test split (to choose settings)",
+        help="validation: score the task's fixed validation split (to choose settings; "
+        "MR: 1,000 training sentences no pool of up to 8,605 meets); test: score a chosen "
+        "row once; val (legacy): the --eval-examples training sentences after the first "
+        "--train-examples",
+    )
+    parser.add_argument(
+        "--chosen-on",
+        default="unrecorded",
+        help="with --eval-split test: the split the rows' settings were chosen on, as the "
+        "results record it (a validation run records validation)",
+    )
+    parser.add_argument(
+        "--choose-from",
+        default="",
+        help="with --eval-split test: a validation results file (its --out) to take the "
+        "best row per N (and the best Adam row) from, instead of --rows/--row",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument(
@@ -482,10 +611,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.eval_split == "val" and not args.train_examples:
         parser.error("--eval-split val needs --train-examples > 0 (the sentences after them)")
+    if args.choose_from and args.eval_split != "test":
+        parser.error("--choose-from picks rows to score on the test split: --eval-split test")
     args.eval_at = [int(x) for x in args.eval_at.split(",")]
     torch.set_num_threads(args.threads)
     rows = {name: ROWS[name] for name in args.rows.split(",") if name}
     rows.update(parse_row(r) for r in args.row)
+    peer_counts = [int(x) for x in args.peers.split(",")]
     path = args.results_dir / f"{args.out}.json"
     meta = {
         "model": args.model,
@@ -495,6 +627,8 @@ def main() -> None:
         "eval_examples": args.eval_examples,
         "train_examples": args.train_examples,
         "eval_split": args.eval_split,
+        "scored_on": SPLIT_NAMES[args.eval_split],
+        "chosen_on": spec_chosen_on(args, ""),
         "device": args.device,
         "command": "python bench/bench_rounds.py " + " ".join(sys.argv[1:]),
     }
@@ -504,34 +638,55 @@ def main() -> None:
         render(path, load(path).get("meta", meta), args.plot, args.plot_name)
         return
     args.results_dir.mkdir(parents=True, exist_ok=True)
+    if args.choose_from:
+        jobs = chosen_rows(args, peer_counts)
+    else:
+        jobs = [
+            (name, spec, peers)
+            for peers in peer_counts
+            for name, spec in rows.items()
+            if spec.get("method") != "adam" or peers == peer_counts[0]  # one Adam run per seed
+        ]
+    meta.update(validation_digest(args))
     for seed in range(args.first_seed, args.seeds):
-        for peers in [int(x) for x in args.peers.split(",")]:
-            for name, spec in rows.items():
-                if spec.get("method") == "adam" and peers != int(args.peers.split(",")[0]):
-                    continue  # one Adam run per seed
+        for name, spec, peers in jobs:
+            data = load(path)
+            if any(
+                r["row"] == name
+                and r["seed"] == seed
+                and (r["peers"] == peers or spec.get("method") == "adam")
+                and (r.get("scored_on") or legacy_split(r, data.get("meta", {})))
+                == meta["scored_on"]
+                for r in data["runs"]
+            ):
+                continue
+            print(f"{name} N={peers} seed={seed} ...", flush=True)
+            run = run_one(args, name, spec, peers, seed)
+            run["command"] = meta["command"]
+            with open(path.with_suffix(".lock"), "w") as lock:  # several --peers processes
+                fcntl.flock(lock, fcntl.LOCK_EX)
                 data = load(path)
-                if any(
-                    r["row"] == name
-                    and r["seed"] == seed
-                    and (r["peers"] == peers or spec.get("method") == "adam")
-                    for r in data["runs"]
-                ):
-                    continue
-                print(f"{name} N={peers} seed={seed} ...", flush=True)
-                run = run_one(args, name, spec, peers, seed)
-                run["command"] = meta["command"]
-                with open(path.with_suffix(".lock"), "w") as lock:  # several --peers processes
-                    fcntl.flock(lock, fcntl.LOCK_EX)
-                    data = load(path)
-                    data["meta"] = meta
-                    data["runs"].append(run)
-                    tmp = path.with_suffix(".json.tmp")
-                    tmp.write_text(json.dumps(data, indent=1))
-                    os.replace(tmp, path)
-                Partial.discard(args, name, peers, seed)
-                render(path, meta)
-                last = run["curve"][max(run["curve"], key=int)]
-                print(f"{name} N={peers} seed={seed}: {last} ({run['cpu_s']} CPU-s)", flush=True)
+                data["meta"] = meta
+                data["runs"].append(run)
+                tmp = path.with_suffix(".json.tmp")
+                tmp.write_text(json.dumps(data, indent=1))
+                os.replace(tmp, path)
+            Partial.discard(args, name, peers, seed)
+            render(path, meta)
+            last = run["curve"][max(run["curve"], key=int)]
+            print(f"{name} N={peers} seed={seed}: {last} ({run['cpu_s']} CPU-s)", flush=True)
+
+
+def validation_digest(args: argparse.Namespace) -> dict:
+    """The task's validation split, by size and digest, for the results' meta."""
+    from seedflood_p2p.workload.data import load_task, split_sha256
+
+    task = load_task(args.task)
+    return {
+        "validation_examples": len(task.validation),
+        "validation_sha256": split_sha256(task.validation, "validation"),
+        "test_examples": len(task.test),
+    }
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ tiny model, synthetic task), under probation (`algorithm/probation.py`).
     PYTHONPATH=. python bench/bench_sybil_daemon.py [--sybils 20] [--rounds 30] [--seeds 0 1]
         [--scenarios honest-only,flip,turn,random,honest]
 
-Scenarios (the attacker identities use the test hook `--test-cheat`, switched on by
-SEEDFLOOD_TEST_HOOKS=1; a cheater still audits honestly):
+Scenarios (the cheating attacker identities are tests/helpers/hooked_peer.py with
+`--cheat`; a cheater still audits honestly):
 
     honest-only  the 4 founders alone: the reference row of the seed
     flip         N identities negating their scalars from the start
@@ -49,14 +49,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # the test helpers (cluster.py)
-from peer.audits import TEST_HOOKS_ENV  # noqa: E402
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap  # noqa: E402
 
-try:
-    from cluster import RUN  # noqa: E402
-except ImportError:  # pragma: no cover - a layout without tests/ on the path
-    from tests.helpers.cluster import RUN  # noqa: E402
+from helpers.cluster import HOOKED_PEER, RUN  # noqa: E402
 
 OUT = ROOT / "bench" / "results"
 FOUNDERS = ["a", "b", "c", "d"]
@@ -79,13 +74,18 @@ def peer_flags(rounds: int, min_peers: int, interval: float, deadline: float) ->
     ]
 
 
-def start_peer(work: Path, name: str, bootstrap: str, flags: list[str]) -> NodeProcess:
-    """localnet.start_peer under `nice -n 10` (NodeProcess's prefix)."""
+def start_peer(
+    work: Path, name: str, bootstrap: str, flags: list[str], cheat: str = ""
+) -> NodeProcess:
+    """localnet.start_peer under `nice -n 10` (NodeProcess's prefix); with `cheat`, the
+    tests' cheating peer (hooked_peer.py --cheat CHEAT)."""
     args = [
         "peer",
         *("--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0"),
         *("--data-dir", str(work / name), "--threads", "1", *flags),
     ]
+    if cheat:
+        return NodeProcess(name, [*args, "--cheat", cheat], work, 1, NICE, HOOKED_PEER)
     return NodeProcess(name, args, work, 1, prefix=NICE)
 
 
@@ -228,16 +228,13 @@ def log_view(events: list[dict]) -> dict[str, dict]:
 
 
 def ledger_view(path: Path, attackers: set[str]) -> dict:
-    from seedflood_p2p.algorithm.audit import AuditSettings
-    from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
+    from seedflood_p2p.algorithm.probation import standing_of_ledger
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger, peer_name
 
     with Ledger.open_existing(path) as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
-        st = standing_of_ledger(
-            ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
-        )
+        st = standing_of_ledger(ledger, config.audit, config.probation)
         messages = list(ledger.messages())
     counted = st.counted(messages)
     per_key: dict[str, dict] = {}
@@ -326,8 +323,7 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         meter = Meter(peers)
         for name in names:
             (work / name).mkdir(parents=True, exist_ok=True)
-            extra = ["--test-cheat", cheat] if name in attackers and cheat else []
-            peers[name] = start_peer(work, name, address, [*flags, *extra])
+            peers[name] = start_peer(work, name, address, flags, cheat if name in attackers else "")
             procs.append(peers[name])
         deadline = time.monotonic() + args.timeout
         while any(p.alive for p in peers.values()) and time.monotonic() < deadline:
@@ -639,11 +635,9 @@ def write_markdown(result: dict, path: Path) -> None:
 def founder_work(work: Path) -> dict:
     """From a finished row's folder: the founders' updates that count in the first founder's
     ledger (real daemons skip rounds when late, so the honest rows of two runs differ), and
-    the founders' late-state retries (peer/audits.py `_late_states`) from final_status."""
-    from seedflood_p2p.storage.ledger import peer_name
-
+    the founders' late-state retries (peer/audit_duty.py `_late_states`) from final_status."""
     view = ledger_view(work / FOUNDERS[0] / "ledger.sqlite", set())
-    founders = set(view["config"].extra["probation"]["founders"])
+    founders = view["config"].probation.founders  # raw peer ids
     retries = {"late_state_retries": 0, "late_state_matches": 0, "probation_retries": 0}
     for name in FOUNDERS:
         status = work / name / "final_status.json"
@@ -653,7 +647,7 @@ def founder_work(work: Path) -> dict:
                 retries[k] += audits.get("retries", {}).get(k, 0)
             retries["probation_retries"] += audits.get("probation", {}).get("probation_retries", 0)
     return {
-        "founder_updates_counted": sum(1 for m in view["counted"] if peer_name(m.peer) in founders),
+        "founder_updates_counted": sum(1 for m in view["counted"] if m.peer in founders),
         "founder_retries": retries,
     }
 
@@ -707,7 +701,6 @@ def main() -> None:
         help="only add losses by round to finished rows from their kept ledgers (--keep)",
     )
     args = parser.parse_args()
-    os.environ[TEST_HOOKS_ENV] = "1"  # --test-cheat: the attackers are a test hook
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     out_json, out_md = OUT / f"{args.name}.json", OUT / f"{args.name}.md"
     result = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Many identities against probation, in the simulator (`sim/audit.py`), tiny model.
+"""Many identities against probation, in the simulator (`sim/audit_sim.py`), tiny model.
 
 4 honest peers (the run's founders) and 20 fresh identities of one attacker, every run
 against the 4 honest peers alone (same seed):
@@ -24,9 +24,9 @@ import json
 import time
 from pathlib import Path
 
-from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters
+from seedflood_p2p.core.extra_settings import AuditSettings
+from seedflood_p2p.sim.audit_sim import CheatConfig, simulate_cheaters
 
 OUT = Path(__file__).parent / "results"
 HONEST, SYBILS = 4, 20

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 from bootstrap.node import BootstrapSettings, run_bootstrap
-from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
@@ -39,16 +38,15 @@ def with_founders(config: RunConfig, founders: str | None) -> RunConfig:
     ids = [f.strip() for f in founders.split(",") if f.strip()]
     if not ids:
         raise UserError("--founders is empty: pass one or more peer ids, comma-separated")
-    ProbationSettings.of(config)  # the config file's own extra.probation first
+    # This writes the manifest, so it works on `extra` as the manifest spells it (already
+    # checked: `config.probation` was parsed when `config` was built).
     probation = config.extra.get("probation", {})
     if probation is False or (isinstance(probation, dict) and "founders" in probation):
         raise UserError(
             "--founders and the config file's extra.probation both set probation: keep one"
         )
     extra = {**config.extra, "probation": {**probation, "founders": ids}}
-    out = config.replace(extra=extra)
-    ProbationSettings.of(out)  # the same checks as a manifest read from the network
-    return out
+    return config.replace(extra=extra)  # checked as every RunConfig is, when it is built
 
 
 def run(args: argparse.Namespace) -> int:

@@ -178,11 +178,8 @@ def open_run_warning(config: RunConfig) -> str | None:
     identity's updates count at once (audits still sample them), so many keys of one
     attacker count until each is caught (docs/SYBIL.md). None when the run has founders (or
     an allow-list) or is ticketed."""
-    from seedflood_p2p.algorithm.probation import ProbationSettings
-    from seedflood_p2p.network.peers.tickets import ticket_creator
-
-    probation = ProbationSettings.of(config)
-    if probation.enabled or ticket_creator(config) is not None:  # the creator picks who joins
+    probation = config.probation
+    if probation.enabled or config.join.creator is not None:  # the creator picks who joins
         return None
     if probation.off:
         why = "extra.probation = false"
@@ -225,7 +222,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             )
         node = host.flood_node(
             ledger,
-            config.to_json(),
+            config,
             on_accept=evaluator.receive if evaluator is not None else lambda msgs: None,
         )
         others = host.known_others(ledger)
@@ -297,8 +294,8 @@ async def serve_status(
         return {
             "role": "bootstrap",
             "state": state["state"],
-            "network": reconnector.view.as_status(),
-            "nat": reconnector.nat_status(),
+            "network": reconnector.islands.view.as_status(),
+            "nat": reconnector.links.nat_status(),
             "run_id": config.run_id,
             "peer_id": p2p.peer_id.to_base58(),
             "round": node.newest_round,
@@ -327,7 +324,7 @@ async def serve_status(
                 bytes_in=int(value(metrics.bytes_in)),
                 bytes_out=int(value(metrics.bytes_out)),
                 banned=node.bans.status(),
-                network=reconnector.view.as_status(),
+                network=reconnector.islands.view.as_status(),
             )
 
         source = (

@@ -1,12 +1,12 @@
 """The peer daemon: the one place where network, ledger and model are wired together.
 
-    network host (network/host.py): p2pd, flood node, reconnection, discovery, /status
-    join        (peer/join.py):     manifest and its checks, ledger signatures, model, data
-    late join   (peer/latejoin.py): sync, restore (own checkpoint, fetched link, replay), chain
-    rounds      (peer/rounds.py):   pacing, train, publish, evaluate, linger, checkpoint
-    audits      (peer/audits.py):   draws, recomputations, judgement (runs with audits)
+    network host (network/host.py):   p2pd, flood node, reconnection, discovery, /status
+    join         (peer/join.py):       manifest and its checks, ledger signatures, model, data
+    late join    (peer/latejoin.py):   sync, restore (own checkpoint, fetched link, replay), chain
+    rounds       (peer/rounds.py):     pacing, train, publish, evaluate, linger, checkpoint
+    audits       (peer/audit_duty.py): draws, recomputations, judgement (runs with audits)
 
-The message path, wired once in `run`:
+The message path, wired once in `_wire_message_path`:
 
     gossip, repair, own update -> FloodNode admission (network/gossip/admission.py: decode,
         validate, policy, ledger) -> on_accept = LiveModel.receive (pending), or in a run
@@ -18,17 +18,19 @@ The message path, wired once in `run`:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
-import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import base58
 
-from peer.audits import DaemonAudits, PeerAudits, check_test_cheat
+from peer.audit_duty import DaemonAudits, PeerAudits
+from peer.behaviour import Behaviour
 from peer.join import MAX_CLOCK_SKEW, Joiner, NotReady, check_ledger, check_manifest_reply
 from peer.latejoin import LateJoin, start_round
 from peer.rounds import (
@@ -42,16 +44,17 @@ from peer.rounds import (
 )
 from peer.settings import PeerSettings
 from seedflood_p2p import __version__
-from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
+from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.host import HostSettings, NetworkHost
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, value
 from seedflood_p2p.network.monitoring.runpage import Observed, RunPage, add_routes, run_sampler
-from seedflood_p2p.network.peers.tickets import Ticket, ticket_creator
+from seedflood_p2p.network.peers.tickets import Ticket
+from seedflood_p2p.network.transfer.checkpoints import CheckpointServer
 from seedflood_p2p.storage.ledger import Ledger
 
 __all__ = [
@@ -67,13 +70,16 @@ __all__ = [
 
 log = logging.getLogger("seedflood.peer")
 
+# the frozen blocks' output per training example and per held-out one (make_prefix_caches)
+PrefixCaches = tuple[ExamplePrefixCache | None, ExamplePrefixCache | None]
+
 
 def check_own_ticket(text: str, config: RunConfig, peer_id: bytes) -> Ticket | None:
     """This peer's join ticket for a ticketed run (None for another run); a missing, bad or
     foreign ticket stops the peer at start with one line that says what to do."""
     from seedflood_p2p.network.peers.tickets import check, decode
 
-    creator = ticket_creator(config)
+    creator = config.join.creator
     if creator is None:
         return None
     me = base58.b58encode(peer_id).decode()
@@ -94,10 +100,12 @@ def check_own_ticket(text: str, config: RunConfig, peer_id: bytes) -> Ticket | N
 
 
 class PeerDaemon:
-    """Wires one peer: the network host, then the run's collaborators, in order."""
+    """Wires one peer: the network host, then the run's collaborators, in order.
+    `behaviour`: honest unless a test's peer passes its own (peer/behaviour.py)."""
 
-    def __init__(self, settings: PeerSettings) -> None:
+    def __init__(self, settings: PeerSettings, behaviour: Behaviour | None = None) -> None:
         self.s = settings
+        self.behaviour = behaviour or Behaviour()
         self.metrics = NodeMetrics()
         self.stopping = False
         self.started = time.time()
@@ -112,7 +120,6 @@ class PeerDaemon:
         self.late_join: LateJoin | None = None
         self.rounds: Rounds | None = None
         self.page: RunPage | None = None  # the run as this peer sees it (/status, /run)
-        check_test_cheat(settings.test_cheat, os.environ)
 
     def request_stop(self) -> None:
         if not self.stopping:
@@ -160,8 +167,8 @@ class PeerDaemon:
             "prefix_cache": rounds.cache_status() if rounds else None,
             "model_sha256": rounds.model_hash if rounds else "",
             "uptime_s": round(time.time() - self.started, 1),
-            "network": reconnector.view.as_status() if reconnector else None,
-            "nat": reconnector.nat_status() if reconnector else None,
+            "network": reconnector.islands.view.as_status() if reconnector else None,
+            "nat": reconnector.links.nat_status() if reconnector else None,
             "discovery": host.discovery.status() if host and host.discovery else None,
             "run": self.page.summary() if self.page is not None else None,
         }
@@ -183,7 +190,7 @@ class PeerDaemon:
             bytes_in=int(value(self.metrics.bytes_in)),
             bytes_out=int(value(self.metrics.bytes_out)),
             banned=self.host.node.bans.status(),
-            network=self.host.reconnector.view.as_status(),
+            network=self.host.reconnector.islands.view.as_status(),
             audits=self.audit_status(),
         )
 
@@ -211,48 +218,70 @@ class PeerDaemon:
             self.model_thread.shutdown()
 
     async def _run(self, host: NetworkHost) -> dict:
-        s = self.s
-        if s.metrics_port is not None:  # early, so /status says why the peer waits
-            port = await host.serve_status(
-                s.metrics_host,
-                s.metrics_port,
-                self.status,
-                self.schedule.finish_after,
-                routes=(lambda app: add_routes(app, lambda: self.page)) if s.run_page else None,
-            )
-            log.info(
-                "metrics and status on http://%s:%d/status",
-                s.metrics_host,
-                port,
-                extra={"fields": {"event": "http", "port": port}},
-            )
-        # 1. join: the manifest, the ledger's signatures, the model and data
-        self.state = "connecting"
-        joiner = Joiner(s, host, self._is_stopping, self._set_state)
-        config = await joiner.first_contact()
-        if config is None:  # stopped while waiting
+        """The peer's life on its host, phase by phase: its checkpoint meta ({} when it
+        stopped before it joined)."""
+        await self._serve_status(host)  # early, so /status says why the peer waits
+        joined = await self._join(host)
+        if joined is None:  # stopped while waiting
             return {}
+        node, live, prefix_caches = self._wire_message_path(host, joined)
+        rounds, services = await self._wire_rounds(host, joined, node, live, prefix_caches)
+        base_scored = await self._score_base_model(rounds, joined.ledger)
+        await self._go_online(host, joined.ledger, rounds, services)
+        await self._sync_then_start(host, joined, node, rounds)
+        return await self._train_then_leave(rounds, base_scored)
+
+    async def _serve_status(self, host: NetworkHost) -> None:
+        """/metrics, /status (and the run page) on --metrics-port, if set."""
+        s = self.s
+        if s.metrics_port is None:
+            return
+        port = await host.serve_status(
+            s.metrics_host,
+            s.metrics_port,
+            self.status,
+            self.schedule.finish_after,
+            routes=(lambda app: add_routes(app, lambda: self.page)) if s.run_page else None,
+        )
+        log.info(
+            "metrics and status on http://%s:%d/status",
+            s.metrics_host,
+            port,
+            extra={"fields": {"event": "http", "port": port}},
+        )
+
+    # -- 1. join: the manifest, the ledger's signatures, the model and data ---------------
+    async def _join(self, host: NetworkHost) -> Joined | None:
+        """The run's manifest from a peer, then its ledger, ticket, assets and model (None:
+        stopped while waiting for the manifest)."""
+        self.state = "connecting"
+        joiner = Joiner(self.s, host, self._is_stopping, self._set_state)
+        config = await joiner.first_contact()
+        if config is None:
+            return None
         self.config = config
-        peer_id = host.peer_id
+        name = host.p2p.peer_id.to_base58()
         log.info(
             "peer %s joining run %s (model %s, dataset %s)",
-            host.p2p.peer_id.to_base58(),
+            name,
             config.run_id[:12],
             config.model,
             config.dataset,
-            extra={
-                "fields": {
-                    "event": "join",
-                    "peer_id": host.p2p.peer_id.to_base58(),
-                    "run_id": config.run_id,
-                }
-            },
+            extra={"fields": {"event": "join", "peer_id": name, "run_id": config.run_id}},
         )
         self.state = "loading"
-        ledger = Ledger(s.data_dir / "ledger.sqlite", config.run_id)
+        ledger = await self._open_ledger(config, host.peer_id)
+        own_ticket = self._use_own_ticket(config, host.peer_id)
+        await joiner.get_assets(config)
+        model, tokenizer, task = await self.model_thread.run(joiner.load_model, config)
+        return Joined(config, ledger, own_ticket, joiner, model, tokenizer, task)
+
+    async def _open_ledger(self, config: RunConfig, peer_id: bytes) -> Ledger:
+        """This run's ledger in --data-dir, its signatures checked."""
+        ledger = Ledger(self.s.data_dir / "ledger.sqlite", config.run_id)
         ledger.claim(config.to_json(), "use a new --data-dir per run")
         # O(rows): ~120 us a signature
-        check = await asyncio.to_thread(check_ledger, ledger, config, peer_id, s.data_dir)
+        check = await asyncio.to_thread(check_ledger, ledger, config, peer_id, self.s.data_dir)
         log.info(
             "ledger checked: %d signed rows in %.1f s%s",
             check.signed,
@@ -261,6 +290,11 @@ class PeerDaemon:
             if check.trusted
             else "",
         )
+        return ledger
+
+    def _use_own_ticket(self, config: RunConfig, peer_id: bytes) -> Ticket | None:
+        """This peer's ticket in a ticketed run; the peer stops where its ticket expires."""
+        s = self.s
         own_ticket = check_own_ticket(s.ticket, config, peer_id)
         if own_ticket is not None and own_ticket.expires <= (
             s.until_round or config.total_rounds or MAX_ROUND
@@ -269,63 +303,31 @@ class PeerDaemon:
                 "this peer's join ticket counts its updates of rounds < %d: it stops there",
                 own_ticket.expires,
             )
-            s.until_round = own_ticket.expires
-        await joiner.get_assets(config)
-        model, tokenizer, task = await self.model_thread.run(joiner.load_model, config)
+            self.s = dataclasses.replace(s, until_round=own_ticket.expires)
+        return own_ticket
 
-        # 2. the message path: network -> admission (validate, ledger) -> apply
+    # -- 2. the message path: network -> admission (validate, ledger) -> apply -----------
+    def _wire_message_path(
+        self, host: NetworkHost, joined: Joined
+    ) -> tuple[FloodNode, LiveModel, PrefixCaches]:
+        """The live model, pacing, the run's audits and the flood node that feeds them."""
         from seedflood_p2p.algorithm.subcge import make_estimator
 
-        engine = make_estimator(model, config)
+        config, ledger, peer_id = joined.config, joined.ledger, host.peer_id
+        engine = make_estimator(joined.model, config)
         if config.basis_sha256:
-            engine.add_basis(0, joiner.basis_artifact(config, ledger))
+            engine.add_basis(0, joined.joiner.basis_artifact(config, ledger))
         live = LiveModel(engine, ledger)
-        prefix_caches = make_prefix_caches(model, engine, s.prefix_cache_mb)
-        audit_settings = AuditSettings.of(config.extra)
-        staleness = audited_staleness(s.max_staleness, audit_settings)
-        if staleness != s.max_staleness:
-            log.warning(
-                "--max-staleness lowered from %d to %d: this run audits updates on the "
-                "state of %d round(s) back (extra.audit.lag), so a peer must not train "
-                "further ahead of its slowest peer than that, or honest updates look like "
-                "cheats to their auditors",
-                s.max_staleness,
-                staleness,
-                audit_settings.lag,
-            )
-            s.max_staleness = staleness
-
-        def settled_holes(round_: int) -> dict[bytes, list[int]]:
-            """Rows the settled state of `round_` lacks (audited runs: see Pacing)."""
-            high = round_ - audit_settings.lag - 1
-            low = high - HOLE_WINDOW + 1
-            rows = [(m.peer, m.round) for m in ledger.messages(max(0, low - 1))]
-            return holes(rows, low, high)
-
-        self.pacing = Pacing(
-            s,
-            self.metrics,
-            lambda: host.node.peers if host.node else {},
-            self._is_stopping,
-            settled_holes if audit_settings.enabled else None,
-            hole_wait=3 * s.node.repair_interval,  # a dropped row comes by repair by then
-        )
-        probation = ProbationSettings.of(config)
-        if probation.enabled:
-            log.info(
-                "probation: this run names %d founder(s); %s",
-                len(probation.founders),
-                "this peer is one: its updates count at once"
-                if peer_id in probation.founders
-                else "this peer is new: an update counts once an established peer has "
-                f"recomputed and matched it, and every later one once {probation.vouches} "
-                "have been (`seedflood status` shows where it stands)",
-                extra={"fields": {"event": "probation", "founder": peer_id in probation.founders}},
-            )
+        prefix_caches = make_prefix_caches(joined.model, engine, self.s.prefix_cache_mb)
+        audit_settings = config.audit
+        self._bound_staleness(audit_settings)
+        self.pacing = self._make_pacing(host, ledger, audit_settings)
+        probation = config.probation
+        log_probation(probation, peer_id)
         if audit_settings.enabled:
             peer_audits = PeerAudits(
                 audit_settings,
-                (s.data_dir / "identity.key").read_bytes(),  # our secret audit draws
+                (self.s.data_dir / "identity.key").read_bytes(),  # our secret audit draws
                 peer_id,
                 ledger,
                 live,
@@ -341,14 +343,65 @@ class PeerDaemon:
             )
         node = host.flood_node(
             ledger,
-            config.to_json(),
+            config,
             on_accept=live.receive if self.audits is None else self.audits.accept,
             on_audit_records=None if self.audits is None else self.audits.on_records,
+            hears=self.behaviour.hears,
         )
-        if own_ticket is not None and node.tickets is not None:
-            node.tickets.add(own_ticket)  # served to the peers that look for it
+        if joined.own_ticket is not None and node.tickets is not None:
+            node.tickets.add(joined.own_ticket)  # served to the peers that look for it
+        return node, live, prefix_caches
 
-        # 3. late join and the checkpoint chain; rounds; the run page
+    def _bound_staleness(self, audit_settings: AuditSettings) -> None:
+        """Lower --max-staleness to what the run's audits allow."""
+        s = self.s
+        staleness = audited_staleness(s.max_staleness, audit_settings)
+        if staleness != s.max_staleness:
+            log.warning(
+                "--max-staleness lowered from %d to %d: this run audits updates on the "
+                "state of %d round(s) back (extra.audit.lag), so a peer must not train "
+                "further ahead of its slowest peer than that, or honest updates look like "
+                "cheats to their auditors",
+                s.max_staleness,
+                staleness,
+                audit_settings.lag,
+            )
+            self.s = dataclasses.replace(s, max_staleness=staleness)
+
+    def _make_pacing(
+        self, host: NetworkHost, ledger: Ledger, audit_settings: AuditSettings
+    ) -> Pacing:
+        """When the next round may start; in audited runs, not before the settled state
+        has its rows."""
+
+        def settled_holes(round_: int) -> dict[bytes, list[int]]:
+            """Rows the settled state of `round_` lacks (audited runs: see Pacing)."""
+            high = round_ - audit_settings.lag - 1
+            low = high - HOLE_WINDOW + 1
+            rows = [(m.peer, m.round) for m in ledger.messages(max(0, low - 1))]
+            return holes(rows, low, high)
+
+        return Pacing(
+            self.s,
+            self.metrics,
+            lambda: host.node.peers if host.node else {},
+            self._is_stopping,
+            settled_holes if audit_settings.enabled else None,
+            hole_wait=3 * self.s.node.repair_interval,  # a dropped row comes by repair by then
+        )
+
+    # -- 3. late join and the checkpoint chain; rounds; the run page -----------------------
+    async def _wire_rounds(
+        self,
+        host: NetworkHost,
+        joined: Joined,
+        node: FloodNode,
+        live: LiveModel,
+        prefix_caches: PrefixCaches,
+    ) -> tuple[Rounds, list[CheckpointServer]]:
+        """Late join with its checkpoint chain, the run page, and the rounds; the chain's
+        servers, to start with the node."""
+        s, config = self.s, joined.config
         self.late_join = late_join = LateJoin(
             s,
             config,
@@ -357,12 +410,13 @@ class PeerDaemon:
             self.metrics,
             self.model_thread.run,
             self.audits.audits if self.audits else None,
-            joiner.asset_paths,
+            joined.joiner.asset_paths,
+            self.behaviour,
         )
         services = await late_join.make_chain()
         node.not_ready = "starting: syncing with the run first"
         self.page = RunPage(
-            ledger,
+            joined.ledger,
             json.loads(config.to_json()),
             host.p2p.peer_id.to_base58(),
             "peer",
@@ -376,16 +430,16 @@ class PeerDaemon:
             ),
         )
         host.spawn(run_sampler(self.page), name="run-page")
-        self.rounds = rounds = Rounds(
+        self.rounds = Rounds(
             s,
             config,
             self.schedule,
             self.pacing,
             node,
             live,
-            model,
-            tokenizer,
-            task,
+            joined.model,
+            joined.tokenizer,
+            joined.task,
             self.model_thread,
             self.metrics,
             self.audits,
@@ -394,23 +448,42 @@ class PeerDaemon:
             self._is_stopping,
             self._set_state,
             *prefix_caches,
+            behaviour=self.behaviour,
         )
-        base_scored = False
-        if s.eval_every and len(ledger) == 0:
-            # A fresh peer scores the base model before it joins the topic: the run's
-            # zero-shot point. Peers waiting for --min-peers wait for this too.
-            await rounds.evaluate()
-            base_scored = True
+        return self.rounds, services
 
-        # 4. on the network: flood (with the audit topic and audit repair, if the run has
-        # them), the chain's server, reconnection, discovery; then catch up and sync
+    async def _score_base_model(self, rounds: Rounds, ledger: Ledger) -> bool:
+        """A fresh peer scores the base model before it joins the topic: the run's
+        zero-shot point. Peers waiting for --min-peers wait for this too. True if it did."""
+        if self.s.eval_every and len(ledger) == 0:
+            await rounds.evaluate()
+            return True
+        return False
+
+    # -- 4. on the network: flood (with the audit topic and audit repair, if the run has
+    # them), the chain's server, reconnection, discovery; then catch up and sync ----------
+    async def _go_online(
+        self,
+        host: NetworkHost,
+        ledger: Ledger,
+        rounds: Rounds,
+        services: list[CheckpointServer],
+    ) -> None:
+        """Start the node and its services, then wait for the run's other peers."""
         await host.start_node(round_of=lambda: self.schedule.round, services=services)
         # No lonely start: a peer that knows others exist (its ledger's rows, its peer
         # book, its bootstrap list) trains only after one of them answered a repair pass.
         self.state = "syncing"
-        if not s.node.allow_alone:
+        if not self.s.node.allow_alone:
             await host.catch_up(host.known_others(ledger), self._is_stopping, self._set_state)
         await rounds.wait_for_peers()
+
+    async def _sync_then_start(
+        self, host: NetworkHost, joined: Joined, node: FloodNode, rounds: Rounds
+    ) -> None:
+        """Fetch what the ledger lacks, restore the model, and take up training at this
+        peer's start round."""
+        ledger, peer_id, late_join = joined.ledger, host.peer_id, self.late_join
         peers, synced = await late_join.sync(host.reconnector.connected)
         how = await late_join.restore(peers, start_round(ledger, peer_id))
         if republished := await node.republish_unsigned():
@@ -422,7 +495,7 @@ class PeerDaemon:
         node.not_ready = None
         self.state = "training"
         self.schedule.round = start_round(ledger, peer_id)
-        device = str(next(model.parameters()).device)  # where this peer computes
+        device = str(next(joined.model.parameters()).device)  # where this peer computes
         log.info(
             "ready at round %d on %s: model from %s (%d fetched from peers)",
             self.schedule.round,
@@ -441,11 +514,13 @@ class PeerDaemon:
         )
         await late_join.extend_chain(self.schedule.round)
 
-        # 5. rounds, then leave with a checkpoint
+    # -- 5. rounds, then leave with a checkpoint --------------------------------------------
+    async def _train_then_leave(self, rounds: Rounds, base_scored: bool) -> dict:
+        """Train to the end, write the final checkpoint and status; the checkpoint meta."""
         await rounds.run(base_scored)
         meta = await rounds.finish()
         status = {**self.status(), "ledger_digest": meta["ledger_digest"]}
-        (s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))
+        (self.s.data_dir / "final_status.json").write_text(json.dumps(status, indent=1))
         log.info(
             "checkpoint written: round %d, %d ledger messages, model sha256 %s",
             meta["round"],
@@ -456,9 +531,36 @@ class PeerDaemon:
         return meta
 
 
-def make_prefix_caches(
-    model: Any, engine: Any, megabytes: int
-) -> tuple[ExamplePrefixCache | None, ExamplePrefixCache | None]:
+@dataclass(frozen=True)
+class Joined:
+    """What joining gives the later phases: the run, its ledger and ticket, the model."""
+
+    config: RunConfig
+    ledger: Ledger
+    own_ticket: Ticket | None
+    joiner: Joiner
+    model: Any
+    tokenizer: Any
+    task: Any
+
+
+def log_probation(probation: ProbationSettings, peer_id: bytes) -> None:
+    """Say, in a run with probation, whether this peer's updates count at once."""
+    if not probation.enabled:
+        return
+    log.info(
+        "probation: this run names %d founder(s); %s",
+        len(probation.founders),
+        "this peer is one: its updates count at once"
+        if peer_id in probation.founders
+        else "this peer is new: an update counts once an established peer has "
+        f"recomputed and matched it, and every later one once {probation.vouches} "
+        "have been (`seedflood status` shows where it stands)",
+        extra={"fields": {"event": "probation", "founder": peer_id in probation.founders}},
+    )
+
+
+def make_prefix_caches(model: Any, engine: Any, megabytes: int) -> PrefixCaches:
     """The frozen blocks' output per example (training examples, held-out examples) for a
     run that trains upper blocks only; (None, None) when every block trains. Every peer of
     such a run computes it per example, as its auditors do (prefix_cache.py); `megabytes`
@@ -500,11 +602,12 @@ def log_tasks() -> None:
         )
 
 
-def run_peer(settings: PeerSettings) -> dict:
-    """Run one peer daemon to its end (uvloop where there is one); its checkpoint meta."""
+def run_peer(settings: PeerSettings, behaviour: Behaviour | None = None) -> dict:
+    """Run one peer daemon to its end (uvloop where there is one); its checkpoint meta.
+    `behaviour`: honest unless a test's peer passes its own (peer/behaviour.py)."""
     try:
         import uvloop
 
-        return uvloop.run(PeerDaemon(settings).run())
+        return uvloop.run(PeerDaemon(settings, behaviour).run())
     except ImportError:  # uvloop is Linux/macOS only
-        return asyncio.run(PeerDaemon(settings).run())
+        return asyncio.run(PeerDaemon(settings, behaviour).run())

@@ -45,7 +45,7 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
             "enable time sync (e.g. `timedatectl set-ntp true`) and restart"
         )
     check_version(reply["version"], version)
-    config = RunConfig.from_json(reply["manifest"])
+    config = RunConfig.from_network(reply["manifest"])
     if problem := config.daemon_problem():
         raise UserError(f"cannot join run {config.run_id[:12]}: {problem}")
     if config.data_basis and not config.basis_sha256:
@@ -150,7 +150,7 @@ class Joiner:
         other_versions = []
         for record in records.values():
             try:
-                config = RunConfig.from_json(record.body["manifest"])
+                config = RunConfig.from_network(record.body["manifest"])
             except UserError:
                 continue
             if config.run_id != run_id:

@@ -15,9 +15,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from peer.audits import PeerAudits
+from peer.audit_duty import PeerAudits
+from peer.behaviour import Behaviour
 from peer.settings import PeerSettings
-from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, chain_period, link_round
+from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, link_round
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
@@ -28,7 +29,7 @@ from seedflood_p2p.network.transfer.checkpoints import (
     FetchFailed,
     fetch_checkpoint,
 )
-from seedflood_p2p.protocol.wire import quorum_round
+from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.ledger import Ledger, digest_of
 
 log = logging.getLogger("seedflood.peer")
@@ -47,7 +48,8 @@ class LateJoin:
     """Sync, restore, and the run's checkpoint chain (if it has one) for one peer.
 
     `run`: runs a function on the model thread; `audits`: the run's audits (None: none);
-    `asset_paths`: this machine's copy of the run's model dir, when the manifest names one."""
+    `asset_paths`: this machine's copy of the run's model dir, when the manifest names one;
+    `behaviour`: what the chain's server offers and sends (honest, but for a test's peer)."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class LateJoin:
         run: Callable[..., Awaitable],
         audits: PeerAudits | None,
         asset_paths: dict[str, Path],
+        behaviour: Behaviour,
     ) -> None:
         self.s = settings
         self.config = config
@@ -69,6 +72,7 @@ class LateJoin:
         self.run = run
         self.audits = audits
         self.asset_paths = asset_paths
+        self.behaviour = behaviour
         self.chain: CheckpointChain | None = None  # the run's checkpoint chain (if it has one)
         self.server: CheckpointServer | None = None
         self.chain_round = 0  # the newest link built and served
@@ -78,7 +82,7 @@ class LateJoin:
     async def make_chain(self) -> list[CheckpointServer]:
         """The chain builder and its server, if the run has a chain and no audits (audited
         runs build none); the services to start on the flood node's daemon."""
-        if not chain_period(self.config):
+        if not self.config.checkpoint_every:
             return []
         if self.audits is not None:
             log.warning(
@@ -87,8 +91,7 @@ class LateJoin:
             )
             return []
         self.chain = await self.run(self._make_chain)
-        hook = "corrupt" if self.s.test_checkpoint == "corrupt" else ""
-        self.server = CheckpointServer(self.node, hook)
+        self.server = CheckpointServer(self.node, self.behaviour.served_chunk)
         return [self.server]
 
     def _make_chain(self) -> CheckpointChain:
@@ -117,10 +120,7 @@ class LateJoin:
         rows = list(self.ledger.messages(0, target - 1))
         await self.run(self.chain.build, rows, target)
         self.chain_round = target
-        directory = self.chain.directory
-        if self.s.test_checkpoint == "forge":  # the test hook: offer forged weights
-            directory = await self.run(self._forge_link)
-        offer = await self.server.publish(directory)
+        offer = await self.server.publish(await self.behaviour.served_link(self.chain.directory))
         log.info(
             "checkpoint chain: link of round %d (%d rows, %.1f MiB) served to joiners",
             target,
@@ -135,25 +135,6 @@ class LateJoin:
                 }
             },
         )
-
-    def _forge_link(self) -> Path:
-        """TEST HOOK: the chain's link with one tensor shifted, its hashes made consistent."""
-        from seedflood_p2p.storage.checkpoint import (
-            read_checkpoint_meta,
-            read_checkpoint_weights,
-            tensors_sha256,
-            write_checkpoint,
-        )
-
-        weights = read_checkpoint_weights(self.chain.directory, "cpu")
-        first = sorted(weights)[0]
-        weights[first] = weights[first] + 0.01
-        meta = read_checkpoint_meta(self.chain.directory)
-        meta["weights_sha256"] = tensors_sha256(weights)
-        forged = self.chain.directory / "forged"
-        forged.mkdir(exist_ok=True)
-        write_checkpoint(forged, weights, meta)
-        return forged
 
     def status(self) -> dict:
         """The checkpoint fetched at start (if any), what was refused, the newest link."""

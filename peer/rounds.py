@@ -21,16 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from peer.audits import DaemonAudits, cheated
+from peer.audit_duty import DaemonAudits
+from peer.behaviour import Behaviour
 from peer.settings import PeerSettings
-from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.extra_settings import AuditSettings
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
 from seedflood_p2p.network.monitoring.runpage import RunPage
-from seedflood_p2p.protocol.wire import quorum_round
+from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.ledger import peer_name
 
 log = logging.getLogger("seedflood.peer")
@@ -263,6 +264,7 @@ class Rounds:
         set_state: Callable[[str], None],
         prefix_cache: ExamplePrefixCache | None = None,
         eval_cache: ExamplePrefixCache | None = None,
+        behaviour: Behaviour | None = None,
     ) -> None:
         self.s = settings
         # Frozen-prefix caches (a run training upper blocks only): training examples (ours
@@ -285,6 +287,7 @@ class Rounds:
         self.page = page
         self.stopping = stopping
         self.set_state = set_state
+        self.behaviour = behaviour or Behaviour()  # honest, but for a test's peer
         self.model_hash = ""
         self.last_eval: tuple[float, float | None] | None = None
         self.last_eval_round = -1
@@ -355,8 +358,7 @@ class Rounds:
                 message, loss = await self.model_thread.run(*step)
             else:  # its CPU time counted, against the audits' (audit CPU share)
                 (message, loss), held = await self.model_thread.run(audits.audits.timed_step, *step)
-            if self.s.test_cheat:  # the test hook: a cheater (peer/audits.py)
-                message = cheated(self.s.test_cheat, message, self.ledger)
+            message = self.behaviour.update(message, self.ledger)
             # Admitted like anyone's update: logged, then pending, applied next round.
             await self.node.publish(message, held)
             await self.extend_chain(schedule.round)

@@ -9,7 +9,9 @@ from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.settings import NodeSettings
 
 
-@dataclass
+# Frozen once loaded: a setting the run overrides (the ticket's end round, the staleness
+# audits allow) makes a new PeerSettings (dataclasses.replace), so every reader sees one.
+@dataclass(frozen=True)
 class PeerSettings:
     bootstrap: list[str] = field(default_factory=list)  # full multiaddrs of bootstrap nodes
     # a new peer gives up after this many rounds of dials (backoff)
@@ -57,10 +59,6 @@ class PeerSettings:
     # A ticketed run: this peer's join ticket from the run creator (`seedflood ticket`,
     # base58); its updates count in rounds below the ticket's end round
     ticket: str = ""
-    # TEST HOOK, not a feature (peer/audits.py:check_test_cheat; refused unless the
-    # environment sets SEEDFLOOD_TEST_HOOKS=1): "flip", "random" or "x3" makes this peer a
-    # cheater, so tests can show audits catch it (tests/test_audit_daemon.py).
-    test_cheat: str = ""
     # Late join: fetch a checkpoint of the run's chain from peers instead of
     # replaying the rows it covers: "auto" when the download (at checkpoint_bandwidth Mbit/s)
     # is estimated faster than the replay, "always", or "never".
@@ -69,7 +67,4 @@ class PeerSettings:
     checkpoint_bandwidth: float = bounded(100.0, 0, 1e9, "Mbit/s", open_low=True)
     # build chain link R once the own round is R + this
     checkpoint_settle: int = bounded(32, 0, MAX_INT, "a number of rounds")
-    # TEST HOOK, not a feature: "corrupt" serves checkpoint chunks with a flipped byte,
-    # "forge" offers a forged link (other weights, consistent hashes): tests of the joiner.
-    test_checkpoint: str = field(default="", metadata={"choices": ("", "corrupt", "forge")})
     node: NodeSettings = field(default_factory=NodeSettings)

@@ -9,6 +9,7 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
+from seedflood_p2p.core.config import MAX_ROUND
 from seedflood_p2p.network.gossip.admission import Admission, Outcome, Source
 from seedflood_p2p.network.monitoring.metrics import (
     OUTCOMES,
@@ -16,15 +17,9 @@ from seedflood_p2p.network.monitoring.metrics import (
     NodeMetrics,
     histogram_totals,
 )
+from seedflood_p2p.protocol.framing import PROTOCOL_VERSION, Rejected, run_tag, topic_for
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
-from seedflood_p2p.protocol.wire import (
-    MAX_ROUND,
-    PROTOCOL_VERSION,
-    Rejected,
-    encode_update,
-    run_tag,
-    topic_for,
-)
+from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.storage.ledger import Ledger
 
 RUN = "ab" * 32

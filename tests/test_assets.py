@@ -11,7 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from seedflood_p2p.apps.cli import main
+from seedflood.cli import main
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.transfer.assets import (

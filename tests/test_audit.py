@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from seedflood_p2p.algorithm.audit import (
-    AuditRule,
-    AuditSettings,
+from seedflood_p2p.algorithm.audit_rules import (
     audit_draw,
     audit_rate,
     judge,
@@ -23,15 +21,16 @@ from seedflood_p2p.algorithm.audit import (
     verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import ProbationSettings
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import zo_step
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.extra_settings import AuditRule, AuditSettings, ProbationSettings
+from seedflood_p2p.protocol.audit_record import decode_audit, encode_audit
+from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.held_state import state_digest
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
-from seedflood_p2p.protocol.wire import Rejected, decode_audit, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
@@ -271,7 +270,7 @@ def test_recompute_on_the_same_state_is_bitwise_and_catches_cheats():
 
 @pytest.mark.slow
 def test_simulated_cheaters_are_banned_and_honest_peers_never():
-    from seedflood_p2p.sim.audit import CheatConfig, simulate_cheaters
+    from seedflood_p2p.sim.audit_sim import CheatConfig, simulate_cheaters
 
     run = RunConfig(model="tiny-llama", n_ref=6, batch_size=4, max_length=16, lr=1e-3)
     config = CheatConfig(
@@ -306,7 +305,7 @@ def test_take_settled_keeps_recent_rounds_pending():
 
 
 def test_audit_intake_logs_new_records_and_counts_drops(tmp_path, caplog):
-    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+    from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
 
@@ -356,7 +355,7 @@ def test_seedflood_replay_honours_verdicts(tmp_path):
         return weights_sha256(fresh)
 
     out = subprocess.run(
-        [sys.executable, "-m", "seedflood_p2p.apps.cli", "replay", "--ledger", str(path),
+        [sys.executable, "-m", "seedflood", "replay", "--ledger", str(path),
          "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
@@ -366,11 +365,11 @@ def test_seedflood_replay_honours_verdicts(tmp_path):
     assert "is banned" in out.stderr
 
 
-# -- the daemon's test hook: --test-cheat ---------------------------------------------
+# -- the tests' cheating peer: tests/helpers/hooked_peer.py --cheat ----------------------
 
 
 def test_test_cheats_send_what_their_name_says(tmp_path):
-    from peer.audits import cheated
+    from helpers.hooked_peer import cheated
 
     rule = SETTINGS.rule
     with Ledger(tmp_path / "l.sqlite", RUN_ID) as ledger:
@@ -388,22 +387,20 @@ def test_test_cheats_send_what_their_name_says(tmp_path):
         assert all(cheated(h, honest, ledger).round == 6 for h in ("flip", "x3", "random"))
 
 
-def test_test_cheat_needs_the_test_hook_switch(capsys, tmp_path, monkeypatch):
-    from peer.audits import TEST_HOOKS_ENV, check_test_cheat
-    from seedflood_p2p.apps.cli import main
+def test_only_the_hooked_peer_cheats(capsys, tmp_path):
+    """`seedflood peer` has no flag that makes it cheat; tests/helpers/hooked_peer.py takes
+    the peer's flags and its own."""
+    from seedflood.cli import main
 
-    check_test_cheat("", {})  # an honest peer needs no switch
-    check_test_cheat("x3", {TEST_HOOKS_ENV: "1"})
-    check_test_cheat("turn", {TEST_HOOKS_ENV: "1"})
-    with pytest.raises(UserError, match="test hook"):
-        check_test_cheat("turn", {})
-    with pytest.raises(UserError, match="one of"):
-        check_test_cheat("double", {TEST_HOOKS_ENV: "1"})
-    monkeypatch.delenv(TEST_HOOKS_ENV, raising=False)
+    from helpers.hooked_peer import build_parser
+
     argv = ["peer", "--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/Qm", "--data-dir", str(tmp_path)]
-    assert main([*argv, "--test-cheat", "random"]) == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("error: --test-cheat is a test hook") and TEST_HOOKS_ENV in line
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--cheat", "random"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --cheat random" in capsys.readouterr().err
+    args = build_parser().parse_args([*argv, "--cheat", "turn", "--until-round", "3"])
+    assert (args.cheat, args.until_round, args.data_dir) == ("turn", 3, tmp_path)
 
 
 def test_a_sender_between_two_bans_is_matched_on_its_state_with_no_retry(tmp_path):
@@ -413,7 +410,7 @@ def test_a_sender_between_two_bans_is_matched_on_its_state_with_no_retry(tmp_pat
     from its waiting ones, and matches with no retry. (Before, a verdict acted on arrival
     and the auditor retried each set of bans the sender may not have known; the bench's
     3-cheater run once accused every honest peer here.)"""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     X1, X2 = b"peer-X1", b"peer-X2"
@@ -457,7 +454,7 @@ def _late_row_audit(tmp_path, cheat_sign: float, burst: bool = False, probation:
     received that update in a later round than A's (`burst`: all in one round, as after
     the auditor slept). Returns (audit record, mismatch, audits, the scalars recomputed
     on C's whole settled state)."""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, tokenizer = load_model("tiny-llama")
@@ -520,7 +517,7 @@ def test_after_a_burst_the_late_update_is_found_among_the_tied_ones(tmp_path):
 def test_a_probationers_retries_are_few_and_paid_from_the_verification_budget(tmp_path):
     """Fresh keys are free, so a probationer's mismatch tries only PROBATION_LATE_STATES
     states, each paid from the budget like an audit (`share` then bounds the compute)."""
-    from peer.audits import PROBATION_LATE_STATES
+    from peer.audit_duty import PROBATION_LATE_STATES
 
     for name in "xyz":
         (tmp_path / name).mkdir()
@@ -539,7 +536,7 @@ def test_a_probationers_retries_are_few_and_paid_from_the_verification_budget(tm
 
 
 def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
-    from peer.audits import MAX_LATE_STATES
+    from peer.audit_duty import MAX_LATE_STATES
 
     record, mismatch, audits, _ = _late_row_audit(tmp_path, cheat_sign=-1.0)  # sign flip
     assert mismatch
@@ -555,7 +552,7 @@ def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
 
 
 def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
-    from peer import audits as module
+    from peer import audit_duty as module
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
@@ -575,7 +572,7 @@ def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
 def test_a_sender_that_had_the_first_of_the_late_updates_is_matched(tmp_path):
     """Two updates reached the auditor after the sender's; the sender had got the first
     of them just before it trained, not the second."""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, tokenizer = load_model("tiny-llama")
@@ -611,8 +608,8 @@ def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
     The vouches were published at round 5: they take effect from S_6 (lag 0), so the audit
     of round 3 recomputes on S_3 without them and matches with no retry (this took a
     LATE_JUDGEMENTS retry before vouches had an effective round)."""
-    from peer.audits import PeerAudits
-    from seedflood_p2p.algorithm.probation import ProbationSettings
+    from peer.audit_duty import PeerAudits
+    from seedflood_p2p.core.extra_settings import ProbationSettings
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, tokenizer = load_model("tiny-llama")
@@ -652,12 +649,14 @@ def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
 
 
 def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
-    """`--test-cheat turn`: the honest update while its ledger's standing has it on
-    probation; negated from the first update once that standing has it established."""
+    """`--cheat turn` (tests/helpers/hooked_peer.py): the honest update while its ledger's
+    standing has it on probation; negated from the first update once that standing has it
+    established."""
     import base58
 
-    from peer.audits import cheated
-    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+    from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
+
+    from helpers.hooked_peer import cheated
 
     founders = [ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2)]
     turner = ED25519_PEER_ID_PREFIX + bytes([9]) * 32
@@ -698,10 +697,10 @@ def _sleeper_audit(tmp_path, cheat_sign: float, with_held: bool = True, lied: bo
     of its update carries a digest naming the state without X's late rows (a sender that
     sent two copies with different digests). Returns (A's claim, mismatch, audits, the
     scalars recomputed on C's whole settled state)."""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
     from seedflood_p2p.protocol.message import Envelope
-    from seedflood_p2p.protocol.wire import encode_update
+    from seedflood_p2p.protocol.update import encode_update
 
     model, tokenizer = load_model("tiny-llama")
     task = load_task("synthetic-sentiment")
@@ -764,7 +763,7 @@ def test_a_cheater_is_not_cleared_by_its_held_state_or_the_guessed_ones(tmp_path
 def test_the_held_digest_follows_the_rows_applied(tmp_path):
     """What a sender sends: the digest of the rows its weights hold, kept up to date as
     rows are applied, counted once per (peer, round), summed again after a rebuild."""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     model, _ = load_model("tiny-llama")

@@ -2,8 +2,8 @@
 peers and one cheater on 127.0.0.1, each its own process and p2pd, and a fourth honest
 peer that joins late (after the cheater's first rounds were audited, so the records of
 its case reach the joiner only by repair). The run's manifest enables audits
-(`extra.audit`); the cheater runs with the test hook `--test-cheat flip` (it publishes
-every update with its scalars negated, and audits honestly).
+(`extra.audit`); the cheater is tests/helpers/hooked_peer.py with `--cheat flip` (it
+publishes every update with its scalars negated, and audits honestly).
 
 One scenario for the module (starting processes is the slow part); each test asserts one
 promise: the cheater is banned by every honest peer, its updates are void in their
@@ -22,8 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from peer.audits import TEST_HOOKS_ENV
-from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
+from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.localnet import start_bootstrap
@@ -31,7 +30,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from helpers.cluster import RUN, start_peer
+from helpers.cluster import RUN, start_hooked_peer, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 18
@@ -66,13 +65,11 @@ LIVE_VS_REPLAY_ATOL = 1e-5  # float32 rounding of another apply order (as tests/
 def scenario(tmp_path_factory):
     work = tmp_path_factory.mktemp("audit_daemon")
     procs = []
-    switch = pytest.MonkeyPatch()
-    switch.setenv(TEST_HOOKS_ENV, "1")  # --test-cheat is refused without it
     try:
         boot, address = start_bootstrap(work, AUDITED_RUN)
         procs.append(boot)
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in HONEST[:3]}
-        peers["x"] = start_peer(work, "x", address, [*PEER_FLAGS, "--test-cheat", "flip"])
+        peers["x"] = start_hooked_peer(work, "x", address, [*PEER_FLAGS, "--cheat", "flip"])
         procs += peers.values()
         peers["a"].wait_round(JOIN_AFTER, timeout=600)
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
@@ -88,7 +85,6 @@ def scenario(tmp_path_factory):
     finally:
         for p in procs:
             p.stop()
-        switch.undo()
 
 
 def _cheater(scenario) -> str:
@@ -99,7 +95,7 @@ def _judged(scenario, name):
     """(counted updates, judgement) of NAME's ledger, as `seedflood replay` judges it."""
     with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
-        counted, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
+        counted, judgement = judge_ledger(ledger, config.audit)
         return config, counted, judgement, list(ledger.messages())
 
 

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip import repair
-from seedflood_p2p.network.gossip.audit_intake import audits_on
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.network.transport.identity import verify_pubsub_signature
+from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
+from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.message import AuditRecord, pack_scalars
-from seedflood_p2p.protocol.wire import Rejected, audit_topic_for, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
 
 CONFIG = RunConfig(salt="test-audit-repair", extra={"audit": {"lag": 0}})
@@ -57,7 +57,7 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
     for ledger in ledgers.values():
         ledger.claim(CONFIG.to_json(), "")
     nodes = {
-        n: FloodNode(p2p, ledgers[n], CONFIG.to_json(), NodeMetrics(), SETTINGS)
+        n: FloodNode(p2p, ledgers[n], CONFIG, NodeMetrics(), SETTINGS)
         for n, p2p in (("a", a), ("b", b))
     }
     heard: list[AuditRecord] = []
@@ -86,7 +86,7 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
 
         c = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
         nodes["c"] = FloodNode(
-            c, ledgers["c"], CONFIG.to_json(), NodeMetrics(), SETTINGS, on_audit_records=note
+            c, ledgers["c"], CONFIG, NodeMetrics(), SETTINGS, on_audit_records=note
         )
         nodes["c"].admission.own_round = 70
         await nodes["c"].start()
@@ -110,7 +110,7 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
 async def test_a_server_of_a_forged_audit_record_is_banned(spawn, tmp_path):
     a = await spawn()
     ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", CONFIG.run_id) for n in "ab"}
-    nodes = {"a": FloodNode(a, ledgers["a"], CONFIG.to_json(), NodeMetrics(), SETTINGS)}
+    nodes = {"a": FloodNode(a, ledgers["a"], CONFIG, NodeMetrics(), SETTINGS)}
     try:
         await nodes["a"].start()
         b = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
@@ -119,7 +119,7 @@ async def test_a_server_of_a_forged_audit_record_is_banned(spawn, tmp_path):
         await _until(lambda: not ledgers["a"].unsigned_audits(a.peer_id.to_bytes()))
         # a's stored record now says something its signature does not.
         ledgers["a"]._db.execute("UPDATE audits SET scalars = ?", (pack_scalars((-9.0,)),))
-        nodes["b"] = FloodNode(b, ledgers["b"], CONFIG.to_json(), NodeMetrics(), SETTINGS)
+        nodes["b"] = FloodNode(b, ledgers["b"], CONFIG, NodeMetrics(), SETTINGS)
         await nodes["b"].start()
         await _until(lambda: nodes["b"].audits.counts["dropped:mismatch"] >= 1)
         assert ledgers["b"].audits() == []  # nothing of it logged
@@ -131,20 +131,10 @@ async def test_a_server_of_a_forged_audit_record_is_banned(spawn, tmp_path):
             ledger.close()
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [{}, {"audit": True}, {"audit": False}, {"audit": {"lag": 2}}, {"audit": {"enabled": False}}],
-)
-def test_the_network_layer_knows_which_runs_have_audits(extra):
-    from seedflood_p2p.algorithm.audit import AuditSettings
-
-    assert audits_on(extra) == AuditSettings.of(extra).enabled
-
-
 def test_audit_repair_messages_round_trip():
-    from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+    from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
     from seedflood_p2p.protocol.message import Envelope
-    from seedflood_p2p.protocol.wire import AUDIT_ROWS as K
+    from seedflood_p2p.protocol.repair import AUDIT_ROWS as K
 
     a, x = (ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2))
     rows = [
@@ -169,7 +159,7 @@ def test_audit_repair_messages_round_trip():
 @given(st.binary(max_size=600), st.integers(1, 8))
 def test_audit_repair_decoders_on_any_bytes(data, max_rows):
     """Whatever the bytes: Rejected (or None for a request), never another exception."""
-    from seedflood_p2p.protocol.wire import AUDIT_ROWS as K
+    from seedflood_p2p.protocol.repair import AUDIT_ROWS as K
 
     try:
         rows = K.decode_rows(data, max_rows)

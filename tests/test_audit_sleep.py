@@ -6,7 +6,7 @@ The others go on without d after --round-deadline; d wakes up and publishes its 
 late, so every update the others trained meanwhile was computed on a settled state that
 lacked d's late updates, and d's own audits of those updates run after a burst of
 buffered gossip. Before audits tried the states without the updates that reached the
-auditor after the sender's (peer/audits.py:_late_states), this run convicted 3 of the 4
+auditor after the sender's (peer/audit_duty.py:_late_states), this run convicted 3 of the 4
 honest peers (bench/results/archive/audit_daemon-pause-old.md); with those guesses the
 sleeper still accused the others in 1 of 6 runs here (15 mismatch votes: it published its
 late rounds before their updates reached it, so arrival order misled it). Since protocol
@@ -22,7 +22,7 @@ import threading
 
 import pytest
 
-from seedflood_p2p.algorithm.audit import AuditSettings, judge_ledger
+from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
@@ -73,7 +73,7 @@ def scenario(tmp_path_factory):
 def _judged(scenario, name):
     with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
-        _, judgement = judge_ledger(ledger, AuditSettings.of(config.extra))
+        _, judgement = judge_ledger(ledger, config.audit)
         return judgement
 
 

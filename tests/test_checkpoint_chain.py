@@ -10,18 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from seedflood_p2p.algorithm.chain import CheckpointChain, chain_period, link_round
+from seedflood_p2p.algorithm.chain import CheckpointChain, link_round
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.replay import estimate_replay_seconds, replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.transfer.checkpoints import file_offer, pick_offer
-from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
-from seedflood_p2p.protocol.wire import (
+from seedflood_p2p.protocol.checkpoint import (
     CHECKPOINT_CHUNK_BYTES,
     CheckpointOffer,
-    Rejected,
     check_chunk,
     decode_checkpoint_offer,
     decode_checkpoint_offer_request,
@@ -30,6 +28,8 @@ from seedflood_p2p.protocol.wire import (
     encode_checkpoint_offer_request,
     encode_chunk_request,
 )
+from seedflood_p2p.protocol.framing import Rejected
+from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
@@ -108,9 +108,9 @@ def test_a_link_plus_the_rows_after_it_restores_base_plus_ledger(tmp_path):
 
 
 def test_chain_settings():
-    assert chain_period(CONFIG) == 4 and chain_period(RunConfig(model="tiny-llama")) == 0
+    assert CONFIG.checkpoint_every == 4 and RunConfig(model="tiny-llama").checkpoint_every == 0
     with pytest.raises(UserError, match="checkpoint_every"):
-        chain_period(RunConfig(model="tiny-llama", extra={"checkpoint_every": "x"}))
+        RunConfig(model="tiny-llama", extra={"checkpoint_every": "x"})
     assert [link_round(r, 4, 3) for r in (0, 6, 7, 11, 12)] == [0, 0, 4, 8, 8]
     # The joiner's cost model grows with rows and with epochs x model size.
     small = estimate_replay_seconds(80_000, 10_000, RunConfig(), 90_000)

@@ -4,13 +4,15 @@ bootstrap and peer daemons on 127.0.0.1 (tiny model), each with its own p2pd.
     honest:  A and B train and serve chain links; J joins late with --checkpoint-fetch
              always: it takes the link A and B both offer, fetching chunks from both, and
              ends with the same ledger digest and replay hash as them.
-    hostile: A and B serve chunks with a flipped byte (--test-checkpoint corrupt), C offers
-             a forged link (other weights, consistent hashes): J refuses the chunks
-             (bad_chunk, counted, the senders penalized) and the forged offer (no quorum),
-             becomes ready by replay, and still ends with the same ledger and replay hash.
+    hostile: A and B serve chunks with a flipped byte, C offers a forged link (other
+             weights, consistent hashes), each tests/helpers/hooked_peer.py with
+             --checkpoint corrupt or forge: J refuses the chunks (bad_chunk, counted, the
+             senders penalized) and the forged offer (no quorum), becomes ready by replay,
+             and still ends with the same ledger and replay hash.
 
-Both joiners decode real nodes' offer and chunk replies (wire.decode_checkpoint_offer,
-wire.check_chunk): the honest one uses them, the hostile one refuses them.
+Both joiners decode real nodes' offer and chunk replies (checkpoint.decode_checkpoint_offer,
+checkpoint.check_chunk, protocol/checkpoint.py): the honest one uses them, the hostile one
+refuses them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from helpers.cluster import RUN, start_peer
+from helpers.cluster import RUN, start_hooked_peer, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 70  # long enough for a joiner started at round 13 (process start ~60 s under load)
@@ -50,13 +52,15 @@ LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another ord
 
 
 def _run(work, servers: dict[str, list[str]]) -> dict:
+    """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none."""
     procs = []
     try:
         boot, address = start_bootstrap(work, CHAIN_RUN)
         procs.append(boot)
         peers = {}
         for name, extra in servers.items():
-            peers[name] = start_peer(work, name, address, PEER_FLAGS + extra)
+            start = start_hooked_peer if extra else start_peer
+            peers[name] = start(work, name, address, PEER_FLAGS + extra)
             procs.append(peers[name])
         first = next(iter(peers.values()))
         first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
@@ -79,7 +83,7 @@ def hostile(tmp_path_factory):
     hooks = {"a": "corrupt", "b": "corrupt", "c": "forge"}
     return _run(
         tmp_path_factory.mktemp("ckpt-hostile"),
-        {n: ["--test-checkpoint", h] for n, h in hooks.items()},
+        {n: ["--checkpoint", h] for n, h in hooks.items()},
     )
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from seedflood_p2p.apps.cli import main
+from seedflood.cli import main
 from seedflood_p2p.core.flags import to_toml
 
 from helpers.cluster import RUN, run_toml, start_bootstrap, start_peer

@@ -161,7 +161,7 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
     node = FloodNode(
         server,
         Ledger(tmp_path / "server.sqlite", RUN.run_id),
-        RUN.to_json(),
+        RUN,
         NodeMetrics(),
         NodeSettings(),
     )

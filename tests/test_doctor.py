@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from seedflood_p2p.apps.cli import main
+from seedflood.cli import main
 
 from helpers.cluster import start_bootstrap
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from peer.daemon import MAX_CLOCK_SKEW, check_manifest_reply
-from seedflood_p2p.apps.cli import build_parser, main
+from seedflood.cli import build_parser, main
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import run_config_from_args
 from seedflood_p2p.network.transport.identity import load_or_create_identity

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from seedflood_p2p.apps.cli import main
+from seedflood.cli import main
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, save_model, weights_sha256

@@ -5,8 +5,7 @@ import pytest
 
 from bootstrap.command import with_founders
 from bootstrap.node import open_run_warning
-from seedflood_p2p.algorithm.probation import ProbationSettings
-from seedflood_p2p.apps.cli import main
+from seedflood.cli import main
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.transport.identity import load_or_create_identity
@@ -31,13 +30,13 @@ def test_founders_flag_puts_every_other_identity_on_probation(capsys, tmp_path):
     a, b = _id(capsys, tmp_path / "a"), _id(capsys, tmp_path / "b")
     config = with_founders(RUN, f"{a}, {b}")
     assert config.extra["probation"]["founders"] == [a, b]
-    probation = ProbationSettings.of(config)
+    probation = config.probation
     founders = {load_or_create_identity(tmp_path / n / "identity.key").to_bytes() for n in "ab"}
     assert probation.enabled and probation.founders == founders
     assert config.run_id != RUN.run_id  # the founders are part of the run's identity
     # other probation settings from the config file are kept
     tuned = RUN.replace(extra={"probation": {"vouches": 5}})
-    assert ProbationSettings.of(with_founders(tuned, a)).vouches == 5
+    assert with_founders(tuned, a).probation.vouches == 5
     assert with_founders(RUN, None) == RUN
 
 

@@ -3,6 +3,7 @@ rule, sender keys, closed runs, reputation and bans, rate limits, thinned drop l
 set digest, the start round and the liveness rule."""
 
 import asyncio
+import dataclasses
 import logging
 import types
 
@@ -17,15 +18,9 @@ from seedflood_p2p.network.gossip.flood import PeerState
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.peers.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
 from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.protocol.framing import Rejected, check_sender_key
 from seedflood_p2p.protocol.message import UpdateMessage
-from seedflood_p2p.protocol.wire import (
-    SENDER_BURST,
-    SENDER_RATE,
-    Rejected,
-    WindowRule,
-    check_sender_key,
-    quorum_round,
-)
+from seedflood_p2p.protocol.update import SENDER_BURST, SENDER_RATE, WindowRule, quorum_round
 from seedflood_p2p.storage.bans import BanStore
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -214,7 +209,7 @@ async def test_a_peer_that_made_us_wait_out_the_deadline_is_not_waited_for_again
     pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False)
     await pacing.wait_ready(10)  # waits the deadline once
     assert pacing.laggards == {slow}
-    settings.round_deadline = 3600.0  # were it waited for again, this would hang
+    pacing.s = dataclasses.replace(settings, round_deadline=3600.0)  # waited again: a hang
     await asyncio.wait_for(pacing.wait_ready(11), timeout=60)
     peers[slow].round = 11  # it caught up: waited for as before
     await asyncio.wait_for(pacing.wait_ready(12), timeout=60)
@@ -233,7 +228,7 @@ async def test_a_laggard_back_at_the_bounds_edge_is_not_waited_for_again():
     pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False)
     await pacing.wait_ready(10)  # behind the bound (7): waits the deadline once
     assert pacing.laggards == {slow}
-    settings.round_deadline = 3600.0  # were it waited for again, this would hang
+    pacing.s = dataclasses.replace(settings, round_deadline=3600.0)  # waited again: a hang
     peers[slow].round = 8  # inside round 11's bound (8), not in step (10)
     await asyncio.wait_for(pacing.wait_ready(11), timeout=60)
     assert pacing.laggards == {slow}
@@ -247,7 +242,7 @@ def test_an_audited_run_bounds_how_far_ahead_a_peer_may_train():
     """Round t's update is audited on the counted updates of rounds < t - lag: a peer that
     trains while a peer it waits for is lag rounds behind lacks some of them."""
     from peer.rounds import audited_staleness
-    from seedflood_p2p.algorithm.audit import AuditSettings
+    from seedflood_p2p.core.extra_settings import AuditSettings
 
     assert audited_staleness(2, AuditSettings.of({})) == 2  # the default lag 3
     assert audited_staleness(2, AuditSettings.of({"audit": {"lag": 2}})) == 1
@@ -352,7 +347,7 @@ def test_a_bucket_that_grows_between_digest_and_fetch_is_not_held_against_its_se
     from seedflood_p2p.network.gossip.flood import FloodNode
 
     alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
-    manifest = RunConfig().to_json()
+    manifest = RunConfig()
 
     def make(who: Peer, name: str) -> FloodNode:
         # No daemon: repair calls are routed below; the pubsub client is never opened.
@@ -398,12 +393,12 @@ def test_a_joiner_syncs_a_history_longer_than_one_exchange_s_budget(tmp_path, mo
     until nothing was left out (a joiner once became ready with 32,768 of 80,000 rows)."""
     from seedflood_p2p.network.gossip import repair
     from seedflood_p2p.network.gossip.flood import FloodNode
-    from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
+    from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 
     monkeypatch.setattr(repair, "MAX_EXCHANGE_PAGES", 1)  # one page per exchange ...
     monkeypatch.setattr(repair.UpdateTable, "page_rows", 2)  # ... of 2 rows (one bucket's here)
     alice, server_id, client_id = Peer(), Peer(), Peer()
-    manifest = RunConfig().to_json()
+    manifest = RunConfig()
 
     def make(who: Peer, name: str) -> FloodNode:
         p2p = types.SimpleNamespace(peer_id=_Id(who.id), daemon_listen_maddr={"unix": "unused"})

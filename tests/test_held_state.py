@@ -5,20 +5,18 @@ import random
 
 import msgpack
 
+from seedflood_p2p.protocol.framing import PROTOCOL_VERSION, Rejected, run_tag
 from seedflood_p2p.protocol.held_state import (
     find_missing,
     row_hash,
     state_digest,
 )
 from seedflood_p2p.protocol.message import pack_scalars
-from seedflood_p2p.protocol.wire import (
+from seedflood_p2p.protocol.update import (
     MAX_UPDATE_BYTES,
-    PROTOCOL_VERSION,
-    Rejected,
     decode_held,
     decode_update,
     encode_update,
-    run_tag,
 )
 
 A, B, C, D, S = (f"peer-{c}".encode() for c in "ABCDS")

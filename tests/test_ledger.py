@@ -142,8 +142,9 @@ def _signer(key):
     from cryptography.hazmat.primitives import serialization as ser
     from hivemind.proto import p2pd_pb2 as pb
 
+    from seedflood_p2p.protocol.framing import topic_for
     from seedflood_p2p.protocol.message import Envelope
-    from seedflood_p2p.protocol.wire import encode_update, topic_for
+    from seedflood_p2p.protocol.update import encode_update
 
     public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
     peer = bytes.fromhex("002408011220") + public
@@ -157,8 +158,8 @@ def _signer(key):
 
     def sign_audit(run_id: str, accused: bytes, round_: int, scalars: tuple[float, ...]):
         """An audit record by this key, signed on the run's audit topic."""
+        from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
         from seedflood_p2p.protocol.message import AuditRecord
-        from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
 
         data, seqno = encode_audit(run_id, accused, round_, scalars), round_.to_bytes(8, "big")
         body = pb.PSMessage(data=data, seqno=seqno, topicIDs=[audit_topic_for(run_id)])
@@ -255,7 +256,7 @@ def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
 
 
 def test_replay_refuses_a_tampered_ledger_with_one_line(capsys, tmp_path, monkeypatch):
-    from seedflood_p2p.apps.cli import main
+    from seedflood.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ledger, _, _, peers = _network_ledger(tmp_path / "l.sqlite")
@@ -333,7 +334,7 @@ def test_verify_checks_audit_records_signatures_and_names_a_tampered_one(tmp_pat
 
 
 def test_replay_refuses_a_forged_audit_record_with_one_line(capsys, tmp_path, monkeypatch):
-    from seedflood_p2p.apps.cli import main
+    from seedflood.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ledger, _, own, peers = _audited_ledger(tmp_path / "l.sqlite")

@@ -16,7 +16,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.admission import Admission, Outcome
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, quantize_scalars
-from seedflood_p2p.protocol.wire import encode_update
+from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
@@ -35,7 +35,7 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-ED25519_ID = bytes.fromhex("002408011220")  # peer ids of this form only (wire.check_sender_key)
+ED25519_ID = bytes.fromhex("002408011220")  # peer ids of this form only (framing.check_sender_key)
 
 
 def _messages(rounds: int, peers: int, seed: int = 0) -> list[UpdateMessage]:

@@ -38,10 +38,10 @@ from pathlib import Path
 import pytest
 
 from seedflood_p2p.apps.localnet import NodeProcess
-from seedflood_p2p.apps.partition import NamespaceNet
 from seedflood_p2p.storage.ledger import Ledger
 
 from helpers.cluster import run_toml
+from helpers.partition import NamespaceNet
 
 pytestmark = pytest.mark.slow
 

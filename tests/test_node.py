@@ -30,7 +30,7 @@ async def test_own_update_logged_but_never_sent_is_published_again(spawn, tmp_pa
     ledgers[0].add([own])  # logged, then killed before publishing: no signed envelope
     settings = NodeSettings(repair_interval=0.3)
     nodes = [
-        FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), settings)
+        FloodNode(p2p, ledger, config, NodeMetrics(), settings)
         for p2p, ledger in zip([a, b], ledgers, strict=True)
     ]
     try:
@@ -67,7 +67,7 @@ async def test_a_joiner_checks_what_it_fetched_against_every_source(spawn, tmp_p
     ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", config.run_id) for n in "abj"}
     settings = NodeSettings(repair_interval=3600.0)  # no anti-entropy: the test drives repair
     nodes = {
-        n: FloodNode(p2p, ledgers[n], config.to_json(), NodeMetrics(), settings)
+        n: FloodNode(p2p, ledgers[n], config, NodeMetrics(), settings)
         for n, p2p in zip("abj", (a, b, j), strict=True)
     }
     author = a.peer_id.to_bytes()
@@ -119,7 +119,7 @@ async def test_stop_leaves_a_task_that_ignores_cancellation_behind(spawn, tmp_pa
     p2p = await spawn()
     config = RunConfig(salt="test-node-stop")
     ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
-    node = FloodNode(p2p, ledger, config.to_json(), NodeMetrics(), NodeSettings())
+    node = FloodNode(p2p, ledger, config, NodeMetrics(), NodeSettings())
     await node.start()
     release = asyncio.Event()
 

@@ -30,12 +30,13 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.transport.p2pd import create_p2p
 from seedflood_p2p.network.transport.pubsub import PubSubClient
 from seedflood_p2p.network.transport.rpc import serve_bytes
+from seedflood_p2p.protocol.framing import PROTOCOL_VERSION, run_tag, topic_for
 from seedflood_p2p.protocol.message import pack_scalars
-from seedflood_p2p.protocol.wire import PROTOCOL_VERSION, encode_update, run_tag, topic_for
+from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from helpers.cluster import start_bootstrap, start_peer
+from helpers.cluster import start_bootstrap, start_hooked_peer, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 36
@@ -148,7 +149,8 @@ def cluster(tmp_path_factory):
         procs.append(boot)
         peers = {}
         for name, extra in [("a", []), ("b", []), ("c", []), ("d", ["--drop-incoming", "0.3"])]:
-            peers[name] = start_peer(work, name, address, PEER_FLAGS + extra)
+            start = start_hooked_peer if extra else start_peer  # d: hooked_peer.py, lossy
+            peers[name] = start(work, name, address, PEER_FLAGS + extra)
             procs.append(peers[name])
         peers["a"].wait_round(4)
         run_id = Ledger.open_existing(work / "bootstrap" / "ledger.sqlite").run_id

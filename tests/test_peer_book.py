@@ -15,15 +15,14 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.admission import Outcome, Verdict
 from seedflood_p2p.network.gossip.flood import LIVE_ROUNDS, FloodNode
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
-from seedflood_p2p.network.peers.reconnect import PeerBook, _dialable, split_full_addr
+from seedflood_p2p.network.peers.peer_book import PeerBook, dialable, split_full_addr
 from seedflood_p2p.network.settings import NodeSettings
+from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.message import UpdateMessage
-from seedflood_p2p.protocol.wire import (
-    BUCKET_HASH_BYTES,
-    BUCKET_ROUNDS,
+from seedflood_p2p.protocol.repair import BUCKET_HASH_BYTES, BUCKET_ROUNDS
+from seedflood_p2p.protocol.summary import (
     MAX_ADDRS,
     MAX_SUMMARY_PEERS,
-    Rejected,
     Summary,
     decode_summary,
     decode_summary_request,
@@ -98,11 +97,11 @@ def test_a_summary_of_a_real_ledger_decodes(tmp_path):
 
 def test_relay_addresses_stay_dialable_and_name_their_relay():
     relayed = f"/ip4/10.78.0.1/tcp/31337/p2p/{B}/p2p-circuit"
-    assert _dialable([f"{relayed}/p2p/{A}", f"/ip4/192.168.1.2/tcp/4001/p2p/{A}"], A) == [
+    assert dialable([f"{relayed}/p2p/{A}", f"/ip4/192.168.1.2/tcp/4001/p2p/{A}"], A) == [
         relayed,
         "/ip4/192.168.1.2/tcp/4001",
     ]
-    assert _dialable(["/p2p-circuit", "/ip4/1.2.3.4/tcp/1/p2p-circuit"], A) == []  # no relay
+    assert dialable(["/p2p-circuit", "/ip4/1.2.3.4/tcp/1/p2p-circuit"], A) == []  # no relay
 
 
 HOSTILE_SUMMARIES = [
@@ -153,7 +152,7 @@ def _node(tmp_path) -> FloodNode:
     config = RunConfig(model="tiny-llama", dataset="synthetic-sentiment")
     ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
     ledger.claim(config.to_json(), "")
-    return FloodNode(_StubP2P(A), ledger, config.to_json(), NodeMetrics(), NodeSettings())
+    return FloodNode(_StubP2P(A), ledger, config, NodeMetrics(), NodeSettings())
 
 
 def _accepted(peer: bytes, round_: int) -> Verdict:
@@ -207,27 +206,29 @@ def test_a_hint_list_filled_by_many_identities_still_takes_the_founders(tmp_path
     """Fresh keys are free: an attacker's identities can fill the bounded list of peers a
     node heard of (DHT records, summaries), first come first served. The run's founders
     still get in, each in place of the non-founder named longest ago."""
-    from seedflood_p2p.network.peers.reconnect import MAX_HINTS, Reconnector, run_founders
+    from seedflood_p2p.network.peers.peer_book import MAX_HINTS
+    from seedflood_p2p.network.peers.reconnect import Reconnector, run_founders
 
     me, *founders = _peer_ids(tmp_path / "keys", 3)
     run = RunConfig(model="tiny-llama", extra={"probation": {"founders": founders}})
-    assert run_founders(run.to_json()) == set(founders)
-    assert run_founders(RunConfig(model="tiny-llama").to_json()) == frozenset()
+    assert run_founders(run) == set(founders)
+    assert run_founders(RunConfig(model="tiny-llama")) == frozenset()
 
     class StubP2P:
         peer_id = PeerID.from_base58(me)
 
     r = Reconnector(StubP2P(), tmp_path, [], NodeSettings(), NodeMetrics())
-    r.founders = run_founders(run.to_json())
+    r.hints.founders = run_founders(run)
     sybils = _peer_ids(tmp_path / "sybils", MAX_HINTS + 1)
     addr = ["/ip4/127.0.0.1/tcp/4001"]
+    hinted = r.hints.addrs
     for sybil in sybils:
         r.add_hints({sybil: addr}, "dht")
-    assert len(r.hints) == MAX_HINTS and sybils[-1] not in r.hints  # full: the rest dropped
+    assert len(hinted) == MAX_HINTS and sybils[-1] not in hinted  # full: the rest dropped
     r.add_hints({founders[0]: addr}, "dht")
-    assert founders[0] in r.hints and len(r.hints) == MAX_HINTS
-    assert sybils[0] not in r.hints  # the one named longest ago made room
+    assert founders[0] in hinted and len(hinted) == MAX_HINTS
+    assert sybils[0] not in hinted  # the one named longest ago made room
     r.add_hints({founders[1]: addr}, "summary")
-    assert set(founders) <= set(r.hints) and sybils[1] not in r.hints
+    assert set(founders) <= set(hinted) and sybils[1] not in hinted
     r.add_hints({sybils[0]: addr}, "dht")  # still full: a non-founder waits for room
-    assert sybils[0] not in r.hints
+    assert sybils[0] not in hinted

@@ -6,10 +6,12 @@ import random
 import base58
 import pytest
 
-from seedflood_p2p.algorithm.audit import AuditSettings, judge
-from seedflood_p2p.algorithm.probation import ProbationSettings, standing, standing_of_ledger
-from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
+from seedflood_p2p.algorithm.audit_rules import judge
+from seedflood_p2p.algorithm.probation import standing, standing_of_ledger
+from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.protocol.message import AuditRecord
 
 AUDIT = AuditSettings(enabled=True, quorum=3)
@@ -140,15 +142,15 @@ def _peer_id(i: int) -> str:
 
 
 def test_settings_seed_from_founders_or_the_allow_list():
-    assert not ProbationSettings.of(RunConfig()).enabled  # no founders: nobody could vouch
+    assert not RunConfig().probation.enabled  # no founders: nobody could vouch
     founders = [_peer_id(1), _peer_id(2)]
-    st = ProbationSettings.of(RunConfig(extra={"probation": {"founders": founders}}))
+    st = RunConfig(extra={"probation": {"founders": founders}}).probation
     assert st.enabled and st.vouches == 3 and st.share == 0.25
     assert st.founders == {base58.b58decode(f) for f in founders}
-    closed = ProbationSettings.of(RunConfig(allow_peers=[_peer_id(3)]))
+    closed = RunConfig(allow_peers=[_peer_id(3)]).probation
     assert closed.founders == {base58.b58decode(_peer_id(3))}
     off = RunConfig(extra={"probation": False}, allow_peers=[_peer_id(3)])
-    assert not ProbationSettings.of(off).enabled
+    assert not off.probation.enabled
     for bad, why in [
         ({"founders": ["nope"]}, "not a base58 Ed25519"),
         ({"founders": founders, "vouches": 0}, "vouches"),
@@ -158,7 +160,7 @@ def test_settings_seed_from_founders_or_the_allow_list():
         ("yes", "must be false or a table"),
     ]:
         with pytest.raises(UserError, match=why):
-            ProbationSettings.of(RunConfig(extra={"probation": bad}))
+            RunConfig(extra={"probation": bad})
 
 
 def test_without_founders_everything_unbanned_counts():
@@ -173,9 +175,9 @@ def test_without_founders_everything_unbanned_counts():
 
 
 def _live_run(tmp_path, name, updates, records, probation, seed):
-    """A daemon's audit state (peer/audits.py) fed `updates` and `records` in an order drawn
+    """A daemon's audit state (peer/audit_duty.py) fed `updates` and `records` in an order drawn
     from `seed`, judging after every arrival; returns (ledger, live weights)."""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.algorithm.live import LiveModel
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
@@ -263,7 +265,7 @@ def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
     cannot audit is kept and reported as backlog; a peer on probation audits nobody."""
     import numpy as np
 
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.algorithm.live import LiveModel
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake

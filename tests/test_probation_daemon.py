@@ -1,5 +1,5 @@
 """Probation on real daemons (127.0.0.1, tiny model): 3 founders, an honest newcomer and a
-newcomer that negates its scalars (the test hook `--test-cheat flip`).
+newcomer that negates its scalars (tests/helpers/hooked_peer.py `--cheat flip`).
 
 The founders' peer ids are in the manifest (`extra.probation.founders`); their identity
 keys are made before the bootstrap starts. Every founder's ledger judges the same: the
@@ -15,9 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from peer.audits import TEST_HOOKS_ENV
-from seedflood_p2p.algorithm.audit import AuditSettings
-from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
+from seedflood_p2p.algorithm.probation import standing_of_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.localnet import start_bootstrap
@@ -26,7 +24,7 @@ from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from helpers.cluster import RUN, start_peer
+from helpers.cluster import RUN, start_hooked_peer, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 20
@@ -56,13 +54,11 @@ def scenario(tmp_path_factory):
         },
     )
     procs = []
-    switch = pytest.MonkeyPatch()
-    switch.setenv(TEST_HOOKS_ENV, "1")
     try:
         boot, address = start_bootstrap(work, run)
         procs.append(boot)
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in [*FOUNDERS, "n"]}
-        peers["x"] = start_peer(work, "x", address, [*PEER_FLAGS, "--test-cheat", "flip"])
+        peers["x"] = start_hooked_peer(work, "x", address, [*PEER_FLAGS, "--cheat", "flip"])
         procs += peers.values()
         codes = {n: p.wait_exit(900) for n, p in peers.items()}
         finals = {
@@ -75,15 +71,12 @@ def scenario(tmp_path_factory):
     finally:
         for p in procs:
             p.stop()
-        switch.undo()
 
 
 def _standing(scenario, name):
     with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
         config = RunConfig.from_json(ledger.get_meta("manifest"))
-        st = standing_of_ledger(
-            ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
-        )
+        st = standing_of_ledger(ledger, config.audit, config.probation)
         messages = list(ledger.messages())
         return config, st, messages, st.counted(messages)
 

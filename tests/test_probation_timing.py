@@ -12,12 +12,12 @@ import random
 import pytest
 import torch
 
-from seedflood_p2p.algorithm.audit import AuditSettings
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import ProbationSettings, effective_round, standing
+from seedflood_p2p.algorithm.probation import effective_round, standing
 from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
+from seedflood_p2p.protocol.audit_record import decode_audit, encode_audit
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
-from seedflood_p2p.protocol.wire import decode_audit, encode_audit
 from seedflood_p2p.storage.ledger import Ledger
 
 LAG = 1
@@ -135,7 +135,7 @@ def test_at_travels_on_the_wire_and_in_the_ledger(tmp_path):
     assert decode_audit(old, run_id, F[0], 1).at == -1
     import msgpack
 
-    from seedflood_p2p.protocol.wire import Rejected
+    from seedflood_p2p.protocol.framing import Rejected
 
     body = msgpack.unpackb(data)
     for bad in ("7", -1, True):
@@ -191,10 +191,10 @@ def _arrivals(claims, records, seed):
 
 
 def _daemon_states(tmp_path, name, claims, records, seed, rounds, final=None):
-    """A peer (peer/audits.py) that trains rounds 0..rounds-1 and receives updates and
+    """A peer (peer/audit_duty.py) that trains rounds 0..rounds-1 and receives updates and
     records as `_arrivals` draws them, judging after each record; -> [counted set of S_t]
     (and with `final`, a list, the counted set after `apply_final` appended to it)."""
-    from peer.audits import PeerAudits
+    from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     ledger = Ledger(tmp_path / f"{name}.sqlite", CONFIG.run_id)
@@ -261,8 +261,8 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
     trains round t on S_t as the rule defines it. An auditor that received updates and
     records in its own order (within the lag rule's windows), holding the settled state
     a daemon holds, recomputes every update of the run: all match, with no retry."""
-    from peer.audits import PeerAudits
-    from seedflood_p2p.algorithm.audit import recompute as recompute_on
+    from peer.audit_duty import PeerAudits
+    from seedflood_p2p.algorithm.audit_rules import recompute as recompute_on
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.algorithm.trainer import zo_step
@@ -361,8 +361,8 @@ def test_a_sender_that_trained_before_a_ban_took_effect_is_matched_on_its_exact_
     every peer still counts those rows; the auditor, who knows the ban, recomputes S_9
     exactly (X's and Y's rows put back from its waiting ones) and matches with no retry.
     (Before bans were timed, it retried the states without each set of unknown bans.)"""
-    from peer.audits import PeerAudits
-    from seedflood_p2p.algorithm.audit import recompute
+    from peer.audit_duty import PeerAudits
+    from seedflood_p2p.algorithm.audit_rules import recompute
     from seedflood_p2p.algorithm.subcge import SubCGE
     from seedflood_p2p.algorithm.trainer import zo_step
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
@@ -537,8 +537,8 @@ def _audit_signer():
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from hivemind.proto import p2pd_pb2 as pb
 
+    from seedflood_p2p.protocol.audit_record import audit_topic_for
     from seedflood_p2p.protocol.message import Envelope
-    from seedflood_p2p.protocol.wire import audit_topic_for
 
     key = Ed25519PrivateKey.generate()
     public = key.public_key().public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
@@ -614,7 +614,7 @@ def test_a_newcomer_seen_after_the_last_judgement_is_put_on_probation(tmp_path, 
     the only prompt, and only probation audits make records.)"""
     import asyncio
 
-    from peer.audits import DaemonAudits, PeerAudits
+    from peer.audit_duty import DaemonAudits, PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
     ledger = Ledger(tmp_path / "l.sqlite", CONFIG.run_id)

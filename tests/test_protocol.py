@@ -1,4 +1,5 @@
-"""The wire format and every validation rule of protocol/wire.py, one by one."""
+"""The update's wire format and every validation rule (protocol/update.py), and the repair
+requests and replies (protocol/repair.py), one by one."""
 
 import math
 
@@ -8,26 +9,25 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import p2pd_pb2 as pb
 
+from seedflood_p2p.core.config import MAX_ROUND
 from seedflood_p2p.network.transport.identity import verify_pubsub_signature
+from seedflood_p2p.protocol.framing import PROTOCOL_VERSION, Rejected, run_tag, topic_for
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
-from seedflood_p2p.protocol.wire import (
+from seedflood_p2p.protocol.repair import (
     BUCKET_ROUNDS,
     FETCH_LIMIT,
-    MAX_ROUND,
-    MAX_UPDATE_BYTES,
-    PROTOCOL_VERSION,
     UPDATE_ROWS,
-    Rejected,
+    decode_digest_request,
+    decode_digests,
+)
+from seedflood_p2p.protocol.update import (
+    MAX_UPDATE_BYTES,
     WindowRule,
     check_against_ledger,
     check_envelope,
-    decode_digest_request,
-    decode_digests,
     decode_update,
     encode_update,
     keeps_new,
-    run_tag,
-    topic_for,
 )
 
 RUN = "ab" * 32

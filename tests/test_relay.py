@@ -197,19 +197,20 @@ def test_links_by_kind_and_a_hole_punch_are_tracked(tmp_path):
     r = Reconnector(StubP2P(), tmp_path, [], NodeSettings(), metrics)
     circuit = f"/ip4/11.78.0.1/tcp/31337/p2p/{RELAY}/p2p-circuit"
     other = "12D3KooWQnnRkpXmpm5mBWTcgLbyNArNE4wUeabyD7fenNVKdXux"
-    r._track_links({RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit]})
-    assert r.links == {RELAY: "direct", other: "relayed"} and r.relayed_via == {other: RELAY}
+    links = r.links
+    links.track({RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit]})
+    assert links.kind == {RELAY: "direct", other: "relayed"} and links.relayed_via == {other: RELAY}
     assert value(metrics.links.labels("relayed")) == 1
-    r._track_links(
+    links.track(
         {RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit, "/ip4/11.78.0.102/tcp/4001"]}
     )
-    assert r.links[other] == "direct" and r.hole_punches == 1 and not r.relayed_via
+    assert links.kind[other] == "direct" and links.hole_punches == 1 and not links.relayed_via
     assert value(metrics.hole_punches) == 1
-    r.own_addrs = ["/ip4/192.168.1.2/tcp/4001", circuit]
-    nat = r.nat_status()
+    links.own_addrs = ["/ip4/192.168.1.2/tcp/4001", circuit]
+    nat = links.nat_status()
     assert nat["reachable"] == "relay" and nat["relays"] == [RELAY], nat
     line = describe_nat(nat)
     assert "only through relay ..4uTnMmtu" in line, line
     assert "2 direct" in line and "1 succeeded" in line, line
-    r.own_addrs = ["/ip4/11.78.0.5/tcp/4001"]
-    assert r.nat_status()["reachable"] == "direct"
+    links.own_addrs = ["/ip4/11.78.0.5/tcp/4001"]
+    assert links.nat_status()["reachable"] == "direct"

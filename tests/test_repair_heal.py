@@ -13,7 +13,7 @@ from seedflood_p2p.network.gossip import repair
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
-from seedflood_p2p.protocol.wire import BUCKET_ROUNDS
+from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.storage.ledger import Ledger
 
 
@@ -31,7 +31,7 @@ def _node(tmp_path, who: Peer, name: str, own_round: int = -1) -> FloodNode:
     node = FloodNode(
         p2p,
         Ledger(tmp_path / name / "ledger.sqlite", RUN),
-        RunConfig(extra={"audit": False}).to_json(),  # update repair only: no audit digests
+        RunConfig(extra={"audit": False}),  # update repair only: no audit digests
         NodeMetrics(),
         NodeSettings(),
     )
@@ -222,8 +222,8 @@ def _audit_row(auditor: Peer, accused: Peer, round_: int, scalars: tuple):
     """An audit record with `auditor`'s signed envelope on the run's audit topic."""
     from hivemind.proto import p2pd_pb2 as pb
 
+    from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
     from seedflood_p2p.protocol.message import AuditRecord, Envelope
-    from seedflood_p2p.protocol.wire import audit_topic_for, encode_audit
 
     data = encode_audit(RUN, accused.id, round_, scalars)
     seqno = (1 << 40 | round_).to_bytes(8, "big")
@@ -238,7 +238,7 @@ def test_audit_records_are_repaired_by_the_same_code_as_updates(tmp_path, monkey
     differing buckets come as one run (one page for three buckets), a set taken in whole
     is not fetched again, and a forged record bans its server (bad_page)."""
     alice, bob, server_id, client_id = Peer(), Peer(), Peer(), Peer()
-    with_audits = RunConfig(extra={"audit": {"lag": 0}}).to_json()
+    with_audits = RunConfig(extra={"audit": {"lag": 0}})
     nodes = {}
     for who, name in ((server_id, "server"), (client_id, "client")):
         p2p = types.SimpleNamespace(peer_id=_Id(who.id), daemon_listen_maddr={"unix": "unused"})

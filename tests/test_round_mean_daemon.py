@@ -24,7 +24,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
-from helpers.cluster import RUN, start_peer
+from helpers.cluster import RUN, start_hooked_peer, start_peer
 
 pytestmark = pytest.mark.slow
 ROUNDS = 24  # room for the late joiner to start (~30 s under heavy load) before the end
@@ -47,7 +47,7 @@ def run(tmp_path_factory):
         boot, address = start_bootstrap(work, ROUND_MEAN)
         procs.append(boot)
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b")}
-        peers["c"] = start_peer(work, "c", address, [*PEER_FLAGS, "--drop-incoming", "0.3"])
+        peers["c"] = start_hooked_peer(work, "c", address, [*PEER_FLAGS, "--drop-incoming", "0.3"])
         procs += peers.values()
         peers["a"].wait_round(3)
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)  # joins late

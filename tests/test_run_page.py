@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from bootstrap.evaluator import LedgerEvaluator
-from seedflood_p2p.apps.cli import main
+from seedflood.cli import main
 from seedflood_p2p.apps.status import format_run_line, format_status
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, serve_http
 from seedflood_p2p.network.monitoring.runpage import (

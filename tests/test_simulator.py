@@ -8,7 +8,7 @@ import torch
 
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.protocol.wire import encode_update
+from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.sim.config import SimConfig
 from seedflood_p2p.sim.methods import SeedFloodSimulation, make_setup, partition
 from seedflood_p2p.sim.network import GOSSIPSUB_OVERHEAD_BYTES, FloodNetwork

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from seedflood_p2p.apps.cli import build_parser, main
+from seedflood.cli import build_parser, main
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import run_config_from_args

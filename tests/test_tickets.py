@@ -19,7 +19,6 @@ from seedflood_p2p.network.peers.tickets import (
     decode,
     issue,
     join_mode,
-    ticket_creator,
 )
 from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
@@ -36,13 +35,13 @@ def _ticketed(tmp_path):
 
 def test_the_manifest_says_how_peers_join(tmp_path):
     _, creator, config = _ticketed(tmp_path)
-    assert join_mode(RunConfig()) == "open" and ticket_creator(RunConfig()) is None
-    assert join_mode(config) == "ticketed" and ticket_creator(config) == creator
+    assert join_mode(RunConfig()) == "open" and RunConfig().join.creator is None
+    assert join_mode(config) == "ticketed" and config.join.creator == creator
     closed = RunConfig(allow_peers=[base58.b58encode(Peer().id).decode()])
     assert join_mode(closed) == "allow-listed"
     for bad in ({"mode": "ticketed"}, {"mode": "secret"}, {"mode": "open", "x": 1}, "yes"):
         with pytest.raises(UserError, match="extra.join"):
-            ticket_creator(RunConfig(extra={"join": bad}))
+            RunConfig(extra={"join": bad})
 
 
 def test_a_ticket_admits_its_holder_in_its_run_below_its_end_round(tmp_path):

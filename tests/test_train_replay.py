@@ -74,7 +74,7 @@ def test_replay_in_two_processes_gives_the_same_sha256(trained, tmp_path):
             [
                 sys.executable,
                 "-m",
-                "seedflood_p2p.apps.cli",
+                "seedflood",
                 "replay",
                 "--ledger",
                 str(trained["path"]),

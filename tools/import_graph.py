@@ -2,11 +2,12 @@
 
     python tools/import_graph.py [--modules] [--root DIR]
 
-Every module of `seedflood_p2p/`, `peer/` and `bootstrap/` is parsed with `ast` (nothing
-is imported, so the check needs neither torch nor the network stack). A module's layer is
-its folder under `seedflood_p2p/` (the package's own `__init__` counts as the lowest
-layer); `peer/` and `bootstrap/` are the top layer, "daemon". The order is read from
-`LAYERS` in `seedflood_p2p/__init__.py`, where it is stated once.
+Every module of `seedflood_p2p/`, `peer/`, `bootstrap/` and `seedflood/` is parsed with
+`ast` (nothing is imported, so the check needs neither torch nor the network stack). A
+module's layer is its folder under `seedflood_p2p/` (the package's own `__init__` counts as
+the lowest layer); `peer/`, `bootstrap/` and `seedflood/` (the `seedflood` command) are the
+top layer, "daemon". The order is read from `LAYERS` in `seedflood_p2p/__init__.py`, where
+it is stated once.
 
 A layer may be split into rooms: its `__init__.py` states `ROOMS` (lowest first), each a
 sub-package or module directly under the layer's folder. Inside such a layer an import
@@ -16,8 +17,7 @@ room.
 
 Every import statement counts, at module level or inside a function, and under
 `if TYPE_CHECKING:` too: a function-local import is still a dependency, and hiding one
-is how cycles go unnoticed. Only `importlib.import_module(name)` is invisible here,
-which is how the command line finds the daemons' subcommands without depending on them.
+is how cycles go unnoticed. Only `importlib.import_module(name)` is invisible here.
 
 Exit status 1, with every offending import listed, if a module imports from a higher
 layer or modules import each other in a cycle (directly or through others).
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "seedflood_p2p"
-DAEMONS = ("peer", "bootstrap")
+DAEMONS = ("peer", "bootstrap", "seedflood")
 DAEMON_LAYER = "daemon"
 
 

@@ -31,7 +31,6 @@ from seedflood_p2p.algorithm.basis import BasisSchedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import trainable_tensors
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
     encode_cut,
@@ -45,14 +44,6 @@ from seedflood_p2p.storage.ledger import digest_of
 log = logging.getLogger("seedflood.chain")
 
 CHAIN_DIR = "chain"  # under the data dir
-
-
-def chain_period(config: RunConfig) -> int:
-    """P, rounds per link (0: the run has no chain). One readable line if malformed."""
-    every = (config.extra or {}).get("checkpoint_every", 0)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-        raise UserError(f"extra.checkpoint_every must be a whole number of rounds, got {every!r}")
-    return every
 
 
 def link_round(round_: int, period: int, settle: int) -> int:
@@ -69,7 +60,7 @@ def write_link(directory: Path, weights: dict, config: RunConfig, rows: list, ro
     meta = {
         "run_id": config.run_id,
         "round": round_,
-        "checkpoint_every": chain_period(config),
+        "checkpoint_every": config.checkpoint_every,
         "ledger_messages": len(rows),
         "ledger_digest": digest_of(rows),
         "ledger_cut": encode_cut((m.peer, m.round) for m in rows),
@@ -92,7 +83,7 @@ class CheckpointChain:
         self.model = scratch
         self.config = config
         self.schedule = schedule  # the run's basis artifacts (None: random bases only)
-        self.period = chain_period(config)
+        self.period = config.checkpoint_every
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.matrices = trainable_tensors(scratch, config)

@@ -13,7 +13,7 @@ calibrated batch, and training examples that recur.
 Each alone, so an example's hidden states are a function of the example only, never of
 the batch it first came in: a sender and its auditor, whatever they cached before, feed
 the trained blocks the same numbers and recompute the same scalars bit for bit, as the
-audit rule's rounding tolerance needs (algorithm/audit.py; a pass of the whole padded
+audit rule's rounding tolerance needs (algorithm/audit_rules.py; a pass of the whole padded
 batch differs in the last bits, and a two-point scalar divides those by 2 eps). They
 differ from a full pass of the model to float rounding, so every peer of a run that
 trains upper blocks computes them this way: `max_bytes` 0 keeps nothing and still does.

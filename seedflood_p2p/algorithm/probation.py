@@ -72,81 +72,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from seedflood_p2p.algorithm.audit import AuditSettings, Judgement, choose_records, judge
+from seedflood_p2p.algorithm.audit_rules import Judgement, choose_records, judge
+from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 
 if TYPE_CHECKING:
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger
 
 NEVER = 1 << 62  # an effective round that never comes
 ALWAYS = -(1 << 62)  # ... that every settled state is past (the founders')
-DEFAULT_VOUCHES = 3  # vouched updates that make an identity established
-DEFAULT_SHARE = 0.25  # of an established peer's training CPU spent on probation audits
-MAX_FOUNDERS = 1000
-
-
-@dataclass(frozen=True)
-class ProbationSettings:
-    """A run's probation rules, from its manifest (`extra.probation`, and `allow_peers`).
-
-    founders: raw peer ids established from the start (the run creator's peers).
-    vouches: vouched updates that make an identity established.
-    share: of an established peer's training CPU that probation audits may take (the
-    verification budget; one audit costs one training step, so `share` audits per round).
-    """
-
-    founders: frozenset[bytes] = frozenset()
-    vouches: int = DEFAULT_VOUCHES
-    share: float = DEFAULT_SHARE
-    off: bool = False
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.founders) and not self.off
-
-    @classmethod
-    def of(cls, config: RunConfig) -> ProbationSettings:
-        """From a `RunConfig`: `extra.probation` (false, or a table of founders (base58
-        peer ids), vouches, share) and the run's allow-list (allowed peers are founders).
-        A bad value is one UserError line."""
-        import base58
-
-        from seedflood_p2p.core.config import _allow_peers_problem
-        from seedflood_p2p.core.errors import UserError
-
-        body = config.extra.get("probation", {})
-        if body is False:
-            return cls(off=True)
-        if not isinstance(body, Mapping):
-            raise UserError("run setting extra.probation must be false or a table of settings")
-        unknown = sorted(set(body) - {"founders", "vouches", "share"})
-        if unknown:
-            raise UserError(
-                f"run setting extra.probation has unknown keys {unknown}: "
-                "known ['founders', 'share', 'vouches']"
-            )
-        founders = body.get("founders", [])
-        vouches = body.get("vouches", DEFAULT_VOUCHES)
-        share = body.get("share", DEFAULT_SHARE)
-        problems = []
-        if not (isinstance(founders, list) and all(isinstance(f, str) for f in founders)):
-            problems.append("founders must be a list of base58 peer ids")
-            founders = []
-        elif len(founders) > MAX_FOUNDERS:
-            problems.append(f"founders lists more than {MAX_FOUNDERS} peers")
-        elif problem := _allow_peers_problem(founders):
-            problems.append(problem.replace("allow_peers", "founders"))
-        if isinstance(vouches, bool) or not (isinstance(vouches, int) and 1 <= vouches <= 1000):
-            problems.append("vouches must be an integer 1..1000")
-        if isinstance(share, bool) or not (
-            isinstance(share, (int, float)) and math.isfinite(share) and 0 < share <= 100
-        ):
-            problems.append("share must be a number in (0, 100]")
-        if problems:
-            raise UserError("run setting extra.probation: " + "; ".join(problems))
-        ids = {base58.b58decode(f) for f in founders} | set(config.allowed_peer_ids() or ())
-        return cls(frozenset(ids), int(vouches), float(share))
 
 
 @dataclass(frozen=True)
@@ -501,7 +435,7 @@ def rounds_to_count(
     each spending `share` audits a round on probation and `ahead` probationers' audits
     (each `vouches` audits) queued before it.
 
-    An audit of round t waits lag + 3 rounds (peer/audits.py: the sender's settled state
+    An audit of round t waits lag + 3 rounds (peer/audit_duty.py: the sender's settled state
     and the bans it could know); the probation budget is auditors * share audits a round;
     a vouch published at round a takes effect in the settled state of round a + lag + 1
     (`Standing.count_from`; the ledger's final standing counts it at once). An estimate

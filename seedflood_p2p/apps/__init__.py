@@ -1,4 +1,4 @@
-"""Applications: the `seedflood` command line, the local demo, the status screen, the launcher.
+"""Applications: the local commands, the demo and its launcher, the status screen, export.
 
-The daemons (`peer/`, `bootstrap/`) sit above this layer: the command line names
-their subcommands by module and imports them only when one is run."""
+The `seedflood` command line that runs them sits above this layer (`seedflood/cli.py`,
+beside the daemons `peer/` and `bootstrap/`): nothing here imports it or the daemons."""

@@ -51,14 +51,17 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "n_ref": 16,
     "lr": 0.064,
 }
-# The default model's own: its top 2 of 30 blocks train, on the first 512 training
-# sentences, so after the first minutes every example's frozen-prefix output is in each
-# peer's cache and a step runs 2 blocks, not 30 (docs/DEMO.md). Another --model or
-# --dataset trains all of the model on all of the data unless told otherwise.
-DEFAULT_MODEL_DEFAULTS: dict[str, Any] = {
-    "train_only": "model.layers.2[89].*",
-    "train_examples": 512,
+# A model's own fast setting, on any data set (a built-in one or an organiser's CSV):
+# SmolLM2's top 2 of 30 blocks train, on the first 512 training examples, so after the
+# first minutes every example's frozen-prefix output is in each peer's cache and a step
+# runs 2 blocks, not 30 (docs/DEMO.md). It follows the model, not the data set (issue 47:
+# `--dataset reviews.csv` once fell back to the whole model and took ~20 s a round, not
+# ~2.5). A data set with fewer training examples trains on all it has outside its
+# validation split (fit_to_data). Another --model trains all of itself unless told.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {"train_only": "model.layers.2[89].*", "train_examples": 512},
 }
+DEFAULT_MODEL_DEFAULTS = MODEL_DEFAULTS[DEMO_DEFAULTS["model"]]
 
 
 @dataclass(frozen=True)
@@ -107,24 +110,54 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, DEMO_FIELDS, "demo settings")
 
 
+def _given(args: argparse.Namespace, table: dict[str, Any], name: str) -> Any:
+    """A run setting as the flags, the environment or the file give it; None if none does."""
+    flag = getattr(args, name, None)
+    if flag is not None:
+        return flag
+    return os.environ.get(f"SEEDFLOOD_{name.upper()}") or table.get(name)
+
+
 def demo_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """DEMO_DEFAULTS, and the default model's own when the flags, the environment and the
-    file keep both the default model and the default data set (settings_values' order)."""
+    """DEMO_DEFAULTS, and the chosen model's own fast setting (MODEL_DEFAULTS) whatever the
+    data set, when the flags, the environment and the file choose that model."""
+    model = _given(args, read_toml(args), "model") or DEMO_DEFAULTS["model"]
+    return {**DEMO_DEFAULTS, **MODEL_DEFAULTS.get(model, {})}
+
+
+def fit_to_data(args: argparse.Namespace, config: RunConfig, defaults: dict) -> dict[str, Any]:
+    """`defaults` fitted to the run's data set, for what no flag, variable or file set:
+    a training pool no larger than the examples outside the validation split, and no
+    calibration for a task without labels. Unchanged when the data cannot be read here
+    (the peers then say why)."""
+    from seedflood_p2p.workload.data import load_task
+    from seedflood_p2p.workload.tasks import task_spec
+
     table = read_toml(args)
-
-    def chosen(name: str) -> Any:
-        flag = getattr(args, name, None)
-        env = os.environ.get(f"SEEDFLOOD_{name.upper()}")
-        return flag or env or table.get(name) or DEMO_DEFAULTS[name]
-
-    if (chosen("model"), chosen("dataset")) != (DEMO_DEFAULTS["model"], DEMO_DEFAULTS["dataset"]):
-        return dict(DEMO_DEFAULTS)
-    return {**DEMO_DEFAULTS, **DEFAULT_MODEL_DEFAULTS}
+    try:
+        spec, label_column = task_spec(config)
+        task = load_task(
+            config.dataset, text_column=config.text_column, label_column=label_column, spec=spec
+        )
+    except UserError:
+        return defaults
+    fitted = dict(defaults)
+    pool = defaults.get("train_examples", 0)
+    limit = task.pool_limit or len(task.train)
+    if pool > limit and _given(args, table, "train_examples") is None:
+        fitted["train_examples"] = limit
+    if task.kind != "classification" and _given(args, table, "calibration") is None:
+        fitted["calibration"] = ""
+    return fitted
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     demo = DemoSettings(**settings_values(args, DEMO_FIELDS, read_toml(args), {}))
-    config = run_config_from_args(args, defaults=demo_defaults(args), extra_fields=DEMO_FIELDS)
+    defaults = demo_defaults(args)
+    config = run_config_from_args(args, defaults=defaults, extra_fields=DEMO_FIELDS)
+    fitted = fit_to_data(args, config, defaults)
+    if fitted != defaults:
+        config = run_config_from_args(args, defaults=fitted, extra_fields=DEMO_FIELDS)
     if problem := config.daemon_problem():
         raise UserError(f"the demo runs real daemons: {problem}")
     from seedflood_p2p.workload.models import check_device  # imports torch: not for --help
@@ -192,6 +225,7 @@ def _progress(peers: dict[str, NodeProcess], work: Path, rounds: int, started: f
     round_events = [e for p in peers.values() for e in p.events() if e.get("event") == "round"]
     evals = [e for e in peers["peer0"].events() if e.get("event") == "eval"]
     statuses = [s for s in (_status(work / name) for name in peers) if s]
+    first, last = (evals[0], evals[-1]) if evals else ({}, {})
     current = max((e["round"] for e in round_events), default=-1)
     recent = [e["loss"] for e in round_events if e["round"] >= current - 2]
     messages = max((s["ledger_messages"] for s in statuses), default=0)
@@ -200,8 +234,11 @@ def _progress(peers: dict[str, NodeProcess], work: Path, rounds: int, started: f
         "round": current + 1,
         "rounds": rounds,
         "loss": sum(recent) / len(recent) if recent else float("nan"),
-        "accuracy": evals[-1].get("eval_accuracy") if evals else None,
-        "eval_round": evals[-1]["rounds_done"] if evals else None,
+        "accuracy": last.get("eval_accuracy"),
+        "eval_round": last.get("rounds_done"),
+        "eval_examples": last.get("eval_examples"),
+        "start_accuracy": first.get("eval_accuracy"),
+        "below_start": below_start(first, last),
         "alive": sum(p.alive for p in peers.values()),
         "messages": messages,
         "rate": messages / elapsed if elapsed > 0 else 0.0,
@@ -210,10 +247,38 @@ def _progress(peers: dict[str, NodeProcess], work: Path, rounds: int, started: f
     }
 
 
+# Where the figures are scored. The peers' periodic figure is on the first --eval-examples
+# sentences of the test split (the peer daemon scores the run's test split); nothing is
+# chosen on it. The replayed model at the end is scored once on the first
+# --final-eval-examples test sentences. Settings are chosen on the validation split, in
+# bench/bench_rounds.py (docs/LEARNING.md, "The validation protocol").
+EVAL_SPLIT = "test"
+
+
+def split_label(examples: int | None) -> str:
+    """How a figure names its sentences: `test[:200]` (the first 200 of the test split)."""
+    return f"{EVAL_SPLIT}[:{examples}]" if examples else EVAL_SPLIT
+
+
+def below_start(first: dict, last: dict) -> bool:
+    """Whether peer0's latest held-out figure is worse than its first: accuracy lower, or
+    for a task without accuracy the loss higher."""
+    if not first or last is first or last.get("rounds_done") == first.get("rounds_done"):
+        return False
+    if first.get("eval_accuracy") is not None and last.get("eval_accuracy") is not None:
+        return last["eval_accuracy"] < first["eval_accuracy"]
+    return last.get("eval_loss", 0.0) > first.get("eval_loss", float("inf"))
+
+
 def _print_progress(p: dict, n_peers: int) -> None:
-    acc = (
-        "" if p["accuracy"] is None else f"  accuracy {p['accuracy']:.3f} (after {p['eval_round']})"
-    )
+    acc = ""
+    if p["accuracy"] is not None:
+        acc = (
+            f"  accuracy {p['accuracy']:.3f} on {split_label(p.get('eval_examples'))} "
+            f"(after {p['eval_round']})"
+        )
+        if p.get("below_start"):
+            acc += f" BELOW its start {p['start_accuracy']:.3f}"
     print(
         f"[{int(p['elapsed']) // 60:02d}:{int(p['elapsed']) % 60:02d}] round "
         f"{p['round']}/{p['rounds']}  loss {p['loss']:.4f}{acc}  peers {p['alive']}/{n_peers}"
@@ -262,9 +327,14 @@ def consensus(work: Path, names: list[str], final_eval_examples: int = 0) -> dic
         print(f"scoring the replayed model on {final_eval_examples} test examples...", flush=True)
         task = load_run_task(config)
         metrics = evaluate_metrics(model, tokenizer, task, config, final_eval_examples)
+        from seedflood_p2p.workload.data import split_sha256
+
+        scored = task.test[:final_eval_examples]
         final_eval = {
-            "eval_examples": min(final_eval_examples, len(task.test)),
+            "eval_examples": len(scored),
             "calibration": config.calibration,  # how the label words were read
+            "split": EVAL_SPLIT,  # scored once, at the end; nothing was chosen on it
+            "split_sha256": split_sha256(scored, EVAL_SPLIT),
             **metrics,
         }
     return {
@@ -358,6 +428,13 @@ def run_demo(
         f"up to {rounds} rounds or {minutes:g} minutes; logs and results in {work}",
         flush=True,
     )
+    pool = f"the first {config.train_examples}" if config.train_examples else "all"
+    print(
+        f"training {config.train_only or 'every matrix of the model'} on {pool} training "
+        f"examples; held-out figures: peer0's on {split_label(eval_examples)} as it trains, "
+        f"the replayed model's on {split_label(final_eval_examples)} once at the end",
+        flush=True,
+    )
     procs: dict[str, NodeProcess] = {}
     boot = None
     try:
@@ -426,6 +503,8 @@ def run_demo(
     result = consensus(work, list(procs), final_eval_examples)
     evals = [e for e in procs["peer0"].events() if e.get("event") == "eval"]
     result["evals"] = evals
+    result["eval_split"] = EVAL_SPLIT  # the evals' (peer0's periodic figure)
+    result["below_start"] = below_start(evals[0], evals[-1]) if evals else False
     result["progress"] = final_progress
     result["time_budget_final_round"] = budget_final_round
     # where each peer computed, from its "ready" event
@@ -455,14 +534,27 @@ def print_summary(result: dict, evals: list[dict]) -> None:
             acc = f", accuracy {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f}"
         on = f" on {last['eval_examples']} examples" if "eval_examples" in last else ""
         print(
-            f"\nheld-out loss {first['eval_loss']:.4f} -> {last['eval_loss']:.4f}{acc} "
+            f"\nheld-out ({split_label(last.get('eval_examples'))}) loss {first['eval_loss']:.4f}"
+            f" -> {last['eval_loss']:.4f}{acc} "
             f"(rounds {first['rounds_done']} -> {last['rounds_done']}{on})"
         )
+        if below_start(first, last):
+            figure = "accuracy" if "eval_accuracy" in last else "loss"
+            print(
+                f"BELOW START: the held-out {figure} ended worse than it began "
+                f"({first.get('eval_' + figure):.4f} -> {last.get('eval_' + figure):.4f} on "
+                f"{split_label(last.get('eval_examples'))}): this run made the model worse on "
+                "those sentences"
+            )
     if result.get("final_eval"):
         final = result["final_eval"]
         shown = "  ".join(f"{k} {v:.4f}" for k, v in final.items() if isinstance(v, float))
         read = f", {final['calibration']} calibration" if final.get("calibration") else ""
-        print(f"replayed model on {final['eval_examples']} held-out examples{read}: {shown}")
+        split = final.get("split", EVAL_SPLIT)
+        print(
+            f"replayed model on {final['eval_examples']} held-out examples "
+            f"({split}[:{final['eval_examples']}], scored once){read}: {shown}"
+        )
     verdict = "yes" if result["ledgers_identical"] else "NO"
     print(
         f"consensus: all ledgers identical: {verdict}; canonical model sha256 "

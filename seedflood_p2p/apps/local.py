@@ -148,12 +148,9 @@ def counted_updates(ledger, config: RunConfig) -> tuple[list, object]:
     they come from: verdicts and probation first (a banned peer's updates are void, a
     probationer's count only where vouched: algorithm/probation.py:standing). What replay
     and export both rebuild."""
-    from seedflood_p2p.algorithm.audit import AuditSettings
-    from seedflood_p2p.algorithm.probation import ProbationSettings, standing_of_ledger
+    from seedflood_p2p.algorithm.probation import standing_of_ledger
 
-    judged = standing_of_ledger(
-        ledger, AuditSettings.of(config.extra), ProbationSettings.of(config)
-    )
+    judged = standing_of_ledger(ledger, config.audit, config.probation)
     return list(judged.counted(ledger.messages())), judged
 
 
@@ -265,14 +262,14 @@ def cmd_ticket(args: argparse.Namespace) -> int:
 
     import base58
 
-    from seedflood_p2p.network.peers.tickets import NO_END, issue, ticket_creator
+    from seedflood_p2p.network.peers.tickets import NO_END, issue
     from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     try:
         config = RunConfig.from_json(Path(args.manifest).read_bytes())
     except OSError as exc:
         raise UserError(f"cannot read manifest {args.manifest}: {exc.strerror}") from None
-    creator = ticket_creator(config)
+    creator = config.join.creator
     if creator is None:
         raise UserError("the run is not ticketed: its manifest has no extra.join.mode = ticketed")
     if not Path(args.key).is_file():

@@ -1,7 +1,9 @@
 """A bootstrap node and peer daemons as real processes on this machine (demo and tests).
 
-Each process logs JSON lines to WORKDIR/NAME.log, which `NodeProcess.events()`
-reads back, so callers follow progress without any side channel.
+Each process is the `seedflood` command (`python -m seedflood`, the installed package of
+seedflood/cli.py: a program run, not an import), or another program given as `program`.
+It logs JSON lines to WORKDIR/NAME.log, which `NodeProcess.events()` reads back, so
+callers follow progress without any side channel.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from seedflood_p2p.core.config import RunConfig
@@ -27,8 +30,10 @@ class NodeProcess:
         workdir: Path,
         threads: int = 1,
         prefix: tuple[str, ...] = (),
+        program: Sequence[str] = (),
     ) -> None:
-        """Run `seedflood ARGS`; `prefix` wraps the command (e.g. `ip netns exec HOST`)."""
+        """Run `seedflood ARGS`, or `PROGRAM ARGS` (a command line taking the same
+        arguments); `prefix` wraps the command (e.g. `ip netns exec HOST`)."""
         self.name = name
         self.args = args
         self.log_path = workdir / f"{name}.log"
@@ -36,8 +41,8 @@ class NodeProcess:
         self._offset = 0
         self._events: list[dict] = []
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-        cli = "seedflood_p2p.apps.cli"
-        cmd = [*prefix, sys.executable, "-m", cli, "--log-format", "json", *args]
+        program = program or (sys.executable, "-m", "seedflood")
+        cmd = [*prefix, *program, "--log-format", "json", *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property
@@ -147,8 +152,10 @@ def start_peer(
     extra: list[str] = (),
     log_name: str = "",
     threads: int = 1,
+    program: Sequence[str] = (),
 ) -> NodeProcess:
-    """A peer with data dir WORKDIR/NAME, logging to WORKDIR/(LOG_NAME or NAME).log."""
+    """A peer with data dir WORKDIR/NAME, logging to WORKDIR/(LOG_NAME or NAME).log;
+    `program`: instead of the `seedflood` command (NodeProcess)."""
     args = [
         "peer",
         "--bootstrap",
@@ -161,4 +168,4 @@ def start_peer(
         str(threads),
         *extra,
     ]
-    return NodeProcess(log_name or name, args, workdir, threads)
+    return NodeProcess(log_name or name, args, workdir, threads, program=program)

@@ -1,23 +1,39 @@
-"""Run settings: one plain dataclass, hashed into the run id.
+"""Run settings: one frozen dataclass, hashed into the run id.
 
 Every peer of a run must use identical settings, so the settings are the run's
 manifest: `run_id` is the SHA-256 of their canonical JSON. Anything that changes
 what a message means (rank, refresh period, learning rate, ...) lives here.
+
+A manifest is parsed once (`from_json`; `from_network` for one read from the network)
+and the `RunConfig` is passed on. Every number has documented bounds (beside its field,
+`INT_RANGES`, core/extra_settings.py); a value outside them is one UserError line that
+names the setting. The typed `extra` sections, the manifest JSON and the run id are
+computed once per `RunConfig`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from seedflood_p2p.core.checks import is_finite, is_int, peer_ids_problem, short_repr
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.extra_settings import (
+    AuditSettings,
+    JoinSettings,
+    ProbationSettings,
+    checkpoint_period,
+)
 
 MANIFEST_VERSION = 2
 EPS_RANGE = (1e-6, 1.0)  # perturbation scales whose loss difference estimates a derivative
+LR_MAX = 10.0  # lr is 0..LR_MAX: a step of one update; useful ones are below 1
 MAX_DIRECTIONS = 16  # scalars per message: 2 bytes each keeps the payload under 64 bytes
 FLOAT16_MAX = 65504.0  # scalars travel as float16
 # How a message's k scalars become step sizes (RunConfig.normalize): "none" as sent (up to
@@ -57,7 +73,10 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "train_examples": 0,
 }
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
-ED25519_PEER_ID_PREFIX = bytes.fromhex("002408011220")  # identity multihash of an Ed25519 key
+# Model and dataset names that name a file of the organiser's machine: a path, or a data or
+# weights file name (workload/tasks.py is_local_path adds "exists here").
+PATH_PREFIXES = ("/", ".", "~", "\\")
+LOCAL_SUFFIXES = (".jsonl", ".csv", ".json", ".txt", ".tsv", ".gguf", ".safetensors")
 # Integer settings and their bounds. The upper bounds are far past any useful value; they
 # stop a manifest's 10**30 from reaching code that allocates or converts to C integers.
 INT_RANGES = {
@@ -105,22 +124,27 @@ class RunConfig:
     # SubCGE
     rank: int = 8  # r: subspace rank per weight matrix
     refresh_period: int = 20  # T: rounds per epoch (basis refresh)
-    eps: float = 1e-3  # perturbation scale of the two-point estimate
+    eps: float = 1e-3  # perturbation scale of the two-point estimate; in EPS_RANGE
     directions: int = 1  # k: directions (scalars) per message; the batch splits into k groups
     train_norms: bool = False  # also train the scale vectors of normalisation layers
     train_only: str = ""  # comma-separated globs of parameter names; "" trains all candidates
     # unit: every receiver scales a message's k scalars to RMS 1, so no identity's update
     # moves the model further than an honest one's | rms: the sender does | none: as sent
     normalize: str = "unit"
-    lr: float = 4e-3  # with "unit", the step of one update (SmolLM2, whole model, k = 1)
+    # with "unit", the step of one update (SmolLM2, whole model, k = 1); 0..LR_MAX
+    lr: float = 4e-3
     lr_schedule: str = "constant"  # constant | cosine (needs total_rounds)
     total_rounds: int = 0  # 0: open-ended run
-    clip: float = 100.0  # |projected gradient| is clipped to this
+    clip: float = 100.0  # |projected gradient| is clipped to this; in (0, FLOAT16_MAX]
     n_ref: int = 1  # expected peers per round: each message is scaled by lr / n_ref
     include_embeddings: bool = False
     estimator: str = "subcge"  # subcge | naive (full-size Gaussian, for comparison)
     salt: str = "seedflood"  # distinguishes runs with otherwise equal settings
     base_sha256: str = ""  # SHA-256 of the base weights (filled in by the bootstrap)
+    # Settings added after manifest version 2, as the manifest spells them (plain JSON, at
+    # most MAX_EXTRA_DEPTH deep): "audit", "probation", "checkpoint_every", "join". Parsed
+    # once, when the settings are built, into `audit`, `probation`, `checkpoint_every` and
+    # `join` (core/extra_settings.py, with their bounds); read those, not this.
     extra: dict[str, Any] = field(default_factory=dict)
     # A closed run: the base58 peer ids (Ed25519) allowed to take part; updates and repair
     # requests of any other peer are dropped and counted (`not_allowed`). Empty: an open
@@ -138,9 +162,9 @@ class RunConfig:
     basis: str = "random"
     basis_refresh: int = 0
     basis_examples: int = 64
-    basis_damping: float = 1e-3
-    basis_output_damping: float = 0.1
-    basis_fisher_power: float = 0.0
+    basis_damping: float = 1e-3  # in (0, 1e6)
+    basis_output_damping: float = 0.1  # in (0, 1e6)
+    basis_fisher_power: float = 0.0  # in [-1, 1]
     # A network run's one activation basis: the SHA-256 of the artifact the run's organiser
     # (its bootstrap node) computed at the base weights; peers fetch it by this digest.
     basis_sha256: str = ""  # (filled in by the bootstrap)
@@ -169,23 +193,26 @@ class RunConfig:
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
             if not low <= value <= high:
-                problems.append(f"{name} must be {low}..{high} (got {_short(value)})")
-        if not (_finite(self.eps) and EPS_RANGE[0] <= self.eps <= EPS_RANGE[1]):
+                problems.append(f"{name} must be {low}..{high} (got {short_repr(value)})")
+        if not (is_finite(self.eps) and EPS_RANGE[0] <= self.eps <= EPS_RANGE[1]):
             problems.append(
                 f"eps must be a positive finite number in [{EPS_RANGE[0]:g}, {EPS_RANGE[1]:g}] "
-                f"(got {_short(self.eps)}): smaller, the two losses differ by float32 "
+                f"(got {short_repr(self.eps)}): smaller, the two losses differ by float32 "
                 "rounding only; larger, the difference is no longer a derivative"
             )
-        if not (self.lr >= 0 and _finite(self.lr)):
-            problems.append(f"lr must be a non-negative finite number (got {_short(self.lr)})")
+        if not (is_finite(self.lr) and 0 <= self.lr <= LR_MAX):
+            problems.append(
+                f"lr must be a non-negative finite number at most {LR_MAX:g} "
+                f"(got {short_repr(self.lr)})"
+            )
         if self.lr_schedule not in ("constant", "cosine"):
             problems.append(
-                f"lr_schedule must be 'constant' or 'cosine' (got {_short(self.lr_schedule)})"
+                f"lr_schedule must be 'constant' or 'cosine' (got {short_repr(self.lr_schedule)})"
             )
         if self.lr_schedule == "cosine" and self.total_rounds < 1:
             problems.append("lr_schedule 'cosine' needs total_rounds >= 1")
         if not 0 < self.clip <= FLOAT16_MAX:
-            problems.append(f"clip must be in (0, {FLOAT16_MAX:g}] (got {_short(self.clip)})")
+            problems.append(f"clip must be in (0, {FLOAT16_MAX:g}] (got {short_repr(self.clip)})")
         if 1 <= self.directions <= MAX_DIRECTIONS and self.batch_size % self.directions:
             problems.append(
                 f"batch_size {self.batch_size} must be a multiple of directions "
@@ -194,40 +221,45 @@ class RunConfig:
         if self.normalize not in NORMALIZE_CHOICES:
             problems.append(
                 f"normalize must be one of {', '.join(NORMALIZE_CHOICES)} "
-                f"(got {_short(self.normalize)})"
+                f"(got {short_repr(self.normalize)})"
             )
         if self.estimator == "naive" and self.directions != 1:
             problems.append("the naive estimator supports directions = 1 only")
         if self.estimator not in ("subcge", "naive"):
-            problems.append(f"estimator must be 'subcge' or 'naive' (got {_short(self.estimator)})")
+            problems.append(
+                f"estimator must be 'subcge' or 'naive' (got {short_repr(self.estimator)})"
+            )
         if self.basis not in BASIS_CHOICES:
             problems.append(
-                f"basis must be one of {', '.join(BASIS_CHOICES)} (got {_short(self.basis)})"
+                f"basis must be one of {', '.join(BASIS_CHOICES)} (got {short_repr(self.basis)})"
             )
         if self.data_basis and self.estimator != "subcge":
             problems.append(f"basis '{self.basis}' needs the subcge estimator")
-        if not (0 < self.basis_damping < 1e6 and _finite(self.basis_damping)):
-            problems.append(f"basis_damping must be in (0, 1e6) (got {_short(self.basis_damping)})")
-        if not (0 < self.basis_output_damping < 1e6 and _finite(self.basis_output_damping)):
+        if not (0 < self.basis_damping < 1e6 and is_finite(self.basis_damping)):
+            problems.append(
+                f"basis_damping must be in (0, 1e6) (got {short_repr(self.basis_damping)})"
+            )
+        if not (0 < self.basis_output_damping < 1e6 and is_finite(self.basis_output_damping)):
             problems.append(
                 "basis_output_damping must be in (0, 1e6) "
-                f"(got {_short(self.basis_output_damping)})"
+                f"(got {short_repr(self.basis_output_damping)})"
             )
-        if not (-1.0 <= self.basis_fisher_power <= 1.0 and _finite(self.basis_fisher_power)):
+        if not (-1.0 <= self.basis_fisher_power <= 1.0 and is_finite(self.basis_fisher_power)):
             problems.append(
-                f"basis_fisher_power must be in [-1, 1] (got {_short(self.basis_fisher_power)})"
+                f"basis_fisher_power must be in [-1, 1] (got {short_repr(self.basis_fisher_power)})"
             )
         elif self.basis_fisher_power and self.basis != "kfac":
             problems.append("basis_fisher_power needs basis 'kfac' (it scales by K-FAC's Fisher)")
         if self.step_rule not in STEP_RULES:
             problems.append(
-                f"step_rule must be one of {', '.join(STEP_RULES)} (got {_short(self.step_rule)})"
+                f"step_rule must be one of {', '.join(STEP_RULES)} "
+                f"(got {short_repr(self.step_rule)})"
             )
         elif self.round_sized and self.estimator != "subcge":
             problems.append(f"step_rule '{self.step_rule}' needs the subcge estimator")
         if self.calibration not in CALIBRATION_CHOICES:
             problems.append(
-                f"calibration must be 'content-free' or empty (got {_short(self.calibration)})"
+                f"calibration must be 'content-free' or empty (got {short_repr(self.calibration)})"
             )
         elif self.calibration and self.kind in ("lm", "completion"):
             problems.append(f"calibration needs a classification task (kind is '{self.kind}')")
@@ -244,16 +276,49 @@ class RunConfig:
         if self.kind not in TASK_KINDS:
             problems.append(
                 f"kind must be one of {', '.join(k or repr(k) for k in TASK_KINDS)} "
-                f"(got {_short(self.kind)})"
+                f"(got {short_repr(self.kind)})"
             )
         if problem := _task_problem(self):
             problems.append(problem)
         if problem := _extra_problem(self.extra):
             problems.append(problem)
-        if problem := _allow_peers_problem(self.allow_peers):
+        if problem := peer_ids_problem("allow_peers", self.allow_peers, MAX_ALLOW_PEERS):
             problems.append(problem)
         if problems:
             raise UserError("invalid run settings: " + "; ".join(problems))
+        # Frozen: own copies of the containers, so a caller's later change to a dict or
+        # list it passed changes neither these settings nor their cached run id.
+        for name in ("extra", "allow_peers", "label_words", "label_names"):
+            object.__setattr__(self, name, copy.deepcopy(getattr(self, name)))
+        # Parse the `extra` sections once, now: a bad one refuses the settings like any
+        # other bad value, and readers get typed values.
+        for name in ("audit", "probation", "checkpoint_every", "join"):
+            try:
+                getattr(self, name)
+            except UserError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise UserError("invalid run settings: " + "; ".join(problems))
+
+    @cached_property
+    def audit(self) -> AuditSettings:
+        """The run's audit rules (`extra.audit`; audits on unless the run turns them off)."""
+        return AuditSettings.of(self.extra)
+
+    @cached_property
+    def probation(self) -> ProbationSettings:
+        """The run's probation rules (`extra.probation`; the allow-list's peers are founders)."""
+        return ProbationSettings.of(self.extra, self.allowed_peer_ids())
+
+    @cached_property
+    def checkpoint_every(self) -> int:
+        """Rounds per link of the run's checkpoint chain (`extra.checkpoint_every`; 0: none)."""
+        return checkpoint_period(self.extra)
+
+    @cached_property
+    def join(self) -> JoinSettings:
+        """How peers join the run (`extra.join`: open, or ticketed by its creator)."""
+        return JoinSettings.of(self.extra)
 
     def lr_at(self, round_: int) -> float:
         """Learning rate of round `round_`: a pure function, identical on all peers."""
@@ -272,17 +337,23 @@ class RunConfig:
         return self.step_rule in ("round_mean", "round_sqrt")
 
     def to_json(self) -> str:
+        """The manifest: canonical JSON, what the run id hashes (built once)."""
+        return self._manifest_json
+
+    @cached_property
+    def _manifest_json(self) -> str:
         body = {"manifest_version": MANIFEST_VERSION, **dataclasses.asdict(self)}
         for name, default in OMITTED_WHEN_DEFAULT.items():  # as manifests always were
             if body[name] == default and type(body[name]) is type(default):
                 del body[name]
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
-    @property
+    @cached_property
     def run_id(self) -> str:
+        """SHA-256 of the manifest, hex; computed once (audits read it for every update)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
-    @property
+    @cached_property
     def run_key(self) -> bytes:
         return bytes.fromhex(self.run_id)
 
@@ -310,31 +381,44 @@ class RunConfig:
         if not isinstance(body, dict):
             raise UserError("run manifest is not a JSON object: it was not written by seedflood")
         version = body.pop("manifest_version", None)
-        if not _is_int(version):  # `true` must not pass as version 1, nor 2.0 as 2
+        if not is_int(version):  # `true` must not pass as version 1, nor 2.0 as 2
             raise UserError(
-                f"run manifest has no integer manifest_version (got {_short(version)}): "
+                f"run manifest has no integer manifest_version (got {short_repr(version)}): "
                 "it is corrupt or was not written by seedflood"
             )
         if version != MANIFEST_VERSION:
             raise UserError(
-                f"run manifest version {_short(version)} is not supported by this seedflood "
+                f"run manifest version {short_repr(version)} is not supported by this seedflood "
                 f"(expects {MANIFEST_VERSION}): upgrade seedflood-p2p to the run's version"
             )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(body) - names)
         if unknown:
-            shown = _short(unknown)
+            shown = short_repr(unknown)
             raise UserError(f"run manifest has unknown settings {shown}: upgrade seedflood-p2p")
         for f in dataclasses.fields(cls):
             if f.name in body and not _has_type(body[f.name], f.type):
                 raise UserError(
                     f"run manifest setting '{f.name}' must be {f.type}, got "
-                    f"{_short(body[f.name])}: the manifest is corrupt or from another program"
+                    f"{short_repr(body[f.name])}: the manifest is corrupt or from another program"
                 )
         # A manifest written before `normalize` existed applied scalars as sent: its run
         # must not change meaning now that "unit" is the default.
         body.setdefault("normalize", "none")
         return cls(**body)
+
+    @classmethod
+    def from_network(cls, text: str | bytes) -> RunConfig:
+        """The settings of a manifest read from the network (a bootstrap node's reply, a DHT
+        record): `from_json`, and none of its names may point into this machine. A model or
+        dataset named by a path is the organiser's file: a peer fetches its copy by the
+        manifest's digest and never opens the path (workload/tasks.py run_sources), so the
+        path must come with that digest and may not climb (`..`) or start at a home (`~`)."""
+        config = cls.from_json(text)
+        for name, digest_name in (("model", "base_sha256"), ("dataset", "dataset_sha256")):
+            if problem := _network_path_problem(name, getattr(config, name), digest_name, config):
+                raise UserError(f"run manifest from the network refused: {problem}")
+        return config
 
     def daemon_problem(self) -> str | None:
         """Why the peer daemon and bootstrap node cannot run these settings yet (None: they
@@ -369,10 +453,6 @@ class RunConfig:
 _KINDS = {"int": int, "float": (int, float), "str": str, "bool": bool, "list[str]": list}
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _has_type(value: object, annotation: str) -> bool:
     """`value` fits a RunConfig field annotated `annotation` (bool is no int or float)."""
     kind = _KINDS.get(annotation, dict)
@@ -381,21 +461,27 @@ def _has_type(value: object, annotation: str) -> bool:
     return isinstance(value, bool) is (annotation == "bool") and isinstance(value, kind)
 
 
-def _allow_peers_problem(peers: list[str]) -> str | None:
-    """Each entry a base58 Ed25519 peer id (what `seedflood` prints as a peer's id), once."""
-    import base58
+def names_a_path(name: str) -> bool:
+    """Whether a model or dataset name is written as a path or a file name (not a built-in
+    name or a hub id such as "HuggingFaceTB/SmolLM2-135M")."""
+    return name.startswith(PATH_PREFIXES) or name.lower().endswith(LOCAL_SUFFIXES)
 
-    if len(peers) > MAX_ALLOW_PEERS:
-        return f"allow_peers lists {len(peers)} peers, more than {MAX_ALLOW_PEERS}"
-    if len(set(peers)) != len(peers):
-        return "allow_peers lists a peer twice"
-    for peer in peers:
-        try:
-            raw = base58.b58decode(peer) if len(peer) <= 64 else b""
-        except ValueError:
-            raw = b""
-        if len(raw) != 38 or not raw.startswith(ED25519_PEER_ID_PREFIX):
-            return f"allow_peers entry {_short(peer)} is not a base58 Ed25519 peer id (12D3Koo...)"
+
+def _network_path_problem(name: str, value: str, digest_name: str, config: RunConfig) -> str | None:
+    """Why setting `name` (= `value`) may not come from the network; None if it may."""
+    if not names_a_path(value):
+        return None
+    parts = value.replace("\\", "/").split("/")
+    if ".." in parts or value.startswith("~") or any(ord(c) < 32 for c in value):
+        return (
+            f"{name} {short_repr(value)} is a path that climbs (..), starts at a home (~) or "
+            "holds control characters"
+        )
+    if not getattr(config, digest_name):
+        return (
+            f"{name} {short_repr(value)} is a path on the organiser's machine and the manifest "
+            f"has no {digest_name} to fetch and check a copy by"
+        )
     return None
 
 
@@ -406,7 +492,7 @@ def _task_problem(config: RunConfig) -> str | None:
         if len(values) > MAX_LABELS:
             return f"{name} lists {len(values)} values, more than {MAX_LABELS}"
         if len(set(values)) != len(values):
-            return f"{name} lists a value twice ({_short(values)})"
+            return f"{name} lists a value twice ({short_repr(values)})"
         if any(not v or len(v) > MAX_TASK_TEXT for v in values):
             return f"{name} values must be 1..{MAX_TASK_TEXT} characters"
     if len(config.template) > MAX_TASK_TEXT or len(config.task) > 100:
@@ -422,30 +508,14 @@ def _task_problem(config: RunConfig) -> str | None:
 
 def _type_problems(config: RunConfig) -> list[str]:
     return [
-        f"{f.name} must be {f.type} (got {_short(getattr(config, f.name))})"
+        f"{f.name} must be {f.type} (got {short_repr(getattr(config, f.name))})"
         for f in dataclasses.fields(config)
         if not _has_type(getattr(config, f.name), f.type)
     ]
 
 
-def _finite(x: int | float) -> bool:
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an int beyond float's range
-        return False
-
-
 def _is_sha256(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
-
-
-def _short(value: object, limit: int = 60) -> str:
-    """repr of a setting's value for an error line, cut to `limit` characters."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # a huge int, a deep structure
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _extra_problem(extra: dict) -> str | None:
@@ -466,7 +536,7 @@ def _extra_problem(extra: dict) -> str | None:
             stack.extend((item, depth + 1) for item in items)
         elif isinstance(value, float) and not math.isfinite(value):
             return f"extra holds a non-finite number ({value})"
-        elif _is_int(value) and not -(1 << 63) <= value < 1 << 63:
+        elif is_int(value) and not -(1 << 63) <= value < 1 << 63:
             return "extra holds an integer beyond 64 bits"
         elif not (value is None or isinstance(value, (bool, int, float, str))):
             return f"extra holds a {type(value).__name__}, not a JSON value"

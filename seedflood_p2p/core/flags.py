@@ -33,6 +33,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from seedflood_p2p.core.checks import short_repr
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 
@@ -231,7 +232,7 @@ class _Environment(EnvSettingsSource):
             parsed = [pydantic.TypeAdapter(s.kind).validate_strings(item) for item in items]
         except pydantic.ValidationError:
             raise UserError(
-                f"environment variable {s.env} must be {s.kind.__name__}, got {_short(value)}"
+                f"environment variable {s.env} must be {s.kind.__name__}, got {short_repr(value)}"
             ) from None
         return parsed if s.is_list else parsed[0]
 
@@ -295,7 +296,7 @@ def _one_line(exc: pydantic.ValidationError, by_name: dict[str, Setting]) -> Exc
     s = by_name.get(error["loc"][0]) if error["loc"] else None
     if s is None:  # not a setting's value: a bug, keep pydantic's report
         return exc
-    got, b = _short(error["input"]), s.bounds
+    got, b = short_repr(error["input"]), s.bounds
     if b is not None:
         where = f"above {_num(b.low)} and at most" if b.open_low else f"from {_num(b.low)} to"
         return UserError(
@@ -361,11 +362,3 @@ def run_config_from_args(
 
 def _num(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
-
-
-def _short(value: object, limit: int = 60) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int of more than 4300 digits
-        text = "<a huge integer>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."

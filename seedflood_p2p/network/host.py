@@ -5,7 +5,7 @@ node and the benchmarks. Started in this order, shut down in the reverse:
 
     async with NetworkHost(settings, metrics) as host:   # p2pd, reconnector, DHT node
         await host.serve_status(status, ...)            # when the caller wants it
-        node = host.flood_node(ledger, manifest_json, on_accept=..., on_audit_records=...)
+        node = host.flood_node(ledger, config, on_accept=..., on_audit_records=...)
         await host.start_node(round_of, services=...)   # flood, services, reconnection,
                                                          # repair on connect, discovery loop
         await host.catch_up(host.known_others(ledger), stopping, set_state)
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.monitoring.metrics import HttpEndpoint, NodeMetrics, serve_http
 from seedflood_p2p.network.peers.discovery import Discovery, run_discovery
@@ -132,21 +133,24 @@ class NetworkHost:
     def flood_node(
         self,
         ledger: Ledger,
-        manifest_json: str,
+        config: RunConfig,
         on_accept: Callable[[list[UpdateMessage]], None] = lambda messages: None,
         on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None,
+        hears: Callable[[], bool] = lambda: True,
     ) -> FloodNode:
         """The run's flood node on this daemon, built (not started) with its callbacks:
-        every admitted update goes to `on_accept`, new audit records to `on_audit_records`."""
+        every admitted update goes to `on_accept`, new audit records to `on_audit_records`;
+        gossip from others is taken in when `hears()` says so (always, for an honest peer)."""
         assert self.node is None, "one flood node per host"
         self.node = FloodNode(
             self.p2p,
             ledger,
-            manifest_json,
+            config,
             self.metrics,
             self.s.node,
             on_accept=on_accept,
             on_audit_records=on_audit_records,
+            hears=hears,
         )
         return self.node
 

@@ -13,15 +13,13 @@ from seedflood_p2p.network.transport.p2pd import RelayLimits
 
 @dataclass
 class NodeSettings:
-    # round window: rounds past the reference round (wire.WindowRule) and rounds before it
-    # (gossip; repair relays older rows)
+    # round window: rounds past the reference round (protocol.update.WindowRule) and rounds
+    # before it (gossip; repair relays older rows)
     max_ahead: int = bounded(10, 0, MAX_INT, "a number of rounds")
     max_behind: int = bounded(30, 0, MAX_INT, "a number of rounds")
     # seconds between anti-entropy exchanges
     repair_interval: float = bounded(3.0, 0, MAX_SECONDS, "seconds", open_low=True)
     call_timeout: float = bounded(10.0, 0, MAX_SECONDS, "seconds", open_low=True)
-    # test hook: discard this fraction of incoming gossip
-    drop_incoming: float = bounded(0.0, 0, 1, "a fraction")
     # publishes are paced to this rate
     publish_rate: float = bounded(50.0, 0, 1e9, "messages per second", open_low=True)
     # Behind NAT: reserve a slot on a relay (the bootstrap nodes and `relays`, as p2pd's

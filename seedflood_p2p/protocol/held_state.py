@@ -13,7 +13,7 @@ pass: `find_missing` searches the ways an honest sender falls behind (one peer's
 rounds from some round on, its first rows, single lost rows, two or three of those at
 once, the last rounds of several peers) and names the rows to leave out; the auditor
 recomputes on that state first. A mismatch there still tries the settled state and the
-guessed ones (peer/audits.py), so a false digest, even one sent to some peers only,
+guessed ones (peer/audit_duty.py), so a false digest, even one sent to some peers only,
 gains a sender nothing: a wrong scalar is wrong on every state tried, a right one is
 matched where it was before.
 """

@@ -68,7 +68,7 @@ class Envelope:
 class AuditRecord:
     """One audit published to the run: `auditor` recomputed the update (accused, round) and
     got `scalars`. Against the claimed scalars it is an accusation (a mismatch) or a
-    vouching re-check (a match); `algorithm/audit.py:judge` decides what a set of them
+    vouching re-check (a match); `algorithm/audit_rules.py:judge` decides what a set of them
     means. The auditor is the signer of the envelope it travels in, not in the payload.
 
     `at`: the auditor's training round when it published the record (-1: not carried, a

@@ -23,7 +23,7 @@ from seedflood_p2p.algorithm.subcge import (
 from seedflood_p2p.algorithm.trainable import TrainableMatrix
 from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, zo_step
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.wire import encode_update
+from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.sim.backlog import CoreBacklog, MessageBacklog
 from seedflood_p2p.sim.config import SimConfig
 from seedflood_p2p.sim.network import GOSSIPSUB_OVERHEAD_BYTES, FloodNetwork

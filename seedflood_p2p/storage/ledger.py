@@ -20,7 +20,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from seedflood_p2p.core.config import MAX_ROUND
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.protocol.audit_record import MAX_AUDIT_BYTES, check_audit_envelope
+from seedflood_p2p.protocol.framing import MAX_PEER_ID_BYTES, MAX_SCALARS, Rejected
 from seedflood_p2p.protocol.message import (
     AuditRecord,
     Envelope,
@@ -28,16 +31,7 @@ from seedflood_p2p.protocol.message import (
     pack_scalars,
     unpack_scalars,
 )
-from seedflood_p2p.protocol.wire import (
-    MAX_AUDIT_BYTES,
-    MAX_PEER_ID_BYTES,
-    MAX_ROUND,
-    MAX_SCALARS,
-    MAX_UPDATE_BYTES,
-    Rejected,
-    check_audit_envelope,
-    check_envelope,
-)
+from seedflood_p2p.protocol.update import MAX_UPDATE_BYTES, check_envelope
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -52,7 +46,7 @@ CREATE TABLE IF NOT EXISTS messages (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 -- Audit records (issue 11): auditor recomputed (accused, round) and got scalars; what
--- they decide is algorithm/audit.py:judge, a pure function of this table and messages.
+-- they decide is algorithm/audit_rules.py:judge, a pure function of this table and messages.
 CREATE TABLE IF NOT EXISTS audits (
     run_id TEXT NOT NULL,
     accused BLOB NOT NULL,
@@ -594,14 +588,14 @@ class Ledger:
         Each row must be well-formed (round in range, a peer id, 1..16 finite float16
         scalars, `directions` of them if given), and a row that carries a signed envelope
         must carry its sender's valid signature over exactly this update
-        (`protocol.wire.check_envelope` with `check_signature`, normally
+        (`protocol.update.check_envelope` with `check_signature`, normally
         `network.identity.verify_pubsub_signature`: ~120 us per Ed25519 check, so about
         10 s for 80,000 rows). Rows without an envelope cannot be checked: they are the
         writer's own updates not yet echoed, or a local `seedflood train` ledger. So with
         `own_peer` (a daemon restoring its own ledger) only that peer's rows may lack one;
         without it, a ledger holding signed rows may have unsigned rows of one peer only
         (its writer). Audit records (the `audits` table) are checked the same way against
-        their auditor's signature on the audit topic (`wire.check_audit_envelope`); the
+        their auditor's signature on the audit topic (`audit_record.check_audit_envelope`); the
         writer's own records may lack one (not echoed yet), nobody else's. A row that fails
         stops everything: a UserError naming the row (round, peer; for a record, round,
         accused and auditor), what is wrong, and `fix`.

@@ -257,7 +257,7 @@ def _smollm2_dir() -> Path:
 # ------------------------------------------------------------------------- public
 
 
-def _short(e: BaseException) -> str:
+def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     line = text[0].strip() if text else type(e).__name__
     if len(line) > 200:
@@ -275,7 +275,7 @@ def _from_pretrained(
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
     except Exception as e:  # hub, config, tokenizer and safetensors errors have many types
-        reason = _short(e)
+        reason = _first_line(e)
         if local_files_only:
             reason = (
                 "the Hugging Face hub is not reachable from this machine (or HF_HUB_OFFLINE is "
@@ -355,7 +355,7 @@ def load_model(
                 model, tokenizer = _load_gguf(path, dtype)
             except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
                 raise UserError(
-                    f"cannot load GGUF model '{name}': {_short(e)}. Check the file is a "
+                    f"cannot load GGUF model '{name}': {_first_line(e)}. Check the file is a "
                     "complete GGUF of an architecture transformers can read"
                 ) from None
         elif path.is_dir():

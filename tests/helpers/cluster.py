@@ -2,8 +2,10 @@
 
 The run's settings are a `RunConfig`; a process is handed them as a TOML file
 (`run_toml`, read by `--config`), the same way the demo hands them to its bootstrap node.
+A peer that misbehaves on purpose runs tests/helpers/hooked_peer.py (`start_hooked_peer`).
 """
 
+import sys
 from pathlib import Path
 
 from seedflood_p2p.apps.localnet import start_bootstrap as _start_bootstrap
@@ -33,4 +35,13 @@ def start_bootstrap(workdir, extra=()):
     return _start_bootstrap(workdir, RUN, extra)
 
 
-__all__ = ["RUN", "run_toml", "start_bootstrap", "start_peer"]
+HOOKED_PEER = (sys.executable, str(Path(__file__).with_name("hooked_peer.py")))
+
+
+def start_hooked_peer(workdir, name, bootstrap, extra=(), **kwargs):
+    """`start_peer` of a peer that misbehaves as `extra`'s hooked_peer.py flags say
+    (--cheat, --checkpoint, --drop-incoming; the rest are `seedflood peer` flags)."""
+    return start_peer(workdir, name, bootstrap, extra, program=HOOKED_PEER, **kwargs)
+
+
+__all__ = ["HOOKED_PEER", "RUN", "run_toml", "start_bootstrap", "start_hooked_peer", "start_peer"]

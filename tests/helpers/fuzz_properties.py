@@ -1,7 +1,7 @@
 """Fuzz inputs and properties shared by tests/test_fuzz.py (hypothesis, ~200 inputs per
 target) and bench/bench_fuzz.py (>= 1,000,000 inputs in all).
 
-Targets: the five decoders of protocol/wire.py (decode_update, UPDATE_ROWS.decode_rows,
+Targets: the five wire decoders of protocol/ (decode_update, UPDATE_ROWS.decode_rows,
 decode_digests, decode_digest_request, UPDATE_ROWS.decode_fetch_request), RunConfig.from_json, the
 TOML settings loader (core/flags.py, for the run commands and for `seedflood peer`) and
 the identity key file loader (network/transport/identity.py).
@@ -39,7 +39,13 @@ from pathlib import Path
 
 import msgpack
 
-from seedflood_p2p.core.config import INT_RANGES, MAX_EXTRA_DEPTH, MAX_MANIFEST_BYTES, RunConfig
+from seedflood_p2p.core.config import (
+    INT_RANGES,
+    MAX_EXTRA_DEPTH,
+    MAX_MANIFEST_BYTES,
+    MAX_ROUND,
+    RunConfig,
+)
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import (
     RUN_FIELDS,
@@ -47,23 +53,23 @@ from seedflood_p2p.core.flags import (
     parse_toml,
     settings_values,
 )
-from seedflood_p2p.protocol.message import UpdateMessage, pack_scalars
-from seedflood_p2p.protocol.wire import (
-    BUCKET_ROUNDS,
+from seedflood_p2p.protocol.framing import (
     DROP_REASONS,
-    FETCH_LIMIT,
     MAX_PEER_ID_BYTES,
-    MAX_ROUND,
     MAX_SCALARS,
-    MAX_UPDATE_BYTES,
     PROTOCOL_VERSION,
-    UPDATE_ROWS,
     Rejected,
-    decode_digest_request,
-    decode_digests,
-    decode_update,
     run_tag,
 )
+from seedflood_p2p.protocol.message import UpdateMessage, pack_scalars
+from seedflood_p2p.protocol.repair import (
+    BUCKET_ROUNDS,
+    FETCH_LIMIT,
+    UPDATE_ROWS,
+    decode_digest_request,
+    decode_digests,
+)
+from seedflood_p2p.protocol.update import MAX_UPDATE_BYTES, decode_update
 
 RUN = RunConfig(salt="fuzz").run_id
 decode_rows = UPDATE_ROWS.decode_rows  # the update kind of the one row codec

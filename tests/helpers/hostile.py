@@ -27,8 +27,10 @@ import msgpack
 from seedflood_p2p.network.transport.p2pd import create_p2p
 from seedflood_p2p.network.transport.pubsub import PubSubClient
 from seedflood_p2p.network.transport.rpc import serve_bytes
+from seedflood_p2p.protocol.framing import topic_for
 from seedflood_p2p.protocol.message import pack_scalars
-from seedflood_p2p.protocol.wire import BUCKET_ROUNDS, decode_update, encode_update, topic_for
+from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
+from seedflood_p2p.protocol.update import decode_update, encode_update
 
 TARPIT_SECONDS = 8.0
 

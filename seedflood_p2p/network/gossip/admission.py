@@ -3,22 +3,22 @@
 Every update, whatever brought it (gossip, a repair reply, or this peer's own publish),
 passes the same stages and ends with exactly one `Verdict`, counted:
 
-    decode    gossip: the payload (`wire.decode_update`). Repair rows arrive decoded with
-              their reply (`wire.UPDATE_ROWS.decode_rows`; the caller drops a bad reply whole, see
-              `drop_reply`). Our own update is built by the trainer.
-    validate  repair: the envelope's signature and payload (`wire.check_envelope`), so no
+    decode    gossip: the payload (`update.decode_update`). Repair rows arrive decoded with
+              their reply (`protocol.repair.UPDATE_ROWS.decode_rows`; the caller drops a bad
+              reply whole, see `drop_reply`). Our own update is built by the trainer.
+    validate  repair: the envelope's signature and payload (`update.check_envelope`), so no
               peer can hand us another's update. A row we already hold with the same
               scalars skips it: a duplicate changes nothing, and a late join fetches tens
               of thousands of them at ~150 us per check.
-    sender    the author's key is Ed25519 (`wire.check_sender_key`), it is in a closed
+    sender    the author's key is Ed25519 (`framing.check_sender_key`), it is in a closed
               run's allow-list, and, for gossip, it is not banned here and keeps to its
-              rate (`wire.SENDER_RATE`, a token bucket per author).
+              rate (`update.SENDER_RATE`, a token bucket per author).
     policy    the run's k scalars; the round window around the reference round
               (`reference_round`: own round, or a quorum of distinct peers' rounds):
               gossip both bounds, repair the upper bound and, below the lower one, only
-              rows relayed by a peer other than their author (`wire.WindowRule`); one
+              rows relayed by a peer other than their author (`update.WindowRule`); one
               update per (peer, round): a repeat is a duplicate, a different one an
-              equivocation that every peer resolves the same way (`wire.keeps_new`) and
+              equivocation that every peer resolves the same way (`update.keeps_new`) and
               that bans its author.
     ledger    new rows inserted in one transaction (one fsync per batch); an equivocation
               resolved for the newcomer replaces the row held; our own update echoed back
@@ -28,8 +28,9 @@ passes the same stages and ends with exactly one `Verdict`, counted:
               LiveModel.receive): a new update as is, a replacement as the held update
               negated followed by the new one (updates are linear in the scalars).
 
-Rules and reasons are `protocol/wire.py`'s; this module only orders them, counts them,
-and reports the senders to the reputation (network/peers/reputation.py), which may ban them.
+Rules and reasons are the protocol's (`update` and `framing`: protocol/update.py and
+protocol/framing.py); this module only orders them, counts them, and reports the senders
+to the reputation (network/peers/reputation.py), which may ban them.
 No network I/O here: the flood node feeds it, so it is tested on a bare ledger.
 """
 
@@ -45,19 +46,17 @@ from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
 from seedflood_p2p.network.peers.reputation import LogLimiter, PeerBuckets, Reputation, short_id
 from seedflood_p2p.network.peers.tickets import TicketBook
 from seedflood_p2p.network.transport.identity import verify_pubsub_signature
+from seedflood_p2p.protocol.framing import Rejected, check_sender_key, same_scalars
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
-from seedflood_p2p.protocol.wire import (
+from seedflood_p2p.protocol.update import (
     SENDER_BURST,
     SENDER_RATE,
-    Rejected,
     WindowRule,
     check_against_ledger,
     check_envelope,
-    check_sender_key,
     decode_update,
     keeps_new,
     quorum_round,
-    same_scalars,
 )
 from seedflood_p2p.storage.bans import BanStore
 from seedflood_p2p.storage.ledger import Ledger
@@ -77,7 +76,7 @@ class Outcome(StrEnum):
     # update, handed on with that one's take-back
     DUPLICATE = "duplicate"  # exactly this update is in the ledger already
     ECHO = "echo"  # our own update back from the daemon, signed: envelope attached
-    DROPPED = "dropped"  # broke a rule: `Verdict.reason` (a wire.DROP_REASONS entry)
+    DROPPED = "dropped"  # broke a rule: `Verdict.reason` (a protocol.framing.DROP_REASONS entry)
 
 
 @dataclass(frozen=True)
@@ -245,7 +244,8 @@ class Admission:
         sole_server: bool = True,
     ) -> list[Verdict]:
         """Admit rows of a repair reply from `server` (already checked whole by the caller).
-        `sole_server`: it is the only peer we could ask (see `wire.WindowRule.check_repair`).
+        `sole_server`: it is the only peer we could ask (see
+        `protocol.update.WindowRule.check_repair`).
         Penalties for bad rows are the caller's to give, per page, to the server; only an
         equivocation is held against the rows' author, who signed both."""
         verdicts: list[Verdict | None] = [None] * len(rows)

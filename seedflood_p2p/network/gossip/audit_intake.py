@@ -1,22 +1,22 @@
 """Audit records from the network: decode -> validate -> ledger, each counted.
 
-The audit topic (`wire.audit_topic_for`) carries signed `AuditRecord`s, and repair
-(`network/gossip/repair.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`) carries the
-records a peer missed, so every peer ends with the same audit table. Both sources pass
-the rules updates pass, through the node's update `Admission` when there is one: the
-auditor's key is Ed25519 and in a closed run's allow-list; gossip only: the auditor is
-not banned here, keeps to its rate (the update token bucket, shared) and the record's
-round is not past the window's upper bound (`out_of_window`); repair only: rounds up to
-that bound are fetched, and
-the envelope's signature and payload (`wire.check_audit_envelope`), skipped for a record
-already held. A record that breaks a rule is counted under its reason (`dropped:<reason>`),
-held against its signer like a bad update (gossip; repair rows are the server's, see
-`FloodNode`), logged at most once per `LOG_EVERY` seconds per reason, and dropped, never
-raised. Our own records come back from the daemon signed (`echo`): the envelope is
-attached to our row, which makes it repairable by others.
+The audit topic (`protocol/audit_record.py:audit_topic_for`) carries signed `AuditRecord`s,
+and repair (`network/gossip/repair.py`, `seedflood.audit_digest` / `seedflood.audit_fetch`)
+carries the records a peer missed, so every peer ends with the same audit table. Both
+sources pass the rules updates pass, through the node's update `Admission` when there is
+one: the auditor's key is Ed25519 and in a closed run's allow-list; gossip only: the auditor
+is not banned here, keeps to its rate (the update token bucket, shared) and the record's
+round is not past the window's upper bound (`out_of_window`); repair only: rounds up to that
+bound are fetched, and the envelope's signature and payload
+(`audit_record.check_audit_envelope`), skipped for a record already held. A record that
+breaks a rule is counted under its reason (`dropped:<reason>`), held against its signer like
+a bad update (gossip; repair rows are the server's, see `FloodNode`), logged at most once
+per `LOG_EVERY` seconds per reason, and dropped, never raised. Our own records come back
+from the daemon signed (`echo`): the envelope is attached to our row, which makes it
+repairable by others.
 
-What the records decide (bans, voided updates) is `algorithm/audit.py:judge`, which the
-network layer does not import: the caller (a daemon, `peer/audits.py`) judges the ledger
+What the records decide (bans, voided updates) is `algorithm/audit_rules.py:judge`, which the
+network layer does not import: the caller (a daemon, `peer/audit_duty.py`) judges the ledger
 after new records arrive.
 """
 
@@ -26,33 +26,16 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
 
 from seedflood_p2p.network.gossip.admission import Admission
+from seedflood_p2p.protocol.audit_record import check_audit_envelope, decode_audit
+from seedflood_p2p.protocol.framing import Rejected, check_sender_key
 from seedflood_p2p.protocol.message import AuditRecord, Envelope
-from seedflood_p2p.protocol.wire import (
-    Rejected,
-    check_audit_envelope,
-    check_sender_key,
-    decode_audit,
-)
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.audit")
 LOG_EVERY = 10.0  # seconds between two log lines for the same drop reason
 BAD_ROW_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest server serves
-
-
-def audits_on(extra: Mapping) -> bool:
-    """Does a run with manifest `extra` have audits? The same answer as
-    `algorithm/audit.py:AuditSettings.of(extra).enabled` for every valid `extra` (the
-    network layer does not import the algorithm; tests/test_audit.py checks they agree)."""
-    if "audit" not in extra:  # secure by default: audits on unless the run turns them off
-        return True
-    body = extra.get("audit")
-    if body is None or body is False:
-        return False
-    return not (isinstance(body, Mapping) and body.get("enabled") is False)
 
 
 class AuditIntake:

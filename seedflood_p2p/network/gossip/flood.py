@@ -21,7 +21,7 @@ Request/response protocols (msgpack over the same libp2p daemon):
 A run with audits (the manifest's `extra.audit`) has a second topic for audit records
 (`network/gossip/audit_intake.py:AuditIntake` admits them, from gossip and from repair).
 
-Against hostile peers (protocol/wire.py states the rules, network/gossip/repair.py the repair
+Against hostile peers (protocol/ states the rules, network/gossip/repair.py the repair
 bounds, network/peers/reputation.py the scores): gossip passes admission's window, rate and
 sender rules; banned peers' gossip is dropped and they are disconnected through the
 daemon; banned and (in a closed run) unlisted peers get empty answers, and each requester
@@ -46,7 +46,7 @@ from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.gossip.admission import Admission, Outcome, Verdict
-from seedflood_p2p.network.gossip.audit_intake import AuditIntake, audits_on
+from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.network.gossip.repair import (
     MAX_SYNC_PASSES,
     AuditTable,
@@ -57,19 +57,15 @@ from seedflood_p2p.network.gossip.repair import (
 )
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.peers.reputation import PeerBuckets, Reputation, short_id
-from seedflood_p2p.network.peers.tickets import TicketBook, TicketExchange, ticket_creator
+from seedflood_p2p.network.peers.tickets import TicketBook, TicketExchange
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.network.transport.pubsub import PubSubClient
 from seedflood_p2p.network.transport.rpc import serve_bytes
+from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
+from seedflood_p2p.protocol.framing import topic_for
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
-from seedflood_p2p.protocol.wire import (
-    SERVE_BYTES_BURST,
-    SERVE_BYTES_RATE,
-    audit_topic_for,
-    encode_audit,
-    encode_update,
-    topic_for,
-)
+from seedflood_p2p.protocol.repair import SERVE_BYTES_BURST, SERVE_BYTES_RATE
+from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.storage.bans import BanStore
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -92,29 +88,33 @@ class FloodNode:
         self,
         p2p,
         ledger: Ledger,
-        manifest_json: str,
+        config: RunConfig,
         metrics: NodeMetrics,
         settings: NodeSettings,
         on_accept: Callable[[list[UpdateMessage]], None] = lambda msgs: None,
         on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None,
+        hears: Callable[[], bool] = lambda: True,
     ) -> None:
         self.p2p = p2p
         self.ledger = ledger
         self.run_id = ledger.run_id
         self.topic = topic_for(self.run_id)
-        self.manifest_json = manifest_json
-        self.directions = RunConfig.from_json(manifest_json).directions  # scalars per update
+        self.config = config  # the run's settings, parsed once by the caller
+        self.manifest_json = config.to_json()  # what this node serves as the run manifest
+        self.directions = config.directions  # scalars per update
         self.metrics = metrics
         self.settings = settings
         self.on_accept = on_accept
+        # whether to take in the next gossip message from another peer (the peer's
+        # Behaviour: always, but for a test's peer that loses some; peer/behaviour.py)
+        self.hears = hears
         self.peer_id = p2p.peer_id.to_bytes()
         # Bans live beside the ledger file (in memory for an in-memory ledger).
         on_disk = ledger.path is not None and str(ledger.path) != ":memory:"
         self.bans = BanStore(Path(ledger.path).parent / "bans.sqlite" if on_disk else None)
         self.reputation = Reputation(self.bans, metrics.count_ban, on_ban=self._disconnect)
-        run = RunConfig.from_json(manifest_json)
         # A ticketed run: which authors' rows count, and the exchange that finds tickets
-        self.tickets = TicketBook(run) if ticket_creator(run) is not None else None
+        self.tickets = TicketBook(config) if config.join.creator is not None else None
         self.admission = Admission(
             ledger,
             self.directions,
@@ -124,7 +124,7 @@ class FloodNode:
             deliver=lambda messages: self.on_accept(messages),  # on_accept may be replaced
             max_behind=settings.max_behind,
             reputation=self.reputation,
-            allowed=run.allowed_peer_ids(),
+            allowed=config.allowed_peer_ids(),
             tickets=self.tickets,
         )
         self.ticket_exchange = (
@@ -135,7 +135,7 @@ class FloodNode:
         # Audit records, in a run whose manifest has them: gossip on their own
         # topic and repair, through the same sender rules. New records go to
         # `on_audit_records` (the peer daemon judges them; the bootstrap keeps and serves).
-        with_audits = audits_on(RunConfig.from_json(manifest_json).extra)
+        with_audits = config.audit.enabled
         self.audits = AuditIntake(ledger, self.directions, self.admission) if with_audits else None
         self.on_audit_records = on_audit_records
         self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
@@ -159,7 +159,6 @@ class FloodNode:
         self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
-        self._drop_rng = random.Random()
         self.last_accept = time.monotonic()
         self.fatal: Exception | None = None  # e.g. disk full: the owner must stop
         # Why joiners are not served the manifest yet (None: they are): a node that knows
@@ -355,8 +354,7 @@ class FloodNode:
         batch: list[tuple[bytes, Envelope]] = []
         async for item in subscription:
             self.metrics.bytes_in.inc(len(item.data))
-            lossy = self.settings.drop_incoming  # stands for the network losing it
-            if not (lossy and item.sender != self.peer_id and self._drop_rng.random() < lossy):
+            if item.sender == self.peer_id or self.hears():
                 batch.append((item.sender, Envelope(item.data, item.seqno_bytes, item.signature)))
             if batch and (subscription.pending == 0 or len(batch) >= GOSSIP_BATCH):
                 self._track(self.admission.gossip(batch), heard=True)

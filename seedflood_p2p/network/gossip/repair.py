@@ -7,7 +7,7 @@ tables, its updates (`UpdateTable`) and, in a run with audits, its audit records
 (`AuditTable`); both are instances of the same interface, repaired by the same code.
 
 The protocol (request/response over the node's own p2pd; wire forms and every reply rule
-in protocol/wire.py, "repair rows"), per table, with the table's `RowKind`:
+in protocol/repair.py), per table, with the table's `RowKind`:
 
     digest  [run_id, 64]                        -> [[bucket, count, sha256], ...]
     fetch   [run_id, *cursor, max_round, limit] -> rows strictly after the cursor, in key
@@ -62,8 +62,10 @@ from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
 from seedflood_p2p.network.peers.reputation import short_id
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
+from seedflood_p2p.protocol.audit_record import decode_audit
+from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.message import AuditRecord, Envelope
-from seedflood_p2p.protocol.wire import (
+from seedflood_p2p.protocol.repair import (
     AUDIT_ROWS,
     BUCKET_ROUNDS,
     EXCHANGE_BASE_SECONDS,
@@ -71,14 +73,12 @@ from seedflood_p2p.protocol.wire import (
     MAX_FETCH_REPLY_BYTES,
     PAGE_SECONDS,
     UPDATE_ROWS,
-    Rejected,
     Row,
     RowKind,
-    decode_audit,
     decode_digest_request,
     decode_digests,
-    quorum_round,
 )
+from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.ledger import Ledger, audit_set_digest, set_digest
 
 log = logging.getLogger("seedflood.node")
@@ -89,7 +89,7 @@ MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be ask
 MAX_SYNC_PASSES = 100  # a joiner's catch-up: anti-entropy passes at most before it starts
 BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
 # Drops that the same row meets again whenever it is fetched: an equivocation's loser
-# (`wire.keeps_new` is a total order), the author's key or allow-list, a malformed row;
+# (`protocol.update.keeps_new` is a total order), the author's key or allow-list, a malformed row;
 # `own_backfill` from the same server (the reference only rises); an audit naming its own
 # auditor. Not `out_of_window` or `no_ticket`: such a row may pass later.
 SETTLED_DROPS = (
@@ -123,7 +123,7 @@ class Intake:
 class RepairTable(Protocol):
     """What a table must provide to be repaired."""
 
-    kind: RowKind  # its rows' wire form, request names and reply bound (protocol/wire.py)
+    kind: RowKind  # its rows' wire form, request names and reply bound (protocol/repair.py)
     page_rows: int  # rows asked for per fetch page (at most kind.page_rows)
 
     def digests(self) -> Digests:

@@ -24,8 +24,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from seedflood_p2p.core.config import MAX_ROUND
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.wire import DROP_REASONS, MAX_ROUND
+from seedflood_p2p.protocol.framing import DROP_REASONS
 
 # Where an update can come from, and how its admission can end (network/gossip/admission.py:
 # Source and Outcome hold the same strings; admission imports this module, not the reverse).
@@ -95,7 +96,7 @@ class NodeMetrics:
         self.connected = Gauge(
             "seedflood_connected_peers", "libp2p peers this node is connected to", registry=r
         )
-        # Peers behind NAT (network/peers/reconnect.py): how each connected peer is reached.
+        # Peers behind NAT (network/peers/links.py): how each connected peer is reached.
         self.links = Gauge(
             "seedflood_links",
             "connected peers by how they are reached: direct, or relayed (only through a "

@@ -33,7 +33,7 @@ from typing import Any
 import base58
 from aiohttp import web
 
-from seedflood_p2p.protocol.wire import MAX_ROUND
+from seedflood_p2p.core.config import MAX_ROUND
 from seedflood_p2p.storage.ledger import Ledger
 
 MAX_LIMIT = 500  # rounds per answer: ~16 peers x 500 rounds stays well under 100 KB
@@ -62,7 +62,7 @@ class Observed:
     bytes_in: int
     bytes_out: int
     banned: list[dict]  # BanStore.status(): {"peer", "reason", "since"}
-    network: dict | None  # IslandView.as_status()
+    network: dict | None  # IslandView.as_status() (network/peers/islands.py)
     audits: dict | None = None  # PeerAudits summary, if the run has audits
 
 

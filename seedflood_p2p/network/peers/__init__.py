@@ -1,4 +1,5 @@
 """Peers: who the others are and whether to trust them. Discovery records in the DHT
-(`discovery.py`), the peer book and redialling with backoff (`reconnect.py`), join
+(`discovery.py`), the peers met and heard of (`peer_book.py`), redialling with backoff
+(`reconnect.py`) and its views of links and islands (`links.py`, `islands.py`), join
 tickets (`tickets.py`), and reputation, bans and per-peer rate limits (`reputation.py`).
 It may import transport and monitoring."""

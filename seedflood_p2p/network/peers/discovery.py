@@ -42,9 +42,10 @@ from pathlib import Path
 import msgpack
 
 from seedflood_p2p import __version__
-from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
-from seedflood_p2p.protocol.wire import BUCKET_ROUNDS, MAX_ADDRS
+from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
+from seedflood_p2p.protocol.summary import MAX_ADDRS
 
 log = logging.getLogger("seedflood.discovery")
 
@@ -440,7 +441,7 @@ async def run_discovery(
     run's live peers and hand them to `reconnector` (a Reconnector), which dials them."""
     while not discovery.closed:
         try:
-            records = node_records(flood, reconnector.own_addrs, round_of())
+            records = node_records(flood, reconnector.links.own_addrs, round_of())
             found = await discovery.refresh(flood.run_id, records, reconnector.connected)
             reconnector.add_hints(found, "dht")
         except asyncio.CancelledError:

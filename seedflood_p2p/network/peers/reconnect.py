@@ -6,15 +6,16 @@ libp2p on its own: measured on main before this module, a 180 s partition never 
 (two ledgers for good), and a restarted peer with its bootstrap dead could not join.
 So every node:
 
-- keeps the peers it has met (`PeerBook`: peer id -> the addresses it dials them at,
-  DATA_DIR/peers.json, written atomically), learnt from summaries (below);
+- keeps the peers it has met (`PeerBook`, peer_book.py: peer id -> the addresses it
+  dials them at, DATA_DIR/peers.json, written atomically), learnt from summaries
+  (below), and those it has only heard of (`Hints`);
 - redials every known peer it is not connected to, and its bootstrap list, on a
   backoff schedule (redial_min doubling to redial_max, jittered) for as long as it
   runs, logging each failure with what it tried (`Reconnector.run`);
 - on every new connection, runs a repair pass with that peer at once, so a healed
   partition repairs by itself (the flood node's own anti-entropy would get there
   too, a random peer every few seconds);
-- exchanges summaries (`seedflood.summary`, protocol/wire.py) with connected peers
+- exchanges summaries (`seedflood.summary`, protocol/summary.py) with connected peers
   every summary_interval: their newest round, ledger size, newest bucket digests,
   own addresses and the peers they are connected to (with addresses: peer exchange,
   so a node learns of peers it never met and dials them);
@@ -25,10 +26,12 @@ So every node:
   30-minute partition left every node in a 5-minute "dial backoff": measured, the
   first reconnection came ~3 minutes after the heal. Probed, the daemon's backoff never
   grows while the peer is away;
-- says "partitioned" (`IslandView`: log, /status, metrics) when peers it met in the
-  last ISLAND_WINDOW seconds, or that its connected peers name, cannot be dialled
-  for island_after seconds, or when a connected peer's settled ledger buckets
-  differ from ours for island_after seconds (repair should have closed them).
+- says "partitioned" (`IslandWatch`, islands.py: log, /status, metrics) when peers it
+  met in the last ISLAND_WINDOW seconds, or that its connected peers name, cannot be
+  dialled for island_after seconds, or when a connected peer's settled ledger buckets
+  differ from ours for island_after seconds (repair should have closed them);
+- knows how each peer is reached, directly or through a relay, redials relayed-only
+  peers for a hole punch, and how it is reached itself (`Links`, links.py).
 
 Summaries travel over libp2p request/response: the secure channel (Noise/TLS)
 authenticates the answering peer id, which is what a direct summary needs. They are
@@ -40,32 +43,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
-import os
 import random
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
+from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
-from seedflood_p2p.network.transport.p2pd import (
-    connect_peer,
-    is_relayed,
-    peer_connections,
-    relay_counters,
-)
+from seedflood_p2p.network.peers.islands import ISLAND_WINDOW, IslandWatch
+from seedflood_p2p.network.peers.links import Links
+from seedflood_p2p.network.peers.peer_book import Hints, PeerBook, dialable, split_full_addr
+from seedflood_p2p.network.transport.p2pd import connect_peer, is_relayed, peer_connections
 from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
-from seedflood_p2p.protocol.wire import (
-    BUCKET_ROUNDS,
-    MAX_ADDRS,
+from seedflood_p2p.protocol.framing import Rejected
+from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
+from seedflood_p2p.protocol.summary import (
     MAX_SUMMARY_PEERS,
-    Rejected,
     Summary,
     decode_summary,
     decode_summary_request,
@@ -75,12 +73,6 @@ from seedflood_p2p.protocol.wire import (
 
 log = logging.getLogger("seedflood.reconnect")
 
-BOOK_FILE = "peers.json"
-MAX_BOOK = 256  # peers kept in the book (the most recently met)
-MAX_HINTS = 256  # peers heard of (from summaries) but not met: dialled, not persisted
-FORGET_AFTER = 7 * 86400.0  # a book entry not met for a week is dropped
-ISLAND_WINDOW = 600.0  # peers met this recently and now unreachable count as "cut off"
-SAVE_EVERY = 10.0  # seconds between writes of a changed book
 LOOP_TICK = 1.0  # seconds between passes of the reconnect loop
 
 
@@ -114,110 +106,6 @@ async def tcp_answers(addrs: Iterable[str], timeout: float = PROBE_TIMEOUT) -> b
     return any(await asyncio.gather(*(answers(h, p) for h, p in targets)))
 
 
-def split_full_addr(addr: str) -> tuple[str, str]:
-    """(peer id, address without /p2p/...) of a full multiaddr `.../p2p/<peer id>`."""
-    base, _, peer = addr.rpartition("/p2p/")
-    return peer, base
-
-
-def _dialable(addrs: Iterable[str], peer: str) -> list[str]:
-    """Addresses as the daemon dials them: a trailing /p2p/<peer> stripped, no duplicates,
-    bounded. A relay address ``/ip4/R/tcp/P/p2p/<relay>/p2p-circuit`` is kept whole: it is
-    how a peer behind NAT is reached (through its reservation on the relay)."""
-    out: list[str] = []
-    for a in addrs:
-        head, circuit, _ = a.partition("/p2p-circuit")
-        if circuit:  # relay address: keep the relay's /p2p/<id>, drop what follows the circuit
-            a = head + circuit
-            if "/p2p/" not in head:
-                continue  # a circuit needs to name its relay
-        elif "/p2p/" in a:
-            a = a.split("/p2p/")[0]
-        if a and a not in out:
-            out.append(a)
-    return out[:MAX_ADDRS]
-
-
-class PeerBook:
-    """Peers this node has met: base58 peer id -> {"addrs": [...], "met": unix time}.
-
-    Kept in DATA_DIR/peers.json, written to a temporary file, fsynced, then renamed, so
-    a crash leaves the old book or the new one. A damaged file is moved aside with one
-    warning (the node still has its bootstrap list), never a crash."""
-
-    def __init__(self, data_dir: Path, own_id: str) -> None:
-        self.path = Path(data_dir) / BOOK_FILE
-        self.own_id = own_id
-        self.entries: dict[str, dict] = {}
-        self._dirty = self._urgent = False
-        self._saved_at = 0.0
-        self._load()
-
-    def _load(self) -> None:
-        if not self.path.exists():
-            return
-        try:
-            raw = json.loads(self.path.read_text())
-            entries = {
-                str(peer): {"addrs": _dialable(e["addrs"], peer), "met": float(e["met"])}
-                for peer, e in raw["peers"].items()
-                if isinstance(e.get("addrs"), list) and all(isinstance(a, str) for a in e["addrs"])
-            }
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            aside = self.path.with_suffix(".damaged")
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            log.warning("peer book %s is damaged (%r): moved to %s", self.path, exc, aside)
-            return
-        entries.pop(self.own_id, None)
-        self.entries = entries
-
-    def met(self, peer: str, addrs: Iterable[str]) -> None:
-        """`peer` is connected and reachable at `addrs` (its own word, or what we dialled).
-        A peer met for the first time is written at the next `save`, unthrottled: a node
-        killed seconds after joining must still find it on restart."""
-        if peer == self.own_id:
-            return
-        addrs = _dialable(addrs, peer)
-        entry = self.entries.get(peer)
-        if entry is None or (addrs and entry["addrs"] != addrs):
-            self._urgent = True
-        if self._urgent or time.time() - entry["met"] > 60:
-            old = (entry or {}).get("addrs", [])
-            self.entries[peer] = {"addrs": addrs or old, "met": time.time()}
-            self._dirty = True
-
-    def others(self) -> list[str]:
-        return [p for p in self.entries if p != self.own_id]
-
-    def save(self, force: bool = False) -> None:
-        throttled = time.monotonic() - self._saved_at < SAVE_EVERY
-        if not self._dirty or (throttled and not force and not self._urgent):
-            return
-        now = time.time()
-        keep = sorted(
-            (e["met"], p) for p, e in self.entries.items() if now - e["met"] < FORGET_AFTER
-        )[-MAX_BOOK:]
-        self.entries = {p: self.entries[p] for _, p in keep}
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            with open(tmp, "w") as f:
-                json.dump({"version": 1, "peers": self.entries}, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:  # a full disk must not stop the node: the book is a hint
-            log.warning("cannot write the peer book %s: %s", self.path, exc)
-            return
-        self._dirty = self._urgent = False
-        self._saved_at = time.monotonic()
-
-
 @dataclass
 class Backoff:
     """When to dial a peer next: redial_min, doubling per failure up to redial_max."""
@@ -227,53 +115,25 @@ class Backoff:
     failing_since: float | None = None
     last_error: str = ""
 
-
-@dataclass
-class IslandView:
-    """What this node knows about the others it cannot reach (see the module docstring)."""
-
-    connected: int = 0
-    known: int = 0
-    unreachable: list[str] = field(default_factory=list)
-    diverged: list[str] = field(default_factory=list)
-    partitioned: bool = False
-    since: float | None = None  # monotonic time the current verdict began
-
-    def as_status(self) -> dict:
-        return {
-            "state": "partitioned" if self.partitioned else "connected",
-            "connected_peers": self.connected,
-            "known_peers": self.known,
-            "unreachable": self.unreachable[:16],
-            "diverged": self.diverged[:16],
-            "for_s": None if self.since is None else round(time.monotonic() - self.since, 1),
-        }
-
-    def describe(self) -> str:
-        parts = []
-        if self.unreachable:
-            parts.append(
-                f"{len(self.unreachable)} peer(s) met recently or named by others cannot be "
-                f"reached ({', '.join(p[-8:] for p in self.unreachable[:6])}): a partition, or "
-                "they stopped"
-            )
-        if self.diverged:
-            parts.append(
-                f"the ledger differs from {len(self.diverged)} connected peer(s)' "
-                f"({', '.join(p[-8:] for p in self.diverged[:6])}) and repair has not closed it"
-            )
-        return "; ".join(parts) or "every known peer reachable"
+    def failed(self, error: str, redial_min: float, redial_max: float) -> float:
+        """Count a failed dial; the seconds until the next try (jittered by +-20%)."""
+        self.failures += 1
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        delay = min(redial_max, redial_min * 2 ** (self.failures - 1))
+        delay *= random.uniform(0.8, 1.2)
+        self.next_try = now + delay
+        self.last_error = error
+        return delay
 
 
-def run_founders(manifest_json: str) -> frozenset[str]:
+def run_founders(config: RunConfig) -> frozenset[str]:
     """The base58 ids of a run's founders (`extra.probation.founders` and its allow-list);
     empty for an open run without them."""
     import base58
 
-    from seedflood_p2p.algorithm.probation import ProbationSettings
-
-    probation = ProbationSettings.of(RunConfig.from_json(manifest_json))
-    return frozenset(base58.b58encode(p).decode() for p in probation.founders)
+    return frozenset(base58.b58encode(p).decode() for p in config.probation.founders)
 
 
 class Reconnector:
@@ -293,28 +153,13 @@ class Reconnector:
             self.bootstrap[peer] = [base]
         self.s = settings
         self.metrics = metrics
-        self.hints: dict[str, list[str]] = {}  # heard of in summaries, not (yet) met
-        # The run's founders (base58; `attach`): fresh keys are free, so a hint list that
-        # many identities of one attacker filled still takes a founder (`add_hints`).
-        self.founders: frozenset[str] = frozenset()
-        self.hinted_at: dict[str, float] = {}  # when a summary last named each hint
-        self.learned_from: dict[str, str] = {}  # hint -> where we first heard of it
+        self.hints = Hints(self.own_id)  # heard of in summaries or records, not (yet) met
         self.backoff: dict[str, Backoff] = {}
         self.connected: set[str] = set()
         self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
-        self.differs_since: dict[str, float] = {}
-        self.view = IslandView()
+        self.islands = IslandWatch(settings, metrics)
+        self.links = Links(p2p, self.own_id, settings, metrics)
         self.flood = None
-        self.own_addrs: list[str] = []
-        self.links: dict[str, str] = {}  # connected peer -> "direct" or "relayed"
-        self.relayed_via: dict[str, str] = {}  # relayed-only peer -> the relay's id
-        self.hole_punches = 0
-        self.relay_service: dict[str, int] | None = None
-        self._logged_relay: dict[str, int] | None = None
-        self._last_relay_log = -math.inf
-        # relayed-only peer -> (monotonic time first seen relayed-only, redials made)
-        self._relayed_since: dict[str, tuple[float, int]] = {}
-        self._relayed_addr: dict[str, str] = {}  # relayed-only peer -> its circuit address
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
         self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
@@ -325,11 +170,11 @@ class Reconnector:
     def candidates(self) -> dict[str, list[str]]:
         """Every peer to keep a connection to, with the addresses to dial it at."""
         out: dict[str, list[str]] = {}
-        for source in (self.hints, {p: e["addrs"] for p, e in self.book.entries.items()}):
+        for source in (self.hints.addrs, {p: e["addrs"] for p, e in self.book.entries.items()}):
             for peer, addrs in source.items():
                 out[peer] = addrs
         for peer, addrs in self.bootstrap.items():  # the operator's word comes first
-            out[peer] = _dialable([*addrs, *out.get(peer, [])], peer)
+            out[peer] = dialable([*addrs, *out.get(peer, [])], peer)
         out.pop(self.own_id, None)
         return {p: a for p, a in out.items() if a}
 
@@ -344,7 +189,7 @@ class Reconnector:
             log.debug("list_peers failed: %r", exc)
             return self.connected
         now_connected = set(connections)
-        self._track_links(connections)
+        self.links.track(connections)
         for peer in sorted(now_connected - self.connected):
             addrs = connections[peer]
             relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
@@ -383,121 +228,6 @@ class Reconnector:
         self.metrics.connected.set(len(now_connected))
         return now_connected
 
-    def _track_links(self, connections: dict[str, list[str]]) -> None:
-        """How each connected peer is reached: "direct", or "relayed" (only through a circuit
-        relay, named in `relayed_via`). A peer that was relayed-only and now also has a
-        direct connection was hole-punched (DCUtR) or became directly dialable: logged as
-        `hole_punched` and counted."""
-        links: dict[str, str] = {}
-        for peer, addrs in connections.items():
-            relayed = bool(addrs) and all(is_relayed(a) for a in addrs)
-            links[peer] = "relayed" if relayed else "direct"
-            if relayed:
-                self.relayed_via[peer] = _relay_of(addrs[0])
-                self._relayed_addr[peer] = addrs[0].split("/p2p-circuit")[0] + "/p2p-circuit"
-            elif self.links.get(peer) == "relayed":
-                self.hole_punches += 1
-                self.metrics.hole_punches.inc()
-                log.info(
-                    "direct connection to %s at %s, reached through relay %s until now",
-                    peer,
-                    ", ".join(addrs),
-                    self.relayed_via.get(peer, "?"),
-                    extra={
-                        "fields": {
-                            "event": "hole_punched",
-                            "peer": peer,
-                            "addrs": addrs,
-                            "relay": self.relayed_via.get(peer),
-                        }
-                    },
-                )
-        for peer in [p for p in self.relayed_via if links.get(p) != "relayed"]:
-            del self.relayed_via[peer]
-        self.links = links
-        for kind in ("direct", "relayed"):
-            self.metrics.links.labels(kind).set(sum(1 for k in links.values() if k == kind))
-
-    async def retry_hole_punches(self) -> None:
-        """Redial, through its relay, a peer reached only through a relay for a while, so
-        that a hole punch is tried again. go-libp2p tries DCUtR once, when an inbound relayed
-        connection opens, and only once its hole-punch service runs (after the node has seen
-        its own public address from 4 peers): a relayed connection made earlier is never
-        upgraded. The side with the smaller peer id closes it and dials the same circuit
-        address; the other side then punches. At most HOLE_PUNCH_TRIES times per peer,
-        HOLE_PUNCH_EVERY seconds apart; gossip resumes on the new connection and repair
-        fetches what was missed."""
-        from hivemind.p2p import PeerID
-
-        now = time.monotonic()
-        for peer in [p for p in self._relayed_since if self.links.get(p) != "relayed"]:
-            del self._relayed_since[peer]
-        for peer, kind in sorted(self.links.items()):
-            if kind != "relayed" or peer in self.bootstrap:
-                continue
-            since, tries = self._relayed_since.setdefault(peer, (now, 0))
-            if self.own_id > peer or tries >= HOLE_PUNCH_TRIES:
-                continue
-            if now - since < HOLE_PUNCH_EVERY * (tries + 1):
-                continue
-            self._relayed_since[peer] = (since, tries + 1)
-            via = self.relayed_via.get(peer)
-            known = self.candidates().get(peer, [])
-            addrs = [a for a in known if is_relayed(a) and via and via in a] or [
-                self._relayed_addr[peer]
-            ]
-            if not addrs:
-                continue
-            log.info(
-                "redialling %s through relay %s for a hole punch (try %d)",
-                peer,
-                via,
-                tries + 1,
-                extra={"fields": {"event": "hole_punch_retry", "peer": peer, "try": tries + 1}},
-            )
-            try:
-                await self.p2p._client.disconnect(PeerID.from_base58(peer))
-                await connect_peer(self.p2p, PeerID.from_base58(peer), addrs, self.s.call_timeout)
-            except Exception as exc:  # the regular dial loop reconnects it
-                log.info("redial of %s for a hole punch failed: %s", peer, exc)
-
-    async def _refresh_relay_counters(self) -> None:
-        counters = await relay_counters(self.p2p)
-        if counters is None:
-            return
-        now = time.monotonic()
-        # Compared with the last counters LOGGED, not the last read: a change that came within
-        # RELAY_LOG_EVERY of the previous line is still logged once the interval is over.
-        if counters != self._logged_relay and now - self._last_relay_log >= RELAY_LOG_EVERY:
-            self._last_relay_log, self._logged_relay = now, counters
-            log.info(
-                "relayed for others: %d bytes, %d reservations, %d circuits opened",
-                counters["bytes_relayed"],
-                counters["reservations_opened"],
-                counters["circuits_opened"],
-                extra={"fields": {"event": "relay_service", **counters}},
-            )
-        self.relay_service = counters
-        self.metrics.relayed_bytes.set(counters["bytes_relayed"])
-
-    def nat_status(self) -> dict:
-        """How this node is reached, for /status and `seedflood status`: "direct" (it
-        announces a public address), "relay" (only through the relays it holds reservations
-        on), or "unknown" (private addresses only, no reservation: AutoNAT has not decided,
-        or no relay accepted it); its links by kind, and the hole punches seen."""
-        public = [a for a in self.own_addrs if not is_relayed(a) and _is_public(a)]
-        relays = sorted({_relay_of(a) for a in self.own_addrs if is_relayed(a)})
-        return {
-            "reachable": "direct" if public else "relay" if relays else "unknown",
-            "public_addrs": public,
-            "relays": relays,
-            "direct_peers": sum(1 for k in self.links.values() if k == "direct"),
-            "relayed_peers": sum(1 for k in self.links.values() if k == "relayed"),
-            "relayed_via": dict(sorted(self.relayed_via.items())),
-            "hole_punches": self.hole_punches,
-            "relay_service": self.relay_service,  # what we relay for others, if we serve
-        }
-
     async def dial_due(self, force: bool = False) -> dict[str, str]:
         """Dial every candidate that is not connected and whose backoff has passed (all of
         them with `force`), at once. Returns {peer: error} of the dials that failed."""
@@ -529,14 +259,7 @@ class Reconnector:
             await connect_peer(self.p2p, PeerID.from_base58(peer), addrs, self.s.call_timeout)
         except (RemoteCallError, ValueError) as exc:
             state = self.backoff.setdefault(peer, Backoff())
-            state.failures += 1
-            now = time.monotonic()
-            if state.failing_since is None:
-                state.failing_since = now
-            delay = min(self.s.redial_max, self.s.redial_min * 2 ** (state.failures - 1))
-            delay *= random.uniform(0.8, 1.2)
-            state.next_try = now + delay
-            state.last_error = str(exc)
+            delay = state.failed(str(exc), self.s.redial_min, self.s.redial_max)
             self.metrics.redials.labels("failed").inc()
             log.info(
                 "cannot reach %s at %s (attempt %d): %s; next try in %.0f s",
@@ -556,30 +279,11 @@ class Reconnector:
         """Serve summaries for `flood`'s run, repair on every new connection, and start the
         loop. Peers already connected get a summary exchange in the first pass."""
         self.flood = flood
-        self.founders = run_founders(flood.manifest_json)
-        await self._refresh_own_addrs()
+        self.hints.founders = run_founders(flood.config)
+        await self.links.refresh_own_addrs()
         await serve_bytes(self.p2p, "seedflood.summary", self._serve_summary)
         self._on_connect.append(self._repair_new_connection)
         self.start()
-
-    async def _refresh_own_addrs(self) -> None:
-        """Our addresses as the daemon announces them. Re-read every summary pass: behind
-        NAT, a relay address appears only once AutoNAT says "private" and auto-relay has a
-        reservation, tens of seconds after start."""
-        try:
-            visible = await self.p2p.get_visible_maddrs(latest=True)
-            addrs = _dialable((str(a) for a in visible), self.own_id)
-        except Exception as exc:
-            log.debug("no visible addresses yet: %r", exc)
-            return
-        if addrs != self.own_addrs:
-            self.metrics.relay_reservations.set(len({_relay_of(a) for a in addrs if is_relayed(a)}))
-            log.info(
-                "own addresses: %s",
-                ", ".join(addrs),
-                extra={"fields": {"event": "own_addrs", "addrs": addrs}},
-            )
-        self.own_addrs = addrs
 
     def on_connect(self, callback: Callable[[str], None]) -> None:
         """Call `callback(peer id)` on every new connection (from the loop's pass)."""
@@ -622,7 +326,7 @@ class Reconnector:
         for peer in sorted(
             self.connected, key=lambda p: -self.book.entries.get(p, {}).get("met", 0)
         ):
-            addrs = self.book.entries.get(peer, {}).get("addrs") or self.hints.get(peer)
+            addrs = self.book.entries.get(peer, {}).get("addrs") or self.hints.addrs.get(peer)
             if addrs:
                 peers[_peer_bytes(peer)] = addrs
             if len(peers) >= MAX_SUMMARY_PEERS:
@@ -635,7 +339,7 @@ class Reconnector:
             rows=len(flood.ledger),
             live=live,
             digests=flood.ledger.bucket_digests(BUCKET_ROUNDS),
-            addrs=self.own_addrs,
+            addrs=self.links.own_addrs,
             peers=peers,
         )
 
@@ -652,7 +356,7 @@ class Reconnector:
         """Ask `peer` for its summary; learn its addresses and the peers it names."""
         from hivemind.p2p import PeerID
 
-        request = encode_summary_request(self.flood.run_id, self.own_addrs)
+        request = encode_summary_request(self.flood.run_id, self.links.own_addrs)
         try:
             reply = await call_bytes(
                 self.p2p,
@@ -685,85 +389,23 @@ class Reconnector:
         """Peers heard of (base58 id -> addresses) from `source` ("summary": a connected
         peer's word; "dht": signed discovery records): dialled by the loop, forgotten when
         no source names them for ISLAND_WINDOW. A peer already in the book keeps its entry."""
-        for name, addrs in peers.items():
-            if name == self.own_id or name in self.book.entries or not addrs:
-                continue
-            if len(self.hints) >= MAX_HINTS and name not in self.hints:
-                if name not in self.founders or not self._evict_hint():
-                    continue
-            if name not in self.hints and name not in self.connected:
-                self.learned_from[name] = source
-                log.info(
-                    "heard of %s from %s",
-                    name,
-                    source,
-                    extra={"fields": {"event": "discovered", "peer": name, "source": source}},
-                )
-            self.hints[name] = _dialable(addrs, name)
-            self.hinted_at[name] = time.monotonic()
-
-    def _evict_hint(self) -> bool:
-        """Make room for a founder's hint: forget the hint named longest ago that is not a
-        founder (False: every hint is one)."""
-        others = [p for p in self.hints if p not in self.founders]
-        if not others:
-            return False
-        oldest = min(others, key=lambda p: self.hinted_at.get(p, 0.0))
-        for table in (self.hints, self.hinted_at, self.learned_from, self.backoff):
-            table.pop(oldest, None)
-        return True
+        for evicted in self.hints.add(peers, source, self.book.entries, self.connected):
+            self.backoff.pop(evicted, None)
 
     def _update_view(self) -> None:
         now = time.monotonic()
-        wall = time.time()
         # A peer no connected node has named for ISLAND_WINDOW is forgotten: it left.
-        for peer in [p for p, t in self.hinted_at.items() if now - t > ISLAND_WINDOW]:
-            self.hints.pop(peer, None)
-            self.hinted_at.pop(peer, None)
+        for peer in self.hints.forget_silent(now, ISLAND_WINDOW):
             self.backoff.pop(peer, None)
-        unreachable = []
-        for peer, state in self.backoff.items():
-            if peer in self.connected or state.failing_since is None:
-                continue
-            if now - state.failing_since < self.s.island_after:
-                continue
-            recent = wall - self.book.entries.get(peer, {}).get("met", 0) < ISLAND_WINDOW
-            if recent or peer in self.hints:
-                unreachable.append(peer)
+        failing_since = {peer: state.failing_since for peer, state in self.backoff.items()}
+        unreachable = self.islands.unreachable(
+            now, failing_since, self.connected, self.book.entries, self.hints.addrs
+        )
         diverged = []
         if self.flood is not None:
-            mine = self.flood.ledger.bucket_digests(BUCKET_ROUNDS)
-            our_newest = self.flood.ledger.max_round()
-            for peer, (when, summary) in list(self.summaries.items()):
-                if peer not in self.connected or now - when > 4 * self.s.summary_interval + 30:
-                    self.differs_since.pop(peer, None)
-                    continue
-                settled = min(our_newest, summary.round) // BUCKET_ROUNDS - 1  # both past it
-                differs = any(b <= settled and mine.get(b) != d for b, d in summary.digests.items())
-                if differs:
-                    since = self.differs_since.setdefault(peer, now)
-                    if now - since >= self.s.island_after:
-                        diverged.append(peer)
-                else:
-                    self.differs_since.pop(peer, None)
-        partitioned = bool(unreachable or diverged)
-        view = self.view
-        if partitioned != view.partitioned:
-            view.since = now
-        view.connected = len(self.connected)
-        view.known = len(set(self.book.entries) | set(self.hints) | set(self.bootstrap))
-        view.unreachable, view.diverged = sorted(unreachable), sorted(diverged)
-        changed = partitioned != view.partitioned
-        view.partitioned = partitioned
-        self.metrics.unreachable.set(len(unreachable))
-        self.metrics.diverged.set(len(diverged))
-        self.metrics.partitioned.set(int(partitioned))
-        fields = {"event": "island", **view.as_status()}
-        if partitioned and (changed or now - self._last_island_log > 60):
-            self._last_island_log = now
-            log.warning("partitioned: %s", view.describe(), extra={"fields": fields})
-        elif changed:
-            log.info("no longer partitioned: %s", view.describe(), extra={"fields": fields})
+            diverged = self.islands.diverged(now, self.flood.ledger, self.summaries, self.connected)
+        known = set(self.book.entries) | set(self.hints.addrs) | set(self.bootstrap)
+        self.islands.show(now, len(self.connected), len(known), unreachable, diverged)
 
     async def run(self) -> None:
         """The loop: dial what is due, exchange summaries, update the island view."""
@@ -774,9 +416,11 @@ class Reconnector:
                     now = time.monotonic()
                     if now - self._last_summary >= self.s.summary_interval:
                         self._last_summary = now
-                        await self._refresh_own_addrs()
-                        await self.retry_hole_punches()
-                        await self._refresh_relay_counters()
+                        await self.links.refresh_own_addrs()
+                        await self.links.retry_hole_punches(
+                            lambda peer: self.candidates().get(peer, []), self.bootstrap
+                        )
+                        await self.links.refresh_relay_counters()
                         await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
                     self._update_view()
                 self.book.save()
@@ -785,27 +429,6 @@ class Reconnector:
             except Exception as exc:  # the loop must outlive any one bad pass
                 log.warning("reconnect pass failed: %r", exc)
             await asyncio.sleep(LOOP_TICK)
-
-
-HOLE_PUNCH_TRIES = 3  # redials of a relayed-only peer for a hole punch (retry_hole_punches)
-HOLE_PUNCH_EVERY = 20.0  # seconds relayed-only before the first, and between them
-RELAY_LOG_EVERY = 10.0  # seconds between `relay_service` log lines (when the counters moved)
-
-
-def _relay_of(addr: str) -> str:
-    """The relay's peer id in a circuit address ``.../p2p/<relay>/p2p-circuit...``."""
-    head = addr.split("/p2p-circuit", 1)[0]
-    return head.rsplit("/p2p/", 1)[1] if "/p2p/" in head else "?"
-
-
-def _is_public(addr: str) -> bool:
-    import ipaddress
-
-    m = re.match(r"/ip[46]/([^/]+)/", addr)
-    try:
-        return bool(m) and ipaddress.ip_address(m.group(1)).is_global
-    except ValueError:
-        return False
 
 
 def _peer_bytes(peer: str) -> bytes:

@@ -1,6 +1,7 @@
 """Join tickets: the run creator's key signs (identity, expiry) for a run that wants them.
 
-A run says how strangers join in its manifest (`join_mode`):
+A run says how strangers join in its manifest (`join_mode`; `extra.join` is parsed into
+`RunConfig.join`):
 
     open          anyone (the default); new identities are on probation if the run has
                   founders (algorithm/probation.py)
@@ -40,7 +41,8 @@ from pathlib import Path
 import base58
 import msgpack
 
-from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX, RunConfig
+from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.transport.rpc import call_bytes, serve_bytes
 
@@ -48,7 +50,6 @@ log = logging.getLogger("seedflood.tickets")
 
 MAGIC = b"sft2"
 TICKET_BYTES = 4 + 8 + 38 + 8 + 64
-JOIN_MODES = ("open", "allow-listed", "ticketed")
 NO_END = (1 << 63) - 1  # a ticket without an end round
 MAX_TICKETS_PER_REQUEST = 64  # peer ids asked for in one `seedflood.tickets` request
 MAX_WANTED = 1024  # authors whose tickets a node is looking for (bounded: any key can send)
@@ -73,43 +74,7 @@ class Ticket:
 
 def join_mode(config: RunConfig) -> str:
     """How a peer joins this run: 'allow-listed', 'ticketed' or 'open'."""
-    if config.allow_peers:
-        return "allow-listed"
-    body = config.extra.get("join")
-    if isinstance(body, dict) and body.get("mode") == "ticketed":
-        return "ticketed"
-    return "open"
-
-
-def ticket_creator(config: RunConfig) -> bytes | None:
-    """The raw peer id whose key signs this run's tickets (None: not a ticketed run). A bad
-    `extra.join` is one UserError line."""
-    body = config.extra.get("join")
-    if body is None:
-        return None
-    if not isinstance(body, dict) or set(body) - {"mode", "creator"}:
-        raise UserError("run setting extra.join must be a table with keys mode and creator")
-    mode = body.get("mode", "open")
-    if mode not in JOIN_MODES or mode == "allow-listed":
-        raise UserError(
-            "run setting extra.join.mode must be 'open' or 'ticketed' (an allow-listed run "
-            "sets allow_peers)"
-        )
-    if mode != "ticketed":
-        return None
-    creator = body.get("creator")
-    raw = _peer_id(creator) if isinstance(creator, str) else None
-    if raw is None:
-        raise UserError("run setting extra.join.creator must be a base58 Ed25519 peer id")
-    return raw
-
-
-def _peer_id(text: str) -> bytes | None:
-    try:
-        raw = base58.b58decode(text) if len(text) <= 64 else b""
-    except ValueError:
-        return None
-    return raw if len(raw) == 38 and raw.startswith(ED25519_PEER_ID_PREFIX) else None
+    return "allow-listed" if config.allow_peers else config.join.mode
 
 
 def issue(key_path: Path, config: RunConfig, peer: bytes, expires: int = NO_END) -> Ticket:
@@ -157,7 +122,7 @@ class TicketBook:
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
-        self.creator = ticket_creator(config)
+        self.creator = config.join.creator
         self.tickets: dict[bytes, Ticket] = {}  # holder -> its ticket with the latest end
         self.wanted: dict[bytes, float] = {}  # author -> when it was last asked for
 

@@ -36,7 +36,7 @@ import msgpack
 from seedflood_p2p.network.peers.reputation import PeerBuckets
 from seedflood_p2p.network.transfer.chunks import fetch_chunks, file_sha256
 from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
-from seedflood_p2p.protocol.wire import CHECKPOINT_SERVE_BURST, CHECKPOINT_SERVE_RATE
+from seedflood_p2p.protocol.checkpoint import CHECKPOINT_SERVE_BURST, CHECKPOINT_SERVE_RATE
 
 log = logging.getLogger("seedflood.assets")
 

@@ -4,18 +4,18 @@ A peer serves the newest link of the run's checkpoint chain (algorithm/chain.py)
 every honest peer holding the same rows builds bit for bit alike. A joiner asks every peer
 it is connected to for its offer (`seedflood.ckpt_offer`), groups identical offers (same
 meta JSON, same file hash), and takes the newest checkpoint that at least
-`wire.CHECKPOINT_QUORUM` distinct peers offer: that is why it trusts it without replaying
-the rows it covers (one peer's forged or damaged file has no second offerer; two colluding
-identities could forge one, as they can move the quorum round). Then it fetches the chunks
-from all of those peers at once (`seedflood.ckpt_chunk`), each chunk checked against the
-offer's SHA-256 as it arrives and the whole file at the end. A chunk that fails is
-`bad_reply` (counted, held against its sender, which is asked no further) and is asked of
-another offerer. The partial file is kept (`<file sha256>.part`): a joiner restarted mid
-download re-hashes what it has and fetches only the missing chunks. The caller then restores
-from it with `LiveModel.restore`, which refuses it (and replays) unless the ledger's rows
-inside its cut digest as it says and its tensors hash as it says.
+`protocol.checkpoint.CHECKPOINT_QUORUM` distinct peers offer: that is why it trusts it
+without replaying the rows it covers (one peer's forged or damaged file has no second
+offerer; two colluding identities could forge one, as they can move the quorum round). Then
+it fetches the chunks from all of those peers at once (`seedflood.ckpt_chunk`), each chunk
+checked against the offer's SHA-256 as it arrives and the whole file at the end. A chunk
+that fails is `bad_reply` (counted, held against its sender, which is asked no further) and
+is asked of another offerer. The partial file is kept (`<file sha256>.part`): a joiner
+restarted mid download re-hashes what it has and fetches only the missing chunks. The caller
+then restores from it with `LiveModel.restore`, which refuses it (and replays) unless the
+ledger's rows inside its cut digest as it says and its tensors hash as it says.
 
-Serving is bounded like repair (protocol/wire.py): banned and unlisted requesters get
+Serving is bounded like repair (protocol/checkpoint.py): banned and unlisted requesters get
 nothing, each requester at most CHECKPOINT_SERVE_RATE bytes a second in bursts of
 CHECKPOINT_SERVE_BURST, one chunk (512 KiB) per reply. No torch here (network layer).
 """
@@ -28,20 +28,20 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from seedflood_p2p.network.peers.reputation import PeerBuckets, short_id
 from seedflood_p2p.network.transfer.chunks import fetch_chunks, file_sha256, present_chunks
 from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
-from seedflood_p2p.protocol.wire import (
+from seedflood_p2p.protocol.checkpoint import (
     CHECKPOINT_CHUNK_BYTES,
     CHECKPOINT_QUORUM,
     CHECKPOINT_SERVE_BURST,
     CHECKPOINT_SERVE_RATE,
     MAX_CHECKPOINT_CHUNKS,
     CheckpointOffer,
-    Rejected,
     decode_checkpoint_offer,
     decode_checkpoint_offer_request,
     decode_chunk_request,
@@ -49,12 +49,12 @@ from seedflood_p2p.protocol.wire import (
     encode_checkpoint_offer_request,
     encode_chunk_request,
 )
+from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.storage.checkpoint import META_FILE, WEIGHTS_FILE
 
 log = logging.getLogger("seedflood.checkpoints")
 
 SERVED_LINKS = 2  # links kept open for joiners mid download when a newer one appears
-CORRUPT_TEST_HOOK = "corrupt"  # PeerSettings.test_checkpoint: flip a byte of every chunk
 
 
 def file_offer(directory: Path) -> CheckpointOffer:
@@ -77,9 +77,11 @@ def file_offer(directory: Path) -> CheckpointOffer:
 class CheckpointServer:
     """Answers offers and chunk requests for the links it was given (`publish`)."""
 
-    def __init__(self, node, test_hook: str = "") -> None:
+    def __init__(self, node, served: Callable[[bytes], bytes] = lambda data: data) -> None:
         self.node = node  # FloodNode: run id, refusals, reputation, metrics
-        self.test_hook = test_hook
+        # a chunk as it is sent, from the file's bytes (the peer's Behaviour: unchanged, but
+        # for a test's peer that serves bad bytes; peer/behaviour.py)
+        self.served = served
         self._links: dict[bytes, tuple[CheckpointOffer, object]] = {}  # file sha -> (offer, file)
         self._newest: CheckpointOffer | None = None
         self._served = PeerBuckets(CHECKPOINT_SERVE_RATE, CHECKPOINT_SERVE_BURST)
@@ -128,10 +130,7 @@ class CheckpointServer:
             self.node.metrics.served_refused.labels("rate_limited").inc()
             self.node.reputation.penalize(requester, "rate_limited")
             return b""
-        data = os.pread(handle.fileno(), end - start, start)
-        if self.test_hook == CORRUPT_TEST_HOOK:  # the test hook: a peer serving bad bytes
-            data = bytes([data[0] ^ 0xFF]) + data[1:]
-        return data
+        return self.served(os.pread(handle.fileno(), end - start, start))
 
 
 @dataclass

@@ -4,7 +4,7 @@ The one download loop behind run assets (network/transfer/assets.py) and checkpo
 (network/transfer/checkpoints.py). The caller opens the partial file (`NAME.part`, sized to the
 file) and says how one chunk is asked of one peer; `fetch_chunks` hands the missing
 chunks out from one queue, so a fast peer serves more. Every chunk is checked as it
-arrives (`wire.check_chunk_bytes`): its length (`chunk_bytes`, the last one shorter)
+arrives (`protocol.checkpoint.check_chunk_bytes`): its length (`chunk_bytes`, the last one shorter)
 and its SHA-256 against the list the offer or listing named. A chunk that fails
 (`Rejected("bad_reply")`) or a call that fails (`RemoteCallError`) goes back in the
 queue and that peer is not asked again during this download; the caller's `on_failure`
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from seedflood_p2p.network.transport.rpc import RemoteCallError
-from seedflood_p2p.protocol.wire import Rejected, check_chunk_bytes
+from seedflood_p2p.protocol.checkpoint import check_chunk_bytes
+from seedflood_p2p.protocol.framing import Rejected
 
 
 def chunk_span(index: int, size: int, chunk_bytes: int) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.core.config import ED25519_PEER_ID_PREFIX
+from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.core.errors import UserError
 
 logger = logging.getLogger(__name__)

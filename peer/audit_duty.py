@@ -1,6 +1,6 @@
 """The peer daemon's audits: on unless the manifest sets `extra.audit = false`.
 
-What the daemon does with `algorithm/audit.py` and `network/gossip/audit_intake.py`:
+What the daemon does with `algorithm/audit_rules.py` and `network/gossip/audit_intake.py`:
 
     train round t on the settled state S_t = base + counted updates of rounds < t - lag
     an accepted update (p, t) of another peer -> audited if our secret draw selects it
@@ -45,28 +45,21 @@ audited.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from itertools import count
 
-from seedflood_p2p.algorithm.audit import (
-    AuditSettings,
-    audit_draw,
-    audit_rate,
-    cheat,
-    recompute,
-    selects,
-)
+from seedflood_p2p.algorithm.audit_rules import audit_draw, audit_rate, recompute, selects
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.probation import NEVER, ProbationSettings, Standing, standing
-from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.algorithm.probation import NEVER, Standing, standing
+from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
-from seedflood_p2p.protocol.wire import audit_topic_for, decode_held, encode_audit
+from seedflood_p2p.protocol.update import decode_held
 from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
@@ -79,63 +72,6 @@ MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch
 PROBATION_LATE_STATES = 2
 HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
-
-# `--test-cheat` is a TEST HOOK, not a feature: the peer publishes a cheater's scalars
-# (algorithm/audit.py:cheat) so tests and bench/bench_audit_daemon.py can show audits catch
-# it. Refused unless the environment sets TEST_HOOKS_ENV=1: a flag alone, e.g. copied from
-# a test into a config file, must not turn a volunteer into a cheater.
-# "turn": honest while on probation, then negating ("flip") from the first update it sends
-# once its own ledger's standing says it is established (it stays turned after a ban).
-TEST_CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3", "turn": "sign-flip"}
-TEST_HOOKS_ENV = "SEEDFLOOD_TEST_HOOKS"
-RANDOM_POOL_ROUNDS = 4  # "random" draws among others' claims of this many recent rounds
-_TURNED: set[bytes] = set()  # "turn" peers of this process that have turned
-
-
-def check_test_cheat(value: str, environ: Mapping[str, str]) -> None:
-    """A readable refusal of a bad `--test-cheat` (unknown, or test hooks not switched on)."""
-    if not value:
-        return
-    if value not in TEST_CHEATS:
-        raise UserError(f"--test-cheat must be one of {sorted(TEST_CHEATS)} (a test hook)")
-    if environ.get(TEST_HOOKS_ENV) != "1":
-        raise UserError(
-            f"--test-cheat is a test hook (it makes this peer cheat): set {TEST_HOOKS_ENV}=1 "
-            "in the environment of a test run to use it, never in a real run"
-        )
-
-
-def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
-    """The test hook's update: `message` (the honest one) as the `--test-cheat` HOW cheater
-    sends it. "random" picks one of the other peers' claims of the last few rounds (the
-    size of an honest scalar), seeded by (peer, round) so a rerun cheats the same way.
-    "turn" sends the honest update until the ledger's standing (as `seedflood replay`
-    judges it) has this peer established, then negates for good."""
-    if how == "turn" and not _turned(message.peer, ledger):
-        return message
-    pool = [
-        m.scalars
-        for m in ledger.messages(max(0, message.round - RANDOM_POOL_ROUNDS), message.round - 1)
-        if m.peer != message.peer
-    ]
-    rng = random.Random(f"{message.peer.hex()}/{message.round}")
-    return UpdateMessage(
-        message.round, message.peer, cheat(TEST_CHEATS[how], message.scalars, pool, rng)
-    )
-
-
-def _turned(peer: bytes, ledger: Ledger) -> bool:
-    """Has the "turn" test hook's peer been established in its own ledger's view?"""
-    if peer not in _TURNED:
-        from seedflood_p2p.algorithm.probation import standing_of_ledger
-        from seedflood_p2p.core.config import RunConfig
-
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
-        probation = ProbationSettings.of(config)
-        st = standing_of_ledger(ledger, AuditSettings.of(config.extra), probation)
-        if probation.enabled and peer in st.established and peer not in st.founders:
-            _TURNED.add(peer)
-    return peer in _TURNED
 
 
 class PeerAudits:
@@ -182,8 +118,7 @@ class PeerAudits:
         self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
         self.round = 0  # the round we are training (take_settled)
         self._clock = count()
-        self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of each row met
-        self._held_memo: tuple | None = None  # (applied list, rows summed, keys, digest)
+        self.held = HeldDigests()  # the held-state digests of our weights and senders' states
         self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -240,7 +175,7 @@ class PeerAudits:
         ledger's judgement (what a replay applies, what a checkpoint is labelled with), the
         waiting ones whose vouch takes effect after our last round included. (Training on
         after this, e.g. /finish raised while lingering, would start from that state.)"""
-        # a settled prefix past every effective round (`at` <= wire.MAX_ROUND < NEVER), so
+        # a settled prefix past every effective round (`at` <= config.MAX_ROUND < NEVER), so
         # every vouch and ban counts as in the whole ledger's standing, a replay's
         self.round = NEVER + self.settings.lag
         due = [m for m in self.waiting if self.is_counted(m)]
@@ -408,28 +343,8 @@ class PeerAudits:
             self.cpu_seconds["train"] += time.thread_time() - started
 
     def held_digest(self) -> int:
-        """The digest of the rows the weights hold (`applied`: one hash per (peer, round),
-        so an equivocation's swap, three rows applied for one key, counts once). Kept up to
-        date from the rows appended since the last call; a list rebuilt (a ban took rows
-        back, a restore) is summed again."""
-        applied, memo = self.applied, self._held_memo
-        if memo is not None and memo[0] is applied and memo[1] <= len(applied):
-            _, start, keys, total = memo
-        else:
-            start, keys, total = 0, set(), 0
-        for m in applied[start:]:
-            key = (m.peer, m.round)
-            if key not in keys:
-                keys.add(key)
-                total = (total + self._row_hash(key)) & MASK
-        self._held_memo = (applied, len(applied), keys, total)
-        return total
-
-    def _row_hash(self, key: tuple[bytes, int]) -> int:
-        h = self._hashes.get(key)
-        if h is None:
-            h = self._hashes[key] = row_hash(*key)
-        return h
+        """The digest of the rows the weights hold (`applied`)."""
+        return self.held.of(self.applied)
 
     def _recompute(self, message: UpdateMessage, engine, tokenizer, task) -> tuple[float, ...]:
         """One recomputation, its CPU time counted as "audit"."""
@@ -507,7 +422,7 @@ class PeerAudits:
 
     def set_banned(self, after: dict[bytes, str]) -> list[bytes]:
         """`set_standing` without probation: only bans change what counts."""
-        from seedflood_p2p.algorithm.audit import Judgement
+        from seedflood_p2p.algorithm.audit_rules import Judgement
 
         return self.set_standing(
             Standing(
@@ -580,16 +495,9 @@ class PeerAudits:
 
     def _held_missing(self, peer: bytes, round_: int, held: int) -> list[UpdateMessage] | None:
         """The updates of S_round the sender of (peer, round_) lacked by its held-state
-        digest `held` ([]: none), or None if no honest pattern explains it
-        (`held_state.find_missing`; rows older than HELD_WINDOW rounds are not searched)."""
-        state = self._state(round_)
-        hashes = {(m.peer, m.round): self._row_hash((m.peer, m.round)) for m in state}
+        digest `held` ([]: none), or None if no honest pattern explains it."""
         since = round_ - self.settings.lag - HELD_WINDOW
-        keys = find_missing(hashes, held, peer, since)
-        if keys is None:
-            return None
-        lacked = set(keys)
-        return [m for m in state if (m.peer, m.round) in lacked]
+        return self.held.missing(self._state(round_), held, peer, since)
 
     def _is_probation_work(self, peer: bytes, why: str) -> bool:
         """Is an audit of `peer`'s update paid from the verification budget: a probation
@@ -600,64 +508,8 @@ class PeerAudits:
 
     def _late_states(self, peer: bytes, round_: int) -> list[tuple[str, list[UpdateMessage]]]:
         """Sets of updates of S_round the sender of (peer, round_) may not have held when it
-        trained, most likely first, at most MAX_LATE_STATES.
-
-        Updates spread to everyone in about the same order, and each peer's in round
-        order. So the sender most likely lacked the updates of S_round that reached us in
-        a later round of ours than its update did (`after`); of those that reached us in
-        the same round (`tied`: a burst, e.g. after we slept), it may have lacked the
-        latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
-        updates in `after` first: a straggler); and it may have got the first one or two
-        of `after` just before it trained. Last, the newest-arrived 1, 2, ... updates. Its
-        own updates it held; one without an arrival stamp (restored at start) counts as old;
-        a peer banned in S_round has none there (bans are timed, `probation.Standing.counts_at`).
-
-        Rows that count by a vouch or an establishment (on probation) need no retry of
-        their own: they are in S_round only from the round their record takes effect in
-        (`probation.Standing.count_from`), which the sender held as it held the rows; one
-        whose record reached us late was applied as a late row (its arrival is then).
-
-        Each state comes with its kind ("after", "straggler", "first-of-after",
-        "straggler-newest", "newest"): `late_matches` counts which kinds matched, the data
-        to cut retries on (every mismatch, a cheater's too, tries up to MAX_LATE_STATES)."""
-        settled = {(m.peer, m.round): m for m in self._state(round_) if m.peer != peer}
-        stamped = sorted(
-            ((self.arrival[key], key) for key in settled if key in self.arrival), reverse=True
-        )
-        heard = self.arrival.get((peer, round_))
-        after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
-        candidates: list[tuple[str, list[UpdateMessage]]] = []
-        if heard is not None:
-            tied: dict[bytes, list[UpdateMessage]] = {}
-            for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
-                tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
-            stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
-            candidates.append(("after", after))
-            candidates += [("straggler", after + tied[q]) for q in stragglers]
-            # ... or it got the first of `after` just before it trained (newest first)
-            candidates += [("first-of-after", after[:-j]) for j in (1, 2) if len(after) > j]
-            most = min(MAX_LATE_STATES, max((len(rows) for rows in tied.values()), default=0))
-            candidates += [
-                ("straggler-newest", after + tied[q][:j])
-                for q in stragglers
-                for j in range(1, most)
-            ]
-        # Last, the newest-arrived 1, 2, ... (a sender whose wait for holes ran out, or one
-        # that lost gossip). While these were cut to 2 for a known arrival (1dcc5ba), an
-        # honest peer dropping 30% of gossip was banned in 1 of 3 CI runs of
-        # tests/test_round_mean_daemon.py: a false conviction costs the run an honest peer,
-        # a cheater's retries only CPU (a probationer's are few and paid, above).
-        newest = [settled[key] for _, key in stamped[:MAX_LATE_STATES]]
-        candidates += [("newest", newest[:j]) for j in range(1, len(newest) + 1)]
-        states, seen = [], set()
-        for kind, rows in candidates:
-            key = frozenset((m.peer, m.round) for m in rows)
-            if rows and key not in seen:
-                seen.add(key)
-                states.append((kind, rows))
-            if len(states) == MAX_LATE_STATES:
-                break
-        return states
+        trained, most likely first (`late_states`)."""
+        return late_states(self._state(round_), self.arrival, peer, round_)
 
     def _in_state(self, message: UpdateMessage, round_: int) -> bool:
         """Is update `message` in S_round: of a round < round_ - lag, and counted there (not
@@ -690,6 +542,116 @@ class PeerAudits:
             return compute()
         finally:
             self.live.load_state(saved)
+
+
+class HeldDigests:
+    """Held-state digests (`protocol/held_state.py`): of the rows our weights hold, kept up
+    to date as rows are applied, and the search for the rows a sender's digest says it
+    lacked. Each row's hash is computed once."""
+
+    def __init__(self) -> None:
+        self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of each row met
+        self._memo: tuple | None = None  # (applied list, rows summed, keys, digest)
+
+    def of(self, applied: list[UpdateMessage]) -> int:
+        """The digest of the rows `applied` (one hash per (peer, round), so an
+        equivocation's swap, three rows applied for one key, counts once). Kept up to date
+        from the rows appended since the last call; a list rebuilt (a ban took rows back, a
+        restore) is summed again."""
+        memo = self._memo
+        if memo is not None and memo[0] is applied and memo[1] <= len(applied):
+            _, start, keys, total = memo
+        else:
+            start, keys, total = 0, set(), 0
+        for m in applied[start:]:
+            key = (m.peer, m.round)
+            if key not in keys:
+                keys.add(key)
+                total = (total + self._row_hash(key)) & MASK
+        self._memo = (applied, len(applied), keys, total)
+        return total
+
+    def missing(
+        self, state: list[UpdateMessage], held: int, peer: bytes, since: int
+    ) -> list[UpdateMessage] | None:
+        """The updates of `state` that the sender of `peer`'s update lacked by its digest
+        `held` ([]: none), or None if no honest pattern explains it
+        (`held_state.find_missing`; rows of rounds before `since` are not searched)."""
+        hashes = {(m.peer, m.round): self._row_hash((m.peer, m.round)) for m in state}
+        keys = find_missing(hashes, held, peer, since)
+        if keys is None:
+            return None
+        lacked = set(keys)
+        return [m for m in state if (m.peer, m.round) in lacked]
+
+    def _row_hash(self, key: tuple[bytes, int]) -> int:
+        h = self._hashes.get(key)
+        if h is None:
+            h = self._hashes[key] = row_hash(*key)
+        return h
+
+
+def late_states(
+    state: list[UpdateMessage],
+    arrival: Mapping[tuple[bytes, int], tuple[int, int]],
+    peer: bytes,
+    round_: int,
+) -> list[tuple[str, list[UpdateMessage]]]:
+    """Sets of updates of S_round the sender of (peer, round_) may not have held when it
+    trained, most likely first, at most MAX_LATE_STATES.
+
+    Updates spread to everyone in about the same order, and each peer's in round
+    order. So the sender most likely lacked the updates of S_round that reached us in
+    a later round of ours than its update did (`after`); of those that reached us in
+    the same round (`tied`: a burst, e.g. after we slept), it may have lacked the
+    latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
+    updates in `after` first: a straggler); and it may have got the first one or two
+    of `after` just before it trained. Last, the newest-arrived 1, 2, ... updates. Its
+    own updates it held; one without an arrival stamp (restored at start) counts as old;
+    a peer banned in S_round has none there (bans are timed, `probation.Standing.counts_at`).
+
+    Rows that count by a vouch or an establishment (on probation) need no retry of
+    their own: they are in S_round only from the round their record takes effect in
+    (`probation.Standing.count_from`), which the sender held as it held the rows; one
+    whose record reached us late was applied as a late row (its arrival is then).
+
+    Each state comes with its kind ("after", "straggler", "first-of-after",
+    "straggler-newest", "newest"): `late_matches` counts which kinds matched, the data
+    to cut retries on (every mismatch, a cheater's too, tries up to MAX_LATE_STATES)."""
+    settled = {(m.peer, m.round): m for m in state if m.peer != peer}
+    stamped = sorted(((arrival[key], key) for key in settled if key in arrival), reverse=True)
+    heard = arrival.get((peer, round_))
+    after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
+    candidates: list[tuple[str, list[UpdateMessage]]] = []
+    if heard is not None:
+        tied: dict[bytes, list[UpdateMessage]] = {}
+        for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
+            tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
+        stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
+        candidates.append(("after", after))
+        candidates += [("straggler", after + tied[q]) for q in stragglers]
+        # ... or it got the first of `after` just before it trained (newest first)
+        candidates += [("first-of-after", after[:-j]) for j in (1, 2) if len(after) > j]
+        most = min(MAX_LATE_STATES, max((len(rows) for rows in tied.values()), default=0))
+        candidates += [
+            ("straggler-newest", after + tied[q][:j]) for q in stragglers for j in range(1, most)
+        ]
+    # Last, the newest-arrived 1, 2, ... (a sender whose wait for holes ran out, or one
+    # that lost gossip). While these were cut to 2 for a known arrival (1dcc5ba), an
+    # honest peer dropping 30% of gossip was banned in 1 of 3 CI runs of
+    # tests/test_round_mean_daemon.py: a false conviction costs the run an honest peer,
+    # a cheater's retries only CPU (a probationer's are few and paid, above).
+    newest = [settled[key] for _, key in stamped[:MAX_LATE_STATES]]
+    candidates += [("newest", newest[:j]) for j in range(1, len(newest) + 1)]
+    states, seen = [], set()
+    for kind, rows in candidates:
+        key = frozenset((m.peer, m.round) for m in rows)
+        if rows and key not in seen:
+            seen.add(key)
+            states.append((kind, rows))
+        if len(states) == MAX_LATE_STATES:
+            break
+    return states
 
 
 class DaemonAudits:

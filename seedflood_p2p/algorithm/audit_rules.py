@@ -4,7 +4,8 @@ An update (peer p, round t, scalars g) is a pure function of the model p trained
 the minibatch and the directions both come from (run, p, t). An auditor recomputes it
 on its own live model and compares. Live models differ by which recent updates are
 merged, so an honest recomputation is close to, not equal to, the claim; `AuditRule`
-says how close (set from bench/results/audit_mismatch.md).
+(core/extra_settings.py, a run's `AuditSettings.rule`) says how close (set from
+bench/results/audit_mismatch.md).
 
 Everything here is a pure function: who audits what (`audit_draw`, `selects`), the
 recomputation (`recompute`), the comparison (`AuditRule`), and what a set of audit
@@ -41,8 +42,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from seedflood_p2p.core.extra_settings import AuditSettings
 from seedflood_p2p.core.rng import derive_key
-from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 
 # ------------------------------------------------------------------------ who audits what
 
@@ -80,25 +82,6 @@ def rounds_to_catch(rate: float, honest_auditors: int, confidence: float = 0.99)
     return math.ceil(math.log(1 - confidence) / math.log(1 - p))
 
 
-# ------------------------------------------------------------------ cheaters (test hooks)
-
-CHEATS = ("sign-flip", "random", "scale3")  # what a cheater sends instead of its scalars g
-
-
-def cheat(kind: str, scalars: tuple[float, ...], pool: list[tuple[float, ...]], rng) -> tuple:
-    """What a cheater of `kind` sends instead of its honest `scalars` (float16 as on the
-    wire): "sign-flip" -g, "scale3" 3 g, "random" one of the honest claims in `pool`
-    (chosen with `rng`): the size of an honest scalar, pointing nowhere it computed. For
-    the simulator and the daemon's test hook (`--test-cheat`), never a feature."""
-    if kind == "sign-flip":
-        return quantize_scalars([-x for x in scalars])
-    if kind == "scale3":
-        return quantize_scalars([3 * x for x in scalars])
-    if kind != "random":
-        raise ValueError(f"unknown cheat {kind!r}: one of {CHEATS}")
-    return rng.choice(pool) if pool else scalars
-
-
 # ---------------------------------------------------------------------- the recomputation
 
 
@@ -114,29 +97,6 @@ def recompute(
     return recomputed.scalars
 
 
-@dataclass(frozen=True)
-class AuditRule:
-    """When does a recomputed update contradict the claim?
-
-    Per scalar, |claimed - recomputed| > max(absolute, relative * max(|claimed|,
-    |recomputed|)). `relative` bounds the honest disagreement of two live models that
-    differ by a few rounds of merged updates; `absolute` keeps scalars near zero (where
-    a relative error means nothing) from accusing anyone. Defaults: from the measured
-    honest mismatch, bench/results/audit_mismatch.md.
-    """
-
-    relative: float = 0.5
-    absolute: float = 0.05
-
-    def mismatches(self, claimed: Iterable[float], recomputed: Iterable[float]) -> bool:
-        c = np.asarray(tuple(claimed), dtype=np.float64)
-        r = np.asarray(tuple(recomputed), dtype=np.float64)
-        if c.shape != r.shape:
-            return True
-        bound = np.maximum(self.absolute, self.relative * np.maximum(np.abs(c), np.abs(r)))
-        return bool(np.any(np.abs(c - r) > bound))
-
-
 def relative_error(claimed: Iterable[float], recomputed: Iterable[float]) -> float:
     """max_j |c_j - r_j| / max(|c_j|, |r_j|): the measure the bench reports (0 if both 0)."""
     c = np.asarray(tuple(claimed), dtype=np.float64)
@@ -145,85 +105,6 @@ def relative_error(claimed: Iterable[float], recomputed: Iterable[float]) -> flo
     with np.errstate(invalid="ignore", divide="ignore"):
         rel = np.where(scale > 0, np.abs(c - r) / scale, 0.0)
     return float(rel.max())
-
-
-# ---------------------------------------------------------------- settings of a run
-
-
-@dataclass(frozen=True)
-class AuditSettings:
-    """A run's audit rules, from its manifest (`RunConfig.extra["audit"]`, so a run without
-    them keeps its run id). Every peer must judge with the same settings.
-
-    lag: the settled state an update is computed on and audited against: round t's update
-    is computed on base + every counted update of rounds < t - lag. 0 is lockstep (the
-    simulator, `seedflood train`). The measured honest mismatch on a live model one round
-    apart is tens of percent of the scalar (bench/results/audit_mismatch-*.md), on the
-    same state it is zero, so the audit needs an agreed state.
-    """
-
-    enabled: bool = False
-    cpu_share: float = 0.10  # of a peer's training CPU spent on audits (the production rate)
-    lag: int = 0
-    relative: float = 0.01
-    absolute: float = 0.002
-    quorum: int = 3  # votes of one kind (and a majority) that decide a case
-
-    @property
-    def rule(self) -> AuditRule:
-        return AuditRule(relative=self.relative, absolute=self.absolute)
-
-    @property
-    def delay(self) -> int:
-        """Rounds an audit of round t waits: it is done when the auditor trains round
-        t + delay at the earliest (peer/audits.py `ready`), so an honest record of round t
-        is published at t + delay or later (its `at`)."""
-        return self.lag + 3
-
-    @classmethod
-    def of(cls, extra: Mapping) -> AuditSettings:
-        """From a manifest's `extra`; an unknown key or a bad value is a UserError line.
-
-        Secure by default: a manifest without `extra.audit` has audits at the production
-        settings (`DEFAULT_AUDIT`); only `audit = false` (or `enabled = false`) turns them
-        off. A ledger without audit records judges the same either way (nothing is voided),
-        so an older run without the key replays as before."""
-        from seedflood_p2p.core.errors import UserError
-
-        body = extra.get("audit", DEFAULT_AUDIT)
-        if body is None or body is False:
-            return cls()
-        if body is True:
-            return cls(enabled=True)
-        if not isinstance(body, Mapping):
-            raise UserError("run setting extra.audit must be true, false or a table of settings")
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise UserError(
-                f"run setting extra.audit has unknown keys {unknown}: known {sorted(known)}"
-            )
-        settings = cls(**{"enabled": True, **body})
-        problems = []
-        if not isinstance(settings.enabled, bool):
-            problems.append("enabled must be true or false")
-        if not (isinstance(settings.lag, int) and 0 <= settings.lag <= 1000):
-            problems.append("lag must be an integer 0..1000")
-        if not (isinstance(settings.quorum, int) and 1 <= settings.quorum <= 1000):
-            problems.append("quorum must be an integer 1..1000")
-        for name in ("cpu_share", "relative", "absolute"):
-            value = getattr(settings, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                problems.append(f"{name} must be a finite number >= 0")
-        if problems:
-            raise UserError("run setting extra.audit: " + "; ".join(problems))
-        return settings
-
-
-# What a run whose manifest does not mention `extra.audit` gets: audits on at 10% of the
-# training CPU. lag 3: the daemon's default --max-staleness is 2, so every peer holds the
-# updates of rounds < t - 3 when it trains round t.
-DEFAULT_AUDIT: Mapping = {"lag": 3, "cpu_share": 0.10, "quorum": 3}
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -253,7 +134,7 @@ class Judgement:
 
 def choose_records(records: Iterable[AuditRecord]) -> dict[tuple[bytes, int, bytes], AuditRecord]:
     """One record per (accused, round, auditor): of two, the smaller scalars (as
-    `wire.keeps_new` orders equivocations); the accused's own records are left out."""
+    `protocol.update.keeps_new` orders equivocations); the accused's own records are left out."""
     chosen: dict[tuple[bytes, int, bytes], AuditRecord] = {}
     for record in records:
         if record.auditor == record.accused:
@@ -277,7 +158,7 @@ def judge(
     A pure function of its arguments: the same ledger judges the same everywhere, whatever
     order its records arrived in. Only cases with at least one mismatch exist (a published
     match alone accuses no one). An auditor's votes count once per case (of two records
-    from one auditor for one update, the smaller scalars, as `wire.keeps_new` orders
+    from one auditor for one update, the smaller scalars, as `protocol.update.keeps_new` orders
     equivocations); the accused's own records do not count. With `voters` (probation:
     the established identities), only their records vote. With a `court` (probation: the
     run's founders), a case any member of the court voted on is decided by the court's

@@ -13,7 +13,7 @@ also skip the work):
     random      a scalar drawn from the honest claims seen so far (size of an honest one)
     scale3      3 g
 
-Audits (`algorithm/audit.py`): honest auditor a audits update (p, t) when its secret
+Audits (`algorithm/audit_rules.py`): honest auditor a audits update (p, t) when its secret
 draw selects it (rate = cpu_share / (n - 1)); a mismatch is an accusation; every honest
 peer then re-checks the update and votes; cheaters vouch for each other's updates (a
 match vote for every accusation against a fellow cheater) and accuse nobody. Records
@@ -45,11 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from seedflood_p2p.algorithm.audit import (
-    CHEATS,
-    AuditSettings,
+from seedflood_p2p.algorithm.audit_rules import (
     audit_rate,
-    cheat,
     judge,
     p_audited,
     recompute,
@@ -57,16 +54,32 @@ from seedflood_p2p.algorithm.audit import (
     verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import ProbationSettings, standing
+from seedflood_p2p.algorithm.probation import standing
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import evaluate, zo_step
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
-from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
+from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
 from seedflood_p2p.workload.models import load_model
 from seedflood_p2p.workload.tasks import load_run_task
 
+CHEATS = ("sign-flip", "random", "scale3")  # what a cheater sends instead of its scalars g
 SYBIL_KINDS = ("honest", "late-flip")  # simulator-only behaviours of new identities
+
+
+def cheat(kind: str, scalars: tuple[float, ...], pool: list[tuple[float, ...]], rng) -> tuple:
+    """What a cheater of `kind` sends instead of its honest `scalars` (float16 as on the
+    wire): "sign-flip" -g, "scale3" 3 g, "random" one of the honest claims in `pool`
+    (chosen with `rng`): the size of an honest scalar, pointing nowhere it computed. The
+    simulator's cheaters, and the tests' cheating daemon (tests/helpers/hooked_peer.py)."""
+    if kind == "sign-flip":
+        return quantize_scalars([-x for x in scalars])
+    if kind == "scale3":
+        return quantize_scalars([3 * x for x in scalars])
+    if kind != "random":
+        raise ValueError(f"unknown cheat {kind!r}: one of {CHEATS}")
+    return rng.choice(pool) if pool else scalars
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,7 @@
+"""`python -m seedflood ...`: the `seedflood` command."""
+
+import sys
+
+from seedflood.cli import main
+
+sys.exit(main())

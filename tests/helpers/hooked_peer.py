@@ -1,0 +1,162 @@
+"""A peer daemon that misbehaves on purpose, for the tests and benchmarks that show the
+honest peers catch it or cope: `seedflood peer` run with a `Behaviour` of its own
+(peer/behaviour.py). `seedflood peer` has no switch for any of this; this program,
+outside the product, is the only way to run such a peer.
+
+    python tests/helpers/hooked_peer.py [--log-format json] peer
+        [--cheat HOW] [--checkpoint corrupt|forge] [--drop-incoming F] FLAGS...
+
+FLAGS are those of `seedflood peer`. The misbehaviours:
+
+    --cheat flip|random|x3   publish a cheater's scalars instead of its own (the
+                             simulator's cheats, sim/audit_sim.py:cheat); it still audits
+                             honestly
+    --cheat turn             honest while on probation, then "flip" from the first update
+                             after its own ledger's standing has it established, for good
+    --checkpoint corrupt     serve checkpoint chunks with a flipped byte
+    --checkpoint forge       offer a forged chain link (a tensor shifted, hashes consistent)
+    --drop-incoming F        discard this fraction of incoming gossip (repair fills it in)
+
+tests/helpers/cluster.py:start_hooked_peer starts one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+from pathlib import Path
+
+# As the `seedflood` command does, before torch is imported (seedflood/cli.py says why).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from peer import command  # noqa: E402
+from peer.behaviour import Behaviour  # noqa: E402
+from peer.daemon import run_peer  # noqa: E402
+from seedflood_p2p.core.errors import UserError  # noqa: E402
+from seedflood_p2p.core.logs import setup_logging  # noqa: E402
+from seedflood_p2p.protocol.message import UpdateMessage  # noqa: E402
+from seedflood_p2p.sim.audit_sim import cheat  # noqa: E402
+from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
+
+CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3", "turn": "sign-flip"}
+RANDOM_POOL_ROUNDS = 4  # "random" draws among others' claims of this many recent rounds
+_TURNED: set[bytes] = set()  # "turn" peers of this process that have turned
+
+
+def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
+    """`message` (the honest update) as the `--cheat HOW` cheater sends it. "random" picks
+    one of the other peers' claims of the last few rounds (the size of an honest scalar),
+    seeded by (peer, round) so a rerun cheats the same way. "turn" sends the honest update
+    until the ledger's standing (as `seedflood replay` judges it) has this peer
+    established, then negates for good."""
+    if how == "turn" and not _turned(message.peer, ledger):
+        return message
+    pool = [
+        m.scalars
+        for m in ledger.messages(max(0, message.round - RANDOM_POOL_ROUNDS), message.round - 1)
+        if m.peer != message.peer
+    ]
+    rng = random.Random(f"{message.peer.hex()}/{message.round}")
+    return UpdateMessage(
+        message.round, message.peer, cheat(CHEATS[how], message.scalars, pool, rng)
+    )
+
+
+def _turned(peer: bytes, ledger: Ledger) -> bool:
+    """Has the "turn" cheater been established in its own ledger's view?"""
+    if peer not in _TURNED:
+        from seedflood_p2p.algorithm.probation import standing_of_ledger
+        from seedflood_p2p.core.config import RunConfig
+
+        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        probation = config.probation
+        st = standing_of_ledger(ledger, config.audit, probation)
+        if probation.enabled and peer in st.established and peer not in st.founders:
+            _TURNED.add(peer)
+    return peer in _TURNED
+
+
+def forge_link(directory: Path) -> Path:
+    """A copy of the chain link in `directory` with one tensor shifted, its hashes made
+    consistent (DIRECTORY/forged)."""
+    from seedflood_p2p.storage.checkpoint import (
+        read_checkpoint_meta,
+        read_checkpoint_weights,
+        tensors_sha256,
+        write_checkpoint,
+    )
+
+    weights = read_checkpoint_weights(directory, "cpu")
+    first = sorted(weights)[0]
+    weights[first] = weights[first] + 0.01
+    meta = read_checkpoint_meta(directory)
+    meta["weights_sha256"] = tensors_sha256(weights)
+    forged = directory / "forged"
+    forged.mkdir(exist_ok=True)
+    write_checkpoint(forged, weights, meta)
+    return forged
+
+
+class Hooked(Behaviour):
+    """The misbehaviours the flags ask for; honest in everything else."""
+
+    def __init__(self, cheat: str = "", checkpoint: str = "", drop_incoming: float = 0.0):
+        self.cheat = cheat
+        self.checkpoint = checkpoint
+        self.drop_incoming = drop_incoming
+        self.losses = random.Random()
+
+    def update(self, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
+        return cheated(self.cheat, message, ledger) if self.cheat else message
+
+    async def served_link(self, directory: Path) -> Path:
+        if self.checkpoint == "forge":
+            return await asyncio.to_thread(forge_link, directory)
+        return directory
+
+    def served_chunk(self, data: bytes) -> bytes:
+        if self.checkpoint == "corrupt":
+            return bytes([data[0] ^ 0xFF]) + data[1:]
+        return data
+
+    def hears(self) -> bool:
+        return self.losses.random() >= self.drop_incoming
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction from 0 to 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hooked_peer", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    parser.add_argument("--log-format", choices=["text", "json"], default="text")
+    parser.add_argument("command", choices=["peer"], help="as `seedflood peer`")
+    parser.add_argument("--cheat", choices=sorted(CHEATS), default="")
+    parser.add_argument("--checkpoint", choices=["corrupt", "forge"], default="")
+    parser.add_argument("--drop-incoming", type=fraction, default=0.0)
+    command.add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_format, "INFO")
+    behaviour = Hooked(args.cheat, args.checkpoint, args.drop_incoming)
+    try:
+        run_peer(command.settings_from_args(args), behaviour)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
