@@ -1,0 +1,837 @@
+"""The ingest ceiling of one peer daemon (issue 46 item 1): pre-signed, valid updates from
+M Ed25519 identities flooded at rising rates into one real `seedflood peer` and its p2pd.
+
+    PYTHONPATH=. python bench/bench_ingest.py --model tiny-llama --directions 1 \
+        --identities 1000 10000 [--rates 250 500 1000 2000 4000] [--seconds 8] [--profile]
+
+Setup per (model, k): a bootstrap node creates an open run (no founders, no allow list,
+no tickets: every identity counts; audits on, the default), a peer daemon joins it
+(`--round-interval` paces its own training), and once the peer is ready the bootstrap
+node is stopped, so the peer's p2pd has no mesh peer to forward to and nothing else on
+the machine receives the flood. The publisher (this process) starts its own p2pd (plain
+hivemind P2P: no pubsub router of its own, so its router cannot reset the stream below),
+dials the peer and opens a raw "/meshsub/1.1.0" stream to it (bench/raw_gossip.py), and
+writes one signed GossipSub message per RPC, as a forwarding neighbour does, paced in
+ticks of 5 ms. Message i of a step is identity i mod M's update of round base + i // M:
+one update per identity and round (M = 1,000 at 2,000/s is 2 updates/s per identity, under
+SENDER_RATE), rounds starting at the peer's own round, so every update is inside the
+window; k float16 scalars in [-1, 1] and a held-state digest (audited runs carry one).
+Signing happens before the timed part.
+
+Per step: `sent`, `in_ledger` (rows of those rounds by those identities after the flood
+drained: lost = sent - in_ledger), arrival -> ledger latency (the send time of message j
+of round r against the first poll of the peer's ledger, read-only, every 5 ms, whose count
+of round r reached j + 1: in-order matching, ~5 ms resolution), CPU seconds of the
+daemon's Python process and of its p2pd (/proc/PID/stat utime + stime, before and after,
+the idle rate of a quiet window before the first step subtracted), the daemon's own
+histograms (/metrics: decode, admit (policy + SQLite + hand-on), apply) and RSS. The rates
+rise until a step loses an update or sends below 90% of its rate; the highest lossless
+step is the row's ceiling. `--profile` adds one step at the ceiling (or --profile-rate)
+under py-spy (sampling, --nonblocking) to split the daemon's CPU by stage.
+
+Rows go to bench/results/ingest.json (keyed by model, k, M) as each finishes; a rerun
+skips finished rows (--force redoes them). ingest.md is written from the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import socket
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import raw_gossip as rg  # noqa: E402
+
+from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer  # noqa: E402
+from seedflood_p2p.core.config import RunConfig  # noqa: E402
+from seedflood_p2p.protocol.framing import topic_for  # noqa: E402
+from seedflood_p2p.protocol.message import quantize_scalars  # noqa: E402
+from seedflood_p2p.protocol.update import encode_update  # noqa: E402
+
+OUT = ROOT / "bench" / "results"
+TICK = 0.005  # seconds between the publisher's writes
+POLL = 0.005  # seconds between ledger polls
+CLK = os.sysconf("SC_CLK_TCK")
+MAX_MESSAGES = 120_000  # per step
+
+
+def run_config(model: str, k: int) -> RunConfig:
+    if model == "tiny-llama":
+        return RunConfig(
+            model="tiny-llama",
+            dataset="synthetic-sentiment",
+            rank=4,
+            refresh_period=5,
+            lr=8e-3,
+            n_ref=4,
+            batch_size=max(8, k),
+            directions=k,
+            salt="bench-ingest",
+        )
+    return RunConfig(
+        model=model,
+        dataset="mr",
+        max_length=32,
+        batch_size=max(8, k),
+        directions=k,
+        salt="bench-ingest",
+    )
+
+
+# -- processes ---------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of `pid` (tid -> seconds); the main thread's tid is pid."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            out[int(task.name)] = cpu_seconds_of(task / "stat")
+    return out
+
+
+def cpu_seconds_of(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def memory(pid: int) -> dict[str, float]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            out[line.split(":")[0]] = int(line.split()[1]) / 1024  # MiB
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                kids = (task / "children").read_text().split()
+                out += [int(c) for c in kids]
+                todo += [int(c) for c in kids]
+    return out
+
+
+def p2pd_of(pid: int) -> int:
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/comm").read_text().strip() == "p2pd":
+                return child
+    raise RuntimeError(f"no p2pd under process {pid}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+        return reply.read().decode()
+
+
+def metric_sums(port: int) -> dict[str, float]:
+    """The daemon's stage histograms: {name: seconds} and {name_count: n}."""
+    wanted = {
+        "seedflood_decode_seconds": "decode",
+        'seedflood_admit_seconds{source="gossip"}': "admit",
+        "seedflood_apply_seconds": "apply",
+    }
+    out: dict[str, float] = {}
+    for line in http(port, "/metrics").splitlines():
+        name, _, number = line.rpartition(" ")
+        for prefix, stage in wanted.items():
+            base, _, labels = prefix.partition("{")
+            for suffix in ("_sum", "_count"):
+                if name == base + suffix + ("{" + labels if labels else ""):
+                    out[stage + suffix] = float(number)
+    return out
+
+
+class Daemon:
+    """A run's bootstrap node and one peer; the bootstrap node stopped once the peer is
+    ready, so the peer is alone with the publisher."""
+
+    def __init__(self, work: Path, config: RunConfig, round_interval: float) -> None:
+        from seedflood_p2p.network.transport.identity import load_or_create_identity
+
+        self.work = work
+        self.config = config
+        boot, address = start_bootstrap(work, config)
+        peer_dir = work / "peer"
+        peer_dir.mkdir(parents=True)
+        self.peer_id = load_or_create_identity(peer_dir / "identity.key")
+        port = free_port()
+        self.address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{self.peer_id.to_base58()}"
+        flags = [
+            *("--round-interval", str(round_interval), "--metrics-port", "0"),
+            *("--listen", f"/ip4/127.0.0.1/tcp/{port}"),
+        ]
+        self.proc: NodeProcess = start_peer(work, "peer", address, flags)
+        try:
+            self._wait_ready()
+        finally:
+            boot.stop()
+        self.pid = self.proc.proc.pid
+        self.p2pd = p2pd_of(self.pid)
+        self.ledger = peer_dir / "ledger.sqlite"
+
+    def _wait_ready(self, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        self.port = None
+        while True:
+            for event in self.proc.events():
+                if event.get("event") == "http":
+                    self.port = event["port"]
+                if event.get("event") == "ready" and self.port is not None:
+                    return
+            if not self.proc.alive or time.monotonic() > deadline:
+                raise RuntimeError(f"the peer did not get ready:\n{self.proc.tail()}")
+            time.sleep(0.3)
+
+    def status(self) -> dict:
+        return json.loads(http(self.port, "/status"))
+
+    def snapshot(self) -> dict:
+        return {
+            "t": time.monotonic(),
+            "daemon_cpu": cpu_seconds(self.pid),
+            "threads": thread_cpu(self.pid),
+            "p2pd_cpu": cpu_seconds(self.p2pd),
+            "daemon_mem": memory(self.pid),
+            "p2pd_mem": memory(self.p2pd),
+            "metrics": metric_sums(self.port),
+        }
+
+    def stop(self) -> None:
+        self.proc.stop(timeout=60)
+
+
+# -- the flood ---------------------------------------------------------------------------
+def build_step(ids, run_id: str, k: int, base: int, count: int, seq0: int, rng) -> list[bytes]:
+    """`count` single-message RPC frames: message i is ids[i % M]'s update of round
+    base + i // M, signed; seqnos from seq0."""
+    topic = topic_for(run_id)
+    frames = []
+    m = len(ids)
+    for i in range(count):
+        scalars = quantize_scalars(rng.uniform(-1, 1, k))
+        held = int(rng.integers(1 << 40, 1 << 63))
+        data = encode_update(run_id, base + i // m, scalars, held)
+        frames.append(rg.rpc(publish=[rg.signed_message(ids[i % m], data, seq0 + i, topic)]))
+    return frames
+
+
+class LedgerPoller(threading.Thread):
+    """Counts the step's rows per round in the peer's ledger every POLL seconds (read-only,
+    only when another connection committed: PRAGMA data_version), and notes when each
+    count was first seen."""
+
+    def __init__(
+        self, path: Path, run_id: str, base: int, last: int, own: bytes, expected: Counter
+    ) -> None:
+        super().__init__(daemon=True)
+        self.expected = expected  # round -> rows the step sends
+        self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        self.run_id, self.base, self.last, self.own = run_id, base, last, own
+        self.seen: dict[int, list[tuple[float, int]]] = {}  # round -> [(time, count)]
+        self.counts: dict[int, int] = {}
+        self.stop_flag = threading.Event()
+
+    def poll(self) -> None:
+        lo = self.base
+        while lo <= self.last and self.counts.get(lo, 0) >= self.full(lo):
+            lo += 1
+        if lo > self.last:
+            return
+        rows = self.db.execute(
+            "SELECT round, count(*) FROM messages WHERE run_id = ? AND round BETWEEN ? AND ? "
+            "AND peer != ? GROUP BY round",
+            (self.run_id, lo, min(self.last, lo + 4), self.own),
+        ).fetchall()
+        now = time.monotonic()
+        for round_, n in rows:
+            if n > self.counts.get(round_, 0):
+                self.counts[round_] = n
+                self.seen.setdefault(round_, []).append((now, n))
+
+    def full(self, round_: int) -> int:
+        return self.expected.get(round_, 0)
+
+    def run(self) -> None:
+        version = None
+        while not self.stop_flag.is_set():
+            v = self.db.execute("PRAGMA data_version").fetchone()[0]
+            if v != version:
+                version = v
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self.poll()
+            time.sleep(POLL)
+        self.db.close()
+
+
+async def flood(stream: rg.RawStream, frames: list[bytes], rate: float, limit: float):
+    """Write frames at `rate` per second (ticks of TICK); each frame's send time. Stops
+    after `limit` seconds whatever was sent."""
+    sent_at = np.zeros(len(frames))
+    t0 = time.monotonic()
+    sent = 0
+    while sent < len(frames):
+        now = time.monotonic()
+        if now - t0 > limit:
+            break
+        due = min(len(frames), int((now - t0) * rate) + 1)
+        if due > sent:
+            await stream.send(b"".join(frames[sent:due]))
+            sent_at[sent:due] = now
+            sent = due
+        await asyncio.sleep(max(0.0, t0 + (sent / rate) - time.monotonic(), TICK / 5))
+    return sent_at[:sent], time.monotonic() - t0
+
+
+def latencies(poller: LedgerPoller, sent_at: np.ndarray, base: int, m: int) -> np.ndarray:
+    out = []
+    for i, t in enumerate(sent_at):
+        round_, j = base + i // m, i % m
+        for seen_t, n in poller.seen.get(round_, []):
+            if n >= j + 1:
+                out.append(seen_t - t)
+                break
+    return np.array(out)
+
+
+def ledger_rows(path: Path, run_id: str, base: int, last: int, own: bytes) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return db.execute(
+            "SELECT count(*) FROM messages WHERE run_id = ? AND round BETWEEN ? AND ? "
+            "AND peer != ?",
+            (run_id, base, last, own),
+        ).fetchone()[0]
+
+
+def thread_split(before, after, pid, idle, window, per) -> dict[str, float]:
+    """The daemon's CPU per update: its event-loop thread (receive, decode, admission,
+    SQLite commits, /status) and its other threads (the model thread: training, apply,
+    audits; torch's and asyncio's worker threads), each with its idle rate subtracted."""
+    main = after["threads"].get(pid, 0.0) - before["threads"].get(pid, 0.0)
+    rest = sum(v - before["threads"].get(t, 0.0) for t, v in after["threads"].items() if t != pid)
+    return {
+        "event loop": round((main - idle["main"] * window) / per * 1e6, 1),
+        "other threads": round((rest - idle["rest"] * window) / per * 1e6, 1),
+    }
+
+
+async def step(
+    daemon: Daemon,
+    stream: rg.RawStream,
+    ids,
+    rate: float,
+    seconds: float,
+    state: dict,
+    idle: dict,
+    publisher_p2pd: int,
+) -> dict:
+    run_id = daemon.run_id
+    m = len(ids)
+    count = min(MAX_MESSAGES, int(rate * seconds))
+    base = max(state["next_round"], daemon.status()["round"])
+    rng = np.random.default_rng(state["seq"])
+    t_sign = time.monotonic()
+    frames = build_step(ids, run_id, daemon.config.directions, base, count, state["seq"], rng)
+    sign_s = time.monotonic() - t_sign
+    last = base + (count - 1) // m
+    state["seq"] += count
+    state["next_round"] = last + 1
+    own = daemon.peer_id.to_bytes()
+    expected = Counter(base + i // m for i in range(count))
+    poller = LedgerPoller(daemon.ledger, run_id, base, last, own, expected)
+    before = daemon.snapshot()
+    pub_before = cpu_seconds(publisher_p2pd)
+    poller.start()
+    sent_at, send_s = await flood(stream, frames, rate, seconds * 1.5 + 5)
+    sent = len(sent_at)
+    # drain: until every row is in, or nothing new for 3 s (at most 60 s)
+    quiet_since, total, deadline = time.monotonic(), -1, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now_total = sum(poller.counts.values())
+        if now_total >= sent:
+            break
+        if now_total != total:
+            total, quiet_since = now_total, time.monotonic()
+        elif time.monotonic() - quiet_since > 3.0:
+            break
+        await asyncio.sleep(0.05)
+    after = daemon.snapshot()
+    pub_after = cpu_seconds(publisher_p2pd)
+    poller.stop_flag.set()
+    poller.join(5)
+    in_ledger = ledger_rows(daemon.ledger, run_id, base, last, own)
+    lat = latencies(poller, sent_at[: min(sent, in_ledger + m)], base, m)
+    window = after["t"] - before["t"]
+    daemon_cpu = after["daemon_cpu"] - before["daemon_cpu"] - idle["daemon"] * window
+    p2pd_cpu = after["p2pd_cpu"] - before["p2pd_cpu"] - idle["p2pd"] * window
+    per = max(in_ledger, 1)
+    metrics = {
+        k: after["metrics"].get(k, 0.0) - before["metrics"].get(k, 0.0) for k in after["metrics"]
+    }
+    row = {
+        "rate": rate,
+        "sent": sent,
+        "send_seconds": round(send_s, 2),
+        "offered_rate": round(sent / send_s, 1) if send_s else 0.0,
+        "in_ledger": in_ledger,
+        "lost": sent - in_ledger,
+        "accepted_rate": round(in_ledger / max(send_s, 1e-9), 1),
+        "rounds": [base, last],
+        "latency_ms": {
+            "p50": round(float(np.percentile(lat, 50)) * 1e3, 1) if len(lat) else None,
+            "p99": round(float(np.percentile(lat, 99)) * 1e3, 1) if len(lat) else None,
+            "max": round(float(lat.max()) * 1e3, 1) if len(lat) else None,
+            "matched": len(lat),
+        },
+        "window_s": round(window, 2),
+        "daemon_cpu_s": round(daemon_cpu, 3),
+        "p2pd_cpu_s": round(p2pd_cpu, 3),
+        "daemon_cpu_us_per_update": round(daemon_cpu / per * 1e6, 1),
+        "daemon_threads_us_per_update": thread_split(before, after, daemon.pid, idle, window, per),
+        "p2pd_cpu_us_per_update": round(p2pd_cpu / per * 1e6, 1),
+        "publisher_p2pd_cpu_us_per_update": round((pub_after - pub_before) / per * 1e6, 1),
+        "stage_us_per_update": {
+            "decode (histogram)": round(metrics.get("decode_sum", 0) / per * 1e6, 1),
+            "admit: policy + SQLite + hand-on (histogram)": round(
+                metrics.get("admit_sum", 0) / per * 1e6, 1
+            ),
+            "apply: SubCGE accumulate + commit, per round (histogram)": round(
+                metrics.get("apply_sum", 0) / per * 1e6, 1
+            ),
+        },
+        "admit_batches": metrics.get("admit_count", 0),
+        "apply_rounds": metrics.get("apply_count", 0),
+        "daemon_rss_mib": after["daemon_mem"].get("VmRSS"),
+        "daemon_peak_rss_mib": after["daemon_mem"].get("VmHWM"),
+        "p2pd_rss_mib": after["p2pd_mem"].get("VmRSS"),
+        "sign_seconds": round(sign_s, 2),
+    }
+    print(
+        f"  rate {rate:>6}/s  sent {sent:>6} in {send_s:5.1f} s  ledger {in_ledger:>6}  "
+        f"lost {row['lost']:>5}  p50/p99 {row['latency_ms']['p50']}/{row['latency_ms']['p99']} ms"
+        f"  daemon {row['daemon_cpu_us_per_update']} us/upd  p2pd "
+        f"{row['p2pd_cpu_us_per_update']} us/upd",
+        flush=True,
+    )
+    return row
+
+
+# -- stage costs: the daemon's own functions, CPU time in this process ----------------------
+STAGE_NOTE = (
+    "Each stage is the daemon's own function, run in the bench process on updates like the "
+    "flood's (CPU time by time.process_time, per update; wall time where it differs: the "
+    "fsync): pubsub delivery = pubsub._read_frame of p2pd's PSMessage frame, "
+    "Subscription._convert, the queue and the Envelope; decode = decode_update; admission = "
+    "Admission.gossip minus Ledger.add (sender rules, window, policy, counters); SQLite = "
+    "Ledger.add (WAL, synchronous=FULL, one transaction per batch of B); audit draw = "
+    "audit_rules.selects (every accepted update), live peers = rounds.live_peers over M "
+    "peers (once per admitted batch, in DaemonAudits.accept); SubCGE = accumulate of one "
+    "round of M updates, apply = LiveModel.apply (accumulate + commit) of that round; "
+    "signature = verify_pubsub_signature (for gossip p2pd makes this check in Go, inside "
+    "its CPU; Python makes it for repair rows)."
+)
+
+
+def _cpu(fn) -> tuple[float, float]:
+    """(process CPU seconds, wall seconds) of fn()."""
+    c, w = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c, time.perf_counter() - w
+
+
+def _ledger_stages(work, run_id, k, own, batch, arrivals, messages, envelopes):
+    """CPU of Admission.gossip and of Ledger.add alone (and its wall time), in batches of
+    `batch`, each on a fresh ledger file."""
+    from seedflood_p2p.network.gossip.admission import Admission
+    from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+    from seedflood_p2p.storage.ledger import Ledger
+
+    n = len(messages)
+    gossip_ledger = Ledger(work / f"g{batch}.sqlite", run_id)
+    add_ledger = Ledger(work / f"a{batch}.sqlite", run_id)
+    admission = Admission(gossip_ledger, k, own, NodeMetrics(), 10)
+    chunks = range(0, n, batch)
+    g_cpu, _ = _cpu(lambda: [admission.gossip(arrivals[j : j + batch]) for j in chunks])
+    a_cpu, a_wall = _cpu(
+        lambda: [add_ledger.add(messages[j : j + batch], envelopes[j : j + batch]) for j in chunks]
+    )
+    if not len(gossip_ledger) == n == len(add_ledger):
+        raise RuntimeError("the stage benchmark lost rows")
+    return g_cpu, a_cpu, a_wall
+
+
+def stage_micro(model: str, k: int, m: int, run_id: str, n: int = 4000) -> dict:
+    """CPU us per update of each stage of the daemon's receive path (STAGE_NOTE)."""
+    from hivemind.proto import p2pd_pb2 as pb
+
+    from seedflood_p2p.algorithm.audit_rules import selects
+    from seedflood_p2p.network.transport import pubsub as ps
+    from seedflood_p2p.protocol.message import Envelope, UpdateMessage
+    from seedflood_p2p.protocol.update import decode_update
+
+    ids = rg.make_identities(min(m, n), "stages")
+    peers = [i.peer_id for i in ids]
+    topic = topic_for(run_id)
+    rng = np.random.default_rng(1)
+    datas, rounds = [], []
+    for i in range(n):
+        scalars = quantize_scalars(rng.uniform(-1, 1, k))
+        rounds.append(5 + i // m)
+        datas.append(
+            encode_update(run_id, rounds[-1], scalars, int(rng.integers(1 << 40, 1 << 62)))
+        )
+    seqnos = [(i + 1).to_bytes(8, "big") for i in range(n)]
+    sigs = [rng.bytes(64) for _ in range(n)]
+    senders = [peers[i % len(peers)] for i in range(n)]
+    out: dict[str, object] = {}
+    us = lambda seconds: round(seconds / n * 1e6, 1)  # noqa: E731
+
+    # pubsub delivery: p2pd's frames through the subscription's reader, converter and queue
+    stream = b""
+    for i in range(n):
+        msg = pb.PSMessage(data=datas[i], seqno=seqnos[i], topicIDs=[topic], signature=sigs[i])
+        setattr(msg, "from", senders[i])
+        body = msg.SerializeToString()
+        stream += rg.uvarint(len(body)) + body
+
+    async def deliver() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(stream)
+        sub = ps.Subscription(None, topic, True, 1 << 20)
+        queue: asyncio.Queue = asyncio.Queue()
+        for _ in range(n):
+            queue.put_nowait(sub._convert(await ps._read_frame(reader, pb.PSMessage)))
+            item = queue.get_nowait()
+            Envelope(item.data, item.seqno_bytes, item.signature)
+
+    cpu, _ = _cpu(lambda: asyncio.run(deliver()))
+    out["pubsub delivery"] = us(cpu)
+    cpu, _ = _cpu(lambda: [decode_update(datas[i], run_id, senders[i], k) for i in range(n)])
+    out["decode"] = us(cpu)
+
+    messages = [decode_update(datas[i], run_id, senders[i], k) for i in range(n)]
+    envelopes = [Envelope(datas[i], seqnos[i], sigs[i]) for i in range(n)]
+    own = rg.make_identities(1, "own")[0].peer_id
+    work = Path(tempfile.mkdtemp(prefix="ingest-stages-"))
+    try:
+        arrivals = list(zip(senders, envelopes, strict=True))
+        for batch in (1, 16, 256):
+            g_cpu, a_cpu, a_wall = _ledger_stages(
+                work, run_id, k, own, batch, arrivals, messages, envelopes
+            )
+            out[f"admission (B={batch})"] = us(g_cpu - a_cpu)
+            out[f"SQLite (B={batch})"] = f"{us(a_cpu)} ({us(a_wall)} wall)"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    secret = bytes(range(64))
+    key = bytes.fromhex(run_id)
+    cpu, _ = _cpu(lambda: [selects(secret, key, senders[i], rounds[i], 1e-4) for i in range(n)])
+    out["audit draw"] = us(cpu)
+    try:
+        from peer.rounds import live_peers
+        from seedflood_p2p.network.gossip.flood import PeerState
+
+        table = {i.to_bytes(38, "big"): PeerState(5, time.monotonic()) for i in range(m)}
+        reps = 200
+        c = time.process_time()
+        for _ in range(reps):
+            len(live_peers(table, 60.0, time.monotonic()))
+        out["live peers, per batch"] = round((time.process_time() - c) / reps * 1e6, 1)
+    except ImportError as exc:  # peer/ is being cut into phases
+        out["live peers, per batch"] = f"n/a ({exc})"
+
+    # SubCGE: one round of M updates into the cores, and apply (accumulate + commit)
+    from seedflood_p2p.algorithm.live import LiveModel
+    from seedflood_p2p.algorithm.subcge import make_estimator
+    from seedflood_p2p.workload.models import load_model
+
+    net, _tok = load_model(model)
+    engine = make_estimator(net, run_config(model, k))
+    round_msgs = [
+        UpdateMessage(
+            7,
+            peers[i % len(peers)] if m <= len(peers) else rg.ed25519_peer_id(i.to_bytes(32, "big")),
+            messages[i % n].scalars,
+        )
+        for i in range(m)
+    ]
+    cpu, _ = _cpu(lambda: engine.accumulate(round_msgs))
+    out["SubCGE accumulate"] = round(cpu / m * 1e6, 1)
+    live = LiveModel(make_estimator(net, run_config(model, k)))
+    cpu, wall = _cpu(lambda: live.apply(round_msgs))
+    out["apply (accumulate + commit), per update of a round of M"] = round(cpu / m * 1e6, 1)
+    out["matrices"] = len(engine.matrices)
+    return out
+
+
+def verify_micro(n: int = 2000) -> float:
+    """us per Ed25519 GossipSub signature check in Python (the check repair makes; p2pd
+    makes the same check in Go for every gossip message before Python sees it)."""
+    from seedflood_p2p.network.transport.identity import verify_pubsub_signature
+
+    ids = rg.make_identities(16, "verify")
+    topic = "sf/0123456789abcdef"
+    items = []
+    for i in range(n):
+        data = b"\x95\x03\xc4\x04abcd\x05\xc4\x02\x00<\xcf" + bytes(8)
+        body_seq = i.to_bytes(8, "big")
+        msg = rg.signed_message(ids[i % 16], data, i, topic)
+        sig = msg[-64:]
+        items.append((ids[i % 16].peer_id, data, body_seq, topic, sig))
+    t = time.perf_counter()
+    for item in items:
+        assert verify_pubsub_signature(*item)
+    return (time.perf_counter() - t) / n * 1e6
+
+
+# -- one row: (model, k, M) -------------------------------------------------------------------
+async def measure(args, model: str, k: int, ms: list[int], done: dict, out_json: Path) -> None:
+    from hivemind.p2p import P2P
+
+    config = run_config(model, k)
+    work = Path(tempfile.mkdtemp(prefix=f"ingest-{model}-k{k}-"))
+    interval = args.round_interval or (1.0 if model == "tiny-llama" else 10.0)
+    print(f"{model} k={k}: starting the run in {work} (round interval {interval} s)", flush=True)
+    daemon = Daemon(work, config, interval)
+    publisher = None
+    try:
+        run_id = daemon.status()["run_id"]  # the bootstrap node hashed the base into it
+        daemon.run_id = run_id
+        publisher = await P2P.create(
+            initial_peers=[daemon.address], host_maddrs=["/ip4/127.0.0.1/tcp/0"]
+        )
+        publisher_p2pd = publisher._child.pid
+        stream = await rg.open_raw_stream(publisher, daemon.peer_id, topic_for(run_id))
+        state = {"next_round": 0, "seq": 1}
+        # the idle rate of both processes (training at its interval, repair, status)
+        await asyncio.sleep(2)
+        a = daemon.snapshot()
+        await asyncio.sleep(args.idle_seconds)
+        b = daemon.snapshot()
+        span = b["t"] - a["t"]
+        main = daemon.pid
+        idle = {
+            "daemon": (b["daemon_cpu"] - a["daemon_cpu"]) / span,
+            "p2pd": (b["p2pd_cpu"] - a["p2pd_cpu"]) / span,
+            "main": (b["threads"].get(main, 0) - a["threads"].get(main, 0)) / span,
+        }
+        idle["rest"] = idle["daemon"] - idle["main"]
+        print(f"  idle: daemon {idle['daemon']:.3f} cores, p2pd {idle['p2pd']:.3f}", flush=True)
+        for m in ms:
+            key = f"{model}/k{k}/M{m}"
+            if key in done["rows"] and not args.force:
+                print(f"  {key}: done, skipped", flush=True)
+                continue
+            t_ids = time.monotonic()
+            ids = rg.make_identities(m)
+            print(f"  M={m}: {m} identities in {time.monotonic() - t_ids:.1f} s", flush=True)
+            steps = []
+            for rate in args.rates:
+                row = await step(
+                    daemon, stream, ids, rate, args.seconds, state, idle, publisher_p2pd
+                )
+                steps.append(row)
+                await asyncio.sleep(args.pause)
+                if row["lost"] or row["offered_rate"] < 0.9 * rate:
+                    break
+            ok = [s for s in steps if not s["lost"] and s["offered_rate"] >= 0.9 * s["rate"]]
+            best = max(ok, key=lambda s: s["rate"]) if ok else None
+            status = daemon.status()
+            done["rows"][key] = {
+                "model": model,
+                "k": k,
+                "identities": m,
+                "run_id": run_id,
+                "round_interval_s": interval,
+                "idle_cores": {k2: round(v, 4) for k2, v in idle.items()},
+                "ceiling": best,
+                "steps": steps,
+                "daemon_status": {
+                    "dropped": status.get("dropped"),
+                    "accepted": status.get("accepted"),
+                    "ledger_messages": status.get("ledger_messages"),
+                    "round": status.get("round"),
+                },
+                "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+            out_json.write_text(json.dumps(done, indent=1))
+            write_md(done, out_json.with_suffix(".md"))
+        await stream.close()
+    finally:
+        if publisher is not None:
+            await publisher.shutdown()
+        daemon.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the table -------------------------------------------------------------------------------
+def write_md(done: dict, path: Path) -> None:
+    lines = [
+        "# Ingest ceiling of one peer daemon (issue 46 item 1)",
+        "",
+        f"Command: `{done['command']}`",
+        "",
+        f"Machine: {done['machine']}. One `seedflood peer` (audits on, open run, its "
+        "bootstrap node stopped once it was ready: no mesh peer to forward to) fed by a raw "
+        "/meshsub/1.1.0 stream of pre-signed updates from M identities, one message per RPC, "
+        "rising rates of 8 s steps until a step loses an update. CPU per update: "
+        "/proc utime+stime of the daemon's Python process and of its p2pd over the step, "
+        "the idle rate subtracted. Latency: publisher write -> row visible in the ledger "
+        "(read-only poll, 5 ms).",
+        "",
+        "| model | k | M | offered /s | accepted /s | lost | p50 / p99 ms | daemon CPU us/upd "
+        "| decode / admit+SQLite / apply us/upd (histograms) | p2pd CPU us/upd | RSS daemon / "
+        "p2pd MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in done["rows"].values():
+        for s in row["steps"]:
+            st = list(s["stage_us_per_update"].values())
+            mark = " **ceiling**" if row["ceiling"] is s or row["ceiling"] == s else ""
+            lines.append(
+                f"| {row['model']} | {row['k']} | {row['identities']:,} | {s['offered_rate']:,.0f}"
+                f"{mark} | {s['accepted_rate']:,.0f} | {s['lost']} | "
+                f"{s['latency_ms']['p50']} / {s['latency_ms']['p99']} | "
+                f"{s['daemon_cpu_us_per_update']} | {st[0]} / {st[1]} / {st[2]} | "
+                f"{s['p2pd_cpu_us_per_update']} | {s['daemon_rss_mib']:.0f} / "
+                f"{s['p2pd_rss_mib']:.0f} |"
+            )
+    lines += ["", "## Ceilings", ""]
+    lines += ["| model | k | M | highest lossless rate /s | p50 / p99 ms | daemon + p2pd us/upd |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for row in done["rows"].values():
+        c = row["ceiling"]
+        if c is None:
+            lines.append(f"| {row['model']} | {row['k']} | {row['identities']:,} | none | | |")
+            continue
+        lines.append(
+            f"| {row['model']} | {row['k']} | {row['identities']:,} | {c['offered_rate']:,.0f} | "
+            f"{c['latency_ms']['p50']} / {c['latency_ms']['p99']} | "
+            f"{c['daemon_cpu_us_per_update']} + {c['p2pd_cpu_us_per_update']} |"
+        )
+    if done.get("stages"):
+        lines += ["", "## CPU per update by stage (this process, time.process_time)", ""]
+        lines += [STAGE_NOTE, ""]
+        names = list(next(iter(done["stages"].values())))
+        lines += ["| stage | " + " | ".join(done["stages"]) + " |"]
+        lines += ["|---|" + "---|" * len(done["stages"])]
+        for name in names:
+            cells = [str(v.get(name, "")) for v in done["stages"].values()]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if done.get("verify_us") is not None:
+        lines += [
+            "",
+            f"Ed25519 GossipSub signature check in Python (cryptography/OpenSSL; what p2pd "
+            f"does in Go for every gossip message, and repair in Python): "
+            f"{done['verify_us']:.1f} us each.",
+        ]
+    if done.get("bytes"):
+        lines += ["", "## Bytes per hop by part", ""]
+        lines += ["| part | " + " | ".join(done["bytes"]) + " |"]
+        lines += ["|---|" + "---|" * len(done["bytes"])]
+        parts = list(next(iter(done["bytes"].values())))
+        for part in parts:
+            lines.append(
+                f"| {part} | " + " | ".join(str(v[part]) for v in done["bytes"].values()) + " |"
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def byte_table(run_id: str) -> dict:
+    topic = topic_for(run_id)
+    out = {}
+    for k in (1, 16):
+        data = encode_update(run_id, 1000, (0.5,) * k, (1 << 63) - 5)
+        parts = rg.message_parts(len(data), topic)
+        total = sum(parts.values())
+        parts = {p: round(v, 1) for p, v in parts.items()}
+        parts["signed message + RPC framing"] = round(total, 1)
+        # yamux frame header 12 B + Noise record (2 B length, 16 B tag) per write, one
+        # message per write: what bench_network.py measured as 35 B around the RPC
+        parts["yamux + Noise (one message a write)"] = 30
+        parts["per hop"] = round(total + 30, 1)
+        out[f"k={k} (payload {len(data)} B)"] = parts
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--directions", type=int, nargs="+", default=[1])
+    ap.add_argument("--identities", type=int, nargs="+", default=[1000, 10000])
+    ap.add_argument("--rates", type=float, nargs="+", default=[250, 500, 1000, 2000, 4000, 8000])
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--pause", type=float, default=3.0)
+    ap.add_argument("--idle-seconds", type=float, default=6.0)
+    ap.add_argument("--round-interval", type=float, default=0.0)
+    ap.add_argument("--no-stages", action="store_true", help="skip the stage benchmarks")
+    ap.add_argument("--out", default="ingest")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    args = ap.parse_args()
+    random.seed(0)
+    out_json = OUT / f"{args.out}.json"
+    done = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}
+    done["command"] = "PYTHONPATH=. python bench/bench_ingest.py " + " ".join(sys.argv[1:])
+    done["machine"] = f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+    if done.get("verify_us") is None:
+        done["verify_us"] = verify_micro()
+    for k in args.directions:
+        asyncio.run(measure(args, args.model, k, args.identities, done, out_json))
+        run_id = next(
+            (
+                r["run_id"]
+                for r in done["rows"].values()
+                if r["model"] == args.model and r["k"] == k
+            ),
+            None,
+        )
+        if not args.no_stages and run_id is not None:
+            done.setdefault("stages", {})
+            for m in args.identities:
+                label = f"{args.model} k={k} M={m:,}"
+                if label not in done["stages"] or args.force:
+                    print(f"stage benchmarks: {label}", flush=True)
+                    done["stages"][label] = stage_micro(args.model, k, m, run_id)
+        if not done.get("bytes"):
+            any_row = next(iter(done["rows"].values()), None)
+            if any_row:
+                done["bytes"] = byte_table(any_row["run_id"])
+        out_json.write_text(json.dumps(done, indent=1))
+        write_md(done, out_json.with_suffix(".md"))
+
+
+if __name__ == "__main__":
+    main()
