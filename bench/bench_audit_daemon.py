@@ -81,13 +81,12 @@ def judged(ledger_path: Path) -> dict:
     from seedflood_p2p.algorithm.audit_rules import judge_ledger
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.trainer import evaluate
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger, peer_name
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model, weights_sha256
 
     with Ledger.open_existing(ledger_path) as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         counted, judgement = judge_ledger(ledger, config.audit)
         audits = ledger.audits()
     model, tokenizer = load_model(config.model)

@@ -107,14 +107,13 @@ def replay_and_evaluate(ledger_path: Path, examples: int) -> dict:
 
     from seedflood_p2p.algorithm.objective import batch_loss, label_word_logits
     from seedflood_p2p.algorithm.replay import replay
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.batching import make_batch
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.models import load_model, weights_sha256
 
     with Ledger.open_existing(ledger_path) as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         model, tokenizer = load_model(config.model)
         replay(model, config, ledger.messages())
     task = load_task(config.dataset)

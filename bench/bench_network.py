@@ -771,14 +771,13 @@ def build_ledger_worker(a: dict) -> None:
 
 async def donor_worker(a: dict) -> None:
     _import_without_torch()
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.host import HostSettings, NetworkHost
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
 
     work = Path(a["work"])
     ledger = Ledger.open_existing(a["ledger"])
-    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    config = ledger.config
     assert config.run_id == ledger.run_id
     port = _free_port()
     settings = NodeSettings(repair_interval=1e9, auto_relay=False)  # p2pd defaults
@@ -806,7 +805,6 @@ async def joiner_worker(a: dict) -> None:
     _import_without_torch()
     from hivemind.p2p import PeerID
 
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.host import HostSettings, NetworkHost
     from seedflood_p2p.network.monitoring.metrics import value
     from seedflood_p2p.network.settings import NodeSettings
@@ -815,7 +813,7 @@ async def joiner_worker(a: dict) -> None:
     work = Path(a["work"])
     donor = json.loads((work / "donor.json").read_text())
     with Ledger.open_existing(a["source"]) as src:
-        manifest, run_id, source_rows = src.get_meta("manifest"), src.run_id, len(src)
+        config, run_id, source_rows = src.config, src.run_id, len(src)
     donor_id = PeerID.from_base58(donor["peer"])
     settings = NodeSettings(repair_interval=1e9, auto_relay=False)  # p2pd defaults
     results = {}
@@ -833,8 +831,8 @@ async def joiner_worker(a: dict) -> None:
         async with host:
             daemon_s = time.perf_counter() - t_start
             ledger = Ledger(path, run_id)
-            ledger.set_meta("manifest", manifest)
-            node = host.flood_node(ledger, RunConfig.from_json(manifest))
+            ledger.claim(config, "")
+            node = host.flood_node(ledger, config)
             await host.start_node()
             # What the peer daemon does with the default min_peers=0: sync_round() right away.
             topic_peers_immediately = len(await node.connected_peers())
@@ -932,7 +930,6 @@ def replay_worker(a: dict) -> None:
 
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import StageTimes, layer_basis, trainable_tensors
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model, weights_sha256
 
@@ -944,7 +941,7 @@ def replay_worker(a: dict) -> None:
         "loadavg_start": _loadavg(),
     }
     ledger = Ledger.open_existing(a["ledger"])
-    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    config = ledger.config
     max_round = a.get("max_round")
     t = time.perf_counter()
     model, _ = load_model(config.model)

@@ -53,7 +53,6 @@ def restart(ledger_path: Path, ckpt_dir: Path | None, own_peer: bytes) -> tuple[
     """The daemon's restart path, timed per stage; returns (timings, weights)."""
     from seedflood_p2p.algorithm.live import LiveModel
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.storage.checkpoint import unchanged_rows
     from seedflood_p2p.storage.ledger import Ledger
@@ -62,7 +61,7 @@ def restart(ledger_path: Path, ckpt_dir: Path | None, own_peer: bytes) -> tuple[
     stages: dict[str, float] = {}
     t0 = t = time.perf_counter()
     ledger = Ledger.open_existing(ledger_path)
-    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    config = ledger.config
     # As peer/daemon.py:check_ledger: rows the checkpoint covers, unchanged since it was
     # written, are not re-checked (storage/checkpoint.py:unchanged_rows).
     trusted = unchanged_rows(ledger, ckpt_dir) if ckpt_dir is not None else None
@@ -108,7 +107,6 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger, digest_of
     from seedflood_p2p.workload.models import load_model
 
@@ -128,7 +126,7 @@ def main() -> int:
         out["ledger"] = build_ledger(ledger_path, args.rounds, args.peers)
         out["ledger_build_s"] = round(time.perf_counter() - t, 1)
         ledger = Ledger.open_existing(ledger_path)
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         own_peer = min(ledger.peers())
         # The checkpoint a peer wrote BEHIND rounds ago: base + every row of earlier rounds.
         t = time.perf_counter()

@@ -101,9 +101,7 @@ class Partial:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.ledger = Ledger(self.path, config.run_id)
-        self.ledger.claim(
-            config.to_json(), f"delete {self.path.name}* there to start this run again"
-        )
+        self.ledger.claim(config, f"delete {self.path.name}* there to start this run again")
         saved = json.loads(self.state.read_text()) if self.state.exists() else {}
         self.curve = {int(r): tuple(v) for r, v in saved.get("curve", {}).items()}
         self.wall_s, self.cpu_s = saved.get("wall_s", 0.0), saved.get("cpu_s", 0.0)

@@ -229,11 +229,10 @@ def log_view(events: list[dict]) -> dict[str, dict]:
 
 def ledger_view(path: Path, attackers: set[str]) -> dict:
     from seedflood_p2p.algorithm.probation import standing_of_ledger
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.ledger import Ledger, peer_name
 
     with Ledger.open_existing(path) as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         st = standing_of_ledger(ledger, config.audit, config.probation)
         messages = list(ledger.messages())
     counted = st.counted(messages)

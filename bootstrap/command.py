@@ -38,15 +38,7 @@ def with_founders(config: RunConfig, founders: str | None) -> RunConfig:
     ids = [f.strip() for f in founders.split(",") if f.strip()]
     if not ids:
         raise UserError("--founders is empty: pass one or more peer ids, comma-separated")
-    # This writes the manifest, so it works on `extra` as the manifest spells it (already
-    # checked: `config.probation` was parsed when `config` was built).
-    probation = config.extra.get("probation", {})
-    if probation is False or (isinstance(probation, dict) and "founders" in probation):
-        raise UserError(
-            "--founders and the config file's extra.probation both set probation: keep one"
-        )
-    extra = {**config.extra, "probation": {**probation, "founders": ids}}
-    return config.replace(extra=extra)  # checked as every RunConfig is, when it is built
+    return config.with_founders(ids)  # checked as every RunConfig is, when it is built
 
 
 def run(args: argparse.Namespace) -> int:

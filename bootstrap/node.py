@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("seedflood.bootstrap")
 
 
-@dataclass
+# Frozen once loaded (as PeerSettings and NodeSettings): a change is a new one
+# (dataclasses.replace), so every reader sees the same settings.
+@dataclass(frozen=True)
 class BootstrapSettings:
     data_dir: Path = Path("seedflood-bootstrap")
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/31337"])
@@ -67,9 +69,8 @@ def resolve_manifest(settings: BootstrapSettings, config: RunConfig) -> RunConfi
         raise UserError(f"cannot serve this run: {problem}")
     path = settings.data_dir / "ledger.sqlite"
     if path.exists():
-        stored = Ledger.open_existing(path)
-        stored_config = RunConfig.from_json(stored.get_meta("manifest"))
-        stored.close()
+        with Ledger.open_existing(path) as stored:
+            stored_config = stored.config
         same = config.replace(
             base_sha256=stored_config.base_sha256,
             dataset_sha256=stored_config.dataset_sha256,
@@ -212,7 +213,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
         p2p = host.p2p
         state = {"state": "starting"}
         ledger = Ledger(settings.data_dir / "ledger.sqlite", config.run_id)
-        ledger.claim(config.to_json(), "use a new --data-dir for a new run")
+        ledger.claim(config, "use a new --data-dir for a new run")
         evaluator = None
         if settings.run_page and settings.metrics_port is not None and settings.page_eval_every:
             from bootstrap.evaluator import LedgerEvaluator

@@ -279,7 +279,7 @@ class PeerDaemon:
     async def _open_ledger(self, config: RunConfig, peer_id: bytes) -> Ledger:
         """This run's ledger in --data-dir, its signatures checked."""
         ledger = Ledger(self.s.data_dir / "ledger.sqlite", config.run_id)
-        ledger.claim(config.to_json(), "use a new --data-dir per run")
+        ledger.claim(config, "use a new --data-dir per run")
         # O(rows): ~120 us a signature
         check = await asyncio.to_thread(check_ledger, ledger, config, peer_id, self.s.data_dir)
         log.info(

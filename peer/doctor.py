@@ -209,7 +209,6 @@ def check_identity(path: Path) -> Check:
 
 
 def check_ledger(path: Path) -> Check:
-    from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.network.transport.identity import verify_pubsub_signature
     from seedflood_p2p.storage.ledger import Ledger
 
@@ -219,7 +218,7 @@ def check_ledger(path: Path) -> Check:
     try:
         ledger = Ledger.open_existing(path)
         try:
-            config = RunConfig.from_json(ledger.get_meta("manifest"))
+            config = ledger.config
             # A peer's own rows may be unsigned (not yet echoed): the verifier allows one
             # writer's unsigned rows, which is what a peer's own ledger holds.
             check = ledger.verify(verify_pubsub_signature, fix, directions=config.directions)

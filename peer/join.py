@@ -177,9 +177,8 @@ class Joiner:
         path = self.s.data_dir / "ledger.sqlite"
         if not path.exists():
             return None
-        with Ledger.open_existing(path) as stored:
-            text = stored.get_meta("manifest")
-        return None if text is None else RunConfig.from_json(text)
+        with Ledger.open_existing(path) as stored:  # refuses a ledger without a manifest
+            return stored.config
 
     async def first_contact(self) -> RunConfig | None:
         """Dial the bootstrap list and every peer in the peer book (with backoff) until one

@@ -26,7 +26,6 @@ from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
@@ -94,7 +93,7 @@ def _cheater(scenario) -> str:
 def _judged(scenario, name):
     """(counted updates, judgement) of NAME's ledger, as `seedflood replay` judges it."""
     with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         counted, judgement = judge_ledger(ledger, config.audit)
         return config, counted, judgement, list(ledger.messages())
 

@@ -55,7 +55,7 @@ async def test_a_late_joiner_repairs_the_audit_table(spawn, tmp_path, monkeypatc
     b = await spawn(initial_peers=[str((await a.get_visible_maddrs())[0])])
     ledgers = {n: Ledger(tmp_path / f"{n}.sqlite", CONFIG.run_id) for n in "abc"}
     for ledger in ledgers.values():
-        ledger.claim(CONFIG.to_json(), "")
+        ledger.claim(CONFIG, "")
     nodes = {
         n: FloodNode(p2p, ledgers[n], CONFIG, NodeMetrics(), SETTINGS)
         for n, p2p in (("a", a), ("b", b))

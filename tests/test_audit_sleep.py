@@ -24,7 +24,6 @@ import pytest
 
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 
 from helpers.cluster import RUN, start_peer
@@ -72,7 +71,7 @@ def scenario(tmp_path_factory):
 
 def _judged(scenario, name):
     with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         _, judgement = judge_ledger(ledger, config.audit)
         return judgement
 

@@ -360,7 +360,7 @@ def test_training_with_artifacts_replays_bit_for_bit_and_only_with_them(tiny, tm
     model, _ = load_model("tiny-llama")
     engine = SubCGE(model, config)
     ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
-    ledger.claim(config.to_json(), "")
+    ledger.claim(config, "")
     train_local(
         engine,
         tokenizer,

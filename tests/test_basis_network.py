@@ -18,7 +18,6 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
 from seedflood_p2p.storage.ledger import Ledger
@@ -88,7 +87,7 @@ def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_pa
         fetched = [e for e in proc.events() if "fetched the run's basis" in e.get("message", "")]
         assert len(fetched) == 1, proc.tail()
         with Ledger.open_existing(work / name / "ledger.sqlite") as ledger:
-            config = RunConfig.from_json(ledger.get_meta("manifest"))
+            config = ledger.config
             assert config.basis_sha256 == sha
             assert read_schedule(ledger) == [(0, sha)]
             schedule = load_schedule(ledger)  # the bytes beside the ledger, digest checked

@@ -157,7 +157,7 @@ def test_calibrated_training_learns_and_replays_from_the_ledger(tmp_path):
     assert after["loss"] < before["loss"] - 0.02, (before, after)
     assert after["accuracy"] > before["accuracy"] + 0.1, (before, after)
     fresh, _ = load_model(config.model)
-    replay(fresh, RunConfig.from_json(ledger.get_meta("manifest")), ledger.messages())
+    replay(fresh, ledger.config, ledger.messages())
     ledger.close()
     live = dict(model.named_parameters())
     for name, weight in fresh.named_parameters():

@@ -27,7 +27,6 @@ from safetensors.torch import load_file
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
@@ -97,7 +96,7 @@ def _ready(run, name) -> dict:
 
 def _replay(run, name) -> tuple[str, dict]:
     with Ledger.open_existing(run["work"] / name / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         model, _ = load_model(config.model)
         replay(model, config, ledger.messages())
     weights = {m.name: m.weight.detach().clone() for m in make_estimator(model, config).matrices}

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from seedflood.cli import main
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
@@ -57,7 +56,7 @@ def test_export_from_ledger_and_checkpoint_loads_in_transformers(tmp_path, capsy
     model = AutoModelForCausalLM.from_pretrained(exported)
     tokenizer = AutoTokenizer.from_pretrained(exported)
     with Ledger.open_existing(ledger_path) as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         digest, rounds = ledger.digest(), ledger.max_round() + 1
     assert len(config.dataset_sha256) == 64
     task = load_run_task(config)

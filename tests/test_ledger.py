@@ -64,6 +64,26 @@ def test_runs_are_kept_apart(tmp_path):
         assert len(b) == 0
 
 
+def test_the_manifest_is_parsed_once_and_handed_out_as_config(tmp_path):
+    """A claimed ledger's `config` is the run it was claimed for; an opened one's is its
+    stored manifest, parsed on open; one that holds no run yet has none to hand out."""
+    from seedflood_p2p.core.config import RunConfig
+
+    config = RunConfig(salt="ledger-config", directions=2)
+    path = tmp_path / "l.sqlite"
+    with Ledger(path, config.run_id) as ledger:
+        with pytest.raises(RuntimeError, match="no run yet"):
+            _ = ledger.config
+        ledger.claim(config, "")
+        assert ledger.config is config
+        with pytest.raises(UserError, match="holds a ledger of another run .*: FIX"):
+            ledger.claim(RunConfig(salt="other"), "FIX")
+        assert ledger.config is config
+    with Ledger.open_existing(path) as ledger:
+        assert ledger.config == config and ledger.run_id == config.run_id
+        assert ledger.get_meta("manifest") == config.to_json()
+
+
 def test_sigkill_mid_write_keeps_every_committed_message(tmp_path):
     path = tmp_path / "killed.sqlite"
     writer = textwrap.dedent(f"""
@@ -185,7 +205,7 @@ def _network_ledger(path, rounds=6):
     _SIGNERS.update(signers)  # each peer's signer, to sign audit records with its key
     own = signers[0][0]
     ledger = Ledger(path, config.run_id)
-    ledger.claim(config.to_json(), "")
+    ledger.claim(config, "")
     for t in range(rounds):
         rows = [sign(config.run_id, t, (0.5 * t, -1.0)) for _, sign in signers]
         if t >= rounds - 2:  # the writer's own last updates, logged before publishing

@@ -26,7 +26,6 @@ from safetensors.torch import load_file
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.transport.p2pd import create_p2p
 from seedflood_p2p.network.transport.pubsub import PubSubClient
 from seedflood_p2p.network.transport.rpc import serve_bytes
@@ -208,7 +207,7 @@ def test_all_peers_finish_and_ledgers_are_identical(cluster):
 
 def _replay_hash(cluster, name) -> tuple[str, dict]:
     with Ledger.open_existing(cluster["work"] / name / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         model, _ = load_model(config.model)
         messages, _ = counted_updates(ledger, config)  # what `seedflood replay` rebuilds
         replay(model, config, messages)

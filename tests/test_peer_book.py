@@ -151,7 +151,7 @@ class _StubP2P:
 def _node(tmp_path) -> FloodNode:
     config = RunConfig(model="tiny-llama", dataset="synthetic-sentiment")
     ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
-    ledger.claim(config.to_json(), "")
+    ledger.claim(config, "")
     return FloodNode(_StubP2P(A), ledger, config, NodeMetrics(), NodeSettings())
 
 

@@ -16,7 +16,6 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
@@ -77,7 +76,7 @@ def test_a_cached_and_an_uncached_peer_agree_and_audit_each_other_clean(tmp_path
         assert audits["done"] >= ROUNDS // 2, (name, audits)
         assert audits["mismatches"] == 0 and audits["banned"] == [], (name, audits)
         with Ledger.open_existing(tmp_path / name / "ledger.sqlite") as ledger:
-            config = RunConfig.from_json(ledger.get_meta("manifest"))
+            config = ledger.config
             messages, _ = counted_updates(ledger, config)
         model, _ = load_model(config.model)
         replay(model, config, messages)

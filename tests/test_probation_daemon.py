@@ -19,7 +19,6 @@ from seedflood_p2p.algorithm.probation import standing_of_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
@@ -75,7 +74,7 @@ def scenario(tmp_path_factory):
 
 def _standing(scenario, name):
     with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         st = standing_of_ledger(ledger, config.audit, config.probation)
         messages = list(ledger.messages())
         return config, st, messages, st.counted(messages)

@@ -26,46 +26,14 @@ from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
 
 from helpers.cluster import run_toml, start_bootstrap, start_peer
+from helpers.open_run import NODE_FLAGS as OPEN_NODE_FLAGS
+from helpers.open_run import PEER_FLAGS as OPEN_PEER_FLAGS
+from helpers.open_run import events as _events
+from helpers.open_run import wait_event
 
 pytestmark = pytest.mark.slow
-# Open-ended: the run must outlive both restarts (start-up takes 10-30 s on 2 busy cores),
-# so the peers are told to finish at one round once D trains, as the demo does.
-PEER_FLAGS = [
-    "--metrics-port",
-    "0",
-    "--round-interval",
-    "0.4",
-    "--max-staleness",
-    "2",
-    "--round-deadline",
-    "3",
-    "--liveness-timeout",
-    "10",
-    "--linger",
-    "4",
-    "--repair-interval",
-    "1",
-    "--redial-max",
-    "3",
-    "--summary-interval",
-    "1",
-    "--island-after",
-    "5",
-]
-NODE_FLAGS = ["--redial-max", "3", "--summary-interval", "1", "--repair-interval", "1"]
-
-
-def _events(proc: NodeProcess, event: str) -> list[dict]:
-    return [e for e in proc.events() if e.get("event") == event]
-
-
-def _wait_event(proc: NodeProcess, event: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while not (found := _events(proc, event)):
-        if not proc.alive or time.monotonic() > deadline:
-            raise AssertionError(f"{proc.name}: no {event!r} event:\n{proc.tail()}")
-        time.sleep(0.2)
-    return found[0]
+PEER_FLAGS = [*OPEN_PEER_FLAGS, "--island-after", "5"]
+NODE_FLAGS = [*OPEN_NODE_FLAGS, "--repair-interval", "1"]
 
 
 def _kill(proc: NodeProcess) -> None:
@@ -110,11 +78,11 @@ def scenario(tmp_path_factory):
             work,
         )
         procs.append(boot2)
-        _wait_event(boot2, "caught_up")
+        wait_event(boot2, "caught_up", timeout=120)
         run_round_at_join = peers["a"].last_round()
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
         procs.append(peers["d"])
-        peers["d"].wait_round(_wait_event(peers["d"], "ready", timeout=180)["round"] + 5)
+        peers["d"].wait_round(wait_event(peers["d"], "ready", timeout=180)["round"] + 5)
         running = {"a": peers["a"], "b": peers["b"], "c": peers["c2"], "d": peers["d"]}
         finish_all(running, work)
         codes = {n: p.wait_exit() for n, p in peers.items() if n != "c"}
@@ -123,7 +91,7 @@ def scenario(tmp_path_factory):
         # A alone: its ledger names B, C, D and the bootstrap node, none of them runs.
         alone = start_peer(work, "a", address, [*PEER_FLAGS, "--metrics-port", "0"], "a_alone")
         procs.append(alone)
-        waiting = _wait_event(alone, "waiting", timeout=90)
+        waiting = wait_event(alone, "waiting", timeout=90)
         status_port = (work / "a" / "status_port").read_text()
         with urllib.request.urlopen(f"http://127.0.0.1:{status_port}/status", timeout=5) as r:
             alone_status = json.loads(r.read())

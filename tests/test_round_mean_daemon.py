@@ -20,7 +20,6 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.apps.localnet import start_bootstrap
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
@@ -76,7 +75,7 @@ def test_live_models_equal_the_replay_with_each_rounds_final_size(run):
     hashes = {}
     for name in run["finals"]:
         with Ledger.open_existing(run["work"] / name / "ledger.sqlite") as ledger:
-            config = RunConfig.from_json(ledger.get_meta("manifest"))
+            config = ledger.config
             assert config.step_rule == "round_mean"
             messages, _ = counted_updates(ledger, config)
         sizes = {}

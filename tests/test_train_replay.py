@@ -60,7 +60,7 @@ def test_training_lowers_held_out_loss(trained):
 
 def _replay_file(path) -> tuple[str, dict]:
     with Ledger.open_existing(path) as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         model, _ = load_model(config.model)
         replay(model, config, ledger.messages())
     engine = make_estimator(model, config)

@@ -310,7 +310,7 @@ def consensus(work: Path, names: list[str], final_eval_examples: int = 0) -> dic
     }
     digests = {n: f["ledger_digest"] for n, f in finals.items()}
     with Ledger.open_existing(work / names[0] / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         model, tokenizer = load_model(config.model)
         messages = counted_updates(ledger, config)[0]  # `seedflood replay`'s
         replay(model, config, messages, schedule=load_schedule(ledger))

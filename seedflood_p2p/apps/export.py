@@ -89,7 +89,7 @@ def rebuild_from_ledger(path: Path, base: Path | None) -> tuple[Any, Any, RunCon
 
     ledger = Ledger.open_existing(path)
     try:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         ledger.verify(
             verify_pubsub_signature,
             "export a copy from a peer whose ledger checks out",
@@ -132,7 +132,7 @@ def rebuild_from_checkpoint(directory: Path, base: Path | None) -> tuple[Any, An
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read the checkpoint in {directory}: {exc}") from None
     with Ledger.open_existing(directory / "ledger.sqlite") as ledger:
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
     model, tokenizer = _base_model(config, base)
     try:
         weights = read_checkpoint_weights(directory, "cpu")

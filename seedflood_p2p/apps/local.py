@@ -63,7 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{config.run_id[:12]}")
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(args.ledger or out / "ledger.sqlite", config.run_id)
-    ledger.claim(config.to_json(), "use another --out or --ledger")
+    ledger.claim(config, "use another --out or --ledger")
     engine = make_estimator(model, config)
     log.info(
         "run %s: model %s (%.1fM trainable params in %d matrices), dataset %s "
@@ -162,7 +162,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from seedflood_p2p.workload.models import load_model, save_model, weights_sha256
 
     ledger = Ledger.open_existing(args.ledger)
-    config = RunConfig.from_json(ledger.get_meta("manifest"))
+    config = ledger.config
     check = ledger.verify(
         verify_pubsub_signature,
         "replay a copy from a peer whose ledger checks out",

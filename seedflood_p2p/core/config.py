@@ -29,6 +29,7 @@ from seedflood_p2p.core.extra_settings import (
     JoinSettings,
     ProbationSettings,
     checkpoint_period,
+    extra_with_founders,
 )
 
 MANIFEST_VERSION = 2
@@ -45,7 +46,7 @@ CALIBRATION_CHOICES = ("", "content-free")
 # "per_update": a fixed step per update; the others scale it by the round's size in the
 # ledger (subcge.step_divisor).
 STEP_RULES = ("per_update", "round_mean", "round_sqrt")
-MAX_ROUND = (1 << 62) - 1  # = protocol.wire.MAX_ROUND (rounds are SQLite integers)
+MAX_ROUND = (1 << 62) - 1  # rounds are SQLite integers; the protocol checks against this
 MAX_MANIFEST_BYTES = 1 << 16  # a default manifest is ~600 bytes; it travels in one reply
 MAX_EXTRA_DEPTH = 8  # nesting of containers in `extra`
 MAX_LABELS = 1000  # label words of a classification task
@@ -435,6 +436,12 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def with_founders(self, founders: list[str]) -> RunConfig:
+        """These settings with `founders` (base58 peer ids) as the run's probation founders
+        (`extra.probation.founders`; its other keys kept as written). A bad id, or founders
+        (or probation = false) already set, is one UserError line."""
+        return self.replace(extra=extra_with_founders(self.extra, founders))
 
     def allowed_peer_ids(self) -> frozenset[bytes] | None:
         """The allow-list as raw peer ids; None for an open run."""

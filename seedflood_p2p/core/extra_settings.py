@@ -189,6 +189,21 @@ class ProbationSettings:
         return cls(frozenset(ids), int(vouches), float(share))
 
 
+def extra_with_founders(extra: Mapping, founders: list[str]) -> dict:
+    """`extra` with `probation.founders` = `founders` (base58 peer ids, as given), for
+    `RunConfig.with_founders`. It edits the manifest as it is spelled, every other key of
+    `extra.probation` kept as written: `ProbationSettings` forgets which keys were written
+    and in what order (and folds in the allow-list), so writing it back would change the
+    manifest bytes and the run id. `extra` was checked when its RunConfig was built, so its
+    probation is absent, false or a table. Founders set there too is one UserError line."""
+    probation = extra.get("probation", {})
+    if probation is False or (isinstance(probation, Mapping) and "founders" in probation):
+        raise UserError(
+            "--founders and the config file's extra.probation both set probation: keep one"
+        )
+    return {**extra, "probation": {**probation, "founders": list(founders)}}
+
+
 # --------------------------------------------------------------------- checkpoint chain
 
 MAX_CHECKPOINT_EVERY = 1 << 40  # rounds per link; past any run's length

@@ -1,7 +1,8 @@
 """A node's network settings (`NodeSettings`): the round window, repair pacing, NAT and
 relay behaviour, redialling, summaries and discovery. Every field is a flag, a TOML key and
 a `SEEDFLOOD_*` environment variable (core/flags.py); peers and the bootstrap node share
-them. Not hashed into the run id: each node may choose its own."""
+them. Not hashed into the run id: each node may choose its own. Frozen once loaded: a
+change is a new NodeSettings (`dataclasses.replace`), so every reader sees the same one."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.transport.p2pd import RelayLimits
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeSettings:
     # round window: rounds past the reference round (protocol.update.WindowRule) and rounds
     # before it (gossip; repair relays older rows)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from seedflood_p2p.core.config import MAX_ROUND
+from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.audit_record import MAX_AUDIT_BYTES, check_audit_envelope
 from seedflood_p2p.protocol.framing import MAX_PEER_ID_BYTES, MAX_SCALARS, Rejected
@@ -158,6 +158,7 @@ class Ledger:
     def __init__(self, path: str | Path, run_id: str) -> None:
         self.path = Path(path)
         self.run_id = run_id
+        self._config: RunConfig | None = None  # the stored manifest, parsed: open_existing
         self._bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._audit_bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
@@ -194,7 +195,8 @@ class Ledger:
 
     @classmethod
     def open_existing(cls, path: str | Path) -> Ledger:
-        """Open a ledger file for reading, taking the run id from its manifest."""
+        """Open a ledger file for reading, taking the run id from its manifest; the manifest,
+        parsed once here, is `config`."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"ledger file {path} does not exist: pass the path of a .sqlite ledger")
@@ -209,10 +211,18 @@ class Ledger:
         manifest = ledger.get_meta("manifest")
         if manifest is None:
             raise UserError(f"ledger {path} has no run manifest: it was not written by seedflood")
-        from seedflood_p2p.core.config import RunConfig
-
-        ledger.run_id = RunConfig.from_json(manifest).run_id
+        ledger._config = RunConfig.from_json(manifest)
+        ledger.run_id = ledger._config.run_id
         return ledger
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's manifest as stored in this ledger: parsed once when it was opened
+        (`open_existing`), or the one it was claimed for (`claim`). Pass this on rather
+        than parsing `get_meta("manifest")` again."""
+        if self._config is None:
+            raise RuntimeError(f"ledger {self.path} has no run yet: open_existing or claim it")
+        return self._config
 
     def close(self) -> None:
         self._db.close()
@@ -410,14 +420,17 @@ class Ledger:
     def set_meta(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
-    def claim(self, manifest_json: str, fix: str) -> None:
-        """Record the run's manifest here. A ledger of another run is refused: replacing
-        its manifest would leave its messages without the settings that give them meaning."""
+    def claim(self, config: RunConfig, fix: str) -> None:
+        """Record the run's manifest (`config.to_json()`) here; `config` is then this
+        ledger's `config`. A ledger of another run is refused: replacing its manifest would
+        leave its messages without the settings that give them meaning."""
+        manifest_json = config.to_json()
         stored = self.get_meta("manifest")
         if stored is not None and stored != manifest_json:
             other = hashlib.sha256(stored.encode()).hexdigest()[:12]  # = that run's id
             raise UserError(f"{self.path.parent} holds a ledger of another run ({other}): {fix}")
         self.set_meta("manifest", manifest_json)
+        self._config = config
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

@@ -69,9 +69,8 @@ def _turned(peer: bytes, ledger: Ledger) -> bool:
     """Has the "turn" cheater been established in its own ledger's view?"""
     if peer not in _TURNED:
         from seedflood_p2p.algorithm.probation import standing_of_ledger
-        from seedflood_p2p.core.config import RunConfig
 
-        config = RunConfig.from_json(ledger.get_meta("manifest"))
+        config = ledger.config
         probation = config.probation
         st = standing_of_ledger(ledger, config.audit, probation)
         if probation.enabled and peer in st.established and peer not in st.founders:

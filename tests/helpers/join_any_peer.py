@@ -20,45 +20,12 @@ from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import NodeProcess
 
 from .cluster import start_bootstrap, start_peer
+from .open_run import NODE_FLAGS as BASE_NODE_FLAGS
+from .open_run import PEER_FLAGS as BASE_PEER_FLAGS
+from .open_run import events, wait_event
 
-PEER_FLAGS = [
-    "--metrics-port",
-    "0",
-    "--round-interval",
-    "0.4",
-    "--max-staleness",
-    "2",
-    "--round-deadline",
-    "3",
-    "--liveness-timeout",
-    "10",
-    "--linger",
-    "4",
-    "--repair-interval",
-    "1",
-    "--redial-max",
-    "3",
-    "--summary-interval",
-    "1",
-    "--discovery-interval",
-    "2",
-]
-NODE_FLAGS = ["--redial-max", "3", "--summary-interval", "1", "--discovery-interval", "2"]
-
-
-def events(proc: NodeProcess, event: str) -> list[dict]:
-    return [e for e in proc.events() if e.get("event") == event]
-
-
-def wait_event(proc: NodeProcess, event: str, timeout: float = 180, **match) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [e for e in events(proc, event) if all(e.get(k) == v for k, v in match.items())]
-        if found:
-            return found[0]
-        if not proc.alive or time.monotonic() > deadline:
-            raise AssertionError(f"{proc.name}: no {event!r} event {match}:\n{proc.tail()}")
-        time.sleep(0.2)
+PEER_FLAGS = [*BASE_PEER_FLAGS, "--discovery-interval", "2"]
+NODE_FLAGS = [*BASE_NODE_FLAGS, "--discovery-interval", "2"]
 
 
 def full_address(proc: NodeProcess) -> str:
