@@ -299,7 +299,7 @@ async def flood_worker(a: dict) -> None:
             accepts.extend((m.peer.hex(), m.round, t) for m in messages)
 
         ledger = Ledger(Path(a.get("ledger_dir") or work) / f"ledger{index}.sqlite", config.run_id)
-        ledger.set_meta("manifest", config.to_json())
+        ledger.claim(config, "")
         prefill = int(a.get("prefill") or 0)
         if prefill:  # the same old rows on every peer (as after a long run): digests agree
             old_rng = random.Random(42)
@@ -737,7 +737,7 @@ def build_ledger_worker(a: dict) -> None:
     verify_us = (time.perf_counter() - t) / n_verify * 1e6
     t = time.perf_counter()
     ledger = Ledger(Path(a["path"]), config.run_id)
-    ledger.set_meta("manifest", config.to_json())
+    ledger.claim(config, "")
     ledger.add(messages, envelopes)
     write_s = time.perf_counter() - t
     t = time.perf_counter()

@@ -443,7 +443,8 @@ class PeerAudits:
         out = []
         rule = self.settings.rule
         for peer, round_, why, claimed in jobs:
-            if peer in self.banned:
+            if peer in self.banned:  # banned since `ready` handed it out: dropped, not run
+                self.counts["skipped"] += 1
                 continue
             message = UpdateMessage(round_, peer, claimed)
 
@@ -659,7 +660,8 @@ class DaemonAudits:
     draws on accepted updates, the round's recomputations published, the ledger judged
     after new audit records, the audit gauges and status.
 
-    `run`: runs a function on the model thread; `peers_alive`: live peers besides us."""
+    `run`: runs a function on the model thread; `peers_alive`: live peers besides us;
+    `on_ban(peer)`: a peer the ledger's judgement newly bans (the daemon disconnects it)."""
 
     def __init__(
         self,
@@ -667,11 +669,13 @@ class DaemonAudits:
         metrics,
         run: Callable[..., Awaitable],
         peers_alive: Callable[[], int],
+        on_ban: Callable[[bytes], None] = lambda peer: None,
     ) -> None:
         self.audits = audits
         self.metrics = metrics  # network/monitoring/metrics.py:NodeMetrics
         self.run = run
         self.peers_alive = peers_alive
+        self.on_ban = on_ban
 
     def accept(self, messages: list[UpdateMessage]) -> None:
         """The flood node's `on_accept`: pending in the live model, then drawn for audit."""
@@ -714,7 +718,9 @@ class DaemonAudits:
         (void in every judgement). A sender that had not learned of the verdict yet still
         counted them in its settled state, and an auditor must hold them to rebuild that
         state: when verdicts went to the ban store, auditors dropped them and convicted
-        every honest peer that trained around the bans (bench/results/audit_daemon.md)."""
+        every honest peer that trained around the bans (bench/results/audit_daemon.md).
+        The daemon only disconnects it (`on_ban`) and stops waiting for it, asking it for
+        repair and auditing it: its rows still reach us, relayed by others or repaired."""
         audits = self.audits
         after = audits.judge()
         before = audits.standing
@@ -729,7 +735,16 @@ class DaemonAudits:
             and after.bans == before.bans
         ):
             return
-        await self.run(audits.set_standing, after)
+        newly = await self.run(audits.set_standing, after)
+        # A ban acts at once: its queued audits are dropped here (`audit` skips any that
+        # `ready` handed out meanwhile), and the daemon disconnects it; Pacing and repair
+        # read `banned` at each use.
+        dropped = [key for key in audits.due if key[0] in audits.banned]
+        for key in dropped:
+            del audits.due[key]
+        audits.counts["skipped"] += len(dropped)
+        for peer in newly:
+            self.on_ban(peer)
         self.status()  # the /metrics gauges
 
     def status(self, records: dict | None = None) -> dict:

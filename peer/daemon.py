@@ -340,6 +340,7 @@ class PeerDaemon:
                 self.metrics,
                 self.model_thread.run,
                 lambda: len(self.pacing.live(time.monotonic())),
+                on_ban=lambda peer: host.node.disconnect(peer),
             )
         node = host.flood_node(
             ledger,
@@ -347,6 +348,7 @@ class PeerDaemon:
             on_accept=live.receive if self.audits is None else self.audits.accept,
             on_audit_records=None if self.audits is None else self.audits.on_records,
             hears=self.behaviour.hears,
+            avoids=self._ledger_bans,
         )
         if joined.own_ticket is not None and node.tickets is not None:
             node.tickets.add(joined.own_ticket)  # served to the peers that look for it
@@ -379,7 +381,11 @@ class PeerDaemon:
             high = round_ - audit_settings.lag - 1
             low = high - HOLE_WINDOW + 1
             rows = [(m.peer, m.round) for m in ledger.messages(max(0, low - 1))]
-            return holes(rows, low, high)
+            found = holes(rows, low, high)
+            # a peer banned in that state has no row there: nothing of it to wait for
+            standing = self.audits.audits.standing if self.audits else None
+            out = standing.banned_at(round_) if standing is not None else ()
+            return {p: r for p, r in found.items() if p not in out}
 
         return Pacing(
             self.s,
@@ -388,7 +394,20 @@ class PeerDaemon:
             self._is_stopping,
             settled_holes if audit_settings.enabled else None,
             hole_wait=3 * self.s.node.repair_interval,  # a dropped row comes by repair by then
+            banned=self._banned,
         )
+
+    def _ledger_bans(self, peer: bytes) -> bool:
+        """Is `peer` banned by the ledger's audit verdicts (the whole ledger's judgement as
+        this peer last read it)?"""
+        return self.audits is not None and peer in self.audits.audits.banned
+
+    def _banned(self, peer: bytes) -> bool:
+        """Is `peer` banned here: by the ledger's verdicts or by this peer's reputation
+        (network/peers/reputation.py)? Such a peer is not waited for (Pacing), asked for
+        repair, or audited, from the moment of its ban (issue 45)."""
+        node = self.host.node if self.host is not None else None
+        return self._ledger_bans(peer) or (node is not None and node.reputation.is_banned(peer))
 
     # -- 3. late join and the checkpoint chain; rounds; the run page -----------------------
     async def _wire_rounds(
@@ -474,6 +493,10 @@ class PeerDaemon:
         # No lonely start: a peer that knows others exist (its ledger's rows, its peer
         # book, its bootstrap list) trains only after one of them answered a repair pass.
         self.state = "syncing"
+        if self.audits is not None and ledger.audits():  # (a restart's ledger)
+            # its bans are not asked for repair; records fetched from here on are judged
+            # as they come (DaemonAudits.on_records), so each sync pass skips new bans
+            await self.audits.judge()
         if not self.s.node.allow_alone:
             await host.catch_up(host.known_others(ledger), self._is_stopping, self._set_state)
         await rounds.wait_for_peers()

@@ -155,8 +155,11 @@ class LateJoin:
             if PeerID.from_base58(peer) not in peers:
                 peers.append(PeerID.from_base58(peer))
         # Sync first, then replay: overlapping the two was measured to gain nothing on
-        # 2 cores (bench/results/latejoin_overlap.md).
+        # 2 cores (bench/results/latejoin_overlap.md). Each pass asks only the peers that
+        # neither we nor the ledger synced so far ban (the audit records fetched are judged
+        # as they come, DaemonAudits.on_records; repair.Repair.sources).
         synced = await self.node.sync_until_complete(peers)
+        peers = [p for p in peers if self.node.is_source(p.to_bytes())]
         if len(peers) > 1:  # what one source served, checked against the others
             report_sources(await self.node.cross_check(peers))
         return peers, synced

@@ -130,7 +130,10 @@ class Pacing:
     `holes(round_)`: in an audited run, the rows the state of `round_` lacks (`holes` on
     the ledger's settled rounds); a round waits for them too, at most `hole_wait` seconds
     (a few repair intervals: a row repair has not brought by then is most likely one its
-    peer skipped, e.g. across a restart) and never past the round's deadline."""
+    peer skipped, e.g. across a restart) and never past the round's deadline.
+    `banned(peer)`: is the peer banned here (the ledger's audit verdicts or this peer's
+    own reputation)? A banned peer is never live, so never waited for: a ban acts at the
+    next check (20 ms), not at the liveness timeout or the round's deadline."""
 
     def __init__(
         self,
@@ -140,6 +143,7 @@ class Pacing:
         stopping: Callable[[], bool],
         holes: Callable[[int], dict[bytes, list[int]]] | None = None,
         hole_wait: float = float("inf"),
+        banned: Callable[[bytes], bool] = lambda peer: False,
     ) -> None:
         self.s = settings
         self.metrics = metrics
@@ -147,12 +151,14 @@ class Pacing:
         self.stopping = stopping
         self.holes = holes
         self.hole_wait = hole_wait
+        self.banned = banned
         self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
         self.gapped: set[bytes] = set()  # peers whose holes are not waited for (wait_ready)
 
     def live(self, now: float) -> dict:
-        """Peers heard within the liveness timeout."""
-        return live_peers(self.peers(), self.s.liveness_timeout, now)
+        """Peers heard within the liveness timeout, but for banned ones."""
+        live = live_peers(self.peers(), self.s.liveness_timeout, now)
+        return {p: st for p, st in live.items() if not self.banned(p)}
 
     async def wait_ready(self, round_: int) -> None:
         """Bounded staleness with a deadline: slow or dead peers never stall us for long.
@@ -171,7 +177,11 @@ class Pacing:
         so a row of that state dropped on the way here (and not yet repaired) would make
         our honest update look like a cheat. The round waits for such rows too, at most
         `hole_wait`; a peer whose holes outlast that (it skipped rounds) is never waited for
-        again on holes, so one identity costs every honest peer at most one such wait."""
+        again on holes, so one identity costs every honest peer at most one such wait.
+
+        Bans: a peer banned meanwhile (`banned`) leaves `live` at the next check, so the
+        round goes on at once instead of at the deadline (issue 45: every identity an
+        attacker minted cost every honest peer a 30 s deadline after its ban)."""
         started = time.monotonic()
         deadline = started + self.s.round_deadline
         hole_deadline = started + min(self.hole_wait, self.s.round_deadline)

@@ -345,7 +345,7 @@ def test_seedflood_replay_honours_verdicts(tmp_path):
     claim = next(m for m in updates if m.peer == X and m.round == 2)
     path = tmp_path / "ledger.sqlite"
     with Ledger(path, config.run_id) as ledger:
-        ledger.set_meta("manifest", config.to_json())
+        ledger.claim(config, "")
         ledger.add(updates)
         ledger.add_audits([AuditRecord(X, 2, a, (claim.scalars[0] + 1.0,)) for a in (A, B, C)])
 
@@ -669,7 +669,7 @@ def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
         },
     )  # fmt: skip
     with Ledger(tmp_path / "l.sqlite", config.run_id) as ledger:
-        ledger.set_meta("manifest", config.to_json())
+        ledger.claim(config, "")
         mine = [UpdateMessage(r, turner, quantize_scalars([0.25 + r])) for r in range(4)]
         ledger.add(mine[:2])
         honest = UpdateMessage(2, turner, quantize_scalars([0.5]))
@@ -683,7 +683,7 @@ def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
         assert cheated("turn", honest, ledger).scalars == (-0.5,)
     # a peer of a run without founders (probation off) never turns
     with Ledger(tmp_path / "m.sqlite", CONFIG.run_id) as ledger:
-        ledger.set_meta("manifest", CONFIG.to_json())
+        ledger.claim(CONFIG, "")
         other = UpdateMessage(2, X, quantize_scalars([0.5]))
         assert cheated("turn", other, ledger) == other
 

@@ -25,11 +25,11 @@ from safetensors.torch import load_file
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
-from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from helpers.cluster import RUN, start_hooked_peer, start_peer
+from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 18
@@ -62,28 +62,19 @@ LIVE_VS_REPLAY_ATOL = 1e-5  # float32 rounding of another apply order (as tests/
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
-    work = tmp_path_factory.mktemp("audit_daemon")
-    procs = []
-    try:
-        boot, address = start_bootstrap(work, AUDITED_RUN)
-        procs.append(boot)
+    def start(address):
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in HONEST[:3]}
         peers["x"] = start_hooked_peer(work, "x", address, [*PEER_FLAGS, "--cheat", "flip"])
-        procs += peers.values()
+        return peers
+
+    def join_late(peers, address):
         peers["a"].wait_round(JOIN_AFTER, timeout=600)
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
-        procs.append(peers["d"])
-        codes = {n: p.wait_exit(900) for n, p in peers.items()}
-        finals = {
-            n: json.loads((work / n / "final_status.json").read_text())
-            for n, code in codes.items()
-            if code == 0
-        }
-        print(json.dumps({n: f.get("audits") for n, f in finals.items()}, indent=1))
-        yield {"work": work, "codes": codes, "finals": finals, "peers": peers}
-    finally:
-        for p in procs:
-            p.stop()
+
+    work = tmp_path_factory.mktemp("audit_daemon")
+    result = run_to_the_end(work, AUDITED_RUN, start, join_late)
+    print(json.dumps({n: f.get("audits") for n, f in result["finals"].items()}, indent=1))
+    return result
 
 
 def _cheater(scenario) -> str:

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 
 import pytest
 
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
-from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.storage.ledger import Ledger
 
 from helpers.cluster import RUN, start_peer
+from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 36
@@ -45,28 +44,17 @@ SLEEPER, SLEEP_AFTER, SLEEP_SECONDS = "d", 6, 25.0
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
-    work = tmp_path_factory.mktemp("audit_sleep")
-    procs = []
-    try:
-        boot, address = start_bootstrap(work, AUDITED_RUN)
-        procs.append(boot)
-        peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in PEERS}
-        procs += peers.values()
+    def start(address):
+        return {n: start_peer(work, n, address, PEER_FLAGS) for n in PEERS}
+
+    def sleep(peers, address):
         peers[SLEEPER].wait_round(SLEEP_AFTER, timeout=600)
-        sleeper = threading.Thread(target=peers[SLEEPER].freeze, args=(SLEEP_SECONDS,))
-        sleeper.start()
-        sleeper.join()
-        codes = {n: p.wait_exit(900) for n, p in peers.items()}
-        finals = {
-            n: json.loads((work / n / "final_status.json").read_text())
-            for n, code in codes.items()
-            if code == 0
-        }
-        print(json.dumps({n: f.get("audits") for n, f in finals.items()}, indent=1))
-        yield {"work": work, "codes": codes, "finals": finals, "peers": peers}
-    finally:
-        for p in procs:
-            p.stop()
+        peers[SLEEPER].freeze(SLEEP_SECONDS)  # blocks while d sleeps
+
+    work = tmp_path_factory.mktemp("audit_sleep")
+    result = run_to_the_end(work, AUDITED_RUN, start, sleep)
+    print(json.dumps({n: f.get("audits") for n, f in result["finals"].items()}, indent=1))
+    return result
 
 
 def _judged(scenario, name):

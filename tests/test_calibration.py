@@ -149,7 +149,7 @@ def test_calibrated_training_learns_and_replays_from_the_ledger(tmp_path):
     task = load_run_task(config)
     before = evaluate_metrics(model, tokenizer, task, config, 200)
     ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
-    ledger.set_meta("manifest", config.to_json())
+    ledger.claim(config, "")
     engine = make_estimator(model, config)
     train_local(engine, tokenizer, task, peers=16, rounds=20, ledger=ledger)
     after = evaluate_metrics(model, tokenizer, task, config, 200)

@@ -26,18 +26,24 @@ from safetensors.torch import load_file
 
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
+from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from helpers.cluster import RUN, start_hooked_peer, start_peer
+from helpers.open_run import wait_event
 
 pytestmark = pytest.mark.slow
-ROUNDS = 70  # long enough for a joiner started at round 13 (process start ~60 s under load)
+# Open-ended: the peers are told to finish at one round (apps.demo.finish_all) once the
+# joiner has shown what the tests assert; ROUNDS is only a cap, long enough for a joiner
+# started at round 13 (process start ~60 s under load).
+ROUNDS = 70
 # audits off: audited runs have no chain (their model is a settled state, not the ledger)
 CHAIN_RUN = dataclasses.replace(RUN, extra={"checkpoint_every": 8, "audit": False})
 PEER_FLAGS = [
     "--until-round", str(ROUNDS),
+    "--metrics-port", "0",  # the status port, for finish_all
     "--round-interval", "1.5",
     "--max-staleness", "2",
     "--round-deadline", "3",
@@ -50,8 +56,9 @@ PEER_FLAGS = [
 LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another order
 
 
-def _run(work, servers: dict[str, list[str]]) -> dict:
-    """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none."""
+def _run(work, servers: dict[str, list[str]], until: str) -> dict:
+    """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none; the
+    run finishes once the joiner logged `until` (then two more rounds)."""
     procs = []
     try:
         boot, address = start_bootstrap(work, CHAIN_RUN)
@@ -65,6 +72,9 @@ def _run(work, servers: dict[str, list[str]]) -> dict:
         first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
         peers["j"] = start_peer(work, "j", address, PEER_FLAGS + ["--checkpoint-fetch", "always"])
         procs.append(peers["j"])
+        shown = wait_event(peers["j"], until, timeout=600)
+        peers["j"].wait_round(shown.get("round", peers["j"].last_round()) + 2, timeout=120)
+        finish_all(peers, work)
         codes = {n: p.wait_exit() for n, p in peers.items()}
         return {"work": work, "peers": peers, "codes": codes}
     finally:
@@ -74,7 +84,8 @@ def _run(work, servers: dict[str, list[str]]) -> dict:
 
 @pytest.fixture(scope="module")
 def honest(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("ckpt-honest"), {"a": [], "b": []})
+    # a link of its own: the joiner serves the chain too (after it fetched one)
+    return _run(tmp_path_factory.mktemp("ckpt-honest"), {"a": [], "b": []}, "chain_link")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +94,7 @@ def hostile(tmp_path_factory):
     return _run(
         tmp_path_factory.mktemp("ckpt-hostile"),
         {n: ["--checkpoint", h] for n, h in hooks.items()},
+        "ready",
     )
 
 

@@ -73,7 +73,7 @@ def wrong_base_bootstrap(tmp_path_factory):
     config = RUN.replace(base_sha256="0" * 64)
     (work / "bootstrap").mkdir()
     with Ledger(work / "bootstrap" / "ledger.sqlite", config.run_id) as ledger:
-        ledger.set_meta("manifest", config.to_json())
+        ledger.claim(config, "")
     proc, address = start_bootstrap(work)
     yield address
     proc.stop()
@@ -93,7 +93,7 @@ def test_data_dir_of_another_run(capsys, tmp_path, wrong_base_bootstrap):
     other = RUN.replace(lr=0.5)
     (tmp_path / "p").mkdir()
     with Ledger(tmp_path / "p" / "ledger.sqlite", other.run_id) as ledger:
-        ledger.set_meta("manifest", other.to_json())
+        ledger.claim(other, "")
     line = _peer_error(
         capsys, "--bootstrap", wrong_base_bootstrap, "--data-dir", str(tmp_path / "p")
     )
@@ -153,7 +153,7 @@ def test_a_bootstrap_restarted_with_other_settings_names_the_ones_that_differ(ca
     data = tmp_path / "boot"
     data.mkdir()
     with Ledger(data / "ledger.sqlite", run.run_id) as ledger:
-        ledger.set_meta("manifest", run.to_json())
+        ledger.claim(run, "")
     argv = ["bootstrap", "--data-dir", str(data), "--config", str(run_toml(tmp_path))]
     assert main([*argv, "--basis", "activation", "--directions", "8"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]

@@ -139,7 +139,7 @@ def test_damage_inside_a_valid_file_is_one_error_naming_the_row_or_the_file(tmp_
     config = RunConfig(model="tiny-llama")
     path = tmp_path / "l.sqlite"
     with Ledger(path, config.run_id) as ledger:
-        ledger.set_meta("manifest", config.to_json())
+        ledger.claim(config, "")
         ledger.add([UpdateMessage(t, b"peer-%d" % p, (0.5,)) for t in range(3) for p in range(2)])
     with sqlite3.connect(path) as db:
         db.execute("UPDATE messages SET scalars = scalars || x'ff' WHERE round = 1")
@@ -275,25 +275,31 @@ def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
     ledger.close()
 
 
-def test_replay_refuses_a_tampered_ledger_with_one_line(capsys, tmp_path, monkeypatch):
+def _replay_refusal(capsys, tmp_path, monkeypatch, make_ledger, sql, scalars) -> str:
+    """`seedflood replay` of the ledger `make_ledger` builds: replayed as it is (0); once
+    `sql` (parameters: `scalars` packed, the third peer) tampered with it, refused (2) with
+    one line on stderr, which is returned."""
     from seedflood.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    ledger, _, _, peers = _network_ledger(tmp_path / "l.sqlite")
+    ledger, _, _, peers = make_ledger(tmp_path / "l.sqlite")
     ledger.close()
     argv = ["replay", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(tmp_path / "model")]
     assert main(argv) == 0  # genuine: replayed
     capsys.readouterr()
     with Ledger.open_existing(tmp_path / "l.sqlite") as ledger:
-        ledger._db.execute(
-            "UPDATE messages SET scalars = ? WHERE round = 2 AND peer = ?",
-            (pack_scalars((-60000.0, -1.0)), peers[2]),
-        )
+        ledger._db.execute(sql, (pack_scalars(scalars), peers[2]))
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ledger ")
-    assert "row (round 2, peer 12D3KooW" in err[0] and "differs from the update" in err[0]
-    assert "replay a copy from a peer" in err[0]
+    return err[0]
+
+
+def test_replay_refuses_a_tampered_ledger_with_one_line(capsys, tmp_path, monkeypatch):
+    sql = "UPDATE messages SET scalars = ? WHERE round = 2 AND peer = ?"
+    line = _replay_refusal(capsys, tmp_path, monkeypatch, _network_ledger, sql, (-60000.0, -1.0))
+    assert "row (round 2, peer 12D3KooW" in line and "differs from the update" in line
+    assert "replay a copy from a peer" in line
 
 
 def _audited_ledger(path):
@@ -354,23 +360,9 @@ def test_verify_checks_audit_records_signatures_and_names_a_tampered_one(tmp_pat
 
 
 def test_replay_refuses_a_forged_audit_record_with_one_line(capsys, tmp_path, monkeypatch):
-    from seedflood.cli import main
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    ledger, _, own, peers = _audited_ledger(tmp_path / "l.sqlite")
-    ledger.close()
-    argv = ["replay", "--ledger", str(tmp_path / "l.sqlite"), "--out", str(tmp_path / "model")]
-    assert main(argv) == 0  # genuine: replayed
-    capsys.readouterr()
-    with Ledger.open_existing(tmp_path / "l.sqlite") as ledger:
-        ledger._db.execute(
-            "UPDATE audits SET scalars = ? WHERE auditor = ?",
-            (pack_scalars((-3.0, -1.0)), peers[2]),
-        )
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ledger ")
-    assert "(audit of round 1, accused 12D3KooW" in err[0] and "differs from the record" in err[0]
+    sql = "UPDATE audits SET scalars = ? WHERE auditor = ?"
+    line = _replay_refusal(capsys, tmp_path, monkeypatch, _audited_ledger, sql, (-3.0, -1.0))
+    assert "(audit of round 1, accused 12D3KooW" in line and "differs from the record" in line
 
 
 def test_rows_a_checkpoint_covers_are_not_rechecked_while_unchanged(tmp_path):

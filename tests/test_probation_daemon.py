@@ -18,12 +18,12 @@ from safetensors.torch import load_file
 from seedflood_p2p.algorithm.probation import standing_of_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
-from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from helpers.cluster import RUN, start_hooked_peer, start_peer
+from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 20
@@ -52,24 +52,15 @@ def scenario(tmp_path_factory):
             "probation": {"founders": founders, "vouches": 2, "share": 1.0},
         },
     )
-    procs = []
-    try:
-        boot, address = start_bootstrap(work, run)
-        procs.append(boot)
+
+    def start(address):
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in [*FOUNDERS, "n"]}
         peers["x"] = start_hooked_peer(work, "x", address, [*PEER_FLAGS, "--cheat", "flip"])
-        procs += peers.values()
-        codes = {n: p.wait_exit(900) for n, p in peers.items()}
-        finals = {
-            n: json.loads((work / n / "final_status.json").read_text())
-            for n, code in codes.items()
-            if code == 0
-        }
-        print(json.dumps({n: f.get("audits") for n, f in finals.items()}, indent=1))
-        yield {"work": work, "codes": codes, "finals": finals, "peers": peers}
-    finally:
-        for p in procs:
-            p.stop()
+        return peers
+
+    result = run_to_the_end(work, run, start)
+    print(json.dumps({n: f.get("audits") for n, f in result["finals"].items()}, indent=1))
+    return result
 
 
 def _standing(scenario, name):

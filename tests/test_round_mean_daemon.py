@@ -10,7 +10,6 @@ accused an honest peer (peers trained on states their auditors could not rebuild
 """
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -19,11 +18,11 @@ from safetensors.torch import load_file
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
-from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from helpers.cluster import RUN, start_hooked_peer, start_peer
+from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 24  # room for the late joiner to start (~30 s under heavy load) before the end
@@ -40,27 +39,17 @@ LIVE_VS_REPLAY_ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("round_mean")
-    procs = []
-    try:
-        boot, address = start_bootstrap(work, ROUND_MEAN)
-        procs.append(boot)
+    def start(address):
         peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b")}
         peers["c"] = start_hooked_peer(work, "c", address, [*PEER_FLAGS, "--drop-incoming", "0.3"])
-        procs += peers.values()
+        return peers
+
+    def join_late(peers, address):
         peers["a"].wait_round(3)
-        peers["d"] = start_peer(work, "d", address, PEER_FLAGS)  # joins late
-        procs.append(peers["d"])
-        codes = {n: p.wait_exit(900) for n, p in peers.items()}
-        finals = {
-            n: json.loads((work / n / "final_status.json").read_text())
-            for n, code in codes.items()
-            if code == 0
-        }
-        yield {"work": work, "codes": codes, "finals": finals, "peers": peers}
-    finally:
-        for p in procs:
-            p.stop()
+        peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
+
+    work = tmp_path_factory.mktemp("round_mean")
+    return run_to_the_end(work, ROUND_MEAN, start, join_late)
 
 
 def test_every_peer_finishes_with_the_same_ledger(run):

@@ -43,7 +43,7 @@ def trained(tmp_path_factory):
     before = evaluate(model, tokenizer, task, config, 200)
     path = tmp_path_factory.mktemp("train") / "ledger.sqlite"
     ledger = Ledger(path, config.run_id)
-    ledger.set_meta("manifest", config.to_json())
+    ledger.claim(config, "")
     engine = make_estimator(model, config)
     train_local(engine, tokenizer, task, peers=4, rounds=150, ledger=ledger)
     after = evaluate(model, tokenizer, task, config, 200)

@@ -137,10 +137,12 @@ class NetworkHost:
         on_accept: Callable[[list[UpdateMessage]], None] = lambda messages: None,
         on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None,
         hears: Callable[[], bool] = lambda: True,
+        avoids: Callable[[bytes], bool] = lambda peer: False,
     ) -> FloodNode:
         """The run's flood node on this daemon, built (not started) with its callbacks:
         every admitted update goes to `on_accept`, new audit records to `on_audit_records`;
-        gossip from others is taken in when `hears()` says so (always, for an honest peer)."""
+        gossip from others is taken in when `hears()` says so (always, for an honest peer);
+        peers `avoids` names (banned by the ledger's verdicts) are never asked for repair."""
         assert self.node is None, "one flood node per host"
         self.node = FloodNode(
             self.p2p,
@@ -151,6 +153,7 @@ class NetworkHost:
             on_accept=on_accept,
             on_audit_records=on_audit_records,
             hears=hears,
+            avoids=avoids,
         )
         return self.node
 

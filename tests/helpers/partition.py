@@ -103,6 +103,28 @@ class NamespaceNet:
         )
         return json.loads(self.net("exec", f"h{host}", sys.executable, "-c", code).stdout)
 
+    def finish(self, host: int, after_round: int) -> int | None:
+        """POST /finish?after_round=N to the node of host N from inside its namespace (what
+        apps.demo.finish_all asks on loopback): the round it will stop after, or None."""
+        code = (
+            "import json, urllib.request; print(json.loads(urllib.request.urlopen("
+            f"urllib.request.Request('http://127.0.0.1:{METRICS_PORT}/finish?after_round="
+            f"{after_round}', method='POST'), timeout=5).read())['final_round'])"
+        )
+        done = self.net("exec", f"h{host}", sys.executable, "-c", code, check=False)
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+
+    def finish_all(self, hosts: list[int], after_round: int) -> int | None:
+        """Ask every host's node to stop after one common round (the largest any of them
+        answers, as apps.demo.finish_all agrees); returns that round, None if none answered
+        (they then run to their --until-round)."""
+        replies = {h: self.finish(h, after_round) for h in hosts}
+        last = max((r for r in replies.values() if r is not None), default=None)
+        for h, reply in replies.items():
+            if last is not None and reply != last:
+                self.finish(h, last)
+        return last
+
     def cut(self, on: bool) -> None:
         """Move the CUT hosts' ports to bridge br1 (on) or back to br0 (off); on the way
         in, abort every TCP connection across the cut in every host."""
@@ -166,7 +188,9 @@ def run_partition(
 ) -> dict:
     """Train, cut, heal, finish; returns what was observed (see the keys)."""
     warmup_rounds, after_heal_s = 8, 60.0
-    # Rounds are never faster than ROUND_INTERVAL, so the run outlasts the cut by >= 60 s.
+    # Rounds are never faster than ROUND_INTERVAL, so the run outlasts the cut by >= 60 s;
+    # once every ledger holds every row through the heal round, the peers are told to
+    # finish at one round (they need not train out the 60 s).
     rounds = warmup_rounds + int((partition_s + after_heal_s) / ROUND_INTERVAL)
     procs: list[NodeProcess] = []
     started = time.time()
@@ -236,8 +260,17 @@ def run_partition(
                 if next(iter(seen.values()))[0] == complete:
                     break  # identical everywhere and complete (checked against the end below)
             time.sleep(max(0.0, 0.5 - (time.time() - now)))
+        if all(p.alive for p in peers.values()):
+            last = testnet.finish_all(list(peers), max(p.last_round() for p in peers.values()) + 1)
+            rounds = rounds if last is None else last + 1  # rounds 0..last trained
         codes = {h: p.wait_exit(timeout=240 + partition_s) for h, p in peers.items()}
-        time.sleep(3)  # the bootstrap node repairs the last rows
+        # the bootstrap node stores the last rows it got (up to 15 s on a loaded machine)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            stored = ledger_prefix(ledger_files["bootstrap"], rounds)
+            if stored and stored[0] >= (HOSTS - 1) * rounds:
+                break
+            time.sleep(0.5)
         boot.stop()
         finals = {
             h: json.loads((workdir / f"peer{h}" / "final_status.json").read_text())

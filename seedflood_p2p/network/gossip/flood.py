@@ -94,6 +94,7 @@ class FloodNode:
         on_accept: Callable[[list[UpdateMessage]], None] = lambda msgs: None,
         on_audit_records: Callable[[list[AuditRecord]], Awaitable[None]] | None = None,
         hears: Callable[[], bool] = lambda: True,
+        avoids: Callable[[bytes], bool] = lambda peer: False,
     ) -> None:
         self.p2p = p2p
         self.ledger = ledger
@@ -108,6 +109,10 @@ class FloodNode:
         # whether to take in the next gossip message from another peer (the peer's
         # Behaviour: always, but for a test's peer that loses some; peer/behaviour.py)
         self.hears = hears
+        # Peers its owner judged out (the peer daemon: banned by the ledger's audit
+        # verdicts): never asked for repair, like banned ones. Scheduling only: their rows
+        # still pass admission (relayed by others), so honest ledgers stay identical.
+        self.avoids = avoids
         self.peer_id = p2p.peer_id.to_bytes()
         # Bans live beside the ledger file (in memory for an in-memory ledger).
         on_disk = ledger.path is not None and str(ledger.path) != ":memory:"
@@ -155,6 +160,7 @@ class FloodNode:
             may_serve=self.may_serve,
             refuses=self.refuses,
             peers=lambda: self.connected_peers(),  # late-bound: tools replace it
+            avoids=lambda peer: self.avoids(peer),
         )
         self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
@@ -218,6 +224,17 @@ class FloodNode:
 
         with contextlib.suppress(RuntimeError):  # no running loop (tools, tests)
             asyncio.get_running_loop().create_task(disconnect())
+
+    def is_source(self, peer: bytes) -> bool:
+        """May `peer` be asked for repair: not banned here (reputation), not judged out by
+        the owner (`avoids`), not outside a closed run?"""
+        return self.refuses(peer) is None and not self.avoids(peer)
+
+    def disconnect(self, peer: bytes) -> None:
+        """Close `peer`'s connection through the daemon (it may dial again), without
+        banning it here: the owner's judgement of it (a ledger verdict) is not a local
+        ban, whose admission would drop its gossip."""
+        self._disconnect(peer)
 
     def refuses(self, peer: bytes) -> str | None:
         """Why we do not talk to `peer` (banned, or outside a closed run), or None."""

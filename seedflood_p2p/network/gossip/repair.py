@@ -36,6 +36,9 @@ Validation and hostile-input bounds, all here:
 - Serving: a request that fails its checks, or comes from a banned or (closed run)
   unlisted peer, is answered empty; each requester is served at most SERVE_BYTES_RATE
   bytes a second (the node's `may_serve`).
+- Asking: a banned peer (this node's reputation) or one its owner judged out (`avoids`:
+  the peer daemon's ledger verdicts) is never asked, nor counted as a server we could ask
+  (`sources`): a joiner does not spend its catch-up on identities its ledger already bans.
 - A bucket set fetched whole and taken in (`Taken`) is not fetched again until the
   server's bucket changes; only a set whose received rows hash to the digest the server
   claimed counts, so a server cannot make us skip another set.
@@ -381,6 +384,7 @@ class Repair:
         may_serve: Callable[[Any, int], bool],
         refuses: Callable[[bytes], str | None],
         peers: Callable[[], Awaitable[list]],
+        avoids: Callable[[bytes], bool] = lambda peer: False,
     ) -> None:
         self.p2p = p2p
         self.run_id = run_id
@@ -390,6 +394,7 @@ class Repair:
         self.settings = settings  # call_timeout, repair_interval (read when used)
         self.may_serve = may_serve
         self.refuses = refuses
+        self.avoids = avoids  # peers judged out (ledger bans): never asked, like refused ones
         self.peers = peers
         self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
         self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
@@ -444,7 +449,7 @@ class Repair:
         the peer is the only one we could ask (repair's old-row rule)."""
         server = peer_id.to_bytes()
         self.behind.discard(server)
-        if self.refuses(server) or time.monotonic() < self._backoff.get(server, (0.0, 0))[0]:
+        if not self.is_source(server) or time.monotonic() < self._backoff.get(server, (0.0, 0))[0]:
             return 0
         loop = asyncio.get_running_loop()
         exchange = _Exchange(deadline=loop.time() + EXCHANGE_BASE_SECONDS)
@@ -621,10 +626,23 @@ class Repair:
         )
 
     # -- passes -------------------------------------------------------------------------
+    def is_source(self, server: bytes) -> bool:
+        """May `server` be asked: not refused (banned here, outside a closed run), not
+        judged out (`avoids`: banned by the ledger's verdicts)?"""
+        return self.refuses(server) is None and not self.avoids(server)
+
+    def sources(self, peers: list) -> list:
+        """`peers` (PeerIDs) that may be asked (`is_source`), in their order."""
+        return [p for p in peers if self.is_source(p.to_bytes())]
+
     async def sync_round(self, peers: list | None = None) -> int:
-        """One anti-entropy pass with the given (default: all topic) peers."""
+        """One anti-entropy pass with the given (default: all topic) peers; banned ones are
+        skipped (`sources`), and do not count as servers we could ask."""
         new = 0
-        peers = peers if peers is not None else await self.peers()
+        given = peers if peers is not None else await self.peers()
+        peers = self.sources(given)
+        for skipped in set(given) - set(peers):
+            self.behind.discard(skipped.to_bytes())  # not a reason for another pass
         for peer_id in peers:
             try:
                 new += await self.sync_with(peer_id, sole_server=len(peers) <= 1)
@@ -662,7 +680,7 @@ class Repair:
     async def anti_entropy_pass(self) -> int:
         """One exchange with a random topic peer; failures are logged, never raised (but a
         UserError: our own ledger cannot be written)."""
-        peers = await self.peers()
+        peers = self.sources(await self.peers())  # a pass is never spent on a banned peer
         if not peers:
             return 0
         try:
@@ -690,7 +708,7 @@ class Repair:
         check = SourceCheck()
         table = self.tables[0]
         request = msgpack.packb([self.run_id, BUCKET_ROUNDS])
-        for peer_id in peers:
+        for peer_id in self.sources(peers):
             source = peer_id.to_bytes()
             try:
                 reply = await call_bytes(

@@ -471,7 +471,13 @@ async def catch_up(
     while not stopping():
         # The reconnector's loop dials and keeps `connected`; all of them at once, so
         # a peer that is leaving (a 10 s call timeout) does not hold up the others.
-        connected = sorted(reconnector.connected)
+        # ... but for banned ones (here, or by the ledger's verdicts: `flood.is_source`):
+        # a 0 from an exchange that never happened is no catch-up
+        connected = [
+            p
+            for p in sorted(reconnector.connected)
+            if flood.is_source(PeerID.from_base58(p).to_bytes())
+        ]
         results = await asyncio.gather(
             *(flood.sync_with(PeerID.from_base58(p)) for p in connected), return_exceptions=True
         )
@@ -495,10 +501,13 @@ async def catch_up(
             )
             return fetched
         tried = reconnector.candidates()
+        banned = len(reconnector.connected) - len(connected)
         reason = (
             f"waiting: this node knows {len(others)} other node(s) of the run "
             f"({', '.join(p[-8:] for p in others[:6])}) and has reached none of them "
-            f"(dialled {len(tried)} known address set(s)); it does not train or serve joiners "
+            f"(dialled {len(tried)} known address set(s)"
+            + (f"; {banned} reached but banned" if banned > 0 else "")
+            + "); it does not train or serve joiners "
             "alone: start them, fix the network, or pass --allow-alone"
         )
         set_state(reason)
