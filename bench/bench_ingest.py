@@ -785,7 +785,7 @@ def write_md(done: dict, path: Path) -> None:
         "",
         *[f"    {c}" for c in done.get("commands", [])],
         "",
-        f"Machine: {done['machine']}, shared: other work ran beside it (load average 9-15 on "
+        f"Machine: {done['machine']}, shared: other work ran beside it (load average 9-35 on "
         "2 cores during these runs), so rates and latencies are pessimistic and noisy; CPU "
         "per update is the steadier figure. One `seedflood peer` (audits on, open run, its "
         "bootstrap node stopped once it was ready: no mesh peer to forward to) fed by a raw "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from helpers.cluster import RUN, start_hooked_peer, start_peer
-from helpers.open_run import wait_event
+from helpers.open_run import wait_event, wait_events
 
 pytestmark = pytest.mark.slow
 # Open-ended: the peers are told to finish at one round (apps.demo.finish_all) once the
@@ -56,12 +57,12 @@ PEER_FLAGS = [
 LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another order
 
 
-def _run(work, servers: dict[str, list[str]], until: str) -> dict:
+def _run(work, run, servers: dict[str, list[str]], links: int) -> dict:
     """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none; the
-    run finishes once the joiner logged `until` (then two more rounds)."""
+    run finishes once the joiner is ready and logged `links` chain links (two rounds on)."""
     procs = []
     try:
-        boot, address = start_bootstrap(work, CHAIN_RUN)
+        boot, address = start_bootstrap(work, run)
         procs.append(boot)
         peers = {}
         for name, extra in servers.items():
@@ -72,8 +73,9 @@ def _run(work, servers: dict[str, list[str]], until: str) -> dict:
         first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
         peers["j"] = start_peer(work, "j", address, PEER_FLAGS + ["--checkpoint-fetch", "always"])
         procs.append(peers["j"])
-        shown = wait_event(peers["j"], until, timeout=600)
-        peers["j"].wait_round(shown.get("round", peers["j"].last_round()) + 2, timeout=120)
+        ready = wait_event(peers["j"], "ready", timeout=600)
+        shown = wait_events(peers["j"], "chain_link", links, timeout=300)
+        peers["j"].wait_round(max(e["round"] for e in [ready, *shown]) + 2, timeout=120)
         finish_all(peers, work)
         codes = {n: p.wait_exit() for n, p in peers.items()}
         return {"work": work, "peers": peers, "codes": codes}
@@ -83,19 +85,34 @@ def _run(work, servers: dict[str, list[str]], until: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def honest(tmp_path_factory):
-    # a link of its own: the joiner serves the chain too (after it fetched one)
-    return _run(tmp_path_factory.mktemp("ckpt-honest"), {"a": [], "b": []}, "chain_link")
+def runs(tmp_path_factory):
+    """The honest and the hostile run at once (each mostly waits for its round clock), as
+    two runs (salts) on their own bootstrap nodes: {name: its finished future}."""
+    hooks = {"a": "corrupt", "b": "corrupt", "c": "forge"}
+    with ThreadPoolExecutor(2) as pool:
+        return {
+            # 2 links: the one it fetched, then one of its own (it serves the chain too)
+            "honest": pool.submit(
+                _run, tmp_path_factory.mktemp("ckpt-honest"), CHAIN_RUN, {"a": [], "b": []}, 2
+            ),
+            "hostile": pool.submit(
+                _run,
+                tmp_path_factory.mktemp("ckpt-hostile"),
+                dataclasses.replace(CHAIN_RUN, salt="checkpoint-fetch-hostile"),
+                {n: ["--checkpoint", h] for n, h in hooks.items()},
+                0,
+            ),
+        }
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    hooks = {"a": "corrupt", "b": "corrupt", "c": "forge"}
-    return _run(
-        tmp_path_factory.mktemp("ckpt-hostile"),
-        {n: ["--checkpoint", h] for n, h in hooks.items()},
-        "ready",
-    )
+def honest(runs):
+    return runs["honest"].result()
+
+
+@pytest.fixture(scope="module")
+def hostile(runs):
+    return runs["hostile"].result()
 
 
 def _final(run, name) -> dict:
@@ -144,7 +161,8 @@ def test_joiner_serves_the_chain_too(honest):
     links = [e for e in honest["peers"]["j"].events() if e.get("event") == "chain_link"]
     theirs = [e for e in honest["peers"]["a"].events() if e.get("event") == "chain_link"]
     same = {e["round"]: e["file_sha256"] for e in theirs}
-    assert links and all(same.get(e["round"], e["file_sha256"]) == e["file_sha256"] for e in links)
+    assert len(links) >= 2  # the link it fetched, then one it built itself
+    assert all(same.get(e["round"], e["file_sha256"]) == e["file_sha256"] for e in links)
 
 
 def test_corrupt_chunks_and_a_forged_offer_are_refused_and_the_joiner_replays(hostile):

@@ -24,6 +24,19 @@ def events(proc: NodeProcess, event: str) -> list[dict]:
     return [e for e in proc.events() if e.get("event") == event]
 
 
+def wait_events(proc: NodeProcess, event: str, count: int, timeout: float = 180) -> list[dict]:
+    """The first `count` `event` records of `proc`, once it logged that many; AssertionError
+    (with the log's tail) if `proc` exits or `timeout` s pass first."""
+    deadline = time.monotonic() + timeout
+    while len(found := events(proc, event)) < count:
+        if not proc.alive or time.monotonic() > deadline:
+            raise AssertionError(
+                f"{proc.name}: {len(found)} of {count} {event!r} events:\n{proc.tail()}"
+            )
+        time.sleep(0.2)
+    return found[:count]
+
+
 def wait_event(proc: NodeProcess, event: str, timeout: float = 180, **match) -> dict:
     """The first `event` record of `proc` whose fields equal `match`; AssertionError (with
     the log's tail) if `proc` exits or `timeout` s pass first."""
