@@ -8,6 +8,7 @@ joiner rebuilds its model by replaying the synced rows: along the artifact too."
 import dataclasses
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -17,13 +18,13 @@ from seedflood_p2p.algorithm.basis import load_schedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
-from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 from helpers.cluster import RUN, start_peer
+from helpers.scenario import run_to_the_end
 
 ACTIVATION = dataclasses.replace(
     RUN, basis="activation", basis_examples=32, extra={"audit": {"cpu_share": 1.0}}
@@ -35,6 +36,7 @@ PEER_FLAGS = [
     *("--connect-retries", "20"),
 ]
 LIVE_VS_REPLAY_ATOL = 1e-5
+BASES = ["activation", "kfac"]
 
 
 def test_a_refreshed_basis_is_refused_by_the_daemons_and_a_peer_needs_the_digest():
@@ -57,25 +59,33 @@ def test_a_refreshed_basis_is_refused_by_the_daemons_and_a_peer_needs_the_digest
     assert "basis_sha256" not in RUN.to_json()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("basis", ["activation", "kfac"])
-def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(tmp_path, basis):
-    work = tmp_path
-    procs = []
-    try:
-        boot, address = start_bootstrap(work, dataclasses.replace(ACTIVATION, basis=basis))
-        procs.append(boot)
-        peers = {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b")}
-        procs += peers.values()
+def _run(work, basis: str) -> dict:
+    def start(address):
+        return {n: start_peer(work, n, address, PEER_FLAGS) for n in ("a", "b")}
+
+    def join_late(peers, address):
         peers["a"].wait_round(4)
         peers["c"] = start_peer(work, "c", address, PEER_FLAGS)  # restores by replay
-        procs.append(peers["c"])
-        codes = {n: p.wait_exit(600) for n, p in peers.items()}
-        assert all(c == 0 for c in codes.values()), {n: peers[n].tail() for n in peers}
-        computed = [e for e in boot.events() if e.get("event") == "basis"]
-    finally:
-        for p in procs:
-            p.stop()
+
+    run = dataclasses.replace(ACTIVATION, basis=basis)
+    return run_to_the_end(work, run, start, join_late, exit_timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both bases' runs at once (each mostly waits for its round clock; the runs differ,
+    so do their ids): {basis: its finished future}."""
+    with ThreadPoolExecutor(2) as pool:
+        return {b: pool.submit(_run, tmp_path_factory.mktemp(b), b) for b in BASES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("basis", BASES)
+def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(runs, basis):
+    result = runs[basis].result()
+    work, peers, boot = result["work"], result["peers"], result["bootstrap"]
+    assert all(c == 0 for c in result["codes"].values()), {n: peers[n].tail() for n in peers}
+    computed = [e for e in boot.events() if e.get("event") == "basis"]
     assert len(computed) == 1, boot.tail()
     sha = computed[0]["sha256"]
     assert ArtifactStore.beside(work / "bootstrap" / "ledger.sqlite").has(sha)

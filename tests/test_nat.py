@@ -395,7 +395,11 @@ def test_nated_peers_that_reach_only_the_relay_train_together(tmp_path):
         relayed = _links(peers["nat1"], id2)[0] + _links(peers["nat2"], id1)[0]
         assert relayed, "the NATed peers never connected through the relay"
         first = min(e["time"] for e in relayed) - max(_ready_time(p) for p in peers.values())
-        time.sleep(12)  # one more `relay_service` line from the bootstrap node (every 10 s)
+        # one more `relay_service` line from the bootstrap node (every 10 s)
+        lines = len(_events(boot, "relay_service"))
+        deadline = time.monotonic() + 15
+        while len(_events(boot, "relay_service")) == lines and time.monotonic() < deadline:
+            time.sleep(0.5)
         served = _events(boot, "relay_service")
         counted_nothing = bool(served) and not any(
             v for k, v in served[-1].items() if k != "event" and isinstance(v, int)

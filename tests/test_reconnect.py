@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import urllib.request
 
 import pytest
@@ -29,7 +28,7 @@ from helpers.cluster import run_toml, start_bootstrap, start_peer
 from helpers.open_run import NODE_FLAGS as OPEN_NODE_FLAGS
 from helpers.open_run import PEER_FLAGS as OPEN_PEER_FLAGS
 from helpers.open_run import events as _events
-from helpers.open_run import wait_event
+from helpers.open_run import wait_event, wait_ledger_digest
 
 pytestmark = pytest.mark.slow
 PEER_FLAGS = [*OPEN_PEER_FLAGS, "--island-after", "5"]
@@ -86,7 +85,9 @@ def scenario(tmp_path_factory):
         running = {"a": peers["a"], "b": peers["b"], "c": peers["c2"], "d": peers["d"]}
         finish_all(running, work)
         codes = {n: p.wait_exit() for n, p in peers.items() if n != "c"}
-        time.sleep(3)  # the bootstrap node repairs the stragglers' last rows
+        # the bootstrap node stores the stragglers' last rows
+        final_a = json.loads((work / "a" / "final_status.json").read_text())
+        wait_ledger_digest(work / "bootstrap" / "ledger.sqlite", final_a["ledger_digest"])
         boot2.stop()
         # A alone: its ledger names B, C, D and the bootstrap node, none of them runs.
         alone = start_peer(work, "a", address, [*PEER_FLAGS, "--metrics-port", "0"], "a_alone")

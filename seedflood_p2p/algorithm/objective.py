@@ -39,11 +39,17 @@ def _label_word_logits(model: nn.Module, batch: dict) -> torch.Tensor:
     last = hidden[rows, batch["target_positions"]]
     logits = model.get_output_embeddings()(last)  # goes through the perturbation hooks
     logits = logits[:, batch["label_word_ids"]].float()
-    group = batch.get("calibration_group")
-    if group:  # each group's content-free row closes it (workload.batching.calibrated)
-        grouped = logits.view(-1, group, logits.shape[1])
-        logits = (grouped[:, :-1] - grouped[:, -1:]).reshape(-1, logits.shape[1])
-    return logits
+    return calibrate(logits, batch.get("calibration_group", 0))
+
+
+def calibrate(logits: torch.Tensor, group: int) -> torch.Tensor:
+    """Label logits of a batch's rows read relative to their group's content-free row,
+    which closes each group of `group` rows (workload.batching.calibrated); the
+    content-free rows are dropped. `group` 0: the logits as they are."""
+    if not group:
+        return logits
+    grouped = logits.view(-1, group, logits.shape[1])
+    return (grouped[:, :-1] - grouped[:, -1:]).reshape(-1, logits.shape[1])
 
 
 @torch.no_grad()

@@ -54,6 +54,40 @@ def philox4x32(counters: np.ndarray, key: tuple, rounds: int = 10) -> np.ndarray
     return np.stack([c0, c1, c2, c3], axis=1).astype(np.uint32)
 
 
+def philox4x32_grid(keys: np.ndarray, streams: int, blocks: int, rounds: int = 10) -> np.ndarray:
+    """Philox4x32-R of every counter (i, j, 0, 0), i < blocks, j < streams, under each of
+    n keys: a uint32 array of shape (n, streams, blocks, 4).
+
+    Bit-identical to `philox4x32` on those counters (tests/test_rng.py). The counters are
+    never built: each word is kept at the shape it depends on, so numpy broadcasting does
+    the work of a round only where it varies (the first round's products depend on i
+    alone, the second's on (key, i) or (key, j)): the first three rounds cost about one.
+    keys: shape (n, 2), 32-bit words.
+    """
+    keys = np.asarray(keys, dtype=np.uint64) & _MASK32
+    n = keys.shape[0]
+    k0 = keys[:, 0].reshape(n, 1, 1)
+    k1 = keys[:, 1].reshape(n, 1, 1)
+    c0 = np.arange(blocks, dtype=np.uint64).reshape(1, 1, blocks)
+    c1 = np.arange(streams, dtype=np.uint64).reshape(1, streams, 1)
+    c2 = c3 = np.zeros((1, 1, 1), dtype=np.uint64)
+    for _ in range(rounds):  # the same round as philox4x32's, on broadcastable words
+        p0 = _M0 * c0
+        p1 = _M1 * c2
+        c0, c1, c2, c3 = (
+            (p1 >> _SHIFT32) ^ c1 ^ k0,
+            p1 & _MASK32,
+            (p0 >> _SHIFT32) ^ c3 ^ k1,
+            p0 & _MASK32,
+        )
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    out = np.empty((n, streams, blocks, 4), dtype=np.uint32)
+    for i, word in enumerate((c0, c1, c2, c3)):
+        out[..., i] = word
+    return out
+
+
 def derive_key(*parts: bytes | str | int) -> tuple[int, int]:
     """A 64-bit Philox key from SHA-256 of length-prefixed parts (unambiguous)."""
     h = hashlib.sha256()

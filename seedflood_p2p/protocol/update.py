@@ -205,6 +205,75 @@ def quorum_round(rounds: Iterable[int], quorum: int = QUORUM_PEERS) -> int:
     return ordered[min(quorum, len(ordered)) - 1]
 
 
+class RoundClaims(dict):
+    """Rounds by identity (a dict: peer -> round) that keeps `quorum_round` of its values up
+    to date as they change, so a batch of gossip pays O(quorum) per changed claim instead
+    of sorting every identity's (250 us a batch at 10,000 identities).
+
+    The top `quorum` claims are kept; a raise (the usual change) updates them in place.
+    Anything else (a lowered claim, a removal, `update`, ...) marks them stale and the next
+    `quorum_round()` recomputes them from all claims, so the answer always equals
+    `quorum_round(claims.values(), quorum)`."""
+
+    def __init__(self, claims=(), quorum: int = QUORUM_PEERS) -> None:
+        super().__init__(claims)
+        self.quorum = quorum
+        self._top: dict[bytes, int] | None = None  # the `quorum` highest claims; None: stale
+
+    def __setitem__(self, peer, round_) -> None:
+        top = self._top
+        if top is not None:
+            old = self.get(peer)
+            if old is not None and round_ < old:
+                top = self._top = None  # lowered: recompute when asked
+            elif peer in top:
+                top[peer] = round_
+            elif len(top) < self.quorum:
+                top[peer] = round_
+            else:  # outside the top: every claim there is <= the top's lowest
+                low = min(top, key=top.__getitem__)
+                if round_ > top[low]:
+                    del top[low]
+                    top[peer] = round_
+        super().__setitem__(peer, round_)
+
+    def __delitem__(self, peer) -> None:
+        self._top = None
+        super().__delitem__(peer)
+
+    def pop(self, *args):
+        self._top = None
+        return super().pop(*args)
+
+    def popitem(self):
+        self._top = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._top = None
+        super().clear()
+
+    def update(self, *args, **kwargs) -> None:
+        self._top = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, peer, round_=None):
+        if peer not in self:
+            self[peer] = round_
+        return self[peer]
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def quorum_round(self) -> int:
+        """`quorum_round(self.values(), self.quorum)`."""
+        if self._top is None:
+            ordered = sorted(self.items(), key=lambda kv: kv[1], reverse=True)
+            self._top = dict(ordered[: self.quorum])
+        return min(self._top.values()) if self._top else -1
+
+
 def _order(scalars: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
     """A total order on tuples of finite floats that tells -0.0 from 0.0 (== does not)."""
     return tuple((x, math.copysign(1.0, x)) for x in scalars)

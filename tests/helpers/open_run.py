@@ -8,8 +8,11 @@ Shared by tests/test_reconnect.py and tests/helpers/join_any_peer.py (test and b
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from seedflood_p2p.apps.localnet import NodeProcess
+
+from .partition import ledger_prefix
 
 # Fast rounds, short deadlines, quick repair and redial: a peer flag set for open-ended runs.
 PEER_FLAGS = [
@@ -48,3 +51,14 @@ def wait_event(proc: NodeProcess, event: str, timeout: float = 180, **match) -> 
         if not proc.alive or time.monotonic() > deadline:
             raise AssertionError(f"{proc.name}: no {event!r} event {match}:\n{proc.tail()}")
         time.sleep(0.2)
+
+
+def wait_ledger_digest(path: Path, digest: str, timeout: float = 15) -> None:
+    """Until the (running) node's ledger file at `path` has `digest` (`Ledger.digest`), or
+    `timeout` s pass: the caller's own check then says how they differ."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = ledger_prefix(path, 2**62)
+        if held is not None and held[1] == digest:
+            return
+        time.sleep(0.5)

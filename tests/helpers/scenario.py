@@ -24,7 +24,7 @@ def run_to_the_end(
     """Start a bootstrap node of `run` in `work`, then the peers `start(address)` returns;
     `during(peers, address)` runs while they train (it may add peers to the dict). Waits
     for every peer to exit and returns {"work", "codes", "finals" (of the peers that
-    exited with 0), "peers"}; every process is stopped on the way out."""
+    exited with 0), "peers", "bootstrap"}; every process is stopped on the way out."""
     procs: list[NodeProcess] = []
     peers: dict[str, NodeProcess] = {}
     try:
@@ -39,7 +39,7 @@ def run_to_the_end(
             for n, code in codes.items()
             if code == 0
         }
-        return {"work": work, "codes": codes, "finals": finals, "peers": peers}
+        return {"work": work, "codes": codes, "finals": finals, "peers": peers, "bootstrap": boot}
     finally:
         for p in [*procs, *peers.values()]:
             p.stop()

@@ -51,6 +51,7 @@ from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.update import (
     SENDER_BURST,
     SENDER_RATE,
+    RoundClaims,
     WindowRule,
     check_against_ledger,
     check_envelope,
@@ -104,6 +105,13 @@ def _row_key(message: UpdateMessage, envelope: Envelope) -> tuple:
     return (message.round, message.peer, scalars, envelope.data, envelope.seqno, envelope.signature)
 
 
+def _quorum_of(claims: dict[bytes, int]) -> int:
+    """`quorum_round` of the claims' rounds (kept up to date by a RoundClaims)."""
+    if isinstance(claims, RoundClaims):
+        return claims.quorum_round()
+    return quorum_round(claims.values())
+
+
 class Admission:
     """The pipeline of one node: its ledger, the run's k, the round window, its counters."""
 
@@ -143,20 +151,21 @@ class Admission:
         # `reference_round`). Only admitted rows count: a round refused as out of window
         # is no vote, so even a few identities can move the reference only by steps that
         # every peer's window admits (and each refused step is held against them).
-        self.claims: dict[bytes, int] = {
-            p: r for p, r in ledger.peer_rounds().items() if p != peer_id
-        }
+        # (A RoundClaims: its quorum round is kept up to date, not sorted per batch.)
+        self.claims: dict[bytes, int] = RoundClaims(
+            {p: r for p, r in ledger.peer_rounds().items() if p != peer_id}
+        )
         # Each peer's highest digest bucket, by its last round: only ever an upper bound
         # for repair (a late joiner that heard no gossip yet must not refuse the run's
         # newest rows), never the window's centre (it over-claims by up to 63 rounds).
-        self.bucket_claims: dict[bytes, int] = {}
+        self.bucket_claims: dict[bytes, int] = RoundClaims()
 
     def reference_round(self) -> int:
         """The round the window is centred on: our own training round, or the round a
         quorum of distinct other peers reached if that is higher (a restarted, slow or
         non-training node). Never the highest round seen: one identity claiming round
         5,063 is one vote, and the quorum round stays with the honest peers."""
-        return max(self.own_round, quorum_round(self.claims.values()))
+        return max(self.own_round, _quorum_of(self.claims))
 
     def note_claim(self, peer: bytes, round_: int) -> None:
         """`peer` reached `round_`: an update of it was admitted."""
@@ -369,7 +378,7 @@ class Admission:
     ) -> list[Verdict]:
         verdicts: list[Verdict | None] = [None] * len(items)
         reference = self.reference_round()
-        upper = quorum_round(self.bucket_claims.values())
+        upper = _quorum_of(self.bucket_claims)
         new: dict[tuple[int, bytes], int] = {}  # (round, peer) -> index: not in the ledger
         winners: dict[tuple[int, bytes], int] = {}  # ... in the ledger, to be replaced
         for i, (message, _) in enumerate(items):
