@@ -73,14 +73,23 @@ PAIRS = [  # (negative, positive): label 0, label 1
 CALIBRATIONS = ("", "content-free")
 # Other binary sentiment tasks the repo ships (the top 3 are checked on their validation):
 # name -> (dataset, label names or (), the task's own label words).
-OTHER_TASKS = {
-    "synthetic-sentiment": ("synthetic-sentiment", (), DEFAULT_WORDS),
-    "examples/tasks/sentiment.jsonl (preset sentiment)": (
+OTHER_TASKS = [  # (name, dataset, label names, the task's own label words, split)
+    ("synthetic-sentiment", "synthetic-sentiment", (), DEFAULT_WORDS, "validation"),
+    (
+        "sentiment.jsonl",
+        str(REPO / "examples" / "tasks" / "sentiment.jsonl"),
+        ("negative", "positive"),
+        DEFAULT_WORDS,  # the `sentiment` preset's
+        "validation",
+    ),
+    (  # its validation split is 4 rows: all 48 as well (nothing is chosen on this file)
+        "sentiment.jsonl",
         str(REPO / "examples" / "tasks" / "sentiment.jsonl"),
         ("negative", "positive"),
         DEFAULT_WORDS,
+        "all",
     ),
-}
+]
 
 
 # ---------------------------------------------------------------------------- scoring
@@ -288,8 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     if data.get("meta", {}).get("validation_sha256") not in (None, val_sha):
         raise SystemExit(f"error: {path} was scored on other validation sentences")
     data["meta"] = {
-        "command": "python bench/bench_prompts.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(
+            ["python bench/bench_prompts.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "model": args.model,
         "task": args.task,
         "validation_examples": len(task.validation),
@@ -397,33 +407,35 @@ def main(argv: list[str] | None = None) -> None:
     if "carry" not in data:
         top = [combo(r) for r in rows[:3]]
         carry = []
-        for name, (dataset, names, own_words) in OTHER_TASKS.items():
+        candidates = list(dict.fromkeys([*top, *defaults]))
+        for name, dataset, names, own_words, split in OTHER_TASKS:
             spec = TaskSpec("classification", DEFAULT_TEMPLATE, DEFAULT_WORDS, names)
             other = load_task(dataset, spec=spec)
-            if not other.validation:
+            examples = other.validation if split == "validation" else other.train + other.test
+            if not examples:
                 continue
-            sha = split_sha256(other.validation, "validation")
-            for rank, (t, w, c) in enumerate([*top, (DEFAULT_TEMPLATE, DEFAULT_WORDS, "")], 1):
+            sha = split_sha256(examples, split)
+            for t, w, c in candidates:
                 pairs = list(dict.fromkeys([tuple(w), tuple(own_words)]))
                 other_rows, _ = score_template(
                     model,
                     tokenizer,
                     other,
-                    other.validation,
+                    examples,
                     t,
                     pairs,
                     config,
                     order,
-                    [args.model, dataset, "validation", sha],
+                    [args.model, dataset, split, sha],
                 )
                 for r in other_rows:
-                    if r["calibration"] != c:
-                        continue
                     own = tuple(r["label_words"]) == tuple(own_words)
-                    if tuple(r["label_words"]) != tuple(w) and not own:
+                    if r["calibration"] != c or (tuple(r["label_words"]) != tuple(w) and not own):
                         continue
                     r["task"] = name
-                    r["mr_rank"] = rank if rank <= 3 else "default"
+                    r["split"] = split
+                    mr_rank = top.index((t, w, c)) + 1 if (t, w, c) in top else None
+                    r["mr_rank"] = mr_rank or "default"
                     r["words_from"] = "the task's own" if own else "the MR combo's"
                     r["mr_validation_accuracy"] = by_combo[(t, tuple(w), c)]["accuracy"]
                     carry.append(r)
@@ -461,7 +473,8 @@ def render(data: dict) -> str:
         "",
         "**Chosen on validation, scored on test**: every (template, label words, "
         f"calibration) below is scored on the fixed validation split ({meta['validation_examples']}"
-        f" of MR's training sentences, sha256 `{meta['validation_sha256'][:16]}...`); only the "
+        f" of {meta['task']}'s training sentences, sha256 "
+        f"`{meta['validation_sha256'][:16]}...`); only the "
         f"best of them and today's default are scored on the {meta['test_examples']} test "
         "sentences, once. The base model, a run's scoring path (`batching.calibrated`, "
         "`make_batch`, `objective.label_word_logits` / `calibrate`, `trainer.macro_f1`), "
@@ -473,7 +486,8 @@ def render(data: dict) -> str:
         "",
         f"{len(templates)} templates x {len(meta['pairs'])} label-word pairs x "
         f"{len(meta['calibrations'])} = {len(rows)} combinations on validation. The best of "
-        f"{len(rows)} on 1,000 sentences is biased upwards (a winner's curse of a few SE); its "
+        f"{len(rows)} on {meta['validation_examples']} sentences is biased upwards (a winner's "
+        "curse of a few SE); its "
         "test score is the unbiased figure.",
         "",
     ]
@@ -610,18 +624,21 @@ def render(data: dict) -> str:
             "The repo's other binary sentiment tasks: `synthetic-sentiment` (generated "
             "sentences, each with one polar word) and `examples/tasks/sentiment.jsonl` (the "
             "`sentiment` preset's 48-row example; its validation split is a tenth of its "
-            "training rows, so n is tiny). Each MR combo with its own words and with the "
+            "training rows, 4 negative sentences, so it is scored on all 48 rows as well: "
+            "nothing is chosen on it). MR's top 3 and today's default, each with its own "
+            "words and with the "
             'task\'s own (the preset\'s " terrible" / " great").',
             "",
-            "| task | MR rank | template | label words | words from | calibration | MR val acc "
-            "| val acc [SE] | n |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| task | split | MR rank | template | label words | words from | calibration | "
+            "MR val acc | acc [SE] | macro-F1 | n |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in data["carry"]:
             lines.append(
-                f"| {r['task']} | {r['mr_rank']} | {_template(r['template'])} | "
+                f"| {r['task']} | {r['split']} | {r['mr_rank']} | {_template(r['template'])} | "
                 f"{_words(r['label_words'])} | {r['words_from']} | {r['calibration'] or 'none'} "
-                f"| {r['mr_validation_accuracy']:.3f} | {_cell(r)} | {r['n']} |"
+                f"| {r['mr_validation_accuracy']:.3f} | {_cell(r)} | {r['macro_f1']:.3f} | "
+                f"{r['n']} |"
             )
     wall = sum(t.get("wall_s", 0) for t in data.get("timing", {}).values())
     test_wall = sum(t.get("wall_s", 0) for t in data.get("test", {}).get("timing", {}).values())
