@@ -44,6 +44,7 @@ audited.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import Counter
@@ -55,6 +56,7 @@ from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import NEVER, Standing, standing
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
+from seedflood_p2p.core.rng import derive_key
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
@@ -104,6 +106,9 @@ class PeerAudits:
         self.tokens = 0.0  # probation audits we may still do (the verification budget)
         self.backlog = 0  # probationers' updates due for a probation audit we had no budget for
         self.waiting_peers = 0  # probationers with such updates
+        # Probation audits we spent on each probationer (`probation_jobs` serves the least
+        # served first); a key leaves when it stops being a probationer.
+        self.served: Counter[bytes] = Counter()
         self.secret = secret  # our private draw: a sender cannot predict its auditors
         self.peer_id = peer_id
         self.ledger = ledger
@@ -266,9 +271,12 @@ class PeerAudits:
         """Probation audits for this round, within the verification budget: `share` audits
         a round (an audit costs one training step), only by an established peer. The
         probationers' unvouched updates that are due (old enough, see `ready`; young
-        enough to rewind to) are taken oldest probationer first (by its first round in the
-        ledger), each one's updates in an order drawn with our secret (so auditors spread
-        over different updates); the rest wait (kept, counted in `backlog`)."""
+        enough to rewind to) are served fairly: one at a time to the probationer we spent
+        the fewest probation audits on so far (`served`: round-robin across rounds, so a
+        newcomer never queues behind keys that came earlier), ties broken by a draw with
+        our secret (auditors spread differently), each one's updates in an order drawn with
+        our secret (so auditors spread over different updates); the rest wait (kept,
+        counted in `backlog`). Local scheduling only: which audits we do, not what counts."""
         st = self.standing
         if st is None or not st.enabled or self.peer_id not in st.established:
             self.backlog = self.waiting_peers = 0
@@ -277,31 +285,40 @@ class PeerAudits:
         if high < low or not st.probationers:
             self.backlog = self.waiting_peers = 0
             return []
-        first: dict[bytes, int] = {}
-        due = []
-        for m in self.ledger.messages(max(0, low - MAX_REWIND), high):
-            if m.peer in st.probationers:
-                first.setdefault(m.peer, m.round)
-                key = (m.peer, m.round)
-                if m.round >= low and key not in st.vouched and key not in self.done:
-                    due.append(m)
+        for peer in set(self.served) - st.probationers:  # established or banned since
+            del self.served[peer]
+        due: dict[bytes, list[UpdateMessage]] = {}
+        for m in self.ledger.messages(low, high):
+            key = (m.peer, m.round)
+            if m.peer in st.probationers and key not in st.vouched and key not in self.done:
+                due.setdefault(m.peer, []).append(m)
         run_key = self.live.config.run_key
-        due.sort(
-            key=lambda m: (
-                first[m.peer],
-                m.peer,
-                audit_draw(self.secret, run_key, m.peer, m.round),
+        for updates in due.values():  # popped from the end: lowest draw first
+            updates.sort(key=lambda m: audit_draw(self.secret, run_key, m.peer, m.round))
+            updates.reverse()
+        # the tie draw: ours, and fresh each round (a tie is not always won by one key)
+        queue = [
+            (
+                self.served[p],
+                derive_key("seedflood/probation-tie", self.secret, run_key, p, trained_round),
+                p,
             )
-        )
+            for p in due
+        ]
+        heapq.heapify(queue)
         jobs, budget = [], max(0, int(self.tokens))  # below 0: retries still being repaid
-        for m in due[:budget]:
+        while queue and len(jobs) < budget:
+            served, tie, peer = heapq.heappop(queue)
+            m = due[peer].pop()
             self.done.add((m.peer, m.round))
+            self.served[peer] += 1
             jobs.append((m.peer, m.round, "probation", m.scalars))
+            if due[peer]:
+                heapq.heappush(queue, (served + 1, tie, peer))
         self.tokens -= len(jobs)
         self.counts["probation_audits"] += len(jobs)
-        rest = due[budget:]
-        self.backlog = len(rest)
-        self.waiting_peers = len({m.peer for m in rest})
+        self.backlog = sum(len(updates) for updates in due.values())
+        self.waiting_peers = sum(1 for updates in due.values() if updates)
         return jobs
 
     def ready(self, trained_round: int) -> list[tuple]:
@@ -324,6 +341,7 @@ class PeerAudits:
                     continue
                 self.tokens -= 1
                 self.counts["probation_audits"] += 1
+                self.served[peer] += 1
             del self.due[(peer, round_)]
             if trained_round - round_ > MAX_REWIND or peer in self.banned:
                 self.counts["skipped"] += 1

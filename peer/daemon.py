@@ -31,7 +31,14 @@ import base58
 
 from peer.audit_duty import DaemonAudits, PeerAudits
 from peer.behaviour import Behaviour
-from peer.join import MAX_CLOCK_SKEW, Joiner, NotReady, check_ledger, check_manifest_reply
+from peer.join import (
+    MAX_CLOCK_SKEW,
+    Joiner,
+    NotReady,
+    check_ledger,
+    check_manifest_reply,
+    check_own_work,
+)
 from peer.latejoin import LateJoin, start_round
 from peer.rounds import (
     HOLE_WINDOW,
@@ -269,6 +276,7 @@ class PeerDaemon:
             config.dataset,
             extra={"fields": {"event": "join", "peer_id": name, "run_id": config.run_id}},
         )
+        check_own_work(config, host.peer_id, self.s.data_dir / "identity.key")
         self.state = "loading"
         ledger = await self._open_ledger(config, host.peer_id)
         own_ticket = self._use_own_ticket(config, host.peer_id)

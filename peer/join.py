@@ -57,6 +57,25 @@ def check_manifest_reply(reply: dict, now: float, version: str) -> RunConfig:
     return config
 
 
+def check_own_work(config: RunConfig, peer_id: bytes, key_path: Path) -> None:
+    """A run with identity work (`extra.identity_work`): this peer's key must carry it, else
+    every peer would drop its updates (`no_work`); one line that says how to make one."""
+    work = config.identity_work
+    if work.qualifies(peer_id):
+        return
+    import base58
+
+    from seedflood_p2p.core.extra_settings import work_bits
+
+    raise UserError(
+        f"run {config.run_id[:12]} admits identities with {work.difficulty} bits of identity "
+        f"work (extra.identity_work) and this peer's key {key_path} "
+        f"({base58.b58encode(peer_id).decode()}) has {work_bits(work.run_key, peer_id)}: move "
+        f"it aside, make one with `seedflood keygen --run-id {config.run_id} --difficulty "
+        f"{work.difficulty} --out {key_path}`, and restart"
+    )
+
+
 def check_version(run_version: str, version: str) -> None:
     """Refuse a run made with another seedflood major.minor version, naming the fix."""
     if run_version.split(".")[:2] != version.split(".")[:2]:

@@ -106,6 +106,12 @@ def _ticket():
     return add_ticket_arguments, cmd_ticket
 
 
+def _keygen():
+    from seedflood_p2p.apps.keygen import add_keygen_arguments, cmd_keygen
+
+    return add_keygen_arguments, cmd_keygen
+
+
 def _bootstrap():
     from bootstrap import command
 
@@ -127,6 +133,7 @@ COMMANDS: dict[str, Command] = {
     "ticket": Command(
         "sign a join ticket for a ticketed run (with the run creator's key)", _ticket
     ),
+    "keygen": Command("make a key with a run's identity work (extra.identity_work)", _keygen),
     "bootstrap": Command("start a run: serve its manifest and an entry point", _bootstrap),
 }
 

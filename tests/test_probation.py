@@ -261,8 +261,10 @@ def test_a_live_peer_ends_where_the_replay_of_the_counted_updates_is(tmp_path):
 
 def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
     """An established peer spends at most `share` audits a round on probationers' updates
-    (re-checks of their updates included); the oldest probationer goes first; what it
-    cannot audit is kept and reported as backlog; a peer on probation audits nobody."""
+    (re-checks of their updates included), served fairly: the least served probationer
+    first, so each is served before any is served twice, and a late newcomer behind 5 keys
+    that came earlier is served in the first pass; what it cannot audit is kept and
+    reported as backlog; a peer on probation audits nobody."""
     import numpy as np
 
     from peer.audit_duty import PeerAudits
@@ -274,18 +276,19 @@ def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
     from seedflood_p2p.workload.models import load_model
 
     rng = np.random.default_rng(1)
-    newcomers = [b"old-newcomer"] + SYBILS[:5]
+    late = b"late-newcomer"
+    newcomers = SYBILS[:5] + [late]
     rows = [
         UpdateMessage(t, p, quantize_scalars(rng.normal(size=1)))
         for t in range(30)
         for p in F[:3] + newcomers
-        if not (p != newcomers[0] and t < 2)  # the first newcomer came two rounds earlier
+        if not (p == late and t < 6)  # the newcomer came six rounds after the 5 keys
     ]
     model, _ = load_model("tiny-llama")
     ledger = Ledger(tmp_path / "l.sqlite", LIVE_CONFIG.run_id)
     ledger.add(rows)
     live = LiveModel(SubCGE(model, LIVE_CONFIG), ledger)
-    probation = ProbationSettings(founders=frozenset(F[:3]), vouches=3, share=0.25)
+    probation = ProbationSettings(founders=frozenset(F[:3]), vouches=3, share=0.5)
     settings = AuditSettings(enabled=True, lag=0)
     audits = PeerAudits(settings, b"secret", F[0], ledger, live, AuditIntake(ledger, 1), probation)
     audits.set_standing(audits.judge())
@@ -294,11 +297,28 @@ def test_probation_audits_stay_within_the_budget_and_the_rest_waits(tmp_path):
     jobs = []
     for round_ in range(10, 30):
         jobs += [j for j in audits.ready(round_) if j[2] in ("probation", "recheck")]
-    assert len(jobs) <= 0.25 * 20 + 1  # the budget (plus one saved-up round)
-    assert jobs and all(j[0] == newcomers[0] for j in jobs if j[2] == "probation")
+    assert len(jobs) <= 0.5 * 20 + 1  # the budget (plus one saved-up round)
+    assert len(jobs) > len(newcomers) and len({(j[0], j[1]) for j in jobs}) == len(jobs)
+    served = {p: 0 for p in newcomers}
+    for peer, *_ in jobs:  # round-robin: nobody is served twice before all once
+        served[peer] += 1
+        assert max(served.values()) - min(served.values()) <= 1, served
+    first_pass = [j[0] for j in jobs[: len(newcomers)]]
+    assert set(first_pass) == set(newcomers)  # the late newcomer included
     status = audits.probation_status()
     assert status["backlog"] > 0 and status["backlog_peers"] == len(newcomers)
     assert status["we_are"] == "established" and status["on_probation"] == len(newcomers)
+    # another auditor (another secret) breaks the ties in another order
+    other_audits = PeerAudits(
+        settings, b"second", F[1], ledger, live, AuditIntake(ledger, 1), probation
+    )
+    other_audits.set_standing(other_audits.judge())
+    orders = {tuple(j[0] for j in jobs[: len(newcomers)])}
+    for secret in (b"second", b"third", b"fourth"):
+        other_audits.secret, other_audits.tokens, other_audits.done = secret, 6.0, set()
+        other_audits.served.clear()
+        orders.add(tuple(j[0] for j in other_audits.probation_jobs(20)))
+    assert len(orders) > 1
     # a peer on probation does no probation audits
     other = PeerAudits(
         settings, b"other", newcomers[1], ledger, live, AuditIntake(ledger, 1), probation

@@ -26,6 +26,7 @@ from seedflood_p2p.core.checks import is_finite, is_int, peer_ids_problem, short
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.extra_settings import (
     AuditSettings,
+    IdentityWork,
     JoinSettings,
     ProbationSettings,
     checkpoint_period,
@@ -143,9 +144,10 @@ class RunConfig:
     salt: str = "seedflood"  # distinguishes runs with otherwise equal settings
     base_sha256: str = ""  # SHA-256 of the base weights (filled in by the bootstrap)
     # Settings added after manifest version 2, as the manifest spells them (plain JSON, at
-    # most MAX_EXTRA_DEPTH deep): "audit", "probation", "checkpoint_every", "join". Parsed
-    # once, when the settings are built, into `audit`, `probation`, `checkpoint_every` and
-    # `join` (core/extra_settings.py, with their bounds); read those, not this.
+    # most MAX_EXTRA_DEPTH deep): "audit", "probation", "checkpoint_every", "join",
+    # "identity_work". Parsed once, when the settings are built, into `audit`, `probation`,
+    # `checkpoint_every`, `join` and `identity_work` (core/extra_settings.py, with their
+    # bounds); read those, not this.
     extra: dict[str, Any] = field(default_factory=dict)
     # A closed run: the base58 peer ids (Ed25519) allowed to take part; updates and repair
     # requests of any other peer are dropped and counted (`not_allowed`). Empty: an open
@@ -295,6 +297,7 @@ class RunConfig:
         # line ("run setting extra.audit: ..."), and readers get typed values.
         for name in ("audit", "probation", "checkpoint_every", "join"):
             getattr(self, name)
+        IdentityWork.of(self.extra)  # checked now; `identity_work` needs the run id
 
     @cached_property
     def audit(self) -> AuditSettings:
@@ -315,6 +318,18 @@ class RunConfig:
     def join(self) -> JoinSettings:
         """How peers join the run (`extra.join`: open, or ticketed by its creator)."""
         return JoinSettings.of(self.extra)
+
+    @cached_property
+    def identity_work(self) -> IdentityWork:
+        """The work an identity must carry to take part (`extra.identity_work`; off unless
+        set), bound to this run's id; the identities the manifest names are exempt."""
+        work = IdentityWork.of(self.extra)
+        if not work.enabled:
+            return work
+        exempt = set(self.probation.founders) | set(self.allowed_peer_ids() or ())
+        if self.join.creator is not None:
+            exempt.add(self.join.creator)
+        return dataclasses.replace(work, run_key=self.run_key, exempt=frozenset(exempt))
 
     def lr_at(self, round_: int) -> float:
         """Learning rate of round `round_`: a pure function, identical on all peers."""

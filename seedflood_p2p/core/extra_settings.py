@@ -2,14 +2,16 @@
 
 Settings added after manifest version 2 was fixed live under `extra`, so a run that does
 not set them keeps its run id: `extra.audit` (`AuditSettings`), `extra.probation`
-(`ProbationSettings`), `extra.checkpoint_every` (the chain period) and `extra.join`
-(`JoinSettings`). `RunConfig` parses each once, when it is built, into the typed
-attributes `audit`, `probation`, `checkpoint_every` and `join`; code reads those, never
-`extra`. Each parser turns a bad value into one UserError line naming the setting.
+(`ProbationSettings`), `extra.checkpoint_every` (the chain period), `extra.join`
+(`JoinSettings`) and `extra.identity_work` (`IdentityWork`). `RunConfig` parses each once,
+when it is built, into the typed attributes `audit`, `probation`, `checkpoint_every`,
+`join` and `identity_work`; code reads those, never `extra`. Each parser turns a bad value
+into one UserError line naming the setting.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -256,3 +258,63 @@ class JoinSettings:
         if not isinstance(creator, str) or peer_ids_problem("creator", [creator], 1):
             raise UserError("run setting extra.join.creator must be a base58 Ed25519 peer id")
         return cls(mode, base58.b58decode(creator))
+
+
+# ------------------------------------------------------------------------ identity work
+
+MAX_WORK_DIFFICULTY = 32  # leading zero bits; ~2^32 key generations is days of CPU
+
+
+def work_bits(run_key: bytes, peer: bytes) -> int:
+    """Leading zero bits of blake2b-256(run_key || peer): the work identity `peer` (raw
+    peer id bytes) carries for the run whose id is `run_key` (its 32 bytes). The salt is
+    the run id itself: a key ground for one run is worth nothing in another, and it is
+    known as soon as the manifest is fixed (identities are made after)."""
+    digest = hashlib.blake2b(run_key + peer, digest_size=32).digest()
+    return 256 - int.from_bytes(digest, "big").bit_length()
+
+
+@dataclass(frozen=True)
+class IdentityWork:
+    """Identities that cost work (`extra.identity_work`, S/Kademlia's static puzzle): an
+    identity takes part in the run only if `work_bits(run id, its peer id)` is at least
+    `difficulty` (0: off). Each bit doubles the expected key generations a newcomer grinds
+    (`seedflood keygen`; bench/results/identity-work.md). The identities the manifest names
+    (founders, allow-listed peers, the join ticket creator) are `exempt`: they are in the
+    manifest the run id hashes, so no key of theirs could be ground against it, and the
+    manifest already vouches for them.
+
+    `RunConfig.identity_work` fills in `run_key` and `exempt`; `of` reads the difficulty."""
+
+    difficulty: int = 0
+    run_key: bytes = b""
+    exempt: frozenset[bytes] = frozenset()
+
+    @property
+    def enabled(self) -> bool:
+        return self.difficulty > 0
+
+    def qualifies(self, peer: bytes) -> bool:
+        """Does `peer` (raw peer id) carry the run's work (or need none)?"""
+        return (
+            not self.enabled
+            or peer in self.exempt
+            or work_bits(self.run_key, peer) >= self.difficulty
+        )
+
+    @classmethod
+    def of(cls, extra: Mapping) -> IdentityWork:
+        """From a manifest's `extra.identity_work` (a table {difficulty}); absent: off. A bad
+        value is one UserError line."""
+        body = extra.get("identity_work")
+        if body is None:
+            return cls()
+        if not isinstance(body, Mapping) or set(body) - {"difficulty"}:
+            raise UserError("run setting extra.identity_work must be a table with key difficulty")
+        difficulty = body.get("difficulty", 0)
+        if not (is_int(difficulty) and 0 <= difficulty <= MAX_WORK_DIFFICULTY):
+            raise UserError(
+                "run setting extra.identity_work.difficulty must be an integer "
+                f"0..{MAX_WORK_DIFFICULTY} (leading zero bits), got {short_repr(difficulty)}"
+            )
+        return cls(int(difficulty))

@@ -23,8 +23,9 @@ Audit repair: audit records are repaired like updates (`AUDIT_ROWS` in
 `protocol/repair.py`, network/gossip/repair.py), so a peer that missed some (a late
 joiner, a partition) ends with the same audit table, hence the same verdicts (`judge` is
 a pure function of the table and the updates). Per row the `bad_key`, `not_allowed`,
-`bad_signature`, `mismatch` and audit payload rules apply, with update repair's budgets
-(MAX_EXCHANGE_PAGES, the deadline, the digest's claimed counts, SERVE_BYTES_RATE).
+`no_work`, `bad_signature`, `mismatch` and audit payload rules apply, with update
+repair's budgets (MAX_EXCHANGE_PAGES, the deadline, the digest's claimed counts,
+SERVE_BYTES_RATE).
 """
 
 from __future__ import annotations

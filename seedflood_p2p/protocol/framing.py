@@ -16,6 +16,11 @@ exchange) and `checkpoint.py` (checkpoint download). What they share is here:
   signing is on, so it cannot be forged), never in the payload, and only an Ed25519 peer
   id is accepted (`check_sender_key`, `bad_key`): its public key is in the id, so every
   peer can check its rows' signatures offline, on gossip and on repair alike.
+- A run with identity work (`extra.identity_work`, core/extra_settings.py `IdentityWork`)
+  admits only authors whose peer id carries it (`check_sender_work`, `no_work`):
+  blake2b-256(run id bytes || raw peer id) has at least `difficulty` leading zero bits,
+  unless the manifest names the author (a founder, an allow-listed peer, the ticket
+  creator). Updates, repaired rows and audit records (their auditor) alike.
 - A message that fails validation raises `Rejected`, whose reason is one of
   DROP_REASONS (or `self_audit`, `audit_record.py`); the daemon drops it and counts it
   under that reason, and never lets it escape. A request a peer serves that fails its
@@ -35,6 +40,7 @@ import msgpack
 
 from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX, is_int
 from seedflood_p2p.core.config import MAX_ROUND
+from seedflood_p2p.core.extra_settings import IdentityWork, work_bits
 from seedflood_p2p.protocol.message import pack_scalars, unpack_scalars
 
 PROTOCOL_VERSION = 3  # 3: updates carry the sender's held-state digest
@@ -59,6 +65,7 @@ DROP_REASONS = (
     "own_backfill",
     "banned",
     "not_allowed",
+    "no_work",
     "no_ticket",
     "rate_limited",
 )
@@ -115,6 +122,17 @@ def check_sender_key(peer: bytes) -> None:
     rows' signatures offline, on gossip and on repair alike."""
     if len(peer) != 38 or not peer.startswith(ED25519_PEER_ID_PREFIX):
         raise Rejected("bad_key", "sender's peer id is not an Ed25519 key")
+
+
+def check_sender_work(peer: bytes, work: IdentityWork) -> None:
+    """A run with identity work: the author's peer id carries `work.difficulty` bits of it
+    (or the manifest names it); else `no_work`."""
+    if not work.qualifies(peer):
+        raise Rejected(
+            "no_work",
+            f"the sender's key has {work_bits(work.run_key, peer)} of the run's "
+            f"{work.difficulty} bits of identity work",
+        )
 
 
 def same_scalars(a: tuple[float, ...] | None, b: tuple[float, ...]) -> bool:

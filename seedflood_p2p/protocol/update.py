@@ -37,6 +37,10 @@ dropped and counted under the named reason (never raised out of the daemon):
     banned         the sender is banned by this peer (network/peers/reputation.py); not a rule
                    every peer applies at once, see `own_backfill` for why ledgers still agree
     not_allowed    a closed run (the manifest's `allow_peers`) and the sender is not in it
+    no_work        a run with identity work (`extra.identity_work`) and the sender's peer id
+                   lacks it: blake2b-256(run id || peer id) has fewer than `difficulty`
+                   leading zero bits, and the manifest does not name the sender
+                   (framing.check_sender_work; gossip, repair and audit records alike)
     no_ticket      a ticketed run and the sender holds no valid ticket of the run creator
     rate_limited   the sender sent more updates than `SENDER_RATE` / `SENDER_BURST` allow
     duplicate      same (sender, round, scalars) already in the ledger

@@ -11,8 +11,10 @@ passes the same stages and ends with exactly one `Verdict`, counted:
               scalars skips it: a duplicate changes nothing, and a late join fetches tens
               of thousands of them at ~150 us per check.
     sender    the author's key is Ed25519 (`framing.check_sender_key`), it is in a closed
-              run's allow-list, and, for gossip, it is not banned here and keeps to its
-              rate (`update.SENDER_RATE`, a token bucket per author).
+              run's allow-list, it carries the run's identity work if the run asks for
+              some (`framing.check_sender_work`, `no_work`), and, for gossip, it is not
+              banned here and keeps to its rate (`update.SENDER_RATE`, a token bucket per
+              author).
     policy    the run's k scalars; the round window around the reference round
               (`reference_round`: own round, or a quorum of distinct peers' rounds):
               gossip both bounds, repair the upper bound and, below the lower one, only
@@ -42,11 +44,17 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
+from seedflood_p2p.core.extra_settings import IdentityWork
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
 from seedflood_p2p.network.peers.reputation import LogLimiter, PeerBuckets, Reputation, short_id
 from seedflood_p2p.network.peers.tickets import TicketBook
 from seedflood_p2p.network.transport.identity import verify_pubsub_signature
-from seedflood_p2p.protocol.framing import Rejected, check_sender_key, same_scalars
+from seedflood_p2p.protocol.framing import (
+    Rejected,
+    check_sender_key,
+    check_sender_work,
+    same_scalars,
+)
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.update import (
     SENDER_BURST,
@@ -128,6 +136,7 @@ class Admission:
         reputation: Reputation | None = None,
         allowed: Collection[bytes] | None = None,
         tickets: TicketBook | None = None,
+        work: IdentityWork | None = None,
     ) -> None:
         self.ledger = ledger
         self.run_id = ledger.run_id
@@ -139,6 +148,8 @@ class Admission:
         self.verify = verify
         self.reputation = reputation or Reputation(BanStore(None), metrics.count_ban)
         self.allowed = None if allowed is None else frozenset(allowed)  # None: an open run
+        # The run's identity work (`RunConfig.identity_work`; None or difficulty 0: none)
+        self.work = work if work is not None and work.enabled else None
         # A ticketed run: only holders of a valid ticket signed by the run creator
         self.tickets = tickets if tickets is not None and tickets.required else None
         self.sender_rate = PeerBuckets(SENDER_RATE, SENDER_BURST)
@@ -186,6 +197,11 @@ class Admission:
             return exc
         if self.allowed is not None and peer not in self.allowed:
             return Rejected("not_allowed", "not in the run's allow_peers")
+        if self.work is not None:
+            try:
+                check_sender_work(peer, self.work)
+            except Rejected as exc:
+                return exc
         return self.ticket_problem(peer, round_)
 
     def ticket_problem(self, peer: bytes, round_: int | None) -> Rejected | None:

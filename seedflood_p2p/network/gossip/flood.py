@@ -137,6 +137,7 @@ class FloodNode:
             reputation=self.reputation,
             allowed=config.allowed_peer_ids(),
             tickets=self.tickets,
+            work=config.identity_work,
         )
         self.ticket_exchange = (
             None

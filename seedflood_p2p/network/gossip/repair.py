@@ -92,13 +92,14 @@ MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be ask
 MAX_SYNC_PASSES = 100  # a joiner's catch-up: anti-entropy passes at most before it starts
 BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
 # Drops that the same row meets again whenever it is fetched: an equivocation's loser
-# (`protocol.update.keeps_new` is a total order), the author's key or allow-list, a malformed row;
-# `own_backfill` from the same server (the reference only rises); an audit naming its own
-# auditor. Not `out_of_window` or `no_ticket`: such a row may pass later.
+# (`protocol.update.keeps_new` is a total order), the author's key, allow-list or identity
+# work, a malformed row; `own_backfill` from the same server (the reference only rises); an
+# audit naming its own auditor. Not `out_of_window` or `no_ticket`: such a row may pass later.
 SETTLED_DROPS = (
     "own_backfill",
     "equivocation",
     "not_allowed",
+    "no_work",
     "bad_key",
     "malformed",
     "self_audit",

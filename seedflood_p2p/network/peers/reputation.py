@@ -54,6 +54,7 @@ PENALTIES: dict[str, float] = {
     "bad_version": 1.0,
     "wrong_run": 1.0,
     "bad_key": 1.0,
+    "no_work": 1.0,  # a key without the run's identity work: a stranger's, or a sybil's
 }
 MAX_TRACKED = 10_000  # peers with a score or a bucket kept in memory (one identity each)
 

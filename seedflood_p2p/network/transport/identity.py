@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from hivemind.p2p import PeerID
@@ -18,6 +19,7 @@ from hivemind.proto import p2pd_pb2 as pb
 
 from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.extra_settings import IdentityWork
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,44 @@ def load_or_create_identity(path: Path) -> PeerID:
             "restore it from a backup, or delete it to create a new identity (new peer id)"
         )
     return _ed25519_peer_id(public)
+
+
+def grind_identity(
+    work: IdentityWork, progress: Callable[[int], None] | None = None, every: int = 1 << 16
+) -> tuple[bytes, bytes, int]:
+    """An Ed25519 key whose peer id carries `work` (`IdentityWork.qualifies`): new keys are
+    drawn until one does (2^difficulty tries expected; ~35 us a try). Returns (the libp2p
+    private key file's bytes, the raw peer id, the tries); `progress(tries)` every `every`
+    tries."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    tries = 0
+    while True:
+        seed = os.urandom(32)
+        public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+        peer = ED25519_PEER_ID_PREFIX + public
+        tries += 1
+        if work.qualifies(peer):
+            blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=seed + public)
+            return blob.SerializeToString(), peer, tries
+        if progress is not None and tries % every == 0:
+            progress(tries)
+
+
+def write_identity(path: Path, blob: bytes) -> None:
+    """Write a libp2p private key file (`grind_identity`'s) as `load_or_create_identity`
+    does: a new file of mode 0600; an existing file is one UserError line, never replaced."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise UserError(f"directory {path.parent} for the identity key does not exist; create it")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise UserError(
+            f"{path} exists: move it aside first (it is another identity), or pick another --out"
+        ) from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(blob)
 
 
 def load_signing_key(path: Path):
