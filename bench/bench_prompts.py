@@ -281,6 +281,10 @@ def main(argv: list[str] | None = None) -> None:
         path.with_suffix(".md").write_text(render(load(path)))
         return
     torch.set_num_threads(1)
+    # Every module the scoring uses, imported now: a tree others edit may not import later.
+    import seedflood_p2p.algorithm.objective
+    import seedflood_p2p.algorithm.trainer
+    import seedflood_p2p.workload.batching  # noqa: F401
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.workload.data import TaskSpec, load_task, split_sha256
     from seedflood_p2p.workload.models import load_model
