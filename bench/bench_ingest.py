@@ -876,7 +876,11 @@ def write_md(done: dict, path: Path) -> None:
         lines += ["", FLOOR_NOTE]
     if done.get("reading"):
         lines += ["", "## Reading", "", done["reading"]]
-    path.write_text("\n".join(lines) + "\n")
+    # Sections written by hand after the generated ones ("## After ...": the fast paths'
+    # before/after, bench_accumulate.py) are kept.
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.find("\n## After") :] if "\n## After" in old else ""
+    path.write_text("\n".join(lines) + "\n" + kept)
 
 
 FLOOR_NOTE = (
