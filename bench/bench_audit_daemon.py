@@ -13,7 +13,7 @@ Per audit rate (the run's `extra.audit`; lag 2 with --max-staleness 1, quorum 3)
 two runs with the same manifest, so the same run id and, with the same identity keys (the
 honest-only run's key files are copied into the cheaters' run), the same seeds for the
 honest peers: an honest-only run (4 peers) and the run with the three cheaters
-(tests/helpers/hooked_peer.py `--cheat flip|random|x3`; a cheater still audits
+(harness/hooked_peer.py `--cheat flip|random|x3`; a cheater still audits
 honestly). Recorded per run: the round at which each honest peer banned each cheater
 (its log's `audit_ban` line, at its current training round) and the rounds until
 every honest peer banned it; the verdicts and mismatches against honest peers (target 0);
@@ -40,10 +40,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from harness.cluster import RUN, start_hooked_peer  # noqa: E402
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer  # noqa: E402
-
-from helpers.cluster import RUN, start_hooked_peer  # noqa: E402
 
 HONEST = ["a", "b", "c", "d"]
 CHEATERS = {"x": "flip", "y": "random", "z": "x3"}

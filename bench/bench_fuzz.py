@@ -3,7 +3,7 @@ wrong accepts.
 
     nice -n 19 python bench/bench_fuzz.py [--scale 1.0] [--seed 12]
 
-The properties and input generators are tests/helpers/fuzz_properties.py, the same ones
+The properties and input generators are harness/fuzz_properties.py, the same ones
 tests/test_fuzz.py runs under hypothesis with ~200 inputs per target: random bytes or
 text, random msgpack / JSON / TOML structures of edge values, valid inputs, and valid
 inputs mutated field by field or byte by byte. For the five wire decoders an independent
@@ -29,10 +29,10 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from helpers import fuzz_properties as F  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from harness import fuzz_properties as F  # noqa: E402
 
-# What the generators in tests/helpers/fuzz_properties.py draw (their probabilities).
+# What the generators in harness/fuzz_properties.py draw (their probabilities).
 INPUT_MIX = {
     "decoders": "12% random bytes, 15% random msgpack values of edge values, 2% arrays or "
     "maps nested 100 to 100,000 deep, 10% valid, 30% valid with one field replaced, "
@@ -109,7 +109,7 @@ def write_md(out: dict, path: Path) -> None:
         f"load average {out['machine']['load_average_at_end'][0]} at the end "
         "(run under `nice -n 19` beside other work, so the times are upper bounds).",
         "",
-        "Properties and inputs: `tests/helpers/fuzz_properties.py` (also run by "
+        "Properties and inputs: `harness/fuzz_properties.py` (also run by "
         "`tests/test_fuzz.py` under hypothesis). A *traceback* is any exception other "
         "than `Rejected` / `UserError` escaping the target; a *wrong accept* is an input "
         "the target accepted although the reference (decoders) or a documented bound "

@@ -6,7 +6,7 @@ controlled comparison (the same honest peers with and without the attacker).
 
 Each row is its own run on 127.0.0.1: a bootstrap node, three honest tiny-model peers from
 round 0, a fourth honest peer joining late (after round 8), and, except for `none`, one
-attacker identity (tests/helpers/hostile.py, the same one tests/test_hostile.py uses). Within one
+attacker identity (harness/hostile.py, the same one tests/test_hostile.py uses). Within one
 seed every row is the same run (one manifest, salt `hostile-bench-<seed>`) with the same
 honest identities (one key file per honest node, copied into each row's data dirs), so the
 honest peers' directions and batches are the same in every row: what differs between rows
@@ -45,11 +45,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from harness.cluster import RUN  # noqa: E402
+from harness.hostile import Hostile  # noqa: E402
 from seedflood_p2p.apps.localnet import start_bootstrap, start_peer  # noqa: E402
-
-from helpers.cluster import RUN  # noqa: E402
-from helpers.hostile import Hostile  # noqa: E402
 
 PHASES = {"flood": ["flood", "walk", "equivocate"], "tarpit": ["tarpit"], "stall": ["stall"]}
 ROUND_DEADLINE = 3.0
@@ -280,7 +279,7 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         f"Three honest tiny-model peers from round 0 and a late joiner (after round 8), "
         f"{result['rounds']} rounds, 1.5 s per round, round deadline {ROUND_DEADLINE:g} s; "
-        "one attacker identity per row (tests/helpers/hostile.py). Within a seed every row is the "
+        "one attacker identity per row (harness/hostile.py). Within a seed every row is the "
         "same run (manifest) with the same four honest identities (key files reused), so "
         "the honest directions and batches are the same; only the attacker and the "
         "machine's timing differ. Held-out loss: base weights + peer a's ledger replayed, "

@@ -2,7 +2,7 @@
 
     nice -n 19 python bench/bench_join.py [--out PATH] [--repeats N]
 
-Runs tests/helpers/join_any_peer.py on 127.0.0.1 (bootstrap + A, B, C training the tiny model;
+Runs harness/join_any_peer.py on 127.0.0.1 (bootstrap + A, B, C training the tiny model;
 the bootstrap node SIGKILLed; D started with the TOML list [dead bootstrap, A]) with
 discovery on, then the same with --no-discovery on every node (the control: no DHT
 records, only p2pd's own Kademlia and the peers' summaries). Reports, per run, seconds from
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from helpers.join_any_peer import run_join_any_peer  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from harness.join_any_peer import run_join_any_peer  # noqa: E402
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     sudo nice -n 19 python bench/bench_partition.py [--partition 180] [--out PATH]
 
-Runs tests/helpers/partition.py (5 hosts: bootstrap + 4 peers, tiny model; the cut
+Runs harness/partition.py (5 hosts: bootstrap + 4 peers, tiny model; the cut
 {h1, h2, h3} | {h4, h5} for --partition seconds, every connection across it aborted),
 and reports when each side said "partitioned", when each peer reconnected after the heal,
 how long after the heal all five ledgers held the same rows through the last round made
@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from helpers.cluster import run_toml  # noqa: E402
-from helpers.partition import NamespaceNet, run_partition, skip_reason  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from harness.cluster import run_toml  # noqa: E402
+from harness.partition import NamespaceNet, run_partition, skip_reason  # noqa: E402
 
 
 def _load(load: tuple[float, float, float]) -> str:

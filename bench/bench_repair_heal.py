@@ -29,7 +29,7 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 from test_admission import RUN, Peer  # noqa: E402
 
 from seedflood_p2p.core.config import RunConfig  # noqa: E402

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-for path in (ROOT, ROOT / "tests"):
+for path in (ROOT,):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
@@ -101,7 +101,7 @@ def viewer(base: str, every: float, stop: threading.Event, counts: list) -> None
 
 
 def live(viewers: list[int], every: float, seconds: float, workdir: Path) -> dict:
-    from helpers.cluster import start_bootstrap, start_peer
+    from harness.cluster import start_bootstrap, start_peer
 
     boot, address = start_bootstrap(workdir, ["--metrics-port", "0"])
     flags = ["--metrics-port", "0", "--round-interval", "0.5", "--until-round", "100000"]

@@ -5,7 +5,7 @@ tiny model, synthetic task), under probation (`algorithm/probation.py`).
     PYTHONPATH=. python bench/bench_sybil_daemon.py [--sybils 20] [--rounds 30] [--seeds 0 1]
         [--scenarios honest-only,flip,turn,random,honest]
 
-Scenarios (the cheating attacker identities are tests/helpers/hooked_peer.py with
+Scenarios (the cheating attacker identities are harness/hooked_peer.py with
 `--cheat`; a cheater still audits honestly):
 
     honest-only  the 4 founders alone: the reference row of the seed
@@ -48,10 +48,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from harness.cluster import HOOKED_PEER, RUN  # noqa: E402
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap  # noqa: E402
-
-from helpers.cluster import HOOKED_PEER, RUN  # noqa: E402
 
 OUT = ROOT / "bench" / "results"
 FOUNDERS = ["a", "b", "c", "d"]
@@ -562,7 +561,7 @@ def write_markdown(result: dict, path: Path) -> None:
         "# Many identities, one attacker: real daemons (bench/bench_sybil_daemon.py)",
         "",
         f"{result['machine']}; `{result['command']}`. tiny-llama on synthetic-sentiment "
-        f"(tests/helpers/cluster.py RUN: lr 8e-3, n_ref 4, batch 8), 4 founders "
+        f"(harness/cluster.py RUN: lr 8e-3, n_ref 4, batch 8), 4 founders "
         f"(`extra.probation.founders`) + N attacker identities, each its own peer daemon and "
         f"p2pd with its own key, all under `nice -n 10` on 127.0.0.1; audits {AUDIT} "
         f"(--max-staleness 1), probation vouches {VOUCHES}, share {SHARE}. Held-out loss: "

@@ -8,7 +8,7 @@
 The daemon (`PeerDaemon(settings, behaviour)`) consults its `Behaviour` there and
 nowhere else. The product only ever builds the honest one below: no flag, setting or
 environment variable of `seedflood peer` changes it. The tests' misbehaving peer is a
-subclass, run as its own program (tests/helpers/hooked_peer.py).
+subclass, run as its own program (harness/hooked_peer.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import pytest
 
 from seedflood_p2p.network.transport.p2pd import create_p2p
 
-sys.path.insert(0, str(Path(__file__).parent))  # the tests/helpers package
+sys.path.insert(0, str(Path(__file__).parent))  # the harness/ package
 
 LOCAL = "/ip4/127.0.0.1/tcp/0"
 

@@ -365,11 +365,11 @@ def test_seedflood_replay_honours_verdicts(tmp_path):
     assert "is banned" in out.stderr
 
 
-# -- the tests' cheating peer: tests/helpers/hooked_peer.py --cheat ----------------------
+# -- the tests' cheating peer: harness/hooked_peer.py --cheat ----------------------
 
 
 def test_test_cheats_send_what_their_name_says(tmp_path):
-    from helpers.hooked_peer import cheated
+    from harness.hooked_peer import cheated
 
     rule = SETTINGS.rule
     with Ledger(tmp_path / "l.sqlite", RUN_ID) as ledger:
@@ -388,11 +388,10 @@ def test_test_cheats_send_what_their_name_says(tmp_path):
 
 
 def test_only_the_hooked_peer_cheats(capsys, tmp_path):
-    """`seedflood peer` has no flag that makes it cheat; tests/helpers/hooked_peer.py takes
+    """`seedflood peer` has no flag that makes it cheat; harness/hooked_peer.py takes
     the peer's flags and its own."""
+    from harness.hooked_peer import build_parser
     from seedflood.cli import main
-
-    from helpers.hooked_peer import build_parser
 
     argv = ["peer", "--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/Qm", "--data-dir", str(tmp_path)]
     with pytest.raises(SystemExit) as exc:
@@ -649,14 +648,13 @@ def test_a_newcomer_that_had_not_seen_its_own_vouches_is_matched(tmp_path):
 
 
 def test_turn_is_honest_on_probation_and_negates_once_established(tmp_path):
-    """`--cheat turn` (tests/helpers/hooked_peer.py): the honest update while its ledger's
+    """`--cheat turn` (harness/hooked_peer.py): the honest update while its ledger's
     standing has it on probation; negated from the first update once that standing has it
     established."""
     import base58
 
+    from harness.hooked_peer import cheated
     from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
-
-    from helpers.hooked_peer import cheated
 
     founders = [ED25519_PEER_ID_PREFIX + bytes([i]) * 32 for i in (1, 2)]
     turner = ED25519_PEER_ID_PREFIX + bytes([9]) * 32

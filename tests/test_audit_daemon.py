@@ -2,7 +2,7 @@
 peers and one cheater on 127.0.0.1, each its own process and p2pd, and a fourth honest
 peer that joins late (after the cheater's first rounds were audited, so the records of
 its case reach the joiner only by repair). The run's manifest enables audits
-(`extra.audit`); the cheater is tests/helpers/hooked_peer.py with `--cheat flip` (it
+(`extra.audit`); the cheater is harness/hooked_peer.py with `--cheat flip` (it
 publishes every update with its scalars negated, and audits honestly).
 
 One scenario for the module (starting processes is the slow part); each test asserts one
@@ -22,14 +22,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.scenario import run_to_the_end
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
-
-from helpers.cluster import RUN, start_hooked_peer, start_peer
-from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 18

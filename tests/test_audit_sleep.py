@@ -21,11 +21,10 @@ import json
 
 import pytest
 
+from harness.cluster import RUN, start_peer
+from harness.scenario import run_to_the_end
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.storage.ledger import Ledger
-
-from helpers.cluster import RUN, start_peer
-from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 36

@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cluster import RUN, start_peer
+from harness.scenario import run_to_the_end
 from seedflood_p2p.algorithm.basis import load_schedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -22,9 +24,6 @@ from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
-
-from helpers.cluster import RUN, start_peer
-from helpers.scenario import run_to_the_end
 
 ACTIVATION = dataclasses.replace(
     RUN, basis="activation", basis_examples=32, extra={"audit": {"cpu_share": 1.0}}

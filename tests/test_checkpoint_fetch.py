@@ -5,7 +5,7 @@ bootstrap and peer daemons on 127.0.0.1 (tiny model), each with its own p2pd.
              always: it takes the link A and B both offer, fetching chunks from both, and
              ends with the same ledger digest and replay hash as them.
     hostile: A and B serve chunks with a flipped byte, C offers a forged link (other
-             weights, consistent hashes), each tests/helpers/hooked_peer.py with
+             weights, consistent hashes), each harness/hooked_peer.py with
              --checkpoint corrupt or forge: J refuses the chunks (bad_chunk, counted, the
              senders penalized) and the forged offer (no quorum), becomes ready by replay,
              and still ends with the same ledger and replay hash.
@@ -25,15 +25,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.open_run import wait_event, wait_events
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
-
-from helpers.cluster import RUN, start_hooked_peer, start_peer
-from helpers.open_run import wait_event, wait_events
 
 pytestmark = pytest.mark.slow
 # Open-ended: the peers are told to finish at one round (apps.demo.finish_all) once the

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import RUN
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.extra_settings import AuditSettings, JoinSettings
-
-from helpers.cluster import RUN
 
 ROOT = Path(__file__).resolve().parent.parent
 FOUNDER = "12D3KooWMW5GCRKWgP6Hj3VLdVYAm3tmKHgwyZhCc3TUj5AUvfFx"

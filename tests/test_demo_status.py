@@ -4,10 +4,9 @@ import json
 
 import pytest
 
+from harness.cluster import RUN, run_toml, start_bootstrap, start_peer
 from seedflood.cli import main
 from seedflood_p2p.core.flags import to_toml
-
-from helpers.cluster import RUN, run_toml, start_bootstrap, start_peer
 
 pytestmark = pytest.mark.slow
 TEST_EXAMPLES = 400  # synthetic-sentiment's test split: the final score takes all of it

@@ -148,14 +148,13 @@ async def test_a_syncing_nodes_reply_names_its_run_and_the_manifest_comes_from_t
 ):
     """A real node's not-ready `seedflood.manifest` reply goes through the joiner's decoder
     (`Joiner.ask_manifest`), and the joiner reads the manifest from the DHT instead."""
+    from harness.cluster import RUN
     from peer.join import Joiner, NotReady
     from peer.settings import PeerSettings
     from seedflood_p2p.network.gossip.flood import FloodNode
     from seedflood_p2p.network.peers.discovery import node_records
     from seedflood_p2p.network.settings import NodeSettings
     from seedflood_p2p.storage.ledger import Ledger
-
-    from helpers.cluster import RUN
 
     server, server_discovery = await _joined(spawn, tmp_path, "server")
     node = FloodNode(

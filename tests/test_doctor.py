@@ -7,9 +7,8 @@ import socket
 
 import pytest
 
+from harness.cluster import start_bootstrap
 from seedflood.cli import main
-
-from helpers.cluster import start_bootstrap
 
 
 def doctor(capsys, *args: str) -> tuple[int, dict[str, list[dict]]]:

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from harness.cluster import RUN, run_toml, start_bootstrap
 from peer.daemon import MAX_CLOCK_SKEW, check_manifest_reply
 from seedflood.cli import build_parser, main
 from seedflood_p2p.core.errors import UserError
@@ -14,8 +15,6 @@ from seedflood_p2p.core.flags import run_config_from_args
 from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
-
-from helpers.cluster import RUN, run_toml, start_bootstrap
 
 
 def _peer_error(capsys, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every decoder and file loader (tests/helpers/fuzz_properties.py says
+"""Property-based fuzzing of every decoder and file loader (harness/fuzz_properties.py says
 what each property checks). A few hundred inputs per target keep this file to seconds;
 bench/bench_fuzz.py runs the same properties on over a million inputs.
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import fuzz_properties as F
+from harness import fuzz_properties as F
 
 FAST = settings(
     max_examples=200,

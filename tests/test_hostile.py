@@ -1,5 +1,5 @@
 """Hostile identities against real daemons: a bootstrap node and three honest
-tiny-model peers on 127.0.0.1, a late joiner, and three attackers (tests/helpers/hostile.py), each
+tiny-model peers on 127.0.0.1, a late joiner, and three attackers (harness/hostile.py), each
 one identity on its own p2pd:
 
     M1  floods 400 valid signed updates of +-100 on fresh rounds, walks the round window
@@ -19,12 +19,11 @@ import time
 import base58
 import pytest
 
+from harness.cluster import start_bootstrap, start_peer
+from harness.hostile import Hostile
+from harness.open_run import events, wait_event
 from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.storage.ledger import Ledger
-
-from helpers.cluster import start_bootstrap, start_peer
-from helpers.hostile import Hostile
-from helpers.open_run import events, wait_event
 
 pytestmark = pytest.mark.slow
 # Open-ended: once the late joiner trains and every founding peer banned the tarpit, the

@@ -72,3 +72,26 @@ def test_a_module_outside_every_layer_is_refused(tmp_path):
     )
     out = _run("--root", str(tmp_path))
     assert out.returncode == 1 and "seedflood_p2p.flat is in no layer" in out.stderr
+
+
+def test_neither_the_product_nor_bench_imports_the_tests():
+    """Tests and benchmarks share the harness (harness/), never each other: no module of
+    the product or of bench/ imports from tests/ or puts tests/ on sys.path."""
+    import ast
+
+    offenders = []
+    for top in ("seedflood_p2p", "peer", "bootstrap", "seedflood", "bench", "harness"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            text = path.read_text()
+            for node in ast.walk(ast.parse(text)):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                offenders += [
+                    f"{path}: {n}" for n in names if n.split(".")[0] in ("tests", "helpers")
+                ]
+            if '"tests")' in text and "sys.path" in text:
+                offenders.append(f"{path}: tests/ on sys.path")
+    assert not offenders, offenders

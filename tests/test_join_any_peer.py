@@ -1,4 +1,4 @@
-"""Join through any live peer after the bootstrap node is killed (tests/helpers/join_any_peer.py),
+"""Join through any live peer after the bootstrap node is killed (harness/join_any_peer.py),
 with real daemons on 127.0.0.1: D is given A's address only and must find B and C through
 the DHT's signed peer records, connect to them, train, and end with the same ledger."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.join_any_peer import run_join_any_peer
+from harness.join_any_peer import run_join_any_peer
 
 pytestmark = pytest.mark.slow
 

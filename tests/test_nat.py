@@ -37,11 +37,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import run_toml
+from harness.partition import NamespaceNet
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
-
-from helpers.cluster import run_toml
-from helpers.partition import NamespaceNet
 
 pytestmark = pytest.mark.slow
 

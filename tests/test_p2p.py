@@ -23,6 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cluster import start_bootstrap, start_hooked_peer, start_peer
+from harness.open_run import wait_event
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.demo import finish_all
@@ -35,9 +37,6 @@ from seedflood_p2p.protocol.message import pack_scalars
 from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
-
-from helpers.cluster import start_bootstrap, start_hooked_peer, start_peer
-from helpers.open_run import wait_event
 
 pytestmark = pytest.mark.slow
 # Open-ended: once the late joiner and the restarted peer train, every peer is told to

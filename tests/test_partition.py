@@ -1,6 +1,6 @@
 """A network partition between namespaced hosts heals by itself to one ledger.
 
-The scenario is tests/helpers/partition.py: 5 hosts (bootstrap + 4 peers), the
+The scenario is harness/partition.py: 5 hosts (bootstrap + 4 peers), the
 cut {h1, h2, h3} | {h4, h5} for PARTITION seconds (second bridge + `ss -K`: every
 connection across it ends, new dials fail), then the hosts share one bridge again and
 only the nodes' own redialling can reconnect them. Both sides must say "partitioned"
@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from helpers.cluster import run_toml
-from helpers.partition import CUT, HOSTS, NamespaceNet, run_partition, skip_reason
+from harness.cluster import run_toml
+from harness.partition import CUT, HOSTS, NamespaceNet, run_partition, skip_reason
 
 pytestmark = pytest.mark.slow
 PARTITION = 180.0  # seconds

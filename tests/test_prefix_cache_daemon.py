@@ -12,14 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cluster import RUN, start_peer
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.apps.localnet import start_bootstrap
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
-
-from helpers.cluster import RUN, start_peer
 
 UPPER = dataclasses.replace(
     RUN,

@@ -1,5 +1,5 @@
 """Probation on real daemons (127.0.0.1, tiny model): 3 founders, an honest newcomer and a
-newcomer that negates its scalars (tests/helpers/hooked_peer.py `--cheat flip`).
+newcomer that negates its scalars (harness/hooked_peer.py `--cheat flip`).
 
 The founders' peer ids are in the manifest (`extra.probation.founders`); their identity
 keys are made before the bootstrap starts. Every founder's ledger judges the same: the
@@ -15,15 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.scenario import run_to_the_end
 from seedflood_p2p.algorithm.probation import standing_of_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
-
-from helpers.cluster import RUN, start_hooked_peer, start_peer
-from helpers.scenario import run_to_the_end
 
 pytestmark = pytest.mark.slow
 ROUNDS = 20

@@ -20,15 +20,14 @@ import urllib.request
 
 import pytest
 
+from harness.cluster import run_toml, start_bootstrap, start_peer
+from harness.open_run import NODE_FLAGS as OPEN_NODE_FLAGS
+from harness.open_run import PEER_FLAGS as OPEN_PEER_FLAGS
+from harness.open_run import events as _events
+from harness.open_run import wait_event, wait_ledger_digest
 from seedflood_p2p.apps.demo import finish_all
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
-
-from helpers.cluster import run_toml, start_bootstrap, start_peer
-from helpers.open_run import NODE_FLAGS as OPEN_NODE_FLAGS
-from helpers.open_run import PEER_FLAGS as OPEN_PEER_FLAGS
-from helpers.open_run import events as _events
-from helpers.open_run import wait_event, wait_ledger_digest
 
 pytestmark = pytest.mark.slow
 PEER_FLAGS = [*OPEN_PEER_FLAGS, "--island-after", "5"]

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from bootstrap.evaluator import LedgerEvaluator
+from harness.cluster import RUN, start_bootstrap, start_peer
 from seedflood.cli import main
 from seedflood_p2p.apps.status import format_run_line, format_status
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, serve_http
@@ -27,8 +28,6 @@ from seedflood_p2p.network.monitoring.runpage import (
 )
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
-
-from helpers.cluster import RUN, start_bootstrap, start_peer
 
 PEERS = [bytes([0, 36, 8, 1, 18, 32]) + bytes([i]) * 32 for i in (1, 2, 3)]  # Ed25519-shaped
 

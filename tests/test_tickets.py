@@ -107,9 +107,8 @@ def test_ticketed_peers_find_each_others_tickets_and_strangers_stay_out(tmp_path
     import dataclasses
 
     from bootstrap.node import BootstrapSettings, resolve_manifest
+    from harness.cluster import RUN
     from seedflood_p2p.apps.localnet import start_bootstrap, start_peer
-
-    from helpers.cluster import RUN
 
     key = tmp_path / "creator.key"
     creator = base58.b58encode(load_or_create_identity(key).to_bytes()).decode()

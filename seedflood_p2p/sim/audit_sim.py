@@ -72,7 +72,7 @@ def cheat(kind: str, scalars: tuple[float, ...], pool: list[tuple[float, ...]], 
     """What a cheater of `kind` sends instead of its honest `scalars` (float16 as on the
     wire): "sign-flip" -g, "scale3" 3 g, "random" one of the honest claims in `pool`
     (chosen with `rng`): the size of an honest scalar, pointing nowhere it computed. The
-    simulator's cheaters, and the tests' cheating daemon (tests/helpers/hooked_peer.py)."""
+    simulator's cheaters, and the tests' cheating daemon (harness/hooked_peer.py)."""
     if kind == "sign-flip":
         return quantize_scalars([-x for x in scalars])
     if kind == "scale3":

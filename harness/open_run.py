@@ -2,7 +2,7 @@
 round (apps.demo.finish_all) once the scenario is over, so the run outlives restarts and
 late joins however slow process start-up is (10-30 s on 2 busy cores).
 
-Shared by tests/test_reconnect.py and tests/helpers/join_any_peer.py (test and bench).
+Shared by tests/test_reconnect.py and harness/join_any_peer.py (test and bench).
 """
 
 from __future__ import annotations

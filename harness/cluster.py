@@ -2,7 +2,7 @@
 
 The run's settings are a `RunConfig`; a process is handed them as a TOML file
 (`run_toml`, read by `--config`), the same way the demo hands them to its bootstrap node.
-A peer that misbehaves on purpose runs tests/helpers/hooked_peer.py (`start_hooked_peer`).
+A peer that misbehaves on purpose runs harness/hooked_peer.py (`start_hooked_peer`).
 """
 
 import sys

@@ -1,7 +1,13 @@
-"""Helpers the tests share, and bench/ reuses (`from helpers.cluster import RUN` with tests/
-on sys.path, as tests/conftest.py and the bench scripts put it): not tests themselves.
+"""The harness: local networks of real daemons, for the tests and the benchmarks alike.
+
+Not part of the product (no package installs it) and not tests themselves: the scenarios
+and misbehaving participants that tests/ asserts on and bench/ measures, kept here so that
+neither imports the other. pytest puts the repository root on sys.path
+(pyproject's `pythonpath`); bench scripts insert it themselves.
 
 - cluster: the run the multi-process tests share, and starting its processes
+- open_run: flags and log waits of open-ended runs that stop once a property is shown
+- scenario: running a cluster to a common final round
 - hostile: a hostile participant on its own p2pd daemon (tests/test_hostile.py)
 - join_any_peer: the join-through-any-peer scenario (tests/test_join_any_peer.py)
 - partition: a network partition between namespaced hosts (tests/test_partition.py), and

@@ -3,7 +3,7 @@ honest peers catch it or cope: `seedflood peer` run with a `Behaviour` of its ow
 (peer/behaviour.py). `seedflood peer` has no switch for any of this; this program,
 outside the product, is the only way to run such a peer.
 
-    python tests/helpers/hooked_peer.py [--log-format json] peer
+    python harness/hooked_peer.py [--log-format json] peer
         [--cheat HOW] [--checkpoint corrupt|forge] [--drop-incoming F] FLAGS...
 
 FLAGS are those of `seedflood peer`. The misbehaviours:
@@ -17,7 +17,7 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
     --checkpoint forge       offer a forged chain link (a tensor shifted, hashes consistent)
     --drop-incoming F        discard this fraction of incoming gossip (repair fills it in)
 
-tests/helpers/cluster.py:start_hooked_peer starts one.
+harness/cluster.py:start_hooked_peer starts one.
 """
 
 from __future__ import annotations
