@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_ingest import run_config  # the same runs as the live ceiling rows
 
 from seedflood_p2p.algorithm import subcge
 from seedflood_p2p.algorithm.subcge import make_estimator, message_coordinates
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.rng import derive_key, philox4x32
 from seedflood_p2p.protocol.message import Envelope, UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.update import RoundClaims, quorum_round
@@ -53,31 +53,6 @@ from seedflood_p2p.workload.models import load_model
 OUT = Path(__file__).parent / "results"
 
 
-def run_config(model: str, k: int) -> RunConfig:
-    """bench_ingest.py's settings."""
-    if model == "tiny-llama":
-        return RunConfig(
-            model="tiny-llama",
-            dataset="synthetic-sentiment",
-            rank=4,
-            refresh_period=5,
-            lr=8e-3,
-            n_ref=4,
-            batch_size=max(8, k),
-            directions=k,
-            salt="bench-ingest",
-        )
-    return RunConfig(
-        model=model,
-        dataset="mr",
-        max_length=32,
-        batch_size=max(8, k),
-        directions=k,
-        salt="bench-ingest",
-    )
-
-
-# -- before: the implementations the fast paths replaced (as in tests/test_ingest_fast_paths)
 def old_coordinates(run_key, peers, rounds, num_layers, rank, directions=1):
     n, k = len(peers), directions
     keys = np.array(

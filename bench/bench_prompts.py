@@ -517,7 +517,8 @@ def render(data: dict) -> str:
         lines += [
             "## The chosen setting in a run",
             "",
-            f"Flags: `--template {json.dumps(c['template'])} --label-words {words}"
+            f"Flags (bash; `$'...'` makes the \\n a newline): `--template "
+            f"$'{json.dumps(c['template'])[1:-1]}' --label-words {words}"
             + (f" --calibration {c['calibration']}`" if c["calibration"] else "`")
             + ". In a settings TOML / the manifest (RunConfig fields, part of the run id, left "
             "out of the manifest only at their defaults): "
@@ -644,6 +645,7 @@ def render(data: dict) -> str:
                 f"| {r['mr_validation_accuracy']:.3f} | {_cell(r)} | {r['macro_f1']:.3f} | "
                 f"{r['n']} |"
             )
+    lines += [f"Note: {note}" for note in data.get("notes", [])]
     wall = sum(t.get("wall_s", 0) for t in data.get("timing", {}).values())
     test_wall = sum(t.get("wall_s", 0) for t in data.get("test", {}).get("timing", {}).values())
     lines += [

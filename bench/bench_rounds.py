@@ -73,11 +73,20 @@ ROWS: dict[str, dict[str, Any]] = {
 }
 
 
+LIST_KEYS = ("label_words", "label_names")  # row values that are lists, "|" between items
+
+
 def parse_row(text: str) -> tuple[str, dict[str, Any]]:
     name, _, body = text.partition("=")
     spec: dict[str, Any] = {}
     for item in filter(None, body.split(",")):
         key, _, value = item.partition(":")
+        if key in LIST_KEYS:  # label words: "label_words: terrible| great"
+            spec[key] = value.split("|")
+            continue
+        if key == "template":  # "\n" typed in a shell stands for a newline
+            spec[key] = value.replace("\\n", "\n")
+            continue
         for cast in (int, float):
             try:
                 spec[key] = cast(value)
