@@ -179,11 +179,25 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
     from seedflood_p2p.workload.data import load_task, split_sha256
     from seedflood_p2p.workload.models import load_model
+    from seedflood_p2p.workload.tasks import task_spec
 
     torch.manual_seed(seed)
     model, tokenizer = load_model(args.model)
     model.to(args.device)
-    task = load_task(args.task)
+    spec = dict(spec)
+    method = spec.pop("method", "zo")
+    config = RunConfig(
+        model=args.model,
+        dataset=args.task,
+        train_only=args.train_only,
+        salt=f"bench-seed{seed}",
+        **spec,
+    )
+    # The row's own prompt and label words (a run's `task_spec`), on the task's sentences
+    task_settings, label_column = task_spec(config)
+    task = load_task(
+        args.task, text_column=config.text_column, label_column=label_column, spec=task_settings
+    )
     if args.eval_split == "validation":  # the fixed split where settings are chosen
         check_validation(args, task)
         task.test = task.validation
@@ -197,15 +211,6 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         task.test = val
     if args.train_examples:
         task.train = task.train[: args.train_examples]
-    spec = dict(spec)
-    method = spec.pop("method", "zo")
-    config = RunConfig(
-        model=args.model,
-        dataset=args.task,
-        train_only=args.train_only,
-        salt=f"bench-seed{seed}",
-        **spec,
-    )
     task.calibration = config.calibration  # load_run_task's rule; the rows share one task
     curve: dict[int, tuple[float, float]] = {}
     wall0, cpu0 = time.time(), time.process_time()
