@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -347,8 +348,10 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
     held_out = args.eval_split  # test, validation, or val (the sentences after the pool)
     for split, examples in (("train", task.train), (held_out, task.test[: args.eval_examples])):
         name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
+        # the prompt is part of every prefix state: rows with their own template get their own
+        prompt = hashlib.sha256(task.template.encode()).hexdigest()[:8]
         # v2: computed one example at a time (prefix_cache.py); v1 files were batched
-        path = CACHE_DIR / f"prefix-{name}-len{config.max_length}-v2.pt"
+        path = CACHE_DIR / f"prefix-{name}-len{config.max_length}-t{prompt}-v2.pt"
         if path.exists():
             for example, states in zip(examples, torch.load(path, map_location=args.device)):
                 cache.keep(example, states)
