@@ -26,7 +26,7 @@ from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.protocol.message import UpdateMessage, unpack_scalars
 from seedflood_p2p.storage.ledger import Ledger, digest_of
 
-SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "netns-testnet.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "netns-testnet.sh"
 HOSTS = 5  # h1: bootstrap, h2..h5: peers; the cut: {h1, h2, h3} | {h4, h5}
 CUT = (4, 5)
 ROUND_INTERVAL = 0.4  # seconds: rounds can be slower, never faster
