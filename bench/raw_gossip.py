@@ -31,17 +31,10 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from seedflood_p2p.network.transport.p2pd import uvarint
+
 SIGN_PREFIX = b"libp2p-pubsub:"
 MESHSUB = ("/meshsub/1.1.0", "/meshsub/1.0.0")
-
-
-def uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _field(number: int, value: bytes) -> bytes:

@@ -338,7 +338,8 @@ def remove_stale_sockets(directory: str = "/tmp", min_age: float = 60.0) -> list
 _P2P_CODE = 421  # multicodec of /p2p/ (formerly /ipfs/)
 
 
-def _uvarint(n: int) -> bytes:
+def uvarint(n: int) -> bytes:
+    """An unsigned varint (protobuf, multiaddr, the control socket's frame lengths)."""
     out = bytearray()
     while True:
         low, n = n & 0x7F, n >> 7
@@ -361,7 +362,7 @@ def maddr_bytes(addr: str) -> bytes:
     for i, part in enumerate(parts):
         if i % 2:  # a peer id
             digest = base58.b58decode(part)
-            out += _uvarint(_P2P_CODE) + _uvarint(len(digest)) + digest
+            out += uvarint(_P2P_CODE) + uvarint(len(digest)) + digest
         elif part:
             out += Multiaddr(part).to_bytes()
     return out

@@ -40,7 +40,7 @@ import base58
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import p2pd_pb2 as pb
 
-from seedflood_p2p.network.transport.p2pd import TransportError
+from seedflood_p2p.network.transport.p2pd import TransportError, uvarint
 
 logger = logging.getLogger(__name__)
 
@@ -52,18 +52,9 @@ _PS = pb.PSRequest
 CONTROL_TIMEOUT = 30.0
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 async def _write_frame(writer: asyncio.StreamWriter, message) -> None:
     body = message.SerializeToString()
-    writer.write(_varint(len(body)) + body)
+    writer.write(uvarint(len(body)) + body)
     await writer.drain()
 
 
