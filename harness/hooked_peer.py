@@ -4,7 +4,8 @@ honest peers catch it or cope: `seedflood peer` run with a `Behaviour` of its ow
 outside the product, is the only way to run such a peer.
 
     python harness/hooked_peer.py [--log-format json] peer
-        [--cheat HOW] [--checkpoint corrupt|forge] [--drop-incoming F] FLAGS...
+        [--cheat HOW] [--checkpoint corrupt|forge] [--drop-incoming F]
+        [--equivocate ROUND[:LATER]] FLAGS...
 
 FLAGS are those of `seedflood peer`. The misbehaviours:
 
@@ -16,6 +17,13 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
     --checkpoint corrupt     serve checkpoint chunks with a flipped byte
     --checkpoint forge       offer a forged chain link (a tensor shifted, hashes consistent)
     --drop-incoming F        discard this fraction of incoming gossip (repair fills it in)
+    --equivocate R[:L]       sign a second update for round R (`twin`: every scalar made
+                             smaller, so `protocol.update.keeps_new` keeps it everywhere)
+                             and flood it L rounds after the honest one (0: at once,
+                             right behind it). p2pd's pubsub has no send to one peer, so
+                             both copies reach every peer; with L > 0 the peers hold, and
+                             train on, the first copy for L rounds before the second
+                             replaces it
 
 harness/cluster.py:start_hooked_peer starts one.
 """
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 import sys
@@ -38,12 +47,14 @@ from peer.daemon import run_peer  # noqa: E402
 from seedflood_p2p.core.errors import UserError  # noqa: E402
 from seedflood_p2p.core.logs import setup_logging  # noqa: E402
 from seedflood_p2p.protocol.message import UpdateMessage  # noqa: E402
+from seedflood_p2p.protocol.update import encode_update  # noqa: E402
 from seedflood_p2p.sim.audit_sim import cheat  # noqa: E402
 from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
 
 CHEATS = {"flip": "sign-flip", "random": "random", "x3": "scale3", "turn": "sign-flip"}
 RANDOM_POOL_ROUNDS = 4  # "random" draws among others' claims of this many recent rounds
 _TURNED: set[bytes] = set()  # "turn" peers of this process that have turned
+log = logging.getLogger("seedflood.hooked")
 
 
 def cheated(how: str, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
@@ -99,6 +110,60 @@ def forge_link(directory: Path) -> Path:
     return forged
 
 
+def twin(scalars: tuple[float, ...]) -> tuple[float, ...]:
+    """The equivocator's second update for a round: each scalar below every value the
+    honest one could take there (-|s| - 1 < s), so the fixed rule keeps the twin
+    (`keeps_new`: the smaller scalars) whichever copy a peer saw first, and the
+    honest copy is the one every peer takes back."""
+    return tuple(-abs(s) - 1.0 for s in scalars)
+
+
+def parse_equivocation(text: str) -> tuple[int, int]:
+    """ROUND[:LATER] -> (round, rounds later the twin is flooded)."""
+    head, _, tail = text.partition(":")
+    try:
+        round_, later = int(head), int(tail or 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not ROUND or ROUND:LATER") from None
+    if round_ < 0 or later < 0:
+        raise argparse.ArgumentTypeError(f"{text}: rounds are not negative")
+    return round_, later
+
+
+def install_equivocation(round_: int, later: int) -> None:
+    """Make this process's node sign and flood `twin` of its round-`round_` update,
+    `later` rounds after the honest one (when it publishes round `round_ + later`).
+
+    The honest daemon refuses to sign a second update for a round (`FloodNode.publish`),
+    so this wraps that method in this process only: the honest copy goes through it as
+    always (logged, flooded, its echo signs our row); the twin is flooded through the
+    same signed pubsub client, with the honest copy's held-state digest, and never
+    logged here first (its echo meets our own row: `keeps_new` decides there too)."""
+    from seedflood_p2p.network.gossip import flood
+
+    honest_publish = flood.FloodNode.publish
+    held_back: dict[str, object] = {}
+
+    async def publish(self, message: UpdateMessage, held: int | None = None) -> None:
+        await honest_publish(self, message, held)
+        if message.round == round_:
+            held_back["twin"] = (twin(message.scalars), held)
+        if message.round == round_ + later and "twin" in held_back:
+            scalars, digest = held_back.pop("twin")
+            await self._pubsub.publish(
+                self.topic, encode_update(self.run_id, round_, scalars, digest)
+            )
+            log.warning(
+                "equivocating: signed a second update for round %d, %r (first: %r)",
+                round_,
+                scalars,
+                self.ledger.scalars_of(message.peer, round_),
+                extra={"fields": {"event": "equivocated", "round": round_, "at": message.round}},
+            )
+
+    flood.FloodNode.publish = publish
+
+
 class Hooked(Behaviour):
     """The misbehaviours the flags ask for; honest in everything else."""
 
@@ -141,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cheat", choices=sorted(CHEATS), default="")
     parser.add_argument("--checkpoint", choices=["corrupt", "forge"], default="")
     parser.add_argument("--drop-incoming", type=fraction, default=0.0)
+    parser.add_argument("--equivocate", type=parse_equivocation, default=None)
     command.add_arguments(parser)
     return parser
 
@@ -149,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, "INFO")
     behaviour = Hooked(args.cheat, args.checkpoint, args.drop_incoming)
+    if args.equivocate is not None:
+        install_equivocation(*args.equivocate)
     try:
         run_peer(command.settings_from_args(args), behaviour)
     except UserError as exc:

@@ -54,7 +54,7 @@ from itertools import count
 from seedflood_p2p.algorithm.audit_rules import audit_draw, audit_rate, recompute, selects
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.probation import NEVER, Standing, standing
+from seedflood_p2p.algorithm.probation import NEVER, Standing, revoked_rounds, standing
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.core.rng import derive_key
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
@@ -200,6 +200,12 @@ class PeerAudits:
             return message.peer not in self.banned
         return self.standing.counts_at(message.peer, message.round, self.round - self.settings.lag)
 
+    def _revoked(self, message: UpdateMessage) -> bool:
+        """Is `message` of a round its author's ticket was revoked from? It never counts, so
+        it is not kept waiting (a revoked holder may go on sending)."""
+        st = self.standing
+        return st is not None and message.round >= st.revoked.get(message.peer, NEVER)
+
     def _bans_moved(self) -> bool:
         """Has the banned set changed between the state last checked and the one of the
         round we train (a ban that takes effect now, or a case turned back)?"""
@@ -231,7 +237,8 @@ class PeerAudits:
         """What counts: who the ledger bans, who is established, which updates are vouched (a
         pure function of its updates and audit records, `probation.standing`)."""
         claims = {(m.round, m.peer): m.scalars for m in self.ledger.messages()}
-        after = standing(claims, self.ledger.audits(), self.settings, self.probation)
+        revoked = revoked_rounds(self.ledger.revocations())  # ticket revocations
+        after = standing(claims, self.ledger.audits(), self.settings, self.probation, revoked)
         self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
         return after
 
@@ -397,7 +404,7 @@ class PeerAudits:
                     extra={"fields": {"event": "audit_ban", "peer": peer_name(peer)}},
                 )
         keep = [m for m in messages if self.is_counted(m)]
-        self.waiting.extend(m for m in messages if not self.is_counted(m))
+        self.waiting.extend(m for m in messages if not self.is_counted(m) and not self._revoked(m))
         self.live.apply([m.negated() for m in drop] + keep)
         self.applied.extend(keep)
 
@@ -416,9 +423,21 @@ class PeerAudits:
                     sum(1 for (p, _) in after.vouched if p == peer),
                     extra={"fields": {"event": "established", "peer": peer_name(peer)}},
                 )
+        revoked_before = self.standing.revoked if self.standing is not None else {}
         self.standing = after
         self._span = after.span(self.round - self.settings.lag)
         drop = [m for m in self.applied if not self.is_counted(m)]
+        for peer, round_ in sorted(after.revoked.items()):
+            if revoked_before.get(peer) != round_:
+                log.warning(
+                    "ticket revocation: peer %s's updates of rounds >= %d do not count; %d "
+                    "applied update(s) taken back",
+                    peer_name(peer),
+                    round_,
+                    sum(1 for m in drop if m.peer == peer and m.round >= round_),
+                    extra={"fields": {"event": "ticket_revoked", "peer": peer_name(peer),
+                                      "round": round_}},
+                )  # fmt: skip
         add = [m for m in self.waiting if self.is_counted(m)]
         newly = sorted(p for p in after.banned if p not in self.banned)
         for peer in newly:
@@ -432,7 +451,8 @@ class PeerAudits:
         self.banned = dict(after.banned)
         if drop:
             self.applied = [m for m in self.applied if self.is_counted(m)]
-            self.waiting.extend(drop)
+            self.waiting.extend(m for m in drop if not self._revoked(m))  # those never count
+        self.waiting = [m for m in self.waiting if not self._revoked(m)]
         if add:
             self.waiting = [m for m in self.waiting if not self.is_counted(m)]
             self.applied.extend(add)
@@ -765,6 +785,7 @@ class DaemonAudits:
             and after.vouched_at == before.vouched_at
             and after.steps == before.steps
             and after.bans == before.bans
+            and after.revoked == before.revoked
         ):
             return
         newly = await self.run(audits.set_standing, after)

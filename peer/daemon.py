@@ -360,6 +360,8 @@ class PeerDaemon:
         )
         if joined.own_ticket is not None and node.tickets is not None:
             node.tickets.add(joined.own_ticket)  # served to the peers that look for it
+        if self.audits is not None:  # a ticket revoked: judge again (its rows taken back)
+            node.on_revocations = self.audits.judge
         return node, live, prefix_caches
 
     def _bound_staleness(self, audit_settings: AuditSettings) -> None:
@@ -410,12 +412,23 @@ class PeerDaemon:
         this peer last read it)?"""
         return self.audits is not None and peer in self.audits.audits.banned
 
+    def _revoked(self, peer: bytes) -> bool:
+        """Has the run's creator revoked `peer`'s ticket (in the ledger, as this peer last
+        judged it)? Its rows before the revocation's round still count when they come, but
+        no round waits for them: waiting is liveness, not what counts."""
+        standing = self.audits.standing if self.audits is not None else None
+        return standing is not None and peer in standing.revoked
+
     def _banned(self, peer: bytes) -> bool:
         """Is `peer` banned here: by the ledger's verdicts or by this peer's reputation
         (network/peers/reputation.py)? Such a peer is not waited for (Pacing), asked for
         repair, or audited, from the moment of its ban (issue 45)."""
         node = self.host.node if self.host is not None else None
-        return self._ledger_bans(peer) or (node is not None and node.reputation.is_banned(peer))
+        return (
+            self._ledger_bans(peer)
+            or self._revoked(peer)
+            or (node is not None and node.reputation.is_banned(peer))
+        )
 
     # -- 3. late join and the checkpoint chain; rounds; the run page -----------------------
     async def _wire_rounds(

@@ -28,6 +28,7 @@ from seedflood_p2p.network.transfer.assets import AssetServer
 from seedflood_p2p.network.transport.identity import verify_pubsub_signature
 from seedflood_p2p.network.transport.p2pd import host_port
 from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes
+from seedflood_p2p.network.transport.sigcheck import SignaturePool
 from seedflood_p2p.storage.checkpoint import unchanged_rows
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -96,14 +97,18 @@ class NotReady(RemoteCallError):
 
 def check_ledger(ledger: Ledger, config: RunConfig, peer_id: bytes, data_dir: Path):
     """`Ledger.verify` of every row, but the signatures of rows our checkpoint covers
-    that are byte for byte unchanged since it was written (`unchanged_rows`)."""
-    return ledger.verify(
-        verify_pubsub_signature,
-        f"move {ledger.path} aside and restart: the peer re-syncs from the network",
-        config.directions,
-        peer_id,
-        unchanged_rows(ledger, data_dir),
-    )
+    that are byte for byte unchanged since it was written (`unchanged_rows`). The
+    signatures are checked in bulk in worker processes (`SignaturePool`: one per core,
+    ended when the check is done), not one by one under this process's GIL."""
+    with SignaturePool(idle=None) as pool:
+        return ledger.verify(
+            verify_pubsub_signature,
+            f"move {ledger.path} aside and restart: the peer re-syncs from the network",
+            config.directions,
+            peer_id,
+            unchanged_rows(ledger, data_dir),
+            check_many=pool.check,
+        )
 
 
 class Joiner:

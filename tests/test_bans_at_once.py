@@ -174,3 +174,23 @@ def test_a_verdict_drops_the_banned_peer_s_queued_audits_and_disconnects_it(tmp_
     asyncio.run(daemon.judge())  # nothing new: not disconnected again
     assert banned == [cheat]
     ledger.close()
+
+
+async def test_a_revoked_ticket_holder_is_not_waited_for():
+    """A holder whose ticket the creator revoked (in the ledger) leaves the round's wait as a
+    banned peer does: the daemon's `banned` predicate that Pacing reads says so."""
+    from peer.daemon import PeerDaemon
+
+    holder, other = b"h" * 38, b"o" * 38
+    revoked = types.SimpleNamespace(revoked={holder: 6})
+    audits = types.SimpleNamespace(audits=types.SimpleNamespace(banned={}), standing=revoked)
+    daemon = types.SimpleNamespace(audits=audits, host=None)
+    for name in ("_ledger_bans", "_revoked"):
+        setattr(daemon, name, types.MethodType(getattr(PeerDaemon, name), daemon))
+    banned = types.MethodType(PeerDaemon._banned, daemon)
+    assert banned(holder) and not banned(other)
+    peers = {holder: PeerState(round=3, last_seen=1e18), other: PeerState(9, 1e18)}
+    pacing = _pacing(peers, set())
+    pacing.banned = banned
+    await asyncio.wait_for(pacing.wait_ready(10), timeout=5)  # not the 3600 s deadline
+    assert set(pacing.live(time.monotonic())) == {other}

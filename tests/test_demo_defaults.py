@@ -37,7 +37,28 @@ def test_an_organisers_csv_gets_the_default_models_fast_setting(tmp_path):
         "model.layers.2[89].*",
         512,
     )
-    assert config.calibration == "content-free" and config.basis == "kfac"
+    assert config.basis == "kfac"
+    # one text, two labels: the demo's validation-chosen prompt, uncalibrated
+    assert (config.template, list(config.label_words), config.calibration) == (
+        demo.DEMO_PROMPT["template"],
+        demo.DEMO_PROMPT["label_words"],
+        "",
+    )
+
+
+def test_the_demo_prompt_is_for_one_text_with_two_labels(tmp_path):
+    assert demo_config().template == "Review: {text}\nSentiment:"  # the built-in default (mr)
+    three = tmp_path / "three.csv"
+    three.write_text("text,label\n" + "".join(f"row {i},{i % 3}\n" for i in range(300)))
+    config = demo_config("--dataset", str(three))  # a third label: the run's own prompt
+    assert (config.template, list(config.label_words)) == ("", [])
+    assert config.calibration == "content-free"
+    nli = demo_config("--task", "nli", "--dataset", str(three))  # a preset names its prompt
+    assert (nli.template, list(nli.label_words)) == ("", [])
+    own = demo_config("--label-words", " bad", " good")  # the user's words: not ours
+    assert own.template == "" and list(own.label_words) == [" bad", " good"]
+    kept = demo_config("--calibration", "content-free")  # a given setting stays
+    assert kept.template == demo.DEMO_PROMPT["template"] and kept.calibration == "content-free"
 
 
 def test_a_small_data_set_trains_on_what_it_has_outside_its_validation(tmp_path):

@@ -21,6 +21,7 @@ from seedflood_p2p.network.peers.tickets import (
     join_mode,
 )
 from seedflood_p2p.network.transport.identity import load_or_create_identity
+from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
 
@@ -155,3 +156,216 @@ def test_ticketed_peers_find_each_others_tickets_and_strangers_stay_out(tmp_path
         assert {r for p, r in rows if p == ids["b"]} == set(range(5)), holder
         assert {r for p, r in rows if p == ids["a"]} == set(range(10)), holder
         assert {p for p, _ in rows} == {ids["a"], ids["b"]}, holder
+
+
+# -- revocation -------------------------------------------------------------------------
+
+
+def test_a_revocation_is_the_creators_and_a_bad_one_is_counted_and_dropped(tmp_path):
+    """Codec and checks: a forged, foreign-run or foreign-creator revocation is refused
+    with its reason, counted by reason when it comes from the network, and never kept."""
+    from seedflood_p2p.network.peers.tickets import (
+        Revocation,
+        TicketExchange,
+        check_revocation,
+        decode_revocation,
+        revoke,
+    )
+
+    key, creator, config = _ticketed(tmp_path)
+    holder = Peer()
+    good = revoke(key, config, holder.id, 7)
+    assert decode_revocation(good.text()) == good and len(good.encode()) == 122
+    assert check_revocation(good, config, creator) is None
+    assert decode(issue(key, config, holder.id).encode()) != good  # distinct magic
+    with pytest.raises(UserError, match="not a seedflood ticket revocation"):
+        decode_revocation(issue(key, config, holder.id).encode())
+    other_run = revoke(key, RunConfig(salt="another", extra=config.extra), holder.id, 7)
+    moved = Revocation(good.run_tag, good.peer, 9, good.signature)  # round edited
+    strangers = revoke(tmp_path / "someone.key", config, holder.id, 7)
+    assert check_revocation(other_run, config, creator) == "for another run"
+    assert check_revocation(moved, config, creator) == "not signed by the run creator"
+    assert check_revocation(strangers, config, creator) == "not signed by the run creator"
+    book = TicketBook(config)
+    got = []
+
+    async def on_revoked(new):
+        got.extend(new)
+
+    exchange = TicketExchange(None, config.run_id, book, None, on_revoked)
+    raws = [x.encode() for x in (other_run, moved, strangers, good, good)] + [b"junk", 5]
+    new = asyncio.run(exchange.take_revocations(raws))
+    assert new == got == [good] and list(book.revocations.values()) == [good]
+    assert exchange.revocations_dropped == {
+        "for another run": 1,
+        "not signed by the run creator": 2,
+        "malformed": 2,
+    }
+    assert asyncio.run(exchange.take_revocations([good.encode()])) == []  # held: not new
+    assert TicketBook(RunConfig()).revoke(good) == "the run is not ticketed"
+
+
+def _rows(peers, rounds):
+    return [UpdateMessage(t, p, (0.25 * (i + 1),)) for t in range(rounds) for i, p in
+            enumerate(peers)]  # fmt: skip
+
+
+def test_revoked_rounds_never_count_whatever_order_the_ledger_got_them(tmp_path):
+    """The rule is a pure function of the ledger: the holder's rows of rounds >= R do not
+    count (in the end and in every settled state), whether the revocation was logged
+    before or after them; the earliest R of several wins; a forged one stops replay."""
+    from seedflood_p2p.algorithm.probation import standing_of_ledger
+    from seedflood_p2p.apps.local import check_revocations, counted_updates
+    from seedflood_p2p.network.peers.tickets import revoke
+
+    key, _, config = _ticketed(tmp_path)
+    a, holder = Peer(), Peer()
+    rows = _rows([a.id, holder.id], 10)
+    late, early = revoke(key, config, holder.id, 6), revoke(key, config, holder.id, 4)
+    counted = []
+    for name, before in (("first", True), ("after", False)):
+        ledger = Ledger(tmp_path / f"{name}.sqlite", config.run_id)
+        ledger.claim(config, "use another dir")
+        revocations = [(r.peer, r.round, r.encode()) for r in (late, early)]
+        if before:
+            assert ledger.add_revocations(revocations) == 2
+        ledger.add(reversed(rows) if before else rows)
+        if not before:
+            assert ledger.add_revocations(revocations[::-1]) == 2
+            assert ledger.add_revocations(revocations) == 0  # idempotent
+        st = standing_of_ledger(ledger, config.audit, config.probation)
+        assert st.revoked == {holder.id: 4}
+        assert st.counts(holder.id, 3) and not st.counts(holder.id, 4)
+        assert st.counts(a.id, 9) and not st.counts_in(holder.id, 5, 20)
+        assert st.counts_in(holder.id, 3, 20)
+        check_revocations(ledger, config)
+        counted.append(counted_updates(ledger, config)[0])
+        ledger.close()
+    assert counted[0] == counted[1]
+    assert {(m.peer, m.round) for m in counted[0]} == (
+        {(a.id, t) for t in range(10)} | {(holder.id, t) for t in range(4)}
+    )
+    forged = revoke(tmp_path / "x.key", config, a.id, 0)
+    with Ledger.open_existing(tmp_path / "first.sqlite") as ledger:
+        ledger.add_revocations([(a.id, 0, forged.encode())])
+        with pytest.raises(UserError, match="not signed by the run creator: the file was altered"):
+            check_revocations(ledger, config)
+
+
+def test_a_peer_that_applied_revoked_rows_takes_them_back(tmp_path):
+    """The race: a peer applied the holder's rows of rounds >= R before the revocation
+    reached it. Judging the ledger with it takes them back, so its weights equal those of a
+    peer that had the revocation first (float32 rounding), and a row that arrives later is
+    neither applied nor kept waiting."""
+    import torch
+
+    from peer.audit_duty import PeerAudits
+    from seedflood_p2p.algorithm.live import LiveModel
+    from seedflood_p2p.algorithm.subcge import SubCGE
+    from seedflood_p2p.core.extra_settings import AuditSettings
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+    from seedflood_p2p.network.peers.tickets import revoke
+    from seedflood_p2p.workload.models import load_model
+
+    key, _, config = _ticketed(tmp_path)
+    config = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=0.5, n_ref=4,
+                       batch_size=8, extra=config.extra)  # fmt: skip
+    a, holder, me = Peer(), Peer(), Peer()
+    rows = _rows([a.id, holder.id], 6)
+    rev = revoke(key, config, holder.id, 3)
+    settings = AuditSettings(enabled=True, lag=0)
+    weights = []
+    for knew_first in (False, True):
+        model, _ = load_model("tiny-llama")
+        ledger = Ledger(tmp_path / f"{knew_first}.sqlite", config.run_id)
+        live = LiveModel(SubCGE(model, config), ledger)
+        audits = PeerAudits(settings, b"secret", me.id, ledger, live, AuditIntake(ledger, 1))
+        audits.round = 10
+        ledger.add(rows)
+        if knew_first:
+            ledger.add_revocations([(rev.peer, rev.round, rev.encode())])
+        audits.set_standing(audits.judge())
+        audits.apply(rows)
+        if not knew_first:
+            assert {(m.peer, m.round) for m in audits.applied} >= {(holder.id, 4)}
+            ledger.add_revocations([(rev.peer, rev.round, rev.encode())])
+            audits.set_standing(audits.judge())
+        assert {(m.peer, m.round) for m in audits.applied if m.peer == holder.id} == {
+            (holder.id, t) for t in range(3)
+        }
+        audits.apply([UpdateMessage(6, holder.id, (0.5,))])  # a later revoked row
+        assert not audits.waiting and len(audits.applied) == 6 + 3
+        weights.append({k: w.clone() for k, w in live.weights().items()})
+        ledger.close()
+    for name, w in weights[0].items():
+        assert torch.allclose(w, weights[1][name], atol=1e-5), name
+
+
+@pytest.mark.slow
+def test_a_revoked_tickets_later_rows_count_nowhere_and_ledgers_agree(tmp_path):
+    """Real daemons on 127.0.0.1: peers a and b hold tickets without end; a is handed the
+    creator's revocation of b's ticket from round 6 (`seedflood ticket revoke`, then
+    `--revoke`). It travels to every node (`seedflood.revocations`) and into every ledger;
+    b's rows keep being admitted (ledgers stay identical) but those of rounds >= 6 count
+    at no node, in the replay's judgement of every ledger alike."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from bootstrap.node import BootstrapSettings, resolve_manifest
+    from harness.cluster import RUN
+    from seedflood_p2p.apps.local import check_revocations, counted_updates
+    from seedflood_p2p.apps.localnet import start_bootstrap, start_peer
+
+    key = tmp_path / "creator.key"
+    creator = base58.b58encode(load_or_create_identity(key).to_bytes()).decode()
+    run = dataclasses.replace(RUN, extra={"join": {"mode": "ticketed", "creator": creator}})
+    final = resolve_manifest(BootstrapSettings(data_dir=tmp_path / "scratch"), run)
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(final.to_json())
+    work = tmp_path / "work"
+    ids = {}
+    for name in "ab":
+        (work / name).mkdir(parents=True)
+        ids[name] = load_or_create_identity(work / name / "identity.key").to_bytes()
+    tickets = {n: issue(key, final, ids[n]).text() for n in "ab"}
+    b_id = base58.b58encode(ids["b"]).decode()
+    cli = [sys.executable, "-m", "seedflood", "ticket", "revoke", "--manifest", str(manifest),
+           "--key", str(key), "--peer", b_id]  # fmt: skip
+    out = subprocess.run([*cli, "--from-round", "6"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    revocation = out.stdout.strip()
+    missing = subprocess.run(cli, capture_output=True, text=True)
+    assert missing.returncode != 0 and "needs --from-round" in missing.stderr
+    flags = [
+        *("--until-round", "14", "--round-interval", "0.5", "--min-peers", "2"),
+        *("--round-deadline", "5", "--liveness-timeout", "8", "--linger", "4"),
+        *("--repair-interval", "1", "--connect-retries", "20"),
+    ]
+    procs = []
+    try:
+        boot, address = start_bootstrap(work, run)
+        procs.append(boot)
+        a = start_peer(work, "a", address, [*flags, "--ticket", tickets["a"],
+                                            "--revoke", revocation])  # fmt: skip
+        b = start_peer(work, "b", address, [*flags, "--ticket", tickets["b"]])
+        procs += [a, b]
+        codes = {n: p.wait_exit(600) for n, p in (("a", a), ("b", b))}
+        assert codes == {"a": 0, "b": 0}, {n: p.tail() for n, p in (("a", a), ("b", b))}
+        logged = [e for e in b.events() if e.get("event") == "revocation_logged"]
+        assert logged and logged[0]["round"] == 6, b.tail()  # b learned it from the network
+    finally:
+        for p in procs:
+            p.stop()
+    seen = {}
+    for holder in ("a", "b", "bootstrap"):
+        with Ledger.open_existing(work / holder / "ledger.sqlite") as ledger:
+            assert [(p, r) for p, r, _ in ledger.revocations()] == [(ids["b"], 6)], holder
+            check_revocations(ledger, ledger.config)
+            rows = {(m.peer, m.round) for m in ledger.messages()}
+            counted = {(m.peer, m.round) for m in counted_updates(ledger, ledger.config)[0]}
+            seen[holder] = (ledger.digest(), counted)
+        assert {r for p, r in rows if p == ids["b"]} >= set(range(6, 14)), holder  # admitted
+        assert {r for p, r in counted if p == ids["b"]} == set(range(6)), holder  # not counted
+        assert {r for p, r in counted if p == ids["a"]} == set(range(14)), holder
+    assert seen["a"] == seen["bootstrap"]  # the same ledger, the same judgement

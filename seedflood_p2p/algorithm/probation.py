@@ -59,10 +59,16 @@ and a record that turns a case back (a late match vote) lifts it from its own ef
 round. The steps 3 and the times above are then those of that banned set. A sender and
 its auditors compute S_t from the same prefix, so no auditor has to guess which bans a
 sender knew; `standing` gives the banned set of every prefix as change points.
+
+Ticket revocations (the ledger's `revocations`, network/peers/tickets.py) void a holder's
+updates of rounds >= R in the end and in every S_t alike (`Standing.revoked`): the creator
+names R ahead of the run, so no sender trained on them; a revocation that reaches a
+sender after round R + lag is a late row there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from bisect import bisect_left
@@ -96,7 +102,7 @@ class BanSpan:
 
     def count_from(self, standing: Standing, peer: bytes, round_: int) -> int:
         """`Standing.count_from` under this span's bans."""
-        if peer in self.banned:
+        if peer in self.banned or round_ >= standing.revoked.get(peer, NEVER):
             return NEVER
         if not standing.enabled or peer in standing.founders:
             return ALWAYS
@@ -132,6 +138,10 @@ class Standing:
     # ALWAYS, the last the whole ledger's: `judgement.banned`); empty: untimed, the final
     # bans in every state (a standing made by hand).
     bans: tuple[BanSpan, ...] = ()
+    # Ticket revocations: holder -> R, its updates of rounds >= R never count, in any state
+    # (network/peers/tickets.py: the creator names R ahead of the run, so no sender trained
+    # on them; one that did, before the revocation reached it, is a late row's case)
+    revoked: Mapping[bytes, int] = field(default_factory=dict)
 
     @property
     def banned(self) -> dict[bytes, str]:
@@ -175,7 +185,7 @@ class Standing:
 
     def counts(self, peer: bytes, round_: int) -> bool:
         """Does update (peer, round_) count for the model?"""
-        if peer in self.judgement.banned:
+        if peer in self.judgement.banned or round_ >= self.revoked.get(peer, NEVER):
             return False
         if not self.enabled or peer in self.founders:
             return True
@@ -325,10 +335,31 @@ def standing(
     records: Iterable[AuditRecord],
     settings: AuditSettings,
     probation: ProbationSettings,
+    revoked: Mapping[bytes, int] | None = None,
 ) -> Standing:
-    """What counts, given the claimed scalars of each (round, peer) and the audit records: a
-    pure function of its arguments (see the module docstring for the three steps), and
-    from which settled state (the times, the bans of each prefix)."""
+    """What counts, given the claimed scalars of each (round, peer), the audit records and
+    the ticket revocations (holder -> R, `revoked_rounds`): a pure function of its
+    arguments (see the module docstring for the three steps), and from which settled state
+    (the times, the bans of each prefix)."""
+    judged = _standing(claims, records, settings, probation)
+    return dataclasses.replace(judged, revoked=dict(revoked)) if revoked else judged
+
+
+def revoked_rounds(revocations: Iterable[tuple[bytes, int, bytes]]) -> dict[bytes, int]:
+    """{holder: its earliest revoked round} of a ledger's (holder, round, bytes) ticket
+    revocations (`Ledger.revocations`): the holder's updates of rounds >= it never count."""
+    out: dict[bytes, int] = {}
+    for holder, round_, _ in revocations:
+        out[holder] = min(round_, out.get(holder, round_))
+    return out
+
+
+def _standing(
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
+    records: Iterable[AuditRecord],
+    settings: AuditSettings,
+    probation: ProbationSettings,
+) -> Standing:
     records = list(records)
     if not probation.enabled:
         judgement = judge(claims, records, settings)
@@ -422,9 +453,10 @@ def _settle(
 def standing_of_ledger(
     ledger: Ledger, settings: AuditSettings, probation: ProbationSettings
 ) -> Standing:
-    """`standing` over a ledger's updates and audit records."""
+    """`standing` over a ledger's updates, audit records and ticket revocations."""
     claims = {(m.round, m.peer): m.scalars for m in ledger.messages()}
-    return standing(claims, ledger.audits(), settings, probation)
+    revoked = revoked_rounds(ledger.revocations())
+    return standing(claims, ledger.audits(), settings, probation, revoked)
 
 
 def rounds_to_count(

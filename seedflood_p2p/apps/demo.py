@@ -17,12 +17,12 @@ import os
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer
-from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.config import OMITTED_WHEN_DEFAULT, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import (
     add_flags,
@@ -62,6 +62,24 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "smollm2-135m": {"train_only": "model.layers.2[89].*", "train_examples": 512},
 }
 DEFAULT_MODEL_DEFAULTS = MODEL_DEFAULTS[DEMO_DEFAULTS["model"]]
+# The demo's prompt, for one text with two labels (negative, positive), chosen on the
+# validation split (docs/LEARNING.md, "Prompt and label words"): 3rd of 160 prompts
+# zero-shot at 0.770 against the best's 0.774 (0.3 SE apart), and of the top three the
+# one that names no movie, so it reads an organiser's product reviews as well. Read
+# uncalibrated: calibration costs it 0.16 at round 0 (bench/results/prompt-val.md).
+DEMO_PROMPT: dict[str, Any] = {
+    "template": "Review: {text}\nSentiment:",
+    "label_words": [" negative", " positive"],
+    "calibration": "",
+}
+# Settings that say what the task looks like: any of them given, the demo's prompt is out.
+PROMPT_SHAPE = ("task", "kind", "template", "label_words", "label_names")
+
+
+def fits_demo_prompt(task: Any) -> bool:
+    """Whether a loaded task is one text with two labels (what DEMO_PROMPT reads)."""
+    labels = {e.label for e in task.train[:2000]}
+    return task.kind == "classification" and labels <= {0, 1}
 
 
 @dataclass(frozen=True)
@@ -106,7 +124,7 @@ def own_copies(config: RunConfig) -> list[str]:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_flags(parser, {**DEMO_DEFAULTS, **DEFAULT_MODEL_DEFAULTS})
+    add_run_flags(parser, {**DEMO_DEFAULTS, **DEFAULT_MODEL_DEFAULTS, **DEMO_PROMPT})
     add_flags(parser, DEMO_FIELDS, "demo settings")
 
 
@@ -119,29 +137,53 @@ def _given(args: argparse.Namespace, table: dict[str, Any], name: str) -> Any:
 
 
 def demo_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """DEMO_DEFAULTS, and the chosen model's own fast setting (MODEL_DEFAULTS) whatever the
-    data set, when the flags, the environment and the file choose that model."""
-    model = _given(args, read_toml(args), "model") or DEMO_DEFAULTS["model"]
-    return {**DEMO_DEFAULTS, **MODEL_DEFAULTS.get(model, {})}
+    """DEMO_DEFAULTS, the chosen model's own fast setting (MODEL_DEFAULTS) whatever the
+    data set, when the flags, the environment and the file choose that model, and the
+    demo's prompt (DEMO_PROMPT) when nothing sets the task's shape."""
+    table = read_toml(args)
+    model = _given(args, table, "model") or DEMO_DEFAULTS["model"]
+    defaults = {**DEMO_DEFAULTS, **MODEL_DEFAULTS.get(model, {})}
+    if not any(_given(args, table, name) for name in PROMPT_SHAPE):
+        defaults.update(DEMO_PROMPT)
+    return defaults
 
 
 def fit_to_data(args: argparse.Namespace, config: RunConfig, defaults: dict) -> dict[str, Any]:
     """`defaults` fitted to the run's data set, for what no flag, variable or file set:
-    a training pool no larger than the examples outside the validation split, and no
-    calibration for a task without labels. Unchanged when the data cannot be read here
-    (the peers then say why)."""
+    the demo's prompt only for one text with two labels, a training pool no larger than
+    the examples outside the validation split, and no calibration for a task without
+    labels. Unchanged when the data cannot be read here (the peers then say why)."""
     from seedflood_p2p.workload.data import load_task
     from seedflood_p2p.workload.tasks import task_spec
 
     table = read_toml(args)
-    try:
+
+    def load(config: RunConfig) -> Any:
         spec, label_column = task_spec(config)
-        task = load_task(
+        return load_task(
             config.dataset, text_column=config.text_column, label_column=label_column, spec=spec
         )
-    except UserError:
-        return defaults
+
     fitted = dict(defaults)
+    task = None
+    try:
+        task = load(config)
+    except UserError:
+        pass
+    if defaults.get("template") == DEMO_PROMPT["template"] and (
+        task is None or not fits_demo_prompt(task)
+    ):
+        # not one text with two labels (or not readable so): the run's own or its preset's
+        # prompt, read as the demo read it before the prompt search (calibrated)
+        for name in DEMO_PROMPT:
+            if _given(args, table, name) is None:
+                fitted[name] = DEMO_DEFAULTS.get(name, OMITTED_WHEN_DEFAULT[name])
+        try:
+            task = load(replace(config, **{k: fitted[k] for k in DEMO_PROMPT}))
+        except UserError:
+            return fitted
+    if task is None:
+        return fitted
     pool = defaults.get("train_examples", 0)
     limit = task.pool_limit or len(task.train)
     if pool > limit and _given(args, table, "train_examples") is None:

@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from seedflood_p2p.core.config import RunConfig
+from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import add_run_flags, run_config_from_args
 
@@ -154,6 +154,33 @@ def counted_updates(ledger, config: RunConfig) -> tuple[list, object]:
     return list(judged.counted(ledger.messages())), judged
 
 
+def check_revocations(ledger, config: RunConfig) -> None:
+    """Every ticket revocation in a ledger file must carry the run creator's signature: a
+    forged one would void an honest peer's updates in every replay."""
+    from seedflood_p2p.network.peers.tickets import check_revocation, decode_revocation
+    from seedflood_p2p.storage.ledger import peer_name
+
+    for holder, round_, data in ledger.revocations():
+        try:
+            revocation = decode_revocation(data)
+        except UserError as exc:
+            problem: str | None = str(exc)
+        else:
+            problem = None
+            if (revocation.peer, revocation.round) != (holder, round_):
+                problem = "differs from the revocation it holds"
+            elif config.join.creator is None:
+                problem = "is in a run without tickets"
+            else:
+                problem = check_revocation(revocation, config, config.join.creator)
+        if problem is not None:
+            raise UserError(
+                f"ledger {ledger.path}: ticket revocation (peer {peer_name(holder)}, round "
+                f"{round_}) {problem}: the file was altered or damaged; replay a copy from a "
+                "peer whose ledger checks out"
+            )
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from seedflood_p2p.algorithm.basis import load_schedule
     from seedflood_p2p.algorithm.replay import replay
@@ -176,6 +203,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         check.unsigned,
         check.unsigned_peers,
     )
+    check_revocations(ledger, config)
     model, tokenizer = load_model(args.base or config.model)
     base_hash = weights_sha256(model)
     if config.base_sha256 and base_hash != config.base_sha256:
@@ -245,6 +273,13 @@ def cmd_id(args: argparse.Namespace) -> int:
 
 
 def add_ticket_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("issue", "revoke"),
+        default="issue",
+        help="issue a join ticket (the default), or revoke PEER's from --from-round on",
+    )
     p.add_argument("--manifest", required=True, help="the run's manifest JSON file")
     p.add_argument("--key", required=True, help="the run creator's identity.key")
     p.add_argument("--peer", required=True, help="the holder's peer id (12D3Koo...)")
@@ -254,15 +289,23 @@ def add_ticket_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the holder's updates count in rounds below this one (default: no end)",
     )
+    p.add_argument(
+        "--from-round",
+        type=int,
+        default=None,
+        help="revoke: the holder's updates of this round and later never count (name a "
+        "round ahead of the run; hand the printed text to a node with --revoke)",
+    )
 
 
 def cmd_ticket(args: argparse.Namespace) -> int:
-    """Print a join ticket (base58) for PEER in the run of MANIFEST, signed with KEY."""
+    """Print a join ticket (base58) for PEER in the run of MANIFEST, signed with KEY; or,
+    with `revoke`, a revocation of PEER's ticket from --from-round on (for `--revoke`)."""
     from pathlib import Path
 
     import base58
 
-    from seedflood_p2p.network.peers.tickets import NO_END, issue
+    from seedflood_p2p.network.peers.tickets import NO_END, check_revocation, issue, revoke
     from seedflood_p2p.network.transport.identity import load_or_create_identity
 
     try:
@@ -280,6 +323,16 @@ def cmd_ticket(args: argparse.Namespace) -> int:
         peer = base58.b58decode(args.peer)
     except ValueError:
         raise UserError("--peer is not a base58 peer id") from None
+    if args.action == "revoke":
+        if args.from_round is None or not 0 <= args.from_round <= MAX_ROUND:
+            raise UserError(f"ticket revoke needs --from-round R, a round in 0..{MAX_ROUND}")
+        revocation = revoke(Path(args.key), config, peer, args.from_round)
+        if (problem := check_revocation(revocation, config, creator)) is not None:
+            raise UserError(f"--peer {args.peer}: cannot revoke its ticket ({problem})")
+        print(revocation.text())
+        return 0
+    if args.from_round is not None:
+        raise UserError("--from-round is for `seedflood ticket revoke`")
     if args.until_round is not None and not (0 < args.until_round < NO_END):
         raise UserError(f"--until-round must be a round in 1..{NO_END - 1}")
     expires = NO_END if args.until_round is None else args.until_round

@@ -27,6 +27,9 @@ class NodeSettings:
     # static relays) once this node counts itself unreachable, and announce the relay address.
     auto_relay: bool = True
     relays: list[str] = field(default_factory=list)  # relays besides the bootstrap nodes
+    # A ticketed run: revocations from its creator (`seedflood ticket revoke`, base58) this
+    # node logs and hands on to the run (network/peers/tickets.py)
+    revoke: list[str] = field(default_factory=list)
     nat_port_map: bool = False  # ask the home router for a port mapping (UPnP / NAT-PMP)
     # Reachability as auto-relay sees it: "auto" asks AutoNAT (other peers dial us back; it
     # needs public addresses on both sides), "private" skips the wait and reserves relay

@@ -50,6 +50,7 @@ from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.network.gossip.repair import (
     MAX_SYNC_PASSES,
     AuditTable,
+    Prechecked,
     Repair,
     RepairTable,
     SourceCheck,
@@ -57,17 +58,24 @@ from seedflood_p2p.network.gossip.repair import (
 )
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.peers.reputation import PeerBuckets, Reputation, short_id
-from seedflood_p2p.network.peers.tickets import TicketBook, TicketExchange
+from seedflood_p2p.network.peers.tickets import (
+    Revocation,
+    TicketBook,
+    TicketExchange,
+    check_revocation,
+    decode_revocation,
+)
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.network.transport.pubsub import PubSubClient
 from seedflood_p2p.network.transport.rpc import serve_bytes
+from seedflood_p2p.network.transport.sigcheck import SignaturePool
 from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
 from seedflood_p2p.protocol.framing import topic_for
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage
 from seedflood_p2p.protocol.repair import SERVE_BYTES_BURST, SERVE_BYTES_RATE
 from seedflood_p2p.protocol.update import encode_update
 from seedflood_p2p.storage.bans import BanStore
-from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.node")
 
@@ -120,12 +128,19 @@ class FloodNode:
         # still pass admission (relayed by others), so honest ledgers stay identical.
         self.avoids = avoids
         self.peer_id = p2p.peer_id.to_bytes()
+        # Commits never wait on the disk here: a sync thread fsyncs the ledger's WAL behind
+        # them (storage/ledger.py, issue 46); what must be on disk before it leaves this
+        # node, our own signed rows, is flushed before it is published (`publish`).
+        ledger.sync_in_background()
         # Bans live beside the ledger file (in memory for an in-memory ledger).
         on_disk = ledger.path is not None and str(ledger.path) != ":memory:"
         self.bans = BanStore(Path(ledger.path).parent / "bans.sqlite" if on_disk else None)
         self.reputation = Reputation(self.bans, metrics.count_ban, on_ban=self._disconnect)
         # A ticketed run: which authors' rows count, and the exchange that finds tickets
         self.tickets = TicketBook(config) if config.join.creator is not None else None
+        # Repair pages' signatures, checked in bulk in worker processes (started on the
+        # first large page: a late join, a healed partition) before admission asks.
+        self.prechecked = Prechecked(SignaturePool())
         self.admission = Admission(
             ledger,
             self.directions,
@@ -138,12 +153,18 @@ class FloodNode:
             allowed=config.allowed_peer_ids(),
             tickets=self.tickets,
             work=config.identity_work,
+            verify=self.prechecked.verify,
         )
         self.ticket_exchange = (
             None
             if self.tickets is None
-            else TicketExchange(p2p, self.run_id, self.tickets, lambda: self.connected_peers())
+            else TicketExchange(
+                p2p, self.run_id, self.tickets, lambda: self.connected_peers(), self._revoked
+            )
         )
+        # Called after new ticket revocations reach the ledger (the peer daemon judges it
+        # again: the holder's updates from the revoked round on stop counting).
+        self.on_revocations: Callable[[], Awaitable[None]] | None = None
         # Audit records, in a run whose manifest has them: gossip on their own
         # topic and repair, through the same sender rules. New records go to
         # `on_audit_records` (the peer daemon judges them; the bootstrap keeps and serves).
@@ -153,7 +174,13 @@ class FloodNode:
         self._served_bytes = PeerBuckets(SERVE_BYTES_RATE, SERVE_BYTES_BURST)
         # Anti-entropy repair of the ledger's updates and (with audits) audit records.
         tables: list[RepairTable] = [
-            UpdateTable(ledger, self.admission, metrics, lambda v: self._track(v, heard=False))
+            UpdateTable(
+                ledger,
+                self.admission,
+                metrics,
+                lambda v: self._track(v, heard=False),
+                self.prechecked,
+            )
         ]
         if self.audits is not None:
             tables.append(AuditTable(ledger, self.audits, self._new_audit_records))
@@ -182,7 +209,10 @@ class FloodNode:
     async def start(self) -> None:
         await serve_bytes(self.p2p, "seedflood.manifest", self._serve_manifest)
         await self.repair.start()  # every table's digest and fetch requests
+        if self.settings.revoke and self.tickets is None:
+            raise UserError("--revoke: this run is not ticketed, it has no tickets to revoke")
         if self.ticket_exchange is not None:
+            await self._load_revocations()
             await self.ticket_exchange.start()
             # cancelled with the node's other tasks
             self._tasks.append(asyncio.create_task(self.ticket_exchange.run(), name="tickets"))
@@ -196,6 +226,46 @@ class FloodNode:
             )
         self._tasks.append(asyncio.create_task(self._anti_entropy(), name="anti-entropy"))
         self.metrics.ledger_size.set(len(self.ledger))
+
+    async def _load_revocations(self) -> None:
+        """The ledger's revocations into the ticket book (a restart), then those handed to
+        this node (`--revoke`); a bad one handed in stops the node with one line."""
+        for _, _, data in self.ledger.revocations():
+            self.tickets.revoke(decode_revocation(data))  # checked before they were logged
+        handed = []
+        for text in self.settings.revoke:
+            revocation = decode_revocation(text)
+            problem = check_revocation(revocation, self.config, self.tickets.creator)
+            if problem is not None:
+                raise UserError(f"--revoke is not a revocation of this run's creator: {problem}")
+            handed.append(revocation.encode())
+        await self.ticket_exchange.take_revocations(handed)
+
+    async def _revoked(self, new: list[Revocation]) -> None:
+        """New valid revocations: into the ledger (replay and late joiners see them), then
+        the owner's judgement (`on_revocations`)."""
+        self.ledger.add_revocations((r.peer, r.round, r.encode()) for r in new)
+        ahead = self.admission.reference_round() + self.config.audit.lag + 1
+        for r in new:
+            fields = {"event": "revocation_logged", "peer": peer_name(r.peer), "round": r.round}
+            log.info(
+                "ticket revocation logged: peer %s's updates of rounds >= %d do not count",
+                peer_name(r.peer),
+                r.round,
+                extra={"fields": fields},
+            )
+            if r.round <= ahead:
+                log.warning(
+                    "ticket revocation of peer %s from round %d is not ahead of the run "
+                    "(round %d here): peers that trained past it before it reached them "
+                    "held its rows (late rows for their audits); name a later round",
+                    peer_name(r.peer),
+                    r.round,
+                    self.admission.reference_round(),
+                    extra={"fields": {**fields, "event": "revocation_not_ahead"}},
+                )
+        if self.on_revocations is not None:
+            await self.on_revocations()
 
     async def stop(self) -> None:
         """Cancel the node's tasks and close its pubsub client. A task that does not end
@@ -217,6 +287,7 @@ class FloodNode:
                 )
         await self._pubsub.close()
         self.bans.close()
+        self.prechecked.close()
 
     def _disconnect(self, peer: bytes) -> None:
         """A banned peer: close its connection through the daemon (it may dial again; its
@@ -300,12 +371,17 @@ class FloodNode:
                 "same identity.key?"
             )
         data = encode_update(self.run_id, message.round, message.scalars, held)
+        # On disk before anyone can see it: a power loss after publishing must not let the
+        # restarted peer sign another update for this round (an equivocation).
+        await self.ledger.flush_async()
         await self._pubsub.publish(self.topic, data)
         self.metrics.published.inc()
         self.metrics.bytes_out.inc(len(data))
 
     async def publish_on(self, topic: str, data: bytes) -> None:
-        """Publish `data` on another topic of the run (the audit topic)."""
+        """Publish `data` on another topic of the run (the audit topic), once what the
+        ledger logged (our record) is on disk."""
+        await self.ledger.flush_async()
         await self._pubsub.publish(topic, data)
         self.metrics.bytes_out.inc(len(data))
 
@@ -350,6 +426,8 @@ class FloodNode:
         other peer can fetch them, and our ledger would differ from everyone's for good.
         Their echo attaches the envelope. Returns how many were published again."""
         missing = self.ledger.unsigned(self.peer_id)
+        if missing:
+            await self.ledger.flush_async()
         for message in missing:
             data = encode_update(self.run_id, message.round, message.scalars)
             await self._pubsub.publish(self.topic, data)
@@ -377,7 +455,8 @@ class FloodNode:
         into one ledger transaction (one fsync), not one commit per message. Group commit:
         a batch that finds the queue empty first waits until `coalesce` s after its first
         arrival for more. The wait comes before the transaction: nothing is logged, handed
-        on or applied before its commit, as without it."""
+        on or applied before its commit, as without it. The commit's fsync is not waited
+        for here: the ledger's sync thread makes it (`Ledger.sync_in_background`)."""
         batch: list[tuple[bytes, Envelope]] = []
         first = 0.0
         async for item in subscription:

@@ -1,0 +1,260 @@
+"""Rebuilding the state an update was trained on, for an audit (peer/audit_duty.py): split
+out of the peer's audit state so the rewind reads on its own.
+
+An audit of (p, t) recomputes on S_t, the settled state of round t: the counted updates
+of rounds < t - lag. Our model holds S_r for the round r we trained last (r >= t), so
+the updates it applied of rounds t - lag .. r - lag - 1 are taken back for the
+recomputation (and the updates of peers banned since put in), and the exact weights put
+back afterwards (a copy, not a re-addition: the live model must not drift by rounding).
+Which updates count in S_t is the caller's (`counts_at`: bans and vouches are timed,
+`probation.Standing.counts_at`).
+
+A sender may honestly have trained on less than S_t. Since protocol version 3 an update
+carries the digest of the rows its sender held (`protocol/held_state.py`): that state,
+rebuilt, is tried first, so an honest sender that lacked rows is matched by the first
+recomputation. A mismatch there still tries S_t and the states without the settled
+updates that reached us last (`late_states`): the digest adds a state, never removes one,
+so a sender that sends two copies with different digests to different peers cannot make
+an auditor accuse where others match. Each retry is one more recomputation, at most
+MAX_LATE_STATES per audit. An update older than MAX_REWIND rounds is not audited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from itertools import count
+
+from peer.held_digests import HeldDigests
+from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.protocol.message import UpdateMessage
+
+MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
+MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
+# ... of a probationer's update: each retry is paid from the verification budget like an
+# audit (so `share` bounds the compute), and fresh keys are free, so fewer: 20 keys that
+# negate cost a founder 3 budget units each, not 9 (bench/results/sybil_daemon_n20*.md).
+PROBATION_LATE_STATES = 2
+HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
+ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
+
+Key = tuple[bytes, int]  # (peer, round)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """An audit's recomputation on the state its sender most likely trained on."""
+
+    recomputed: tuple[float, ...]  # the scalars: of the first state that matched, else S_t's
+    held: str | None  # the sender's digest: "exact" (S_t), "found", "unknown"; None: none sent
+    retries: int  # recomputations on other states after the first
+    matched: str | None  # the kind of late state that matched (`late_states`), if one did
+
+
+class StateRewind:
+    """Rebuilds S_round on our live model for one computation, and guesses the states a
+    sender may have held instead. Keeps when each update reached us (`arrival`), the
+    data the guesses are made from, and our held-state digests (`held`).
+
+    `counts_at(peer, round, limit)`: does that update count in the settled state whose
+    rows are of rounds < limit (the caller's judgement of the ledger, read at each use)."""
+
+    def __init__(
+        self, live: LiveModel, lag: int, counts_at: Callable[[bytes, int, int], bool]
+    ) -> None:
+        self.live = live
+        self.lag = lag
+        self.counts_at = counts_at
+        # When each update reached us (our training round then, and a counter in acceptance
+        # order; ours when we published it): the rows of a settled state that came later
+        # here than a sender's update are the ones it most likely did not have yet when it
+        # trained (`late_states`).
+        self.arrival: dict[Key, tuple[int, int]] = {}  # (our round, order)
+        self._clock = count()
+        self.held = HeldDigests()  # the held-state digests of our weights and senders' states
+
+    # -- arrivals ----------------------------------------------------------------------
+    def arrived(self, key: Key, our_round: int) -> None:
+        """An update reached us (the first arrival counts)."""
+        self.arrival.setdefault(key, (our_round, next(self._clock)))
+
+    def arrived_late(self, key: Key, our_round: int) -> None:
+        """An update starts to count only now (its record reached us late): its arrival is
+        now, so audits know a sender may have lacked it."""
+        self.arrival[key] = (our_round, next(self._clock))
+
+    def trim_arrivals(self) -> None:
+        """Keep the ARRIVALS_KEPT latest arrivals once twice as many are held: only the
+        latest are ever asked for."""
+        if len(self.arrival) > 2 * ARRIVALS_KEPT:
+            newest = sorted(self.arrival.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
+            self.arrival = dict(newest)
+
+    # -- the settled state of a round --------------------------------------------------
+    def holds(self, message: UpdateMessage, round_: int) -> bool:
+        """Is update `message` in S_round: of a round < round_ - lag, and counted there?"""
+        limit = round_ - self.lag
+        if message.round >= limit:
+            return False
+        return self.counts_at(message.peer, message.round, limit)
+
+    def state(
+        self, round_: int, applied: list[UpdateMessage], waiting: list[UpdateMessage]
+    ) -> list[UpdateMessage]:
+        """The updates of S_round: applied ones, and waiting ones that counted then and not
+        now (a peer banned since, or a vouch it lost with its voucher's ban)."""
+        return [m for m in applied + waiting if self.holds(m, round_)]
+
+    def on_settled(
+        self,
+        round_: int,
+        applied: list[UpdateMessage],
+        waiting: list[UpdateMessage],
+        counted_too: list[UpdateMessage],
+        compute: Callable[[], object],
+    ) -> object:
+        """`compute()` on S_round (plus `counted_too`): take back the applied updates that
+        are not in S_round (of rounds >= round_ - lag, or counted from a later round), put
+        in the waiting ones that are (a peer banned since), compute, put the exact weights
+        back."""
+        newer = [m for m in applied if not self.holds(m, round_)]
+        older = [m for m in waiting if self.holds(m, round_)]
+        if not newer and not older and not counted_too:
+            return compute()
+        saved = self.live.save_state()
+        try:
+            self.live.apply([m.negated() for m in newer] + older + counted_too)
+            return compute()
+        finally:
+            self.live.load_state(saved)
+
+    # -- what a sender may have held instead -------------------------------------------
+    def late_states(
+        self,
+        peer: bytes,
+        round_: int,
+        applied: list[UpdateMessage],
+        waiting: list[UpdateMessage],
+    ) -> list[tuple[str, list[UpdateMessage]]]:
+        """Sets of updates of S_round the sender of (peer, round_) may not have held when it
+        trained, most likely first (`late_states`)."""
+        return late_states(self.state(round_, applied, waiting), self.arrival, peer, round_)
+
+    def held_missing(
+        self,
+        peer: bytes,
+        round_: int,
+        held: int,
+        applied: list[UpdateMessage],
+        waiting: list[UpdateMessage],
+    ) -> list[UpdateMessage] | None:
+        """The updates of S_round the sender of (peer, round_) lacked by its held-state
+        digest `held` ([]: none), or None if no honest pattern explains it."""
+        since = round_ - self.lag - HELD_WINDOW
+        return self.held.missing(self.state(round_, applied, waiting), held, peer, since)
+
+    def recompute(
+        self,
+        peer: bytes,
+        round_: int,
+        claimed: tuple[float, ...],
+        held: int | None,
+        applied: list[UpdateMessage],
+        waiting: list[UpdateMessage],
+        compute: Callable[[], tuple[float, ...]],
+        mismatches: Callable[[tuple[float, ...], tuple[float, ...]], bool],
+        max_retries: int | None = None,
+    ) -> Rebuilt:
+        """`compute()` on the state the sender of (peer, round_) says it held (`held`, its
+        digest; S_round without the rows it lacked), then, while the result `mismatches`
+        the `claimed` scalars, on S_round and the late states (at most `max_retries` of
+        them; None: all). The first state that matches wins."""
+        # The sender may have trained before a settled update reached it (a peer that fell
+        # behind, e.g. a laptop that slept, publishes its rounds late; nobody waits for it
+        # past --round-deadline). Its digest's state is tried first; a mismatch there still
+        # tries S_t and the states without the updates it most likely lacked.
+        missing = None if held is None else self.held_missing(peer, round_, held, applied, waiting)
+        found = None
+        if held is not None:
+            found = "unknown" if missing is None else "found" if missing else "exact"
+        # reversed: an equivocation's rows (original, its negation, the replacement) come
+        # out in the order applied, so a round-sized rule's sizes unwind cleanly
+        first = [m.negated() for m in reversed(missing or [])]
+        recomputed = self.on_settled(round_, applied, waiting, first, compute)
+        states = ([("settled", [])] if first else []) + self.late_states(
+            peer, round_, applied, waiting
+        )
+        retries, matched = 0, None
+        for kind, late in states if max_retries is None else states[:max_retries]:
+            if not mismatches(claimed, recomputed):
+                break
+            retries += 1
+            without = self.on_settled(
+                round_, applied, waiting, [m.negated() for m in late], compute
+            )
+            if not mismatches(claimed, without):
+                recomputed, matched = without, kind
+        return Rebuilt(recomputed, found, retries, matched)
+
+
+def late_states(
+    state: list[UpdateMessage],
+    arrival: Mapping[Key, tuple[int, int]],
+    peer: bytes,
+    round_: int,
+) -> list[tuple[str, list[UpdateMessage]]]:
+    """Sets of updates of S_round the sender of (peer, round_) may not have held when it
+    trained, most likely first, at most MAX_LATE_STATES.
+
+    Updates spread to everyone in about the same order, and each peer's in round
+    order. So the sender most likely lacked the updates of S_round that reached us in
+    a later round of ours than its update did (`after`); of those that reached us in
+    the same round (`tied`: a burst, e.g. after we slept), it may have lacked the
+    latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
+    updates in `after` first: a straggler); and it may have got the first one or two
+    of `after` just before it trained. Last, the newest-arrived 1, 2, ... updates. Its
+    own updates it held; one without an arrival stamp (restored at start) counts as old;
+    a peer banned in S_round has none there (bans are timed, `probation.Standing.counts_at`).
+
+    Rows that count by a vouch or an establishment (on probation) need no retry of
+    their own: they are in S_round only from the round their record takes effect in
+    (`probation.Standing.count_from`), which the sender held as it held the rows; one
+    whose record reached us late was applied as a late row (its arrival is then).
+
+    Each state comes with its kind ("after", "straggler", "first-of-after",
+    "straggler-newest", "newest"): `late_matches` counts which kinds matched, the data
+    to cut retries on (every mismatch, a cheater's too, tries up to MAX_LATE_STATES)."""
+    settled = {(m.peer, m.round): m for m in state if m.peer != peer}
+    stamped = sorted(((arrival[key], key) for key in settled if key in arrival), reverse=True)
+    heard = arrival.get((peer, round_))
+    after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
+    candidates: list[tuple[str, list[UpdateMessage]]] = []
+    if heard is not None:
+        tied: dict[bytes, list[UpdateMessage]] = {}
+        for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
+            tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
+        stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
+        candidates.append(("after", after))
+        candidates += [("straggler", after + tied[q]) for q in stragglers]
+        # ... or it got the first of `after` just before it trained (newest first)
+        candidates += [("first-of-after", after[:-j]) for j in (1, 2) if len(after) > j]
+        most = min(MAX_LATE_STATES, max((len(rows) for rows in tied.values()), default=0))
+        candidates += [
+            ("straggler-newest", after + tied[q][:j]) for q in stragglers for j in range(1, most)
+        ]
+    # Last, the newest-arrived 1, 2, ... (a sender whose wait for holes ran out, or one
+    # that lost gossip). While these were cut to 2 for a known arrival (1dcc5ba), an
+    # honest peer dropping 30% of gossip was banned in 1 of 3 CI runs of
+    # tests/test_round_mean_daemon.py: a false conviction costs the run an honest peer,
+    # a cheater's retries only CPU (a probationer's are few and paid, above).
+    newest = [settled[key] for _, key in stamped[:MAX_LATE_STATES]]
+    candidates += [("newest", newest[:j]) for j in range(1, len(newest) + 1)]
+    states, seen = [], set()
+    for kind, rows in candidates:
+        key = frozenset((m.peer, m.round) for m in rows)
+        if rows and key not in seen:
+            seen.add(key)
+            states.append((kind, rows))
+        if len(states) == MAX_LATE_STATES:
+            break
+    return states
