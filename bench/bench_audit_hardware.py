@@ -14,20 +14,24 @@ scalars a peer publishes, float16) in one subprocess per hardware setting:
                   and ONEDNN_MAX_CPU_ISA=AVX2 (the matmuls are MKL's and oneDNN's, not
                   ATen's, so ATen's variable alone does not change them)
 
-each at 1 and 2 torch threads. Every setting trains the same lockstep ledger: the
-reference (native, 1 thread) computes rounds 0..R-1 for P peers and applies its own
-claims; every other setting recomputes each (peer, round) on base + the reference's
-claims of the earlier rounds (an auditor's settled state: the ledger holds the claims,
-not its own recomputation), applied on its own arithmetic. Then for every pair (X, Y)
-it asks the run's default rule (`AuditSettings().rule`, `AuditRule.mismatches`) whether
-X's scalars, as a claim, mismatch Y's recomputation, and reports bit-identical shares,
-max |c - r|, max |c - r| / max(|c|, |r|), and the margin: the smallest bound / |c - r|
-over differing scalars (how many times the difference would have to grow to accuse).
+each at 1 and 2 torch threads, and the reference (native, 1 thread) again in a fresh
+process: the control, which says whether the step is deterministic at all. Every setting
+trains the same lockstep ledger: the reference computes rounds 0..R-1 for P peers and
+applies its own claims; every other setting recomputes each (peer, round) on base + the
+reference's claims of the earlier rounds (an auditor's settled state: the ledger holds
+the claims, not its own recomputation), applied on its own arithmetic. Then for every
+pair (X, Y) it asks the run's default rule (`AuditSettings().rule`,
+`AuditRule.mismatches`) whether X's scalars, as a claim, mismatch Y's recomputation, and
+reports bit-identical shares, max |c - r|, max |c - r| / max(|c|, |r|), and the margin:
+the smallest bound / |c - r| over differing scalars (how many times the difference would
+have to grow to accuse).
 
-    taskset -c 0 nice -n 5 python bench/bench_audit_hardware.py --model tiny-llama
+    taskset -c 0 nice -n 5 python bench/bench_audit_hardware.py --model tiny-llama \\
+        --rounds 12 --peers 4                                  # ~2.5 min on one core
     taskset -c 0 nice -n 5 python bench/bench_audit_hardware.py --model smollm2-135m \\
-        --rounds 3 --peers 3
-Writes bench/results/audit-hardware[-<model>].json and .md (`--name`). A GPU peer is not
+        --rounds 4 --peers 4                                   # ~13 min on one core
+    python bench/bench_audit_hardware.py --summarize   # audit-hardware.md: both side by side
+Writes bench/results/audit-hardware-<model>.json and .md (`--name`). A GPU peer is not
 measured: this machine has none.
 """
 
@@ -39,6 +43,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +83,9 @@ def settings(threads: list[int]) -> list[tuple[str, dict[str, str], int]]:
         envs += [("aten-avx2", {"ATEN_CPU_CAPABILITY": "avx2"}), ("avx2-machine", AVX2_MACHINE)]
     if "avx512f" in flags:
         envs.append(("aten-avx512", {"ATEN_CPU_CAPABILITY": "avx512"}))
-    return [(f"{name}-{n}t", env, n) for name, env in envs for n in threads]
+    out = [(f"{name}-{n}t", env, n) for name, env in envs for n in threads]
+    # The control: the reference again in a fresh process (is the step deterministic at all?)
+    return [out[0], (f"rerun-{out[0][0]}", out[0][1], out[0][2]), *out[1:]]
 
 
 def run_config(model: str) -> Any:
@@ -195,6 +202,58 @@ def compare(claimed: dict[str, list[float]], recomputed: dict[str, list[float]])
     }
 
 
+def tolerances(results: dict, rule: Any) -> list[dict]:
+    """What a wider `absolute` tolerance (relative kept) would cost: for the rule's own,
+    the smallest that accuses no pair here ("needed"), and 2x / 4x that, the honest
+    updates accused over all pairs and the share of the reference's updates whose sign
+    flip or x3 one audit still catches."""
+    import numpy as np
+
+    from seedflood_p2p.core.extra_settings import AuditRule
+
+    names = list(results)
+    needed = 0.0
+    for x, y in itertools.combinations(names, 2):
+        for key, c in results[x]["scalars"].items():
+            cc, rr = np.asarray(c), np.asarray(results[y]["scalars"][key])
+            diff = np.abs(cc - rr)
+            uncovered = diff > rule.relative * np.maximum(np.abs(cc), np.abs(rr))
+            if uncovered.any():
+                needed = max(needed, float(diff[uncovered].max()))
+    reference = results[names[0]]["scalars"]
+    out = []
+    for label, absolute in (
+        ("rule", rule.absolute),
+        ("needed", needed),
+        ("2x needed", 2 * needed),
+        ("4x needed", 4 * needed),
+    ):
+        candidate = AuditRule(relative=rule.relative, absolute=max(absolute, rule.absolute))
+        accused = sum(
+            candidate.mismatches(c, results[y]["scalars"][key])
+            for x, y in itertools.combinations(names, 2)
+            for key, c in results[x]["scalars"].items()
+        )
+        out.append(
+            {
+                "label": label,
+                "relative": candidate.relative,
+                "absolute": candidate.absolute,
+                "accused": accused,
+                "audits": len(reference) * len(names) * (len(names) - 1) // 2,
+                "catches_flip": float(
+                    np.mean([candidate.mismatches(c, [-v for v in c]) for c in reference.values()])
+                ),
+                "catches_x3": float(
+                    np.mean(
+                        [candidate.mismatches(c, [3 * v for v in c]) for c in reference.values()]
+                    )
+                ),
+            }
+        )
+    return out
+
+
 def launch(
     model: str,
     name: str,
@@ -277,6 +336,19 @@ def markdown(result: dict) -> str:
             f"{row['raw_identical_updates']}/{row['updates']} | {row['raw_max_abs']:.3g} | "
             f"{row['raw_max_rel']:.3g} |"
         )
+    lines += [
+        "",
+        "## Wider tolerances (relative kept): honest accusations here, and cheats caught",
+        "",
+        "| absolute | relative | honest updates accused (all pairs) | one audit catches a "
+        "sign flip | catches x3 |",
+        "|---|---|---|---|---|",
+    ]
+    for c in result["tolerances"]:
+        lines.append(
+            f"| {c['absolute']:.4g} ({c['label']}) | {c['relative']} | {c['accused']}/"
+            f"{c['audits']} | {c['catches_flip']:.3f} | {c['catches_x3']:.3f} |"
+        )
     t = result["totals"]
     smallest = "-" if t["margin"] is None else f"{t['margin']:.1f}x"
     lines += [
@@ -290,6 +362,67 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def summarize() -> None:
+    """bench/results/audit-hardware.json and .md: each model's totals side by side."""
+    models = []
+    for path in sorted(OUT.glob("audit-hardware-*.json")):
+        r = json.loads(path.read_text())
+        t = r["totals"]
+        identical = sum(p["bit_identical_updates"] for p in r["pairs"])
+        needed = next(c for c in r["tolerances"] if c["label"] == "needed")
+        models.append(
+            {
+                "model": r["model"],
+                "file": path.name,
+                "settings": list(r["settings"]),
+                "updates": r["updates"],
+                "directions": r["directions"],
+                "audits": t["audits"],
+                "bit_identical": identical,
+                "accused": t["accused"],
+                "max_abs": t["max_abs"],
+                "max_rel": t["max_rel"],
+                "margin": t["margin"],
+                "needed_absolute": needed["absolute"],
+                "rule": r["rule"],
+                "command": r["command"],
+            }
+        )
+    lines = [
+        "# Audit mismatch across CPU arithmetic (issue 45): summary",
+        "",
+        "Each model: the same honest updates computed under every CPU setting of "
+        "`bench/bench_audit_hardware.py` (ATen kernels default/avx2/avx512, an AVX2-only "
+        "machine's MKL and oneDNN, 1 and 2 torch threads, and the reference rerun as a "
+        "control), then the run's default audit rule on every pair. No GPU here: a CUDA "
+        "peer is not measured.",
+        "",
+        "| model | settings | audits (updates x pairs) | bit-identical | accused | "
+        "max abs | max rel | smallest margin | absolute that accuses none | per-model table |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in models:
+        margin = "-" if m["margin"] is None else f"{m['margin']:.2f}x"
+        lines.append(
+            f"| {m['model']} ({m['directions']} scalars) | {len(m['settings'])} | {m['audits']} "
+            f"| {m['bit_identical']} | **{m['accused']}** | {m['max_abs']:.3g} | "
+            f"{m['max_rel']:.3g} | {margin} | {m['needed_absolute']:.4g} | [{m['file'][:-5]}.md]"
+            f"({m['file'][:-5]}.md) |"
+        )
+    rule = models[0]["rule"] if models else {}
+    lines += [
+        "",
+        f"Rule: mismatch iff some |c - r| > max({rule.get('absolute')}, "
+        f"{rule.get('relative')} * max(|c|, |r|)). Commands: "
+        + "; ".join(f"`{m['command']}`" for m in models)
+        + ".",
+        "",
+    ]
+    (OUT / "audit-hardware.json").write_text(json.dumps({"models": models}, indent=1))
+    (OUT / "audit-hardware.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-llama")
@@ -298,6 +431,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--name", default="", help="results name (default audit-hardware-<model>)")
     p.add_argument("--only", nargs="*", default=[], help="settings to run (default: all)")
+    p.add_argument(
+        "--summarize", action="store_true", help="write audit-hardware.md from the models' runs"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--claims", default="", help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -306,22 +442,25 @@ def main() -> None:
         args.threads = args.threads[0]
         worker(args)
         return
-    work = OUT / ".audit-hardware-work"
-    work.mkdir(parents=True, exist_ok=True)
+    if args.summarize:
+        summarize()
+        return
     plan = settings(args.threads)
     if args.only:
         plan = [s for s in plan if s[0] in args.only or s[0] == plan[0][0]]
     ref_name, ref_env, ref_threads = plan[0]
-    results = {
-        ref_name: launch(
-            args.model, ref_name, ref_env, ref_threads, args.rounds, args.peers, None, work
-        )
-    }
-    claims = work / f"{ref_name}.json"
-    for name, env, threads in plan[1:]:
-        results[name] = launch(
-            args.model, name, env, threads, args.rounds, args.peers, claims, work
-        )
+    with tempfile.TemporaryDirectory(prefix="audit-hardware-") as scratch:
+        work = Path(scratch)  # each worker's output; every figure goes into the results
+        results = {
+            ref_name: launch(
+                args.model, ref_name, ref_env, ref_threads, args.rounds, args.peers, None, work
+            )
+        }
+        claims = work / f"{ref_name}.json"
+        for name, env, threads in plan[1:]:
+            results[name] = launch(
+                args.model, name, env, threads, args.rounds, args.peers, claims, work
+            )
     pairs = []
     for x, y in itertools.combinations(results, 2):  # the rule is symmetric in c and r
         row = compare(results[x]["scalars"], results[y]["scalars"])
@@ -333,6 +472,7 @@ def main() -> None:
 
     rule = AuditSettings().rule
     margins = [r["margin"] for r in pairs if r["margin"] is not None]
+    candidates = tolerances(results, rule)
     first = next(iter(results.values()))["scalars"]
     flags = cpu_flags()
     result = {
@@ -359,6 +499,7 @@ def main() -> None:
             "raw_max_rel": max((r["raw_max_rel"] for r in pairs), default=0.0),
             "margin": min(margins) if margins else None,
         },
+        "tolerances": candidates,
         "scalars": {k: v["scalars"] for k, v in results.items()},
         "raw": {k: v["raw"] for k, v in results.items()},
     }

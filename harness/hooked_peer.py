@@ -17,13 +17,15 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
     --checkpoint corrupt     serve checkpoint chunks with a flipped byte
     --checkpoint forge       offer a forged chain link (a tensor shifted, hashes consistent)
     --drop-incoming F        discard this fraction of incoming gossip (repair fills it in)
-    --equivocate R[:L]       sign a second update for round R (`twin`: every scalar made
-                             smaller, so `protocol.update.keeps_new` keeps it everywhere)
-                             and flood it L rounds after the honest one (0: at once,
-                             right behind it). p2pd's pubsub has no send to one peer, so
-                             both copies reach every peer; with L > 0 the peers hold, and
-                             train on, the first copy for L rounds before the second
-                             replaces it
+    --equivocate R[:L]       sign a second update for the first round >= R whose honest
+                             first scalar is positive (`twin`: every scalar made smaller,
+                             so `protocol.update.keeps_new` keeps it everywhere, and the
+                             first one's sign flipped, so it moves the model another way
+                             even under normalize "unit") and flood it L rounds after
+                             the honest one (0: at once, right behind it). p2pd's
+                             pubsub has no send to one peer, so both copies reach every
+                             peer; with L > 0 the peers hold, and train on, the first
+                             copy for L rounds before the second replaces it
 
 harness/cluster.py:start_hooked_peer starts one.
 """
@@ -131,8 +133,10 @@ def parse_equivocation(text: str) -> tuple[int, int]:
 
 
 def install_equivocation(round_: int, later: int) -> None:
-    """Make this process's node sign and flood `twin` of its round-`round_` update,
-    `later` rounds after the honest one (when it publishes round `round_ + later`).
+    """Make this process's node sign and flood `twin` of its update of the first round
+    >= `round_` whose first scalar is positive (with one scalar under normalize "unit" a
+    twin of a negative one would only rescale it: no other model, nothing to see),
+    `later` rounds after the honest one. Logs event "equivocated" with the round.
 
     The honest daemon refuses to sign a second update for a round (`FloodNode.publish`),
     so this wraps that method in this process only: the honest copy goes through it as
@@ -142,23 +146,24 @@ def install_equivocation(round_: int, later: int) -> None:
     from seedflood_p2p.network.gossip import flood
 
     honest_publish = flood.FloodNode.publish
-    held_back: dict[str, object] = {}
+    # round -> (twin, held); one round only (every peer bans us once it has both copies)
+    held_back: dict[int, tuple[tuple[float, ...], int | None]] = {}
+    done: list[int] = []
 
     async def publish(self, message: UpdateMessage, held: int | None = None) -> None:
         await honest_publish(self, message, held)
-        if message.round == round_:
-            held_back["twin"] = (twin(message.scalars), held)
-        if message.round == round_ + later and "twin" in held_back:
-            scalars, digest = held_back.pop("twin")
-            await self._pubsub.publish(
-                self.topic, encode_update(self.run_id, round_, scalars, digest)
-            )
+        if not done and message.round >= round_ and message.scalars[0] > 0:
+            held_back[message.round] = (twin(message.scalars), held)
+            done.append(message.round)
+        for r in [r for r in held_back if message.round >= r + later]:
+            scalars, digest = held_back.pop(r)
+            await self._pubsub.publish(self.topic, encode_update(self.run_id, r, scalars, digest))
             log.warning(
                 "equivocating: signed a second update for round %d, %r (first: %r)",
-                round_,
+                r,
                 scalars,
-                self.ledger.scalars_of(message.peer, round_),
-                extra={"fields": {"event": "equivocated", "round": round_, "at": message.round}},
+                self.ledger.scalars_of(message.peer, r),
+                extra={"fields": {"event": "equivocated", "round": r, "at": message.round}},
             )
 
     flood.FloodNode.publish = publish

@@ -11,20 +11,12 @@ What the daemon does with `algorithm/audit_rules.py` and `network/gossip/audit_i
         logged: a ban takes effect in S_t from the round its records fix, so an audit of
         an earlier round recomputes on a state that still counts them)
 
-An audit of (p, t) recomputes on S_t. The model holds S_r for the round r we trained
-last (r >= t), so the updates it applied of rounds t - lag .. r - lag - 1 are taken
-back for the recomputation (and the updates of peers banned since put in), and the exact
-weights put back afterwards (a copy, not a re-addition: the live model must not drift by
-rounding). Bans are timed like vouches (`probation.Standing.bans`): S_t's banned set is
-the judgement of the ledger prefix a sender training t held, so the sender and its
-auditors agree on it and no auditor guesses which bans a sender knew. A mismatch is
-retried on the states the sender may honestly have trained on instead: before the
-settled updates that reached us last had reached it (`_late_states`); any match is a
-match. Each retry is one more recomputation, at most MAX_LATE_STATES per audit. Since
-protocol version 3 an update carries the digest of the rows its sender held
-(`protocol/held_state.py`): the auditor rebuilds that state and tries it first, so an
-honest sender that lacked rows is matched by the first recomputation; a mismatch there
-still tries S_t and the guessed states.
+An audit of (p, t) recomputes on S_t, rebuilt on our model by peer/state_rewind.py
+(`StateRewind`: the held-state digest's state first, then S_t and the states the sender
+may honestly have trained on instead; any match is a match). Bans are timed like vouches
+(`probation.Standing.bans`): S_t's banned set is the judgement of the ledger prefix a
+sender training t held, so the sender and its auditors agree on it and no auditor guesses
+which bans a sender knew.
 
 Audit records arrive by gossip and by repair (the flood node's `AuditIntake`, then
 `note_records` here), so a late joiner ends with the others' audit table and verdicts.
@@ -36,7 +28,12 @@ publication round `at`, as a row of that round), so the update is applied at tha
 (`take_settled`) on every peer alike, and an audit recomputes on the same S_t the sender
 trained on; a record that reaches us after that round makes it a late row. A ban, too,
 takes effect at the round its records fix (`Standing.counts_at`). Probation
-audits take at most `share` audits a round (`probation_jobs`, docs/SYBIL.md).
+audits take at most `share` audits a round, probationers served least-served first
+(peer/probation_queue.py, docs/SYBIL.md).
+
+`PeerAudits` coordinates: what to audit (draws, re-checks, the probation queue), what the
+weights hold (`applied`, `waiting`), and the judgement. `done` forgets audits older than
+the MAX_REWIND horizon (none is ever run again), so it stays bounded over a long run.
 
 Limits (docs/ROADMAP.md): an update older than MAX_REWIND rounds is not
 audited.
@@ -44,36 +41,48 @@ audited.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from itertools import count
+from collections.abc import Awaitable, Callable
 
-from seedflood_p2p.algorithm.audit_rules import audit_draw, audit_rate, recompute, selects
+from peer.held_digests import HeldDigests
+from peer.probation_queue import ProbationQueue
+from peer.state_rewind import (
+    ARRIVALS_KEPT,
+    HELD_WINDOW,
+    MAX_LATE_STATES,
+    MAX_REWIND,
+    PROBATION_LATE_STATES,
+    StateRewind,
+    late_states,
+)
+from seedflood_p2p.algorithm.audit_rules import audit_rate, recompute, selects
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import NEVER, Standing, revoked_rounds, standing
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
-from seedflood_p2p.core.rng import derive_key
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
-from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.protocol.update import decode_held
 from seedflood_p2p.storage.ledger import Ledger, peer_name
 
 log = logging.getLogger("seedflood.audit")
 
-MAX_REWIND = 30  # rounds: an update older than this (behind our model) is not audited
-MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch retries
-# ... of a probationer's update: each retry is paid from the verification budget like an
-# audit (so `share` bounds the compute), and fresh keys are free, so fewer: 20 keys that
-# negate cost a founder 3 budget units each, not 9 (bench/results/sybil_daemon_n20*.md).
-PROBATION_LATE_STATES = 2
-HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
-ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
+# Named here too: tests and callers read them from this module.
+__all__ = [
+    "ARRIVALS_KEPT",
+    "HELD_WINDOW",
+    "LIVE_COUNT_SECONDS",
+    "MAX_LATE_STATES",
+    "MAX_REWIND",
+    "PROBATION_LATE_STATES",
+    "DaemonAudits",
+    "HeldDigests",
+    "PeerAudits",
+    "late_states",
+]
 # Seconds a count of live peers serves `DaemonAudits.accept` (the audit sampling rate):
 # counting is O(peers), 0.7 ms at 10,000, once per admitted batch before; liveness itself
 # moves on the scale of the liveness timeout (60 s), and draws are our own choice.
@@ -103,12 +112,8 @@ class PeerAudits:
         # the round their vouch or establishment takes effect (`take_settled`), or at once
         # if its record reached us after that round (then like any late row).
         self.waiting: list[UpdateMessage] = []
-        self.tokens = 0.0  # probation audits we may still do (the verification budget)
-        self.backlog = 0  # probationers' updates due for a probation audit we had no budget for
-        self.waiting_peers = 0  # probationers with such updates
-        # Probation audits we spent on each probationer (`probation_jobs` serves the least
-        # served first); a key leaves when it stops being a probationer.
-        self.served: Counter[bytes] = Counter()
+        # the verification budget and the fair queue of probationers' updates
+        self.queue = ProbationQueue(self.probation)
         self.secret = secret  # our private draw: a sender cannot predict its auditors
         self.peer_id = peer_id
         self.ledger = ledger
@@ -119,15 +124,11 @@ class PeerAudits:
         self._span: object | None = None
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
         self.due: dict[tuple[bytes, int], str] = {}  # (peer, round) -> "draw" | "recheck"
-        self.done: set[tuple[bytes, int]] = set()
-        # When each update reached us (our training round then, and a counter in
-        # acceptance order; ours when we published it): the rows of a settled state that
-        # came later here than a sender's update are the ones it most likely did not have
-        # yet when it trained (`_late_states`).
-        self.arrival: dict[tuple[bytes, int], tuple[int, int]] = {}  # (our round, order)
+        self.done: set[tuple[bytes, int]] = set()  # audited (or handed out), within MAX_REWIND
+        self._done_floor = 0  # `done` holds no key of a round below this (`_forget_done`)
         self.round = 0  # the round we are training (take_settled)
-        self._clock = count()
-        self.held = HeldDigests()  # the held-state digests of our weights and senders' states
+        # rebuilds the settled state an update was trained on; keeps the arrival order
+        self.rewind = StateRewind(live, settings.lag, self._counts_in)
         self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -142,6 +143,26 @@ class PeerAudits:
         self.rate = 0.0
         self.delay = settings.delay  # rounds an audit waits (see `ready`)
 
+    # -- the pieces' state, under the names it always had ------------------------------
+    @property
+    def tokens(self) -> float:
+        """Probation audits we may still do (the verification budget, `ProbationQueue`)."""
+        return self.queue.tokens
+
+    @tokens.setter
+    def tokens(self, value: float) -> None:
+        self.queue.tokens = value
+
+    @property
+    def served(self) -> Counter[bytes]:
+        """Probation audits spent on each probationer (`ProbationQueue`)."""
+        return self.queue.served
+
+    @property
+    def arrival(self) -> dict[tuple[bytes, int], tuple[int, int]]:
+        """When each update reached us: (our round, order) (`StateRewind.arrival`)."""
+        return self.rewind.arrival
+
     # -- where updates are accepted (event loop) -----------------------------------
     def on_accept(self, messages: list[UpdateMessage], peers: int) -> None:
         """Draw audits among just-accepted updates of others (`peers`: the run's size
@@ -150,7 +171,7 @@ class PeerAudits:
         st = self.standing
         for m in messages:
             key = (m.peer, m.round)
-            self.arrival.setdefault(key, (self.round, next(self._clock)))
+            self.rewind.arrived(key, self.round)
             if (
                 st is not None
                 and st.enabled
@@ -163,9 +184,7 @@ class PeerAudits:
                 continue
             if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
                 self.due.setdefault(key, "draw")
-        if len(self.arrival) > 2 * ARRIVALS_KEPT:  # only the latest arrivals are ever asked for
-            newest = sorted(self.arrival.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
-            self.arrival = dict(newest)
+        self.rewind.trim_arrivals()  # only the latest arrivals are ever asked for
 
     def take_settled(self, round_: int) -> list[UpdateMessage]:
         """The pending updates that belong to S_round, and the waiting ones whose vouch or
@@ -242,91 +261,26 @@ class PeerAudits:
         self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
         return after
 
-    def _earn_tokens(self, st: Standing | None) -> None:
-        """One round's verification budget: `share` audits (an audit, or a retry of one on a
-        late state, costs one training step), for an established peer only; at most two
-        rounds' worth saved up. Retries may leave it below 0: later rounds repay that."""
-        if st is None or not st.enabled or self.peer_id not in st.established:
-            return
-        share = self.probation.share
-        self.tokens = min(self.tokens + share, max(1.0, 2 * share))
-
     def probation_status(self) -> dict | None:
         """Probation as this peer sees it (None: the run has no founders, probation off)."""
-        st = self.standing
-        if st is None or not st.enabled:
-            return None
-        return {
-            "established": len(st.established),
-            "founders": len(st.founders),
-            "earned": len(st.since),
-            "on_probation": len(st.probationers),
-            "vouched_updates": len(st.vouched),
-            "waiting_updates": sum(1 for m in self.waiting if m.peer not in self.banned),
-            "counted_late": self.counts["counted_late"],  # records that reached us late
-            "counted_on_time": self.counts["counted_on_time"],  # at their effective round
-            "probation_audits": self.counts["probation_audits"],
-            "probation_retries": self.counts["probation_retries"],  # paid like audits
-            "backlog": self.backlog,
-            "backlog_peers": self.waiting_peers,
-            "share": self.probation.share,
-            "vouches": self.probation.vouches,
-            "we_are": "established" if self.peer_id in st.established else "on probation",
-        }
+        waiting = sum(1 for m in self.waiting if m.peer not in self.banned)
+        return self.queue.status(self.standing, self.peer_id, waiting, self.counts)
 
     def probation_jobs(self, trained_round: int) -> list[tuple]:
-        """Probation audits for this round, within the verification budget: `share` audits
-        a round (an audit costs one training step), only by an established peer. The
-        probationers' unvouched updates that are due (old enough, see `ready`; young
-        enough to rewind to) are served fairly: one at a time to the probationer we spent
-        the fewest probation audits on so far (`served`: round-robin across rounds, so a
-        newcomer never queues behind keys that came earlier), ties broken by a draw with
-        our secret (auditors spread differently), each one's updates in an order drawn with
-        our secret (so auditors spread over different updates); the rest wait (kept,
-        counted in `backlog`). Local scheduling only: which audits we do, not what counts."""
-        st = self.standing
-        if st is None or not st.enabled or self.peer_id not in st.established:
-            self.backlog = self.waiting_peers = 0
-            return []
+        """Probation audits for this round, within the verification budget, each (peer,
+        round, "probation", claimed scalars): the probationers' unvouched updates that are
+        due (old enough, see `ready`; young enough to rewind to), least-served probationer
+        first (`ProbationQueue.jobs`); the rest wait (kept, counted in `backlog`). Only an
+        established peer does probation audits."""
+        st, queue = self.standing, self.queue
         low, high = max(0, trained_round - MAX_REWIND), trained_round - self.delay
-        if high < low or not st.probationers:
-            self.backlog = self.waiting_peers = 0
-            return []
-        for peer in set(self.served) - st.probationers:  # established or banned since
-            del self.served[peer]
-        due: dict[bytes, list[UpdateMessage]] = {}
-        for m in self.ledger.messages(low, high):
-            key = (m.peer, m.round)
-            if m.peer in st.probationers and key not in st.vouched and key not in self.done:
-                due.setdefault(m.peer, []).append(m)
+        if not queue.auditing(st, self.peer_id) or high < low or not st.probationers:
+            return queue.idle()
+        rows = self.ledger.messages(low, high)
         run_key = self.live.config.run_key
-        for updates in due.values():  # popped from the end: lowest draw first
-            updates.sort(key=lambda m: audit_draw(self.secret, run_key, m.peer, m.round))
-            updates.reverse()
-        # the tie draw: ours, and fresh each round (a tie is not always won by one key)
-        queue = [
-            (
-                self.served[p],
-                derive_key("seedflood/probation-tie", self.secret, run_key, p, trained_round),
-                p,
-            )
-            for p in due
-        ]
-        heapq.heapify(queue)
-        jobs, budget = [], max(0, int(self.tokens))  # below 0: retries still being repaid
-        while queue and len(jobs) < budget:
-            served, tie, peer = heapq.heappop(queue)
-            m = due[peer].pop()
-            self.done.add((m.peer, m.round))
-            self.served[peer] += 1
-            jobs.append((m.peer, m.round, "probation", m.scalars))
-            if due[peer]:
-                heapq.heappush(queue, (served + 1, tie, peer))
-        self.tokens -= len(jobs)
-        self.counts["probation_audits"] += len(jobs)
-        self.backlog = sum(len(updates) for updates in due.values())
-        self.waiting_peers = sum(1 for updates in due.values() if updates)
-        return jobs
+        picked = queue.jobs(st, rows, self.done, self.secret, run_key, trained_round)
+        self.counts["probation_audits"] += len(picked)
+        return [(m.peer, m.round, "probation", m.scalars) for m in picked]
 
     def ready(self, trained_round: int) -> list[tuple]:
         """Audits to do now: updates of rounds <= trained_round - `delay` (the model holds S
@@ -337,18 +291,17 @@ class PeerAudits:
         out = []
         st = self.standing
         probationers = st.probationers if st is not None and st.enabled else frozenset()
-        self._earn_tokens(st)
+        self.queue.earn(st, self.peer_id)
+        self._forget_done(trained_round - MAX_REWIND)
         for (peer, round_), why in sorted(self.due.items(), key=lambda kv: kv[0][1]):
             if round_ > trained_round - self.delay:
                 continue
             if why == "recheck" and peer in probationers and trained_round - round_ <= MAX_REWIND:
                 # a re-check of a probationer's update is probation work: within the budget
                 # (its unvouched updates do not count meanwhile; it waits, as they do)
-                if self.tokens < 1:
+                if not self.queue.pay_recheck(peer):
                     continue
-                self.tokens -= 1
                 self.counts["probation_audits"] += 1
-                self.served[peer] += 1
             del self.due[(peer, round_)]
             if trained_round - round_ > MAX_REWIND or peer in self.banned:
                 self.counts["skipped"] += 1
@@ -358,6 +311,15 @@ class PeerAudits:
                 continue
             out.append((peer, round_, why, claimed))
         return out + self.probation_jobs(trained_round)
+
+    def _forget_done(self, floor: int) -> None:
+        """Forget the audits of rounds below `floor` (trained round - MAX_REWIND): `ready`
+        never runs one that old, so `done` keeps only the keys a draw, a re-check or the
+        probation queue could still ask about."""
+        if floor <= self._done_floor:
+            return
+        self._done_floor = floor
+        self.done = {key for key in self.done if key[1] >= floor}
 
     # -- where the model lives (model thread) ---------------------------------------
     def timed_step(self, step, *args) -> tuple[object, int]:
@@ -373,7 +335,7 @@ class PeerAudits:
 
     def held_digest(self) -> int:
         """The digest of the rows the weights hold (`applied`)."""
-        return self.held.of(self.applied)
+        return self.rewind.held.of(self.applied)
 
     def _recompute(self, message: UpdateMessage, engine, tokenizer, task) -> tuple[float, ...]:
         """One recomputation, its CPU time counted as "audit"."""
@@ -457,7 +419,7 @@ class PeerAudits:
             self.waiting = [m for m in self.waiting if not self.is_counted(m)]
             self.applied.extend(add)
             for m in add:
-                self.arrival[(m.peer, m.round)] = (self.round, next(self._clock))
+                self.rewind.arrived_late((m.peer, m.round), self.round)
             self.counts["counted_late"] += len(add)
         self.live.apply([m.negated() for m in drop] + add)
         return newly
@@ -493,38 +455,32 @@ class PeerAudits:
             def compute(m=message):
                 return self._recompute(m, engine, tokenizer, task)
 
-            # The sender may have trained before a settled update reached it (a peer that
-            # fell behind, e.g. a laptop that slept, publishes its rounds late; nobody waits
-            # for it past --round-deadline). Its update says which rows it held (a digest,
-            # protocol/held_state.py): that state, rebuilt, is tried first. A mismatch there
-            # still tries S_t and the states without the updates it most likely lacked
-            # (`_late_states`): the digest adds a state, never removes one, so a sender that
-            # sends two copies with different digests to different peers cannot make an
-            # auditor accuse where others match. Probation work pays for its retries.
+            # The sender's held-state digest, S_t, then the states it may have lacked rows
+            # of (`StateRewind.recompute`). Probation work pays for its retries.
             held = decode_held(self.ledger.payload_of(peer, round_))
-            missing = None if held is None else self._held_missing(peer, round_, held)
-            if held is not None:
-                self.counts[
-                    "held_unknown" if missing is None else "held_found" if missing else "held_exact"
-                ] += 1
-            # reversed: an equivocation's rows (original, its negation, the replacement)
-            # come out in the order applied, so a round-sized rule's sizes unwind cleanly
-            first = [m.negated() for m in reversed(missing or [])]
-            recomputed = self._on_settled(round_, first, compute)
-            states = ([("settled", [])] if first else []) + self._late_states(peer, round_)
             paid = self._is_probation_work(peer, why)
-            for kind, late in states[:PROBATION_LATE_STATES] if paid else states:
-                if not rule.mismatches(claimed, recomputed):
-                    break
-                self.counts["late_state_retries"] += 1
-                if paid:
-                    self.tokens -= 1  # repaid from later rounds' budget (`_earn_tokens`)
-                    self.counts["probation_retries"] += 1
-                without = self._on_settled(round_, [m.negated() for m in late], compute)
-                if not rule.mismatches(claimed, without):
-                    recomputed = without
-                    self.counts["late_state_matches"] += 1
-                    self.late_matches[kind] += 1
+            rebuilt = self.rewind.recompute(
+                peer,
+                round_,
+                claimed,
+                held,
+                self.applied,
+                self.waiting,
+                compute,
+                rule.mismatches,
+                PROBATION_LATE_STATES if paid else None,
+            )
+            recomputed = rebuilt.recomputed
+            if rebuilt.held is not None:
+                self.counts[f"held_{rebuilt.held}"] += 1
+            if rebuilt.retries:
+                self.counts["late_state_retries"] += rebuilt.retries
+                if paid:  # repaid from later rounds' budget (`ProbationQueue.earn`)
+                    self.queue.pay_retries(rebuilt.retries)
+                    self.counts["probation_retries"] += rebuilt.retries
+            if rebuilt.matched is not None:
+                self.counts["late_state_matches"] += 1
+                self.late_matches[rebuilt.matched] += 1
             self.done.add((peer, round_))
             mismatch = rule.mismatches(claimed, recomputed)
             self.counts["audits"] += 1
@@ -536,12 +492,6 @@ class PeerAudits:
                 out.append((record, mismatch))
         return out
 
-    def _held_missing(self, peer: bytes, round_: int, held: int) -> list[UpdateMessage] | None:
-        """The updates of S_round the sender of (peer, round_) lacked by its held-state
-        digest `held` ([]: none), or None if no honest pattern explains it."""
-        since = round_ - self.settings.lag - HELD_WINDOW
-        return self.held.missing(self._state(round_), held, peer, since)
-
     def _is_probation_work(self, peer: bytes, why: str) -> bool:
         """Is an audit of `peer`'s update paid from the verification budget: a probation
         audit, or a re-check of a probationer's update (`ready`)?"""
@@ -549,152 +499,23 @@ class PeerAudits:
         probationer = st is not None and st.enabled and peer in st.probationers
         return why == "probation" or (why == "recheck" and probationer)
 
+    # -- the settled state of a round (`StateRewind`) --------------------------------
+    def _counts_in(self, peer: bytes, round_: int, limit: int) -> bool:
+        """Does (peer, round_) count in the settled state of rows of rounds < `limit`, by
+        the ledger's judgement as we last read it (`Standing.counts_at`)?"""
+        st = self.standing
+        if st is None:
+            return peer not in self.banned
+        return st.counts_at(peer, round_, limit)
+
     def _late_states(self, peer: bytes, round_: int) -> list[tuple[str, list[UpdateMessage]]]:
         """Sets of updates of S_round the sender of (peer, round_) may not have held when it
         trained, most likely first (`late_states`)."""
-        return late_states(self._state(round_), self.arrival, peer, round_)
-
-    def _in_state(self, message: UpdateMessage, round_: int) -> bool:
-        """Is update `message` in S_round: of a round < round_ - lag, and counted there (not
-        banned there; a vouch or an establishment that took effect by then, `counts_at`)?"""
-        limit = round_ - self.settings.lag
-        if message.round >= limit:
-            return False
-        st = self.standing
-        if st is None:
-            return message.peer not in self.banned
-        return st.counts_at(message.peer, message.round, limit)
-
-    def _state(self, round_: int) -> list[UpdateMessage]:
-        """The updates of S_round: applied ones, and waiting ones that counted then and not
-        now (a peer banned since, or a vouch it lost with its voucher's ban)."""
-        return [m for m in self.applied + self.waiting if self._in_state(m, round_)]
+        return self.rewind.late_states(peer, round_, self.applied, self.waiting)
 
     def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
-        """`compute()` on S_round (plus `counted_too`): take back the applied updates that
-        are not in S_round (of rounds >= round_ - lag, or counted from a later round), put
-        in the waiting ones that are (a peer banned since), compute, put the exact weights
-        back."""
-        newer = [m for m in self.applied if not self._in_state(m, round_)]
-        older = [m for m in self.waiting if self._in_state(m, round_)]
-        if not newer and not older and not counted_too:
-            return compute()
-        saved = self.live.save_state()
-        try:
-            self.live.apply([m.negated() for m in newer] + older + counted_too)
-            return compute()
-        finally:
-            self.live.load_state(saved)
-
-
-class HeldDigests:
-    """Held-state digests (`protocol/held_state.py`): of the rows our weights hold, kept up
-    to date as rows are applied, and the search for the rows a sender's digest says it
-    lacked. Each row's hash is computed once."""
-
-    def __init__(self) -> None:
-        self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of each row met
-        self._memo: tuple | None = None  # (applied list, rows summed, keys, digest)
-
-    def of(self, applied: list[UpdateMessage]) -> int:
-        """The digest of the rows `applied` (one hash per (peer, round), so an
-        equivocation's swap, three rows applied for one key, counts once). Kept up to date
-        from the rows appended since the last call; a list rebuilt (a ban took rows back, a
-        restore) is summed again."""
-        memo = self._memo
-        if memo is not None and memo[0] is applied and memo[1] <= len(applied):
-            _, start, keys, total = memo
-        else:
-            start, keys, total = 0, set(), 0
-        for m in applied[start:]:
-            key = (m.peer, m.round)
-            if key not in keys:
-                keys.add(key)
-                total = (total + self._row_hash(key)) & MASK
-        self._memo = (applied, len(applied), keys, total)
-        return total
-
-    def missing(
-        self, state: list[UpdateMessage], held: int, peer: bytes, since: int
-    ) -> list[UpdateMessage] | None:
-        """The updates of `state` that the sender of `peer`'s update lacked by its digest
-        `held` ([]: none), or None if no honest pattern explains it
-        (`held_state.find_missing`; rows of rounds before `since` are not searched)."""
-        hashes = {(m.peer, m.round): self._row_hash((m.peer, m.round)) for m in state}
-        keys = find_missing(hashes, held, peer, since)
-        if keys is None:
-            return None
-        lacked = set(keys)
-        return [m for m in state if (m.peer, m.round) in lacked]
-
-    def _row_hash(self, key: tuple[bytes, int]) -> int:
-        h = self._hashes.get(key)
-        if h is None:
-            h = self._hashes[key] = row_hash(*key)
-        return h
-
-
-def late_states(
-    state: list[UpdateMessage],
-    arrival: Mapping[tuple[bytes, int], tuple[int, int]],
-    peer: bytes,
-    round_: int,
-) -> list[tuple[str, list[UpdateMessage]]]:
-    """Sets of updates of S_round the sender of (peer, round_) may not have held when it
-    trained, most likely first, at most MAX_LATE_STATES.
-
-    Updates spread to everyone in about the same order, and each peer's in round
-    order. So the sender most likely lacked the updates of S_round that reached us in
-    a later round of ours than its update did (`after`); of those that reached us in
-    the same round (`tied`: a burst, e.g. after we slept), it may have lacked the
-    latest rounds of one other peer: all of them, or its newest 1, 2, ... (peers with
-    updates in `after` first: a straggler); and it may have got the first one or two
-    of `after` just before it trained. Last, the newest-arrived 1, 2, ... updates. Its
-    own updates it held; one without an arrival stamp (restored at start) counts as old;
-    a peer banned in S_round has none there (bans are timed, `probation.Standing.counts_at`).
-
-    Rows that count by a vouch or an establishment (on probation) need no retry of
-    their own: they are in S_round only from the round their record takes effect in
-    (`probation.Standing.count_from`), which the sender held as it held the rows; one
-    whose record reached us late was applied as a late row (its arrival is then).
-
-    Each state comes with its kind ("after", "straggler", "first-of-after",
-    "straggler-newest", "newest"): `late_matches` counts which kinds matched, the data
-    to cut retries on (every mismatch, a cheater's too, tries up to MAX_LATE_STATES)."""
-    settled = {(m.peer, m.round): m for m in state if m.peer != peer}
-    stamped = sorted(((arrival[key], key) for key in settled if key in arrival), reverse=True)
-    heard = arrival.get((peer, round_))
-    after = [settled[key] for stamp, key in stamped if stamp[0] > heard[0]] if heard else []
-    candidates: list[tuple[str, list[UpdateMessage]]] = []
-    if heard is not None:
-        tied: dict[bytes, list[UpdateMessage]] = {}
-        for _, key in sorted((k[1], k) for stamp, k in stamped if stamp[0] == heard[0]):
-            tied.setdefault(key[0], []).insert(0, settled[key])  # newest round first
-        stragglers = sorted(tied, key=lambda q: -sum(m.peer == q for m in after))
-        candidates.append(("after", after))
-        candidates += [("straggler", after + tied[q]) for q in stragglers]
-        # ... or it got the first of `after` just before it trained (newest first)
-        candidates += [("first-of-after", after[:-j]) for j in (1, 2) if len(after) > j]
-        most = min(MAX_LATE_STATES, max((len(rows) for rows in tied.values()), default=0))
-        candidates += [
-            ("straggler-newest", after + tied[q][:j]) for q in stragglers for j in range(1, most)
-        ]
-    # Last, the newest-arrived 1, 2, ... (a sender whose wait for holes ran out, or one
-    # that lost gossip). While these were cut to 2 for a known arrival (1dcc5ba), an
-    # honest peer dropping 30% of gossip was banned in 1 of 3 CI runs of
-    # tests/test_round_mean_daemon.py: a false conviction costs the run an honest peer,
-    # a cheater's retries only CPU (a probationer's are few and paid, above).
-    newest = [settled[key] for _, key in stamped[:MAX_LATE_STATES]]
-    candidates += [("newest", newest[:j]) for j in range(1, len(newest) + 1)]
-    states, seen = [], set()
-    for kind, rows in candidates:
-        key = frozenset((m.peer, m.round) for m in rows)
-        if rows and key not in seen:
-            seen.add(key)
-            states.append((kind, rows))
-        if len(states) == MAX_LATE_STATES:
-            break
-    return states
+        """`compute()` on S_round plus `counted_too` (`StateRewind.on_settled`)."""
+        return self.rewind.on_settled(round_, self.applied, self.waiting, counted_too, compute)
 
 
 class DaemonAudits:
@@ -719,6 +540,12 @@ class DaemonAudits:
         self.peers_alive = peers_alive
         self.on_ban = on_ban
         self._alive = (-float("inf"), 0)  # (monotonic time, peers_alive()) last counted
+
+    @property
+    def standing(self) -> Standing | None:
+        """What counts, as this peer last judged the ledger (`PeerAudits.standing`): the
+        daemon reads bans and revocations from it."""
+        return self.audits.standing
 
     def live_count(self) -> int:
         """`peers_alive()`, counted at most once per LIVE_COUNT_SECONDS."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from seedflood_p2p.algorithm.audit_rules import audit_draw
 from seedflood_p2p.algorithm.probation import Standing
@@ -116,3 +116,28 @@ class ProbationQueue:
         self.backlog = sum(len(updates) for updates in due.values())
         self.waiting_peers = sum(1 for updates in due.values() if updates)
         return picked
+
+    def status(
+        self, st: Standing | None, peer_id: bytes, waiting: int, counts: Mapping[str, int]
+    ) -> dict | None:
+        """Probation as this peer sees it (None: the run has no founders, probation off);
+        `waiting`: updates kept waiting of peers not banned; `counts`: the audit counts."""
+        if st is None or not st.enabled:
+            return None
+        return {
+            "established": len(st.established),
+            "founders": len(st.founders),
+            "earned": len(st.since),
+            "on_probation": len(st.probationers),
+            "vouched_updates": len(st.vouched),
+            "waiting_updates": waiting,
+            "counted_late": counts["counted_late"],  # records that reached us late
+            "counted_on_time": counts["counted_on_time"],  # at their effective round
+            "probation_audits": counts["probation_audits"],
+            "probation_retries": counts["probation_retries"],  # paid like audits
+            "backlog": self.backlog,
+            "backlog_peers": self.waiting_peers,
+            "share": self.probation.share,
+            "vouches": self.probation.vouches,
+            "we_are": "established" if peer_id in st.established else "on probation",
+        }

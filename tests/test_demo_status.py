@@ -1,4 +1,8 @@
-"""`seedflood demo` end to end with a tiny model, and `seedflood status` on a live peer."""
+"""`seedflood demo` end to end with a tiny model, and `seedflood status` on a live peer.
+
+The status and finish tests share one bootstrap node and peer (`live_peer`): the status
+test only reads it, and the finish test, after it in this file, ends it.
+"""
 
 import json
 
@@ -70,72 +74,71 @@ def test_demo_time_budget_ends_every_peer_at_the_same_round(tmp_path, capsys):
     assert all(v < 1e-5 for v in summary["max_live_deviation"].values())
 
 
-def test_status_reads_a_live_peer(tmp_path, capsys):
-    boot, address = start_bootstrap(tmp_path)
+@pytest.fixture(scope="module")
+def live_peer(tmp_path_factory):
+    """A bootstrap node and one peer training (work dir, peer); stopped at the end."""
+    work = tmp_path_factory.mktemp("live_peer")
+    boot, address = start_bootstrap(work)
     peer = start_peer(
-        tmp_path,
-        "p",
-        address,
-        ["--metrics-port", "0", "--round-interval", "0.5", "--until-round", "400"],
-    )
-    try:
-        peer.wait_round(3)
-        port = (tmp_path / "p" / "status_port").read_text()
-        assert main(["status", f"127.0.0.1:{port}"]) == 0
-        screen = capsys.readouterr().out
-        assert "run " in screen and "round " in screen and "ledger " in screen
-        assert main(["status", f"127.0.0.1:{port}", "--json"]) == 0
-        status = json.loads(capsys.readouterr().out)
-        assert status["round"] >= 3 and status["ledger_messages"] >= 3
-        metrics = (
-            __import__("urllib.request")
-            .request.urlopen(f"http://127.0.0.1:{port}/metrics")
-            .read()
-            .decode()
-        )
-        assert "seedflood_messages_accepted_total" in metrics
-        assert 'seedflood_messages_dropped_total{reason="malformed"}' in metrics
-        assert 'seedflood_model_info{round="0",sha256="' in metrics  # hashed when ready
-    finally:
-        peer.stop()
-        boot.stop()
-    assert main(["status", f"127.0.0.1:{port}"]) == 2  # peer gone: one readable line
-    assert "cannot read a peer's status" in capsys.readouterr().err
-
-
-def test_finish_after_round_ends_the_peer_at_that_round(tmp_path):
-    import urllib.error
-    import urllib.request
-
-    boot, address = start_bootstrap(tmp_path)
-    peer = start_peer(
-        tmp_path,
+        work,
         "p",
         address,
         ["--metrics-port", "0", "--round-interval", "0.3", "--until-round", "400"],
     )
     try:
-        peer.wait_round(2)
-        base = f"http://127.0.0.1:{(tmp_path / 'p' / 'status_port').read_text()}"
-        with pytest.raises(urllib.error.HTTPError) as bad:
-            urllib.request.urlopen(urllib.request.Request(f"{base}/finish", method="POST"))
-        assert bad.value.code == 400
-        first = json.loads(urllib.request.urlopen(f"{base}/status").read())["round"] + 3
-
-        def finish(after: int) -> dict:
-            request = urllib.request.Request(f"{base}/finish?after_round={after}", method="POST")
-            return json.loads(urllib.request.urlopen(request).read())
-
-        assert finish(first) == {"final_round": first}
-        peer.wait_round(first)  # trained through `first`: now lingering (5 s) before exit
-        assert finish(first - 2) == {"final_round": first}  # a finished round stays finished
-        target = first + 2  # another peer was already further: agree on its round instead
-        assert finish(target) == {"final_round": target}
-        assert peer.wait_exit(120) == 0
+        yield work, peer
     finally:
         peer.stop()
         boot.stop()
-    final = json.loads((tmp_path / "p" / "final_status.json").read_text())
+
+
+def test_status_reads_a_live_peer(live_peer, capsys):
+    work, peer = live_peer
+    peer.wait_round(3)
+    port = (work / "p" / "status_port").read_text()
+    assert main(["status", f"127.0.0.1:{port}"]) == 0
+    screen = capsys.readouterr().out
+    assert "run " in screen and "round " in screen and "ledger " in screen
+    assert main(["status", f"127.0.0.1:{port}", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["round"] >= 3 and status["ledger_messages"] >= 3
+    metrics = (
+        __import__("urllib.request")
+        .request.urlopen(f"http://127.0.0.1:{port}/metrics")
+        .read()
+        .decode()
+    )
+    assert "seedflood_messages_accepted_total" in metrics
+    assert 'seedflood_messages_dropped_total{reason="malformed"}' in metrics
+    assert 'seedflood_model_info{round="0",sha256="' in metrics  # hashed when ready
+
+
+def test_finish_after_round_ends_the_peer_at_that_round(live_peer, capsys):
+    import urllib.error
+    import urllib.request
+
+    work, peer = live_peer
+    port = (work / "p" / "status_port").read_text()
+    peer.wait_round(2)
+    base = f"http://127.0.0.1:{port}"
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/finish", method="POST"))
+    assert bad.value.code == 400
+    first = json.loads(urllib.request.urlopen(f"{base}/status").read())["round"] + 3
+
+    def finish(after: int) -> dict:
+        request = urllib.request.Request(f"{base}/finish?after_round={after}", method="POST")
+        return json.loads(urllib.request.urlopen(request).read())
+
+    assert finish(first) == {"final_round": first}
+    peer.wait_round(first)  # trained through `first`: now lingering (5 s) before exit
+    assert finish(first - 2) == {"final_round": first}  # a finished round stays finished
+    target = first + 2  # another peer was already further: agree on its round instead
+    assert finish(target) == {"final_round": target}
+    assert peer.wait_exit(120) == 0
+    assert main(["status", f"127.0.0.1:{port}"]) == 2  # peer gone: one readable line
+    assert "cannot read a peer's status" in capsys.readouterr().err
+    final = json.loads((work / "p" / "final_status.json").read_text())
     assert final["round"] == target + 1  # rounds 0..target trained, then a clean exit
     rounds = [e["round"] for e in peer.events() if e.get("event") == "round"]
     assert sorted(rounds) == list(range(target + 1))

@@ -1,6 +1,6 @@
 """An equivocating peer in real daemons: three honest tiny-model peers and one peer
-(harness/hooked_peer.py `--equivocate R[:L]`) that signs two different updates for round
-R with its own identity, on 127.0.0.1, each its own process and p2pd, audits on.
+(harness/hooked_peer.py `--equivocate R[:L]`) that signs two different updates for one
+round R (the first from 3 whose honest scalar is positive) with its own identity, on 127.0.0.1, each its own process and p2pd, audits on.
 
 What the protocol promises for a second, different update of an existing (peer, round)
 (protocol/update.py, `equivocation`; network/gossip/admission.py): every peer keeps the
@@ -31,9 +31,9 @@ from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.storage.ledger import Ledger
 
 pytestmark = pytest.mark.slow
-ROUNDS = 14
-EQUIVOCATE_AT = 3
-LATE = 5  # the "late" twin: flooded when x publishes round 8; rounds 6-8 trained on R
+ROUNDS = 18  # the twin of a round up to 10 still comes 5 rounds later, before the end
+EQUIVOCATE_AT = 3  # x equivocates on the first round from here whose scalar is positive
+LATE = 5  # the "late" twin: flooded 5 rounds on; rounds R + 3 .. R + 5 trained on R
 # As tests/test_audit_daemon.py: lag 2 (--max-staleness 1), every update audited by each
 # other peer with probability 0.5, quorum 2 of the 3 honest voters.
 AUDIT = {"lag": 2, "cpu_share": 1.5, "quorum": 2}
@@ -77,6 +77,10 @@ def _run(tmp_path_factory, how: str) -> dict:
     work = tmp_path_factory.mktemp("equivocation_" + how.replace(" ", "_"))
     result = run_to_the_end(work, AUDITED_RUN, start, until_honest_exit)
     result["x_id"] = _peer_id(work / "x")
+    # The round x equivocated: the first >= EQUIVOCATE_AT whose honest scalar was positive
+    done = [e for e in result["peers"]["x"].events() if e.get("event") == "equivocated"]
+    assert done, result["peers"]["x"].tail()
+    result["round"] = done[0]["round"]
     print(json.dumps({n: f.get("audits") for n, f in result["finals"].items()}, indent=1))
     return result
 
@@ -88,38 +92,62 @@ def _peer_id(data_dir) -> bytes:
     return load_or_create_identity(data_dir / "identity.key").to_bytes()
 
 
+LATE_FINDING = (
+    "finding (issue 45): a twin flooded rounds after the honest copy replaces a row that "
+    "every honest peer already trained on (it was in their settled state); auditors then "
+    "recompute those honest updates on their state now, holding the twin, and the "
+    "held-state digest, one hash per (peer, round), cannot tell the copies apart. In two "
+    "runs 3 and 2 of the 3 honest peers were convicted (updates of rounds R + 3, R + 4); "
+    "each convicted update recomputes bit for bit on the state holding the first copy."
+)
+
+
 @pytest.fixture(scope="module", params=list(TIMINGS))
 def scenario(request, tmp_path_factory):
     return _run(tmp_path_factory, request.param)
 
 
-def _check(scenario) -> None:
-    work, x = scenario["work"], scenario["x_id"]
-    # No honest peer crashed; each trained to its last round.
+def _ledger(scenario, name):
+    """(x's kept scalars of the equivocated round, the ledger's judgement) of NAME."""
+    with Ledger.open_existing(scenario["work"] / name / "ledger.sqlite") as ledger:
+        kept = ledger.scalars_of(scenario["x_id"], scenario["round"])
+        _, judgement = judge_ledger(ledger, ledger.config.audit)
+    return kept, judgement
+
+
+def test_no_honest_peer_crashes_and_all_end_with_one_ledger(scenario):
     for name in HONEST:
         assert scenario["codes"][name] == 0, scenario["peers"][name].tail()
         assert scenario["finals"][name]["round"] == ROUNDS
-        assert "Traceback" not in (work / f"{name}.log").read_text(errors="replace")
-    # One ledger everywhere.
+        log = (scenario["work"] / f"{name}.log").read_text(errors="replace")
+        assert "Traceback" not in log, name
     digests = {n: scenario["finals"][n]["ledger_digest"] for n in HONEST}
     assert len(set(digests.values())) == 1, digests
-    x58 = base58.b58encode(x).decode()
+
+
+def test_one_copy_is_kept_everywhere_and_the_equivocator_is_banned_for_it(scenario):
+    x58 = base58.b58encode(scenario["x_id"]).decode()
     for name in HONEST:
-        with Ledger.open_existing(work / name / "ledger.sqlite") as ledger:
-            kept = ledger.scalars_of(x, EQUIVOCATE_AT)
-            config = ledger.config
-            _, judgement = judge_ledger(ledger, config.audit)
-        # The equivocation's rule: of the two copies the smaller scalars, the twin
-        # (-|s| - 1 for each honest s, so every scalar <= -1), is the one row held.
+        kept, _ = _ledger(scenario, name)
+        # The rule: of the two copies the smaller scalars, the twin (-|s| - 1 for each
+        # honest s, so every scalar <= -1), is the one row held; the honest copy is gone.
         assert kept is not None and all(s <= -1.0 for s in kept), (name, kept)
-        # ... and its author is banned at once for it by every honest peer.
+        # ... and every honest peer that saw both banned its author at once for it.
         bans = {b["peer"]: b["reason"] for b in scenario["finals"][name]["banned"]}
         assert bans.get(x58) == "equivocation", (name, bans)
-        # No audit verdict falls on an honest peer.
-        assert set(judgement.banned) <= {x}, (name, judgement.banned)
-        wrong = [c for c in judgement.cases if c.accused != x and c.mismatch]
-        assert not wrong, (name, [(c.accused.hex()[:8], c.round, len(c.mismatch)) for c in wrong])
+    # The equivocator's own ledger applied the same rule to its twin's echo.
+    with Ledger.open_existing(scenario["work"] / "x" / "ledger.sqlite") as ledger:
+        assert ledger.scalars_of(scenario["x_id"], scenario["round"]) == kept
 
 
-def test_honest_peers_agree_and_ban_the_equivocator(scenario):
-    _check(scenario)
+def test_no_audit_verdict_falls_on_an_honest_peer(scenario, request):
+    if request.node.callspec.params["scenario"] == "late":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=LATE_FINDING))
+    for name in HONEST:
+        _, judgement = _ledger(scenario, name)
+        wrong = sorted(
+            (c.round, c.accused.hex()[-8:], c.outcome)
+            for c in judgement.cases
+            if c.accused != scenario["x_id"]
+        )
+        assert set(judgement.banned) <= {scenario["x_id"]} and not wrong, (name, wrong)

@@ -5,6 +5,10 @@ The founders' peer ids are in the manifest (`extra.probation.founders`); their i
 keys are made before the bootstrap starts. Every founder's ledger judges the same: the
 honest newcomer's updates count once vouched (it ends established), none of the cheater's
 ever counts, and each live model equals the replay of its ledger's counted updates.
+
+Open-ended: the run is finished at one common round once every founder holds the newcomer
+established, the cheater banned and the founders' probation audits vouched (ROUNDS is
+only the upper bound).
 """
 
 import dataclasses
@@ -16,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.cluster import RUN, start_hooked_peer, start_peer
-from harness.scenario import run_to_the_end
+from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
 from seedflood_p2p.algorithm.probation import standing_of_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -25,7 +29,7 @@ from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 pytestmark = pytest.mark.slow
-ROUNDS = 20
+ROUNDS = 80  # the upper bound: the run is finished once the property shows (`finish_when`)
 FOUNDERS = ["a", "b", "c"]
 # lag 2 with --max-staleness 1 (as tests/test_audit_daemon.py); quorum 2 of 3 founders;
 # 2 vouches make an identity established; share 1: a probation audit per founder a round
@@ -33,6 +37,7 @@ AUDIT = {"lag": 2, "cpu_share": 0.3, "quorum": 2}
 PEER_FLAGS = [
     *("--until-round", str(ROUNDS), "--round-interval", "0.6", "--max-staleness", "1"),
     *("--round-deadline", "20", "--linger", "4", "--repair-interval", "1", "--min-peers", "4"),
+    *STATUS_PORT,
 ]
 LIVE_VS_REPLAY_ATOL = 1e-5
 
@@ -57,7 +62,16 @@ def scenario(tmp_path_factory):
         peers["x"] = start_hooked_peer(work, "x", address, [*PEER_FLAGS, "--cheat", "flip"])
         return peers
 
-    result = run_to_the_end(work, run, start)
+    def shown(statuses):
+        probation = [audits_of(statuses[n]).get("probation") for n in FOUNDERS]
+        banned = [audits_of(statuses[n]).get("banned", ()) for n in FOUNDERS]
+        return (
+            all(p is not None and p["established"] == len(FOUNDERS) + 1 for p in probation)
+            and all(len(b) == 1 for b in banned)
+            and sum(p["probation_audits"] for p in probation) >= 2  # "vouches": 2
+        )
+
+    result = run_to_the_end(work, run, start, lambda peers, _: finish_when(peers, work, shown))
     print(json.dumps({n: f.get("audits") for n, f in result["finals"].items()}, indent=1))
     return result
 

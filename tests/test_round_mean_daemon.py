@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.cluster import RUN, start_hooked_peer, start_peer
-from harness.scenario import run_to_the_end
+from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
@@ -24,7 +24,13 @@ from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model, weights_sha256
 
 pytestmark = pytest.mark.slow
-ROUNDS = 24  # room for the late joiner to start (~30 s under heavy load) before the end
+# Open-ended: the run is finished once the late joiner has trained JOINER_ROUNDS rounds (its
+# first rows re-scaled their rounds and were due for audit: 3 rounds of delay) and the
+# peers have done AUDITS audits; ROUNDS is only the upper bound (the late joiner may take
+# ~30 s to start under heavy load, and the run goes on without it meanwhile).
+ROUNDS = 80
+JOINER_ROUNDS = 4
+AUDITS = 10
 # n_ref 2 below the run's 4 peers: every round's size sets its step; audits at the test rate
 ROUND_MEAN = dataclasses.replace(
     RUN, step_rule="round_mean", n_ref=2, lr=2e-2, extra={"audit": {"cpu_share": 1.0}}
@@ -32,6 +38,7 @@ ROUND_MEAN = dataclasses.replace(
 PEER_FLAGS = [
     *("--until-round", str(ROUNDS), "--round-interval", "1.0", "--max-staleness", "1"),
     *("--round-deadline", "10", "--linger", "4", "--repair-interval", "1", "--min-peers", "3"),
+    *STATUS_PORT,
 ]
 LIVE_VS_REPLAY_ATOL = 1e-5
 
@@ -46,6 +53,15 @@ def run(tmp_path_factory):
     def join_late(peers, address):
         peers["a"].wait_round(3)
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
+
+        def shown(statuses):
+            trained = [e["round"] for e in peers["d"].events() if e.get("event") == "round"]
+            audits = sum(audits_of(s).get("done", 0) for s in statuses.values())
+            return (
+                bool(trained) and max(trained) - min(trained) >= JOINER_ROUNDS and audits >= AUDITS
+            )
+
+        finish_when(peers, work, shown)
 
     work = tmp_path_factory.mktemp("round_mean")
     return run_to_the_end(work, ROUND_MEAN, start, join_late)
@@ -87,4 +103,4 @@ def test_no_honest_peer_is_accused(run):
         audits = final["audits"]
         assert audits["banned"] == [] and audits["mismatches"] == 0, (name, audits)
         done += audits["done"]
-    assert done >= 10  # audits ran: every recomputation matched
+    assert done >= AUDITS  # audits ran: every recomputation matched

@@ -66,7 +66,9 @@ DEFAULT_MODEL_DEFAULTS = MODEL_DEFAULTS[DEMO_DEFAULTS["model"]]
 # validation split (docs/LEARNING.md, "Prompt and label words"): 3rd of 160 prompts
 # zero-shot at 0.770 against the best's 0.774 (0.3 SE apart), and of the top three the
 # one that names no movie, so it reads an organiser's product reviews as well. Read
-# uncalibrated: calibration costs it 0.16 at round 0 (bench/results/prompt-val.md).
+# uncalibrated: calibration costs it 0.16 at round 0 (bench/results/prompt-val.md). The
+# step stays 0.064: at the demo's length (240 rounds, 4 peers) it led 0.032 and 0.016 on
+# validation, 0.814 against 0.807 and 0.804 (bench/results/prompt-demo-val.md, one seed).
 DEMO_PROMPT: dict[str, Any] = {
     "template": "Review: {text}\nSentiment:",
     "label_words": [" negative", " positive"],

@@ -463,6 +463,7 @@ class Ledger:
                 )
                 new += cur.rowcount
             self._db.execute("COMMIT")
+            self._mark_committed()  # the sync thread owes its fsync (sync_in_background)
         except BaseException:
             self._db.execute("ROLLBACK")
             raise

@@ -15,10 +15,10 @@ So every node:
 - on every new connection, runs a repair pass with that peer at once, so a healed
   partition repairs by itself (the flood node's own anti-entropy would get there
   too, a random peer every few seconds);
-- exchanges summaries (`seedflood.summary`, protocol/summary.py) with connected peers
-  every summary_interval: their newest round, ledger size, newest bucket digests,
-  own addresses and the peers they are connected to (with addresses: peer exchange,
-  so a node learns of peers it never met and dials them);
+- exchanges summaries (`SummaryExchange`, summaries.py: `seedflood.summary`,
+  protocol/summary.py) with connected peers every summary_interval: their newest round,
+  ledger size, newest bucket digests, own addresses and the peers they are connected to
+  (with addresses: peer exchange, so a node learns of peers it never met and dials them);
 - probes a peer's TCP addresses itself before each dial and asks the daemon to dial
   only once one answers (`tcp_answers`): libp2p's swarm backs off a
   peer's addresses after each failed dial (5 s + tries^2 s, up to 5 minutes) and p2pd's
@@ -33,9 +33,6 @@ So every node:
 - knows how each peer is reached, directly or through a relay, redials relayed-only
   peers for a hole punch, and how it is reached itself (`Links`, links.py).
 
-Summaries travel over libp2p request/response: the secure channel (Noise/TLS)
-authenticates the answering peer id, which is what a direct summary needs. They are
-not signed for forwarding; a summary is never relayed, only its addresses are tried.
 A node cannot tell a partition from peers that stopped: the status says both.
 """
 
@@ -51,25 +48,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.peers.islands import ISLAND_WINDOW, IslandWatch
 from seedflood_p2p.network.peers.links import Links
 from seedflood_p2p.network.peers.peer_book import Hints, PeerBook, dialable, split_full_addr
+from seedflood_p2p.network.peers.summaries import PROTOCOL as SUMMARY_PROTOCOL
+from seedflood_p2p.network.peers.summaries import SummaryExchange
 from seedflood_p2p.network.transport.p2pd import connect_peer, is_relayed, peer_connections
-from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes, serve_bytes
-from seedflood_p2p.protocol.framing import Rejected
-from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
-from seedflood_p2p.protocol.summary import (
-    MAX_SUMMARY_PEERS,
-    Summary,
-    decode_summary,
-    decode_summary_request,
-    encode_summary,
-    encode_summary_request,
-)
+from seedflood_p2p.network.transport.rpc import RemoteCallError, serve_bytes
+from seedflood_p2p.protocol.summary import Summary
 
 log = logging.getLogger("seedflood.reconnect")
 
@@ -156,15 +145,22 @@ class Reconnector:
         self.hints = Hints(self.own_id)  # heard of in summaries or records, not (yet) met
         self.backoff: dict[str, Backoff] = {}
         self.connected: set[str] = set()
-        self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
         self.islands = IslandWatch(settings, metrics)
         self.links = Links(p2p, self.own_id, settings, metrics)
+        self.exchange = SummaryExchange(
+            p2p, self.book, self.hints, self.links, settings, lambda: self.connected, self.add_hints
+        )
         self.flood = None
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
         self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
         self._last_summary = 0.0
         self._last_island_log = 0.0
+
+    @property
+    def summaries(self) -> dict[str, tuple[float, Summary]]:
+        """Each connected peer's latest summary, with when it came (`SummaryExchange`)."""
+        return self.exchange.summaries
 
     # -- candidates and dialling ---------------------------------------------------
     def candidates(self) -> dict[str, list[str]]:
@@ -278,10 +274,10 @@ class Reconnector:
     async def attach(self, flood) -> None:
         """Serve summaries for `flood`'s run, repair on every new connection, and start the
         loop. Peers already connected get a summary exchange in the first pass."""
-        self.flood = flood
+        self.flood = self.exchange.flood = flood
         self.hints.founders = run_founders(flood.config)
         await self.links.refresh_own_addrs()
-        await serve_bytes(self.p2p, "seedflood.summary", self._serve_summary)
+        await serve_bytes(self.p2p, SUMMARY_PROTOCOL, self.exchange.serve)
         self._on_connect.append(self._repair_new_connection)
         self.start()
 
@@ -315,75 +311,10 @@ class Reconnector:
                     new,
                     extra={"fields": {"event": "repair", "count": new, "peer": peer}},
                 )
-            await self._exchange(peer)
+            await self.exchange.ask(peer)
 
         task = asyncio.create_task(repair(), name=f"repair-on-connect:{peer[-8:]}")
         task.add_done_callback(_log_task_failure)
-
-    def own_summary(self) -> Summary:
-        flood = self.flood
-        peers = {}
-        for peer in sorted(
-            self.connected, key=lambda p: -self.book.entries.get(p, {}).get("met", 0)
-        ):
-            addrs = self.book.entries.get(peer, {}).get("addrs") or self.hints.addrs.get(peer)
-            if addrs:
-                peers[_peer_bytes(peer)] = addrs
-            if len(peers) >= MAX_SUMMARY_PEERS:
-                break
-        live = sum(
-            1 for st in flood.peers.values() if time.monotonic() - st.last_seen < ISLAND_WINDOW
-        )
-        return Summary(
-            round=flood.ledger.max_round(),
-            rows=len(flood.ledger),
-            live=live,
-            digests=flood.ledger.bucket_digests(BUCKET_ROUNDS),
-            addrs=self.links.own_addrs,
-            peers=peers,
-        )
-
-    async def _serve_summary(self, peer, request: bytes) -> bytes:
-        decoded = decode_summary_request(request)
-        if decoded is None or self.flood is None or decoded[0] != self.flood.run_id:
-            return b""
-        caller = peer.to_base58()
-        if decoded[1]:
-            self.book.met(caller, decoded[1])  # connected to us, and says where it listens
-        return encode_summary(self.own_summary())
-
-    async def _exchange(self, peer: str) -> None:
-        """Ask `peer` for its summary; learn its addresses and the peers it names."""
-        from hivemind.p2p import PeerID
-
-        request = encode_summary_request(self.flood.run_id, self.links.own_addrs)
-        try:
-            reply = await call_bytes(
-                self.p2p,
-                PeerID.from_base58(peer),
-                "seedflood.summary",
-                request,
-                self.s.call_timeout,
-            )
-        except RemoteCallError as exc:
-            log.debug("summary from %s failed: %s", peer, exc)
-            return
-        if not reply:  # not on this run (or not started yet)
-            return
-        try:
-            summary = decode_summary(reply)
-        except Rejected as exc:
-            self.flood.admission.drop_reply(exc, _peer_bytes(peer))
-            return
-        self.summaries[peer] = (time.monotonic(), summary)
-        self.book.met(peer, summary.addrs)
-        named_peers = {}
-        for named, addrs in summary.peers.items():
-            if not (len(named) == 38 and named.startswith(ED25519_PEER_ID_PREFIX)):
-                continue  # seedflood peers are Ed25519 identities only
-            if name := _peer_name(named):
-                named_peers[name] = addrs
-        self.add_hints(named_peers, "summary")
 
     def add_hints(self, peers: dict[str, list[str]], source: str) -> None:
         """Peers heard of (base58 id -> addresses) from `source` ("summary": a connected
@@ -421,7 +352,9 @@ class Reconnector:
                             lambda peer: self.candidates().get(peer, []), self.bootstrap
                         )
                         await self.links.refresh_relay_counters()
-                        await asyncio.gather(*(self._exchange(p) for p in sorted(self.connected)))
+                        await asyncio.gather(
+                            *(self.exchange.ask(p) for p in sorted(self.connected))
+                        )
                     self._update_view()
                 self.book.save()
             except asyncio.CancelledError:
@@ -429,21 +362,6 @@ class Reconnector:
             except Exception as exc:  # the loop must outlive any one bad pass
                 log.warning("reconnect pass failed: %r", exc)
             await asyncio.sleep(LOOP_TICK)
-
-
-def _peer_bytes(peer: str) -> bytes:
-    from hivemind.p2p import PeerID
-
-    return PeerID.from_base58(peer).to_bytes()
-
-
-def _peer_name(peer: bytes) -> str | None:
-    from hivemind.p2p import PeerID
-
-    try:
-        return PeerID(peer).to_base58()
-    except Exception:
-        return None
 
 
 def _log_task_failure(task: asyncio.Task) -> None:
