@@ -1,6 +1,7 @@
 """An equivocating peer in real daemons: three honest tiny-model peers and one peer
 (harness/hooked_peer.py `--equivocate R[:L]`) that signs two different updates for one
-round R (the first from 3 whose honest scalar is positive) with its own identity, on 127.0.0.1, each its own process and p2pd, audits on.
+round R (the first from 3 whose honest scalar is positive) with its own identity, on
+127.0.0.1, each its own process and p2pd, audits on.
 
 What the protocol promises for a second, different update of an existing (peer, round)
 (protocol/update.py, `equivocation`; network/gossip/admission.py): every peer keeps the
