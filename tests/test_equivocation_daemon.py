@@ -97,8 +97,8 @@ LATE_FINDING = (
     "finding (issue 45): a twin flooded rounds after the honest copy replaces a row that "
     "every honest peer already trained on (it was in their settled state); auditors then "
     "recompute those honest updates on their state now, holding the twin, and the "
-    "held-state digest, one hash per (peer, round), cannot tell the copies apart. In two "
-    "runs 3 and 2 of the 3 honest peers were convicted (updates of rounds R + 3, R + 4); "
+    "held-state digest, one hash per (peer, round), cannot tell the copies apart. In three "
+    "runs 3, 2 and 3 of the 3 honest peers were convicted (updates of rounds R + 3, R + 4); "
     "each convicted update recomputes bit for bit on the state holding the first copy."
 )
 
