@@ -338,6 +338,15 @@ def check_validation(args: argparse.Namespace, task) -> None:
         )
 
 
+def task_label(task_name: str, examples: list) -> str:
+    """A file-name-safe label for a task: a built-in's name, or a data file's stem and the
+    digest of the examples read from it (the file may change under the same name)."""
+    if "/" not in task_name and "\\" not in task_name and not Path(task_name).suffix:
+        return task_name
+    digest = hashlib.sha256("\0".join(e.text for e in examples).encode()).hexdigest()[:8]
+    return f"{Path(task_name).stem}.{digest}"
+
+
 def warm(args, cache, model, tokenizer, task, config) -> None:
     """Fill the prefix cache for every training and held-out example used, from a file
     when an earlier run wrote one (same model, trained blocks, examples, max_length)."""
@@ -347,7 +356,8 @@ def warm(args, cache, model, tokenizer, task, config) -> None:
         return
     held_out = args.eval_split  # test, validation, or val (the sentences after the pool)
     for split, examples in (("train", task.train), (held_out, task.test[: args.eval_examples])):
-        name = f"{args.model}-{args.task}-{split}{len(examples)}-first{cache.first}"
+        name = f"{args.model}-{task_label(args.task, examples)}-{split}{len(examples)}"
+        name += f"-first{cache.first}"
         # the prompt is part of every prefix state: rows with their own template get their own
         prompt = hashlib.sha256(task.template.encode()).hexdigest()[:8]
         # v2: computed one example at a time (prefix_cache.py); v1 files were batched
