@@ -183,7 +183,7 @@ def compare(claimed: dict[str, list[float]], recomputed: dict[str, list[float]])
         accused += rule.mismatches(c_list, recomputed[key])
         diff = np.abs(c - r)
         scale = np.maximum(np.abs(c), np.abs(r))
-        bound = np.maximum(rule.absolute, rule.relative * scale)
+        bound = rule.bounds(c, r)
         nz = diff > 0
         differing += int(nz.sum())
         if nz.any():
@@ -228,7 +228,9 @@ def tolerances(results: dict, rule: Any) -> list[dict]:
         ("2x needed", 2 * needed),
         ("4x needed", 4 * needed),
     ):
-        candidate = AuditRule(relative=rule.relative, absolute=max(absolute, rule.absolute))
+        candidate = AuditRule(
+            relative=rule.relative, absolute=max(absolute, rule.absolute), spread=rule.spread
+        )
         accused = sum(
             candidate.mismatches(c, results[y]["scalars"][key])
             for x, y in itertools.combinations(names, 2)
@@ -291,6 +293,12 @@ def launch(
     return json.loads(out.read_text())
 
 
+def rule_text(rule: dict) -> str:
+    """The bound of a recorded rule, as the markdown states it."""
+    spread = f", {rule['spread']} * rms(r)" if rule.get("spread") else ""
+    return f"max({rule['absolute']}, {rule['relative']} * max(|c|, |r|){spread})"
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [
@@ -299,8 +307,7 @@ def markdown(result: dict) -> str:
         f"{result['peers']} peers x {result['rounds']} rounds = {result['updates']} honest "
         f"updates ({result['directions']} scalars each) per setting, each recomputed on "
         "base + the reference's claims of earlier rounds (an auditor's settled state). Rule: "
-        f"mismatch iff some |c - r| > max({result['rule']['absolute']}, "
-        f"{result['rule']['relative']} * max(|c|, |r|)) (`AuditSettings().rule`). CPU: "
+        f"mismatch iff some |c - r| > {rule_text(result['rule'])} (`AuditSettings().rule`). CPU: "
         f"{result['cpu']}. Produced by `{result['command']}`.",
         "",
         "## Settings",
@@ -409,11 +416,13 @@ def summarize() -> None:
             f"{m['max_rel']:.3g} | {margin} | {m['needed_absolute']:.4g} | [{m['file'][:-5]}.md]"
             f"({m['file'][:-5]}.md) |"
         )
-    rule = models[0]["rule"] if models else {}
     lines += [
         "",
-        f"Rule: mismatch iff some |c - r| > max({rule.get('absolute')}, "
-        f"{rule.get('relative')} * max(|c|, |r|)). Commands: "
+        "Rules: "
+        + "; ".join(
+            f"{m['file'][:-5]}: mismatch iff some |c - r| > {rule_text(m['rule'])}" for m in models
+        )
+        + ". Commands: "
         + "; ".join(f"`{m['command']}`" for m in models)
         + ".",
         "",
@@ -434,6 +443,12 @@ def main() -> None:
     p.add_argument(
         "--summarize", action="store_true", help="write audit-hardware.md from the models' runs"
     )
+    p.add_argument(
+        "--rejudge",
+        type=Path,
+        default=None,
+        help="an earlier run's JSON: judge its saved scalars again under today's rule",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--claims", default="", help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -444,6 +459,9 @@ def main() -> None:
         return
     if args.summarize:
         summarize()
+        return
+    if args.rejudge:
+        rejudge(args.rejudge, args.name)
         return
     plan = settings(args.threads)
     if args.only:
@@ -461,6 +479,22 @@ def main() -> None:
             results[name] = launch(
                 args.model, name, env, threads, args.rounds, args.peers, claims, work
             )
+    report(results, args.model, args.rounds, args.peers, args.name, " ".join(sys.argv[1:]))
+
+
+def rejudge(path: Path, name: str) -> None:
+    """The saved scalars of an earlier run (its JSON) judged again under today's rule."""
+    saved = json.loads(path.read_text())
+    results = {
+        k: {**v, "scalars": saved["scalars"][k], "raw": saved["raw"][k]}
+        for k, v in saved["settings"].items()
+    }
+    name = name or f"{path.stem}-rejudged"
+    report(results, saved["model"], saved["rounds"], saved["peers"], name, f"--rejudge {path}")
+
+
+def report(results: dict, model: str, rounds: int, peers: int, name: str, argv: str) -> None:
+    """Every pair of settings under the run's default rule; writes the JSON and markdown."""
     pairs = []
     for x, y in itertools.combinations(results, 2):  # the rule is symmetric in c and r
         row = compare(results[x]["scalars"], results[y]["scalars"])
@@ -476,14 +510,14 @@ def main() -> None:
     first = next(iter(results.values()))["scalars"]
     flags = cpu_flags()
     result = {
-        "model": args.model,
-        "rounds": args.rounds,
-        "peers": args.peers,
+        "model": model,
+        "rounds": rounds,
+        "peers": peers,
         "updates": len(first),
         "directions": len(next(iter(first.values()))),
-        "rule": {"relative": rule.relative, "absolute": rule.absolute},
+        "rule": {"relative": rule.relative, "absolute": rule.absolute, "spread": rule.spread},
         "cpu": ", ".join(sorted(f for f in flags if f.startswith("avx"))) or "unknown",
-        "command": "python bench/bench_audit_hardware.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/bench_audit_hardware.py " + argv,
         "settings": {
             k: {kk: v[kk] for kk in ("capability", "threads", "env", "cpu_seconds")}
             for k, v in results.items()
@@ -503,7 +537,7 @@ def main() -> None:
         "scalars": {k: v["scalars"] for k, v in results.items()},
         "raw": {k: v["raw"] for k, v in results.items()},
     }
-    name = args.name or f"audit-hardware-{args.model}"
+    name = name or f"audit-hardware-{model}"
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
     (OUT / f"{name}.md").write_text(markdown(result))
     print(markdown(result))

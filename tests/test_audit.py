@@ -86,6 +86,24 @@ def test_rule_tolerance():
     assert rule.mismatches((1.0, 2.0), (1.0,))  # wrong k
 
 
+def test_rule_spread_covers_cross_cpu_noise_at_the_update_s_scale():
+    """Two honest CPUs differ by float32 noise of about 0.005 x the update's RMS in every
+    scalar, small ones included (bench/results/audit-hardware.md): the run's rule
+    (`spread`, 0.02 x the recomputation's RMS) lets that pass and still catches cheats."""
+    honest = (1.5, -0.8, 0.05, -0.02)  # RMS 0.85; the small scalars sit under `relative`
+    noisy = tuple(x + 0.004 for x in honest)  # 0.0047 x RMS: one CPU against another
+    assert AuditRule(relative=0.01, absolute=0.002).mismatches(noisy, honest)  # the old rule
+    rule = AuditSettings.of({}).rule
+    assert rule.spread == 0.02 and not rule.mismatches(noisy, honest)
+    assert rule.mismatches(tuple(-x for x in honest), honest)  # a sign flip
+    assert rule.mismatches(tuple(3 * x for x in honest), honest)  # scaled
+    assert rule.mismatches(honest[:2] + (0.05 + 0.05, -0.02), honest)  # one small scalar moved
+    # the bound is the auditor's recomputation's scale: a claim cannot widen it
+    inflated = honest[:3] + (100.0,)
+    assert rule.mismatches(inflated, honest)
+    assert AuditSettings.of({"audit": {"spread": 0.0}}).rule.mismatches(noisy, honest)
+
+
 def test_settings_from_manifest_extra():
     # secure by default: a run that does not turn audits off has them, at the production rate
     default = AuditSettings.of({})

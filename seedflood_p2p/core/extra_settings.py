@@ -28,29 +28,46 @@ class AuditRule:
     """When does a recomputed update contradict the claim?
 
     Per scalar, |claimed - recomputed| > max(absolute, relative * max(|claimed|,
-    |recomputed|)). `relative` bounds the honest disagreement of two live models that
-    differ by a few rounds of merged updates; `absolute` keeps scalars near zero (where
-    a relative error means nothing) from accusing anyone. Defaults: from the measured
-    honest mismatch, bench/results/audit_mismatch.md.
+    |recomputed|), spread * rms(recomputed)). `relative` bounds the honest disagreement of
+    two live models that differ by a few rounds of merged updates; `absolute` keeps scalars
+    near zero (where a relative error means nothing) from accusing anyone; `spread` does
+    the same at the update's own scale: two honest CPUs (other kernels, other thread
+    counts) differ by float32 noise in (L+ - L-) / 2 eps that does not shrink with a
+    scalar, up to 0.0045 x the update's RMS for SmolLM2 at 16 scalars
+    (bench/results/audit-hardware.md). The RMS is the auditor's recomputation's, so a
+    claim cannot widen its own bound. Defaults: from the measured honest mismatch,
+    bench/results/audit_mismatch.md.
     """
 
     relative: float = 0.5
     absolute: float = 0.05
+    spread: float = 0.0
 
     def mismatches(self, claimed: Iterable[float], recomputed: Iterable[float]) -> bool:
         c = np.asarray(tuple(claimed), dtype=np.float64)
         r = np.asarray(tuple(recomputed), dtype=np.float64)
         if c.shape != r.shape:
             return True
+        return bool(np.any(np.abs(c - r) > self.bounds(c, r)))
+
+    def bounds(self, c: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Each scalar's tolerance (float64 arrays of one shape: claimed, recomputed)."""
         bound = np.maximum(self.absolute, self.relative * np.maximum(np.abs(c), np.abs(r)))
-        return bool(np.any(np.abs(c - r) > bound))
+        if self.spread and r.size:
+            bound = np.maximum(bound, self.spread * float(np.sqrt(np.mean(r * r))))
+        return bound
 
 
 # Bounds of `extra.audit`'s numbers (inclusive). cpu_share is a share of one peer's training
 # CPU spent on audits; above 1 a peer audits more than it trains (tests and benches audit
 # every update that way). relative and absolute are tolerances of `AuditRule`.
 AUDIT_INT_RANGES = {"lag": (0, 1000), "quorum": (1, 1000)}
-AUDIT_FLOAT_RANGES = {"cpu_share": (0.0, 1000.0), "relative": (0.0, 1e6), "absolute": (0.0, 1e6)}
+AUDIT_FLOAT_RANGES = {
+    "cpu_share": (0.0, 1000.0),
+    "relative": (0.0, 1e6),
+    "absolute": (0.0, 1e6),
+    "spread": (0.0, 1e6),
+}
 
 
 @dataclass(frozen=True)
@@ -70,11 +87,14 @@ class AuditSettings:
     lag: int = 0
     relative: float = 0.01
     absolute: float = 0.002
+    # 4.4x the largest honest cross-CPU difference measured (0.0045 x RMS, SmolLM2 at 16
+    # scalars); a cheat within it moves each direction by under 2% of the update's RMS
+    spread: float = 0.02
     quorum: int = 3  # votes of one kind (and a majority) that decide a case
 
     @property
     def rule(self) -> AuditRule:
-        return AuditRule(relative=self.relative, absolute=self.absolute)
+        return AuditRule(relative=self.relative, absolute=self.absolute, spread=self.spread)
 
     @property
     def delay(self) -> int:
