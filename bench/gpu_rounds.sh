@@ -7,8 +7,9 @@
 #
 #   bash bench/gpu_rounds.sh part1   # keeps .dev1/part1 in /tmp, smoke-tests CUDA on tiny-llama
 #   bash bench/gpu_rounds.sh main    # joins .dev2/part2, converts, sweeps lr, runs the rows
-#   (or, instead of main: next, trainall, levers, kfac - later sessions' rows, no sweep; the
-#   next lent session runs part1 then kfac)
+#   (or, instead of main: next, trainall, levers, kfac - later sessions' rows, no sweep;
+#   protocol - issue 47's validation-protocol rows and scaling curve: the next lent
+#   session runs part1 then protocol)
 # The machine goes back after 30 idle seconds: make the second call at once after the first.
 #
 # Prepared here by `bash bench/gpu_prepare.sh` (both folders are ignored by git):
@@ -149,6 +150,33 @@ levers)
   "${BR[@]}" "${FULL[@]}" "${COMMON[@]}" --peers "$PEERS" --rows "" --out gpu-rounds \
     --row "act-r64=${ACT/rank:32/rank:64},$PICK" --row "act-r128=${ACT/rank:32/rank:128},$PICK" \
     --row "random=$RANDOM_ROW,$PICK"
+  ;;
+protocol)
+  # Issue 47 under the validation protocol (docs/LEARNING.md), on the demo's prompt
+  # (`Review: {text}\nSentiment:`, " negative"/" positive", uncalibrated), in the order a
+  # cut call still leaves a claim: (1) the step per N and Adam's lr on MR's fixed
+  # validation split (1 seed, 40 rounds); (2) the chosen rows scored once on test, 5 seeds,
+  # at N = 64, then N = 256 and 1,024 (the scaling curve: round 40 against Adam's step 40);
+  # (3) memory per peer. Resumable like the others; run after part1 on the warm machine.
+  install_model
+  [ "$MODEL" = smollm2-135m ] && cp -n bench/results/gpu/gpu-protocol*.json "$OUT"/ 2>/dev/null
+  P='template:Review: {text}\nSentiment:,label_words: negative| positive,calibration:'
+  KFAC="rank:32,directions:16,step_rule:round_mean,n_ref:16,basis:kfac,basis_refresh:0,$P"
+  PV=(--rounds "$ROUNDS" --eval-at "0,$((ROUNDS / 2)),$ROUNDS" --eval-examples 1000)
+  BRN=(python3 bench/bench_rounds.py --device "$DEVICE" --results-dir "$OUT")
+  for N in 64 256 1024; do
+    "${BRN[@]}" --peers-per-pass "$((N < 256 ? N : 256))" "${FULL[@]}" \
+      "${PV[@]}" --eval-split validation --seeds 1 --peers "$N" --rows "" --out gpu-protocol-val \
+      --row "kfac-lr0.016=$KFAC,lr:0.016" --row "kfac-lr0.064=$KFAC,lr:0.064" \
+      --row "kfac-lr0.256=$KFAC,lr:0.256"
+    [ "$N" = 64 ] && "${BR[@]}" "${FULL[@]}" "${PV[@]}" --eval-split validation --seeds 1 \
+      --peers 1 --rows "" --out gpu-protocol-val --row "adam-lr3e-5=method:adam,lr:3e-5,$P" \
+      --row "adam-lr1e-4=method:adam,lr:1e-4,$P" --row "adam-lr3e-4=method:adam,lr:3e-4,$P"
+    "${BRN[@]}" --peers-per-pass "$((N < 256 ? N : 256))" "${FULL[@]}" \
+      "${PV[@]}" --eval-split test --seeds 5 --peers "$N" --choose-from gpu-protocol-val \
+      --out gpu-protocol-test
+  done
+  timeout 300 python3 bench/bench_memory.py --device "$DEVICE" --results-dir "$OUT"
   ;;
 kfac)
   # The K-FAC basis fixed at the base leads at round 10 on the full model (0.749 +- 0.011

@@ -13,7 +13,9 @@ What the daemon does with `algorithm/audit_rules.py` and `network/gossip/audit_i
 
 An audit of (p, t) recomputes on S_t, rebuilt on our model by peer/state_rewind.py
 (`StateRewind`: the held-state digest's state first, then S_t and the states the sender
-may honestly have trained on instead; any match is a match). Bans are timed like vouches
+may honestly have trained on instead, among them S_t with an equivocated row swapped back
+to the copy that lost, from the ledger's `replaced` table; any match is a match). A
+replaced row is drawn for audit again like a new update (`on_accept`). Bans are timed like vouches
 (`probation.Standing.bans`): S_t's banned set is the judgement of the ledger prefix a
 sender training t held, so the sender and its auditors agree on it and no auditor guesses
 which bans a sender knew.
@@ -128,7 +130,8 @@ class PeerAudits:
         self._done_floor = 0  # `done` holds no key of a round below this (`_forget_done`)
         self.round = 0  # the round we are training (take_settled)
         # rebuilds the settled state an update was trained on; keeps the arrival order
-        self.rewind = StateRewind(live, settings.lag, self._counts_in)
+        # (the equivocations' losing copies, `Ledger.losing_copies`: a mismatch's retries)
+        self.rewind = StateRewind(live, settings.lag, self._counts_in, ledger.losing_copies)
         self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -166,11 +169,21 @@ class PeerAudits:
     # -- where updates are accepted (event loop) -----------------------------------
     def on_accept(self, messages: list[UpdateMessage], peers: int) -> None:
         """Draw audits among just-accepted updates of others (`peers`: the run's size
-        as we see it, for the sampling rate)."""
+        as we see it, for the sampling rate).
+
+        A replaced row (an equivocation: the admission hands on the held copy negated and
+        the kept one, in one batch, so its key comes twice) is drawn again like a new
+        update, though an audit of the copy it replaced was done: the kept copy is what
+        counts now, and an equivocator is then convicted by audits too."""
         self.rate = audit_rate(peers, self.settings.cpu_share)
         st = self.standing
+        seen: set[tuple[bytes, int]] = set()
         for m in messages:
             key = (m.peer, m.round)
+            if key in seen:  # its key's second row in the batch: a replacement
+                self.counts["replaced_rows"] += 1
+                self.done.discard(key)  # audited as the old copy: due again if drawn
+            seen.add(key)
             self.rewind.arrived(key, self.round)
             if (
                 st is not None
@@ -475,6 +488,7 @@ class PeerAudits:
                 self.counts[f"held_{rebuilt.held}"] += 1
             if rebuilt.retries:
                 self.counts["late_state_retries"] += rebuilt.retries
+                self.counts["swap_retries"] += rebuilt.swaps  # (of them: `swap_states`)
                 if paid:  # repaid from later rounds' budget (`ProbationQueue.earn`)
                     self.queue.pay_retries(rebuilt.retries)
                     self.counts["probation_retries"] += rebuilt.retries
@@ -649,7 +663,10 @@ class DaemonAudits:
             "published": audits.counts["published"],
             # recomputations on the states a sender may honestly have had instead
             "retries": {
-                **{k: audits.counts[k] for k in ("late_state_retries", "late_state_matches")},
+                **{
+                    k: audits.counts[k]
+                    for k in ("late_state_retries", "late_state_matches", "swap_retries")
+                },
                 "matched_by_kind": dict(sorted(audits.late_matches.items())),
             },
             # audits by the sender's held-state digest: its state was the settled one

@@ -17,11 +17,18 @@ updates that reached us last (`late_states`): the digest adds a state, never rem
 so a sender that sends two copies with different digests to different peers cannot make
 an auditor accuse where others match. Each retry is one more recomputation, at most
 MAX_LATE_STATES per audit. An update older than MAX_REWIND rounds is not audited.
+
+An equivocation replaces a row of S_t (`protocol.update.keeps_new`): a sender that trained
+before the other copy reached it held the copy that lost, and the digest (one hash per
+(peer, round)) cannot tell the copies apart. So a mismatch also tries the sender's state
+with each replaced row of S_t swapped back to a copy that lost (`swap_states`, from the
+ledger's `replaced` table: `Ledger.losing_copies`), at most MAX_SWAP_STATES per audit,
+before the late states. Only after a mismatch; S_t itself is never changed by the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
 
@@ -35,10 +42,16 @@ MAX_LATE_STATES = 8  # states without the latest-arrived settled rows a mismatch
 # audit (so `share` bounds the compute), and fresh keys are free, so fewer: 20 keys that
 # negate cost a founder 3 budget units each, not 9 (bench/results/sybil_daemon_n20*.md).
 PROBATION_LATE_STATES = 2
+# ... with a replaced row of S_t swapped back to a copy that lost (an equivocation's):
+# newest rows first. Only states that hold an equivocated row have any, so the cap only
+# bites on an equivocator that signs many copies (its ban stops it at the second).
+MAX_SWAP_STATES = 4
 HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 Key = tuple[bytes, int]  # (peer, round)
+# (lowest round, highest round) -> (peer, round) -> the losing copies of its equivocation
+LosingCopies = Callable[[int, int], Mapping[Key, Sequence[tuple[float, ...]]]]
 
 
 @dataclass(frozen=True)
@@ -47,8 +60,9 @@ class Rebuilt:
 
     recomputed: tuple[float, ...]  # the scalars: of the first state that matched, else S_t's
     held: str | None  # the sender's digest: "exact" (S_t), "found", "unknown"; None: none sent
-    retries: int  # recomputations on other states after the first
-    matched: str | None  # the kind of late state that matched (`late_states`), if one did
+    retries: int  # recomputations on other states after the first (swaps included)
+    matched: str | None  # the kind of state that matched (`late_states`, "swapped"), if any
+    swaps: int = 0  # of the retries, those with an equivocated row swapped back
 
 
 class StateRewind:
@@ -57,14 +71,21 @@ class StateRewind:
     data the guesses are made from, and our held-state digests (`held`).
 
     `counts_at(peer, round, limit)`: does that update count in the settled state whose
-    rows are of rounds < limit (the caller's judgement of the ledger, read at each use)."""
+    rows are of rounds < limit (the caller's judgement of the ledger, read at each use).
+    `losing_copies(low, high)`: the equivocations' losing copies of those rounds
+    (`Ledger.losing_copies`; None: none kept), read only after a mismatch."""
 
     def __init__(
-        self, live: LiveModel, lag: int, counts_at: Callable[[bytes, int, int], bool]
+        self,
+        live: LiveModel,
+        lag: int,
+        counts_at: Callable[[bytes, int, int], bool],
+        losing_copies: LosingCopies | None = None,
     ) -> None:
         self.live = live
         self.lag = lag
         self.counts_at = counts_at
+        self.losing_copies = losing_copies
         # When each update reached us (our training round then, and a counter in acceptance
         # order; ours when we published it): the rows of a settled state that came later
         # here than a sender's update are the ones it most likely did not have yet when it
@@ -153,6 +174,25 @@ class StateRewind:
         since = round_ - self.lag - HELD_WINDOW
         return self.held.missing(self.state(round_, applied, waiting), held, peer, since)
 
+    def swap_states(
+        self,
+        round_: int,
+        applied: list[UpdateMessage],
+        waiting: list[UpdateMessage],
+        lacked: frozenset[Key] = frozenset(),
+    ) -> list[tuple[str, list[UpdateMessage]]]:
+        """The rows that swap one equivocated row of S_round back to a copy that lost
+        (`swap_states`), newest first; none for the rows in `lacked` (the sender did not
+        hold them at all). Reads the losing copies kept (one query)."""
+        limit = round_ - self.lag
+        if self.losing_copies is None or limit <= 0:
+            return []
+        losing = self.losing_copies(0, limit - 1)
+        if not losing:
+            return []
+        state = self.state(round_, applied, waiting)
+        return swap_states(state, {k: v for k, v in losing.items() if k not in lacked})
+
     def recompute(
         self,
         peer: bytes,
@@ -167,8 +207,9 @@ class StateRewind:
     ) -> Rebuilt:
         """`compute()` on the state the sender of (peer, round_) says it held (`held`, its
         digest; S_round without the rows it lacked), then, while the result `mismatches`
-        the `claimed` scalars, on S_round and the late states (at most `max_retries` of
-        them; None: all). The first state that matches wins."""
+        the `claimed` scalars, on that state with an equivocated row swapped back to a
+        copy that lost (`swap_states`), then on S_round and the late states (at most
+        `max_retries` of them all; None: all). The first state that matches wins."""
         # The sender may have trained before a settled update reached it (a peer that fell
         # behind, e.g. a laptop that slept, publishes its rounds late; nobody waits for it
         # past --round-deadline). Its digest's state is tried first; a mismatch there still
@@ -184,17 +225,26 @@ class StateRewind:
         states = ([("settled", [])] if first else []) + self.late_states(
             peer, round_, applied, waiting
         )
-        retries, matched = 0, None
-        for kind, late in states if max_retries is None else states[:max_retries]:
+        if mismatches(claimed, recomputed):
+            # An equivocated row of S_t swapped back to a copy that lost, on the sender's
+            # state (`swap_states`): first, as only a state with an equivocation has any.
+            lacked = frozenset((m.peer, m.round) for m in missing or [])
+            swaps = self.swap_states(round_, applied, waiting, lacked)[:MAX_SWAP_STATES]
+            states = swaps + states
+        retries, matched, swapped = 0, None, 0
+        for kind, rows in states if max_retries is None else states[:max_retries]:
             if not mismatches(claimed, recomputed):
                 break
             retries += 1
-            without = self.on_settled(
-                round_, applied, waiting, [m.negated() for m in late], compute
-            )
+            if kind == "swapped":
+                swapped += 1
+                counted = first + rows  # the sender's state, one row's copy swapped
+            else:
+                counted = [m.negated() for m in rows]  # S_t without the late rows
+            without = self.on_settled(round_, applied, waiting, counted, compute)
             if not mismatches(claimed, without):
                 recomputed, matched = without, kind
-        return Rebuilt(recomputed, found, retries, matched)
+        return Rebuilt(recomputed, found, retries, matched, swapped)
 
 
 def late_states(
@@ -257,4 +307,39 @@ def late_states(
             states.append((kind, rows))
         if len(states) == MAX_LATE_STATES:
             break
+    return states
+
+
+def held_copy(rows: list[UpdateMessage]) -> UpdateMessage | None:
+    """The copy of one (peer, round) that `rows` (its rows in the order applied) leave in
+    the weights: an equivocation comes as the original, its negation, the kept copy."""
+    held = None
+    for m in rows:
+        held = None if held is not None and m.scalars == held.negated().scalars else m
+    return held
+
+
+def swap_states(
+    state: list[UpdateMessage], losing: Mapping[Key, Sequence[tuple[float, ...]]]
+) -> list[tuple[str, list[UpdateMessage]]]:
+    """For each row of `state` (S_round's rows, in the order applied) that an equivocation
+    replaced, and each copy of it that lost (`losing`, in the order they lost): the rows
+    that swap it back, (the copy held, negated; the losing copy), to apply on top of the
+    sender's state. Kind "swapped"; newest rounds first, at most MAX_SWAP_STATES.
+
+    A sender that trained before the winning copy reached it held the losing one (issue
+    45: a twin flooded rounds late). The held-state digest names (peer, round) only, so
+    it cannot say which copy; one recomputation per copy tells."""
+    rows: dict[Key, list[UpdateMessage]] = {}
+    for m in state:
+        rows.setdefault((m.peer, m.round), []).append(m)
+    states: list[tuple[str, list[UpdateMessage]]] = []
+    for key in sorted((k for k in losing if k in rows), key=lambda k: (-k[1], k[0])):
+        held = held_copy(rows[key])
+        if held is None:
+            continue
+        for copy in losing[key]:
+            if copy != held.scalars and len(states) < MAX_SWAP_STATES:
+                back = UpdateMessage(key[1], key[0], tuple(copy))
+                states.append(("swapped", [held.negated(), back]))
     return states

@@ -81,7 +81,25 @@ CREATE TABLE IF NOT EXISTS revocations (
     data BLOB NOT NULL,
     PRIMARY KEY (run_id, data)
 );  -- a rowid table: SQLite 3.40's quick_check misreads this key WITHOUT ROWID
+-- The losing copies of equivocations (issue 45): scalars a (peer, round) was signed with
+-- besides the row `messages` keeps (`keeps_new`), in the order they lost. Local evidence
+-- for an audit's retry only (peer/state_rewind.py): an honest sender may have trained on
+-- a state holding a copy that lost later. Never digested, repaired or replayed. At most
+-- MAX_LOSING_COPIES per (peer, round), the first to lose always among them.
+CREATE TABLE IF NOT EXISTS replaced (
+    run_id TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    peer BLOB NOT NULL,
+    scalars BLOB NOT NULL,
+    PRIMARY KEY (run_id, round, peer, scalars)
+);  -- a rowid table: the rowid is the order they lost in
 """
+
+# Losing copies kept per (peer, round) (`Ledger.keep_losing`): the first copy to lose (the
+# one peers most likely trained on before the other arrived) and at most two more. Each
+# costs an audit of a later update one retry at most (peer/state_rewind.py caps those), and
+# an author that signs many copies of one round is banned at the second anyway.
+MAX_LOSING_COPIES = 3
 
 
 def _envelope_columns(env: Envelope | None) -> tuple:
@@ -479,19 +497,65 @@ class Ledger:
 
     def replace(self, message: UpdateMessage, envelope: Envelope | None) -> tuple[float, ...]:
         """Hold `message` instead of the update logged for its (peer, round): the
-        equivocation rule (protocol.keeps_new). Returns the scalars it replaced."""
+        equivocation rule (protocol.keeps_new). Returns the scalars it replaced.
+        The replaced scalars are kept as a losing copy (`keep_losing`, same transaction).
+        """
         old = self.scalars_of(message.peer, message.round)
         if old is None:
             raise KeyError((message.round, message.peer))
-        self._db.execute(
-            "UPDATE messages SET scalars = ?, data = ?, seqno = ?, signature = ? "
-            "WHERE run_id = ? AND round = ? AND peer = ?",
-            (pack_scalars(message.scalars), *_envelope_columns(envelope), self.run_id,
-             message.round, message.peer),
-        )  # fmt: skip
-        self._mark_committed()  # autocommit: its own transaction
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(
+                "UPDATE messages SET scalars = ?, data = ?, seqno = ?, signature = ? "
+                "WHERE run_id = ? AND round = ? AND peer = ?",
+                (pack_scalars(message.scalars), *_envelope_columns(envelope), self.run_id,
+                 message.round, message.peer),
+            )  # fmt: skip
+            self._insert_losing(UpdateMessage(message.round, message.peer, old))
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        self._mark_committed()
         self._bucket_cache.clear()  # same count, another set: cached hashes are stale
         return old
+
+    def keep_losing(self, message: UpdateMessage) -> bool:
+        """Keep `message` as a losing copy of an equivocation: a signed update of a (peer,
+        round) whose other copy the ledger holds (`replace` keeps the ones it replaces
+        itself; the admission adds a copy that lost to the row held). At most
+        MAX_LOSING_COPIES per (peer, round), the earliest kept. Returns whether it was new.
+        Only an audit's retry reads them (`losing_copies`); nothing else does."""
+        added = self._insert_losing(message)  # autocommit: its own transaction
+        self._mark_committed()
+        return added
+
+    def _insert_losing(self, message: UpdateMessage) -> bool:
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO replaced (run_id, round, peer, scalars) SELECT ?, ?, ?, ? "
+            "WHERE (SELECT COUNT(*) FROM replaced WHERE run_id = ? AND round = ? AND peer = ?)"
+            " < ?",
+            (self.run_id, message.round, message.peer, pack_scalars(message.scalars),
+             self.run_id, message.round, message.peer, MAX_LOSING_COPIES),
+        )  # fmt: skip
+        return cur.rowcount > 0
+
+    def losing_copies(
+        self, min_round: int = 0, max_round: int | None = None
+    ) -> dict[tuple[bytes, int], list[tuple[float, ...]]]:
+        """The losing copies kept (`keep_losing`) of rounds min_round..max_round: (peer,
+        round) -> their scalars, in the order they lost."""
+        upper = MAX_ROUND if max_round is None else max_round
+        rows = self._db.execute(
+            "SELECT round, peer, scalars FROM replaced WHERE run_id = ? AND round BETWEEN ? "
+            "AND ? ORDER BY rowid",
+            (self.run_id, min_round, upper),
+        )
+        out: dict[tuple[bytes, int], list[tuple[float, ...]]] = {}
+        for round_, peer, scalars in rows:
+            out.setdefault((bytes(peer), round_), []).append(unpack_scalars(scalars))
+        return out
 
     def set_envelope(self, message: UpdateMessage, envelope: Envelope) -> None:
         """Attach the signed envelope to a message logged before it was signed (our own)."""

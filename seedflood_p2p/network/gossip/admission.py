@@ -28,7 +28,10 @@ passes the same stages and ends with exactly one `Verdict`, counted:
               fetch it from us).
     apply     what changed the ledger is handed to `deliver` (the peer's
               LiveModel.receive): a new update as is, a replacement as the held update
-              negated followed by the new one (updates are linear in the scalars).
+              negated followed by the new one (updates are linear in the scalars), both
+              in one batch. An equivocation's losing copy (the row replaced, or a copy
+              that lost to the row held) is kept in the ledger's `replaced` table, the
+              auditor's evidence for a retry (peer/state_rewind.py), never replayed.
 
 Rules and reasons are the protocol's (`update` and `framing`: protocol/update.py and
 protocol/framing.py); this module only orders them, counts them, and reports the senders
@@ -397,6 +400,7 @@ class Admission:
         upper = _quorum_of(self.bucket_claims)
         new: dict[tuple[int, bytes], int] = {}  # (round, peer) -> index: not in the ledger
         winners: dict[tuple[int, bytes], int] = {}  # ... in the ledger, to be replaced
+        losing: list[UpdateMessage] = []  # equivocations' copies that lost (never logged)
         for i, (message, _) in enumerate(items):
             key = (message.round, message.peer)
             j = new.get(key, winners.get(key))  # an earlier row of this batch, same key
@@ -415,8 +419,11 @@ class Admission:
                         verdicts[j] = Verdict(
                             Outcome.DROPPED, key[1], items[j][0], "equivocation", exc.detail
                         )
+                        losing.append(items[j][0])
                     (new if key in new else winners)[key] = i
                 else:
+                    if exc.reason == "equivocation" and source is not Source.OWN:
+                        losing.append(message)  # it loses to the copy held
                     verdicts[i] = _rejected(exc, message.peer, message)
                 continue
             new[key] = i
@@ -448,6 +455,10 @@ class Admission:
             verdicts[i] = Verdict(
                 Outcome.REPLACED, message.peer, message, "equivocation", f"kept over {old}"
             )
+        # The losing copies, kept for audits (`Ledger.keep_losing`; `replace` kept the rows
+        # it replaced): a peer may have trained on a state holding one before it lost.
+        for message in losing:
+            self.ledger.keep_losing(message)
         for verdict in verdicts:
             if verdict.changed_ledger:
                 self.newest_round = max(self.newest_round, verdict.message.round)
