@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,22 +226,36 @@ class NetworkHost:
 
     async def close(self) -> None:
         """Shut down in order: the caller's tasks, the status server, discovery,
-        reconnection, the flood node, the services, p2pd."""
+        reconnection, the flood node, the services, p2pd. One log line says what each
+        step took, so a slow exit names its step."""
+        took: dict[str, float] = {}
+
+        async def step(name: str, done: Awaitable[Any]) -> None:
+            started = time.monotonic()
+            await done
+            took[name] = time.monotonic() - started
+
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await step("tasks", asyncio.gather(*self._tasks, return_exceptions=True))
         self._tasks.clear()
         if self.http is not None:
-            await self.http.close()
+            await step("status server", self.http.close())
             self.http = None
         if self.discovery is not None:
-            await self.discovery.stop(self._discovering)
+            await step("discovery", self.discovery.stop(self._discovering))
         if self.reconnector is not None:
-            await self.reconnector.stop()
+            await step("reconnection", self.reconnector.stop())
         if self.node is not None:
-            await self.node.stop()
+            await step("flood node", self.node.stop())
         for service in self._services:
             service.close()
         self._services.clear()
         if self.p2p is not None:
-            await self.p2p.shutdown()
+            await step("p2pd", self.p2p.shutdown())
+        log.info(
+            "stopped in %.1f s (%s)",
+            sum(took.values()),
+            ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()),
+            extra={"fields": {"event": "stopped", **{k: round(v, 3) for k, v in took.items()}}},
+        )
