@@ -15,9 +15,9 @@ python bench/review_sets.py
 BASE="rank:32,directions:16,step_rule:round_mean,n_ref:16,basis:kfac,basis_refresh:0"
 NEW="$BASE,template:Review: {text}\nSentiment:,label_words: negative| positive,calibration:,lr:$LR"
 OLD="$BASE,calibration:content-free,lr:0.064"
-for SET in amazon tweets; do
-    DATA=~/.cache/seedflood/reviews/$SET.csv
-    for SPLIT in validation test; do
+for SPLIT in validation test; do  # both sets' validation rows first
+    for SET in amazon tweets; do
+        DATA=~/.cache/seedflood/reviews/$SET.csv
         SEEDS=1; CHOSEN=(); [ "$SPLIT" = test ] && SEEDS=5 && CHOSEN=(--chosen-on "mr validation")
         python bench/bench_rounds.py --task "$DATA" --train-examples 512 --rounds 40 \
             --eval-at 0,20,40 --eval-examples 1000 --threads 1 --eval-split "$SPLIT" "${CHOSEN[@]}" \
