@@ -15,29 +15,16 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import io
-import tarfile
 from pathlib import Path
 
 from seedflood_p2p.workload import assets
+from seedflood_p2p.workload.data import read_vader_file
 
-INNER_TAR = "additional_resources/hutto_ICWSM_2014.tar.gz"
 SETS = {
     "amazon": "hutto_ICWSM_2014/amazonReviewSnippets_GroundTruth.txt",
     "tweets": "hutto_ICWSM_2014/tweets_GroundTruth.txt",
 }
 MARGIN = 0.5  # |mean rating| below this is neither side
-
-
-def read_member(sdist: Path, member: str) -> str:
-    with tarfile.open(sdist, "r:gz") as outer:
-        inner_member = next(m for m in outer.getmembers() if m.name.endswith(INNER_TAR))
-        inner_fh = outer.extractfile(inner_member)
-        assert inner_fh is not None
-        with tarfile.open(fileobj=io.BytesIO(inner_fh.read()), mode="r:gz") as inner:
-            fh = inner.extractfile(inner.getmember(member))
-            assert fh is not None
-            return fh.read().decode("utf-8", errors="replace")
 
 
 def rows_of(text: str) -> list[tuple[str, int]]:
@@ -61,7 +48,7 @@ def write_sets(out: Path) -> dict[str, dict]:
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, member in SETS.items():
-        rows = rows_of(read_member(sdist, member))
+        rows = rows_of(read_vader_file(sdist, member).decode("utf-8", errors="replace"))
         path = out / f"{name}.csv"
         with open(path, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)

@@ -224,19 +224,21 @@ def _parse_mr(raw: bytes) -> list[dict[str, Any]]:
     return rows
 
 
-def _extract_mr(sdist: Path) -> bytes:
+def read_vader_file(sdist: Path, member: str = _MR_FILE) -> bytes:
+    """One file of the VADER paper's resources (`member`, e.g. MR's sentences) from the
+    vaderSentiment sdist, where it sits in a tarball inside the tarball."""
     try:
         with tarfile.open(sdist, "r:gz") as outer:
             inner_member = next(m for m in outer.getmembers() if m.name.endswith(_MR_INNER_TAR))
             inner_fh = outer.extractfile(inner_member)
             assert inner_fh is not None
             with tarfile.open(fileobj=io.BytesIO(inner_fh.read()), mode="r:gz") as inner:
-                fh = inner.extractfile(inner.getmember(_MR_FILE))
+                fh = inner.extractfile(inner.getmember(member))
                 assert fh is not None
                 return fh.read()
     except (tarfile.TarError, StopIteration, KeyError, OSError) as e:
         raise UserError(
-            f"cannot read {_MR_FILE} from {sdist}: {e or type(e).__name__}. Delete that file "
+            f"cannot read {member} from {sdist}: {e or type(e).__name__}. Delete that file "
             "so it is downloaded again"
         ) from None
 
@@ -248,7 +250,7 @@ def _mr_rows() -> list[dict[str, Any]]:
         with assets.file_lock(root / ".lock"):
             if not cached.is_file():
                 sdist = assets.fetch(assets.VADER_SDIST)
-                rows = _parse_mr(_extract_mr(sdist))
+                rows = _parse_mr(read_vader_file(sdist))
                 fd, tmp = tempfile.mkstemp(prefix=".mr-", dir=root)
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     for r in rows:
