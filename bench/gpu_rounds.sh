@@ -227,8 +227,60 @@ kfac)
   # figures are in bench/results/memory.md)
   timeout 300 python3 bench/bench_memory.py --device "$DEVICE" --results-dir "$OUT"
   ;;
+scale)
+  # Issue 47's scaling curve on two blocks (bench/scaling_rounds.sh's rows), where one CPU
+  # core cannot go (N = 64 costs 27 CPU-min a seed there, N = 256 about 2 h): the step per
+  # N chosen on MR's fixed validation split (1 seed), Adam's lr likewise, then the chosen
+  # rows scored once on test with 5 seeds, seed-major so a cut call still compares them.
+  # Order: N = 256 (the goal's row) with Adam, then 64, then 1,024, then 4 and 16 side by
+  # side with the CPU's. Results go to /tmp/res and are copied to $OUT as they are written
+  # (bench_rounds also keeps .lock/.md/.png and partial ledgers, more files than come back).
+  # The whole case stops itself BUDGET_S seconds after it starts, inside the call's limit.
+  install_model
+  RES=/tmp/res; mkdir -p "$RES"
+  DEADLINE=$(($(date +%s) + ${BUDGET_S:-540}))
+  ( while sleep 10; do cp "$RES"/*.json "$OUT"/ 2>/dev/null; done ) &
+  COPIER=$!
+  within() {  # the command, cut at the deadline; skipped when under 20 s are left
+    local t=$((DEADLINE - $(date +%s)))
+    if [ "$t" -lt 20 ]; then echo "skipped at the deadline: ${*: -2}"; return 0; fi
+    timeout "$t" "$@"
+  }
+  P='template:Review: {text}\nSentiment:,label_words: negative| positive,calibration:'
+  ROW="rank:32,directions:16,step_rule:round_mean,n_ref:16,basis:kfac,basis_refresh:0,$P"
+  TWO=(--model "$MODEL" --task "$TASK" --train-only "${TRAIN_ONLY:-model.layers.2[89].*}"
+    --train-examples 512 --rounds "$ROUNDS" --eval-at "0,$((ROUNDS / 2)),$ROUNDS"
+    --eval-examples 1000 --results-dir "$RES" --device "$DEVICE")
+  BRS=(python3 bench/bench_rounds.py "${TWO[@]}")
+  val() {  # val N LR...
+    local n=$1 rows=(); shift
+    for lr in "$@"; do rows+=(--row "sentiment-lr$lr=$ROW,lr:$lr"); done
+    within "${BRS[@]}" --peers-per-pass "$((n < 256 ? n : 256))" --eval-split validation \
+      --peers "$n" --seeds 1 --rows "" "${rows[@]}" --out scaling-val-gpu
+  }
+  score() {  # score N[,N...]: the chosen rows (and the best Adam row), 5 seeds, on test
+    within "${BRS[@]}" --peers-per-pass 256 --eval-split test --peers "$1" --seeds 5 \
+      --choose-from scaling-val-gpu --out scaling-test-gpu
+  }
+  val 256 0.128 0.256 0.512
+  A="method:adam,$P"
+  within "${BRS[@]}" --eval-split validation --peers 1 --seeds 1 --rows "" \
+    --row "adam-sentiment-lr1e-4=$A,lr:0.0001" --row "adam-sentiment-lr3e-4=$A,lr:0.0003" \
+    --row "adam-sentiment-lr1e-3=$A,lr:0.001" --out scaling-val-gpu
+  score 256
+  val 64 0.064 0.128 0.256
+  score 64
+  val 1024 0.256 0.512 1.024
+  score 1024
+  val 4 0.016 0.032 0.064
+  val 16 0.032 0.064 0.128
+  score 4,16
+  kill "$COPIER" 2>/dev/null
+  cp "$RES"/*.json "$RES"/*.md "$OUT"/ 2>/dev/null
+  ls -la "$OUT"
+  ;;
 *)
-  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers|kfac" >&2
+  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers|kfac|protocol|scale" >&2
   exit 2
   ;;
 esac
