@@ -174,7 +174,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainable import find_trainable_matrices
-    from seedflood_p2p.algorithm.trainer import batch_seed, evaluate, train_local
+    from seedflood_p2p.algorithm.trainer import batch_seed, evaluate_metrics, train_local
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.artifacts import save_basis
     from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
@@ -214,6 +214,16 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         task.train = task.train[: args.train_examples]
     task.calibration = config.calibration  # load_run_task's rule; the rows share one task
     curve: dict[int, tuple[float, float]] = {}
+    correct: dict[str, str] = {}  # the last evaluation's "1"/"0" per sentence (paired SEs)
+
+    def score(r: int, cache) -> tuple[float, float]:
+        metrics = evaluate_metrics(
+            model, tokenizer, task, config, args.eval_examples, cache, per_example=True
+        )
+        if r == max(args.eval_at) and "correct" in metrics:
+            correct[str(r)] = metrics["correct"]
+        return metrics["loss"], metrics.get("accuracy")
+
     wall0, cpu0 = time.time(), time.process_time()
     extra: dict[str, Any] = {}
     if method == "adam":
@@ -229,7 +239,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         peer = b"adam"
         for step in range(args.rounds + 1):
             if step in args.eval_at:
-                curve[step] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+                curve[step] = score(step, cache)
             if step == args.rounds:
                 break
             examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
@@ -250,13 +260,13 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         warm(args, cache, model, tokenizer, task, config)
         done = partial.ledger.max_round() + 1  # rounds already in the ledger
         if done in args.eval_at and done not in curve:  # stopped before that evaluation
-            curve[done] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+            curve[done] = score(done, cache)
             partial.save(curve)
 
         def on_round(record) -> None:
             r = record.round + 1
             if r in args.eval_at:
-                curve[r] = evaluate(model, tokenizer, task, config, args.eval_examples, cache)
+                curve[r] = score(r, cache)
                 partial.save(curve)
                 print(
                     f"  {name} N={peers} seed={seed} round {r}: acc {curve[r][1]:.3f}", flush=True
@@ -306,6 +316,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         "eval_examples": min(args.eval_examples, len(task.test)),
         "scored_sha256": split_sha256(task.test[: args.eval_examples], args.eval_split),
         "peers_per_pass": args.peers_per_pass,
+        **({"correct": correct} if correct else {}),
         **extra,
     }
 

@@ -5,7 +5,9 @@
 # test with 5 seeds. bench/bench_rounds.py --plot draws accuracy at round 40 against N with
 # Adam's step 40 as a line (N*: the N whose round beats it).
 # Cost on one core of these machines, per seed: N=4 ~2 min, N=16 ~7 min, N=64 ~27 min,
-# N=256 ~2 h (the GPU queue's, bench/gpu_rounds.sh). Resumable: each finished (row, N,
+# N=256 ~2 h. N = 64, 256 and 1,024 run on a lent GPU instead (`bash bench/gpu_rounds.sh
+# scale`, results in bench/results/gpu/scaling-*-gpu.json); TEST_PEERS picks the N scored
+# on test here (default 4,16; 4,16,64 to run N = 64 on this CPU too). Resumable: each finished (row, N,
 # seed) is written as it completes, and the same command skips it next time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,6 @@ val() {  # val N LR...
 }
 val 4 0.016 0.032 0.064
 val 16 0.032 0.064 0.128
-val 64 0.064 0.128 0.256
-python bench/bench_rounds.py "${COMMON[@]}" --eval-split test --peers 4,16,64 --seeds 5 \
+case ",${TEST_PEERS:=4,16}," in *,64,*) val 64 0.064 0.128 0.256 ;; esac
+python bench/bench_rounds.py "${COMMON[@]}" --eval-split test --peers "$TEST_PEERS" --seeds 5 \
     --choose-from scaling-val --out scaling-test

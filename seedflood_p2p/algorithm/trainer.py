@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -155,11 +156,14 @@ def evaluate_metrics(
     config: RunConfig,
     max_examples: int = 200,
     prefix_cache: ExamplePrefixCache | None = None,
-) -> dict[str, float]:
+    per_example: bool = False,
+) -> dict[str, Any]:
     """Held-out figures on the first `max_examples` test examples: "loss" (mean over
     examples) and, for classification, "accuracy" and "macro_f1" (the mean over labels of
     each label's F1; a label neither predicted nor present counts 0 and is left out),
-    otherwise "perplexity" (exp of the mean token loss: answer tokens for completion)."""
+    otherwise "perplexity" (exp of the mean token loss: answer tokens for completion).
+    `per_example` (classification) adds "correct": one "1"/"0" per example in order, so two
+    models scored on the same sentences can be compared pairwise (a paired SE)."""
     examples = task.test[:max_examples]
     if not examples:
         raise UserError(
@@ -192,6 +196,8 @@ def evaluate_metrics(
     if classification:
         out["accuracy"] = sum(p == t for p, t in zip(predicted, truth, strict=True)) / count
         out["macro_f1"] = macro_f1(predicted, truth, task.num_labels)
+        if per_example:
+            out["correct"] = "".join("1" if p == t else "0" for p, t in zip(predicted, truth))
     else:
         out["perplexity"] = math.exp(min(token_loss / max(tokens, 1), 700.0))
     return out
