@@ -7,6 +7,7 @@ it only when `seedflood bootstrap` runs, so the library never imports the node.
 from __future__ import annotations
 
 import argparse
+import gc
 
 from bootstrap.node import BootstrapSettings, run_bootstrap
 from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
@@ -46,4 +47,6 @@ def run(args: argparse.Namespace) -> int:
     config = run_config_from_args(args, extra_fields=BOOTSTRAP_FIELDS + NODE_FIELDS)
     config = with_founders(config, args.founders)
     settings = daemon_settings(BootstrapSettings, BOOTSTRAP_FIELDS, args, table)
-    return run_bootstrap(settings, config)
+    code = run_bootstrap(settings, config)
+    gc.freeze()  # as a peer's exit (peer/command.py): skip the last collections at exit
+    return code

@@ -7,6 +7,7 @@ it only when `seedflood peer` runs, so the library never imports the daemon.
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 
 from peer.daemon import PeerSettings, run_peer
@@ -42,4 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_device(settings.device)
     run_peer(settings)
+    # The daemon has closed its ledger and host. Freeze what is left so the interpreter's
+    # last collections at exit skip it: they took 2.7-8 s per peer exit on 2 cores.
+    gc.freeze()
     return 0

@@ -11,6 +11,17 @@ LOCAL = "/ip4/127.0.0.1/tcp/0"
 
 
 @pytest.fixture
+def one_thread():
+    """torch on one thread for the test: the tiny model runs fastest so on these machines."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 async def spawn():
     """Start daemons with `await spawn(...)`; all of them are shut down after the test."""
     started = []

@@ -41,12 +41,7 @@ RUN_ID = CONFIG.run_id
 A, B, C, D, E, X = (f"peer-{c}".encode() for c in "ABCDEX")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # -- who audits what ------------------------------------------------------------------

@@ -16,7 +16,6 @@ joiner ends with the others' audit table and verdicts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import base58
@@ -24,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.cluster import AUDITED_RUN, audited_peer_flags, start_hooked_peer, start_peer
 from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.algorithm.replay import replay
@@ -34,29 +33,7 @@ from seedflood_p2p.workload.models import load_model, weights_sha256
 
 pytestmark = pytest.mark.slow
 ROUNDS = 80  # the upper bound: the run is finished once the bans show (`finish_when`)
-# lag 2: round t trains on base + counted updates of rounds < t - 2, which a peer holds
-# when peers may be at most one round apart (--max-staleness 1). cpu_share 1.5 among 4
-# peers: each update audited by each other peer with probability 0.5 (a test, not a cost
-# target), so the cheater is caught within its first rounds. quorum 2 of 3 honest voters.
-AUDIT = {"lag": 2, "cpu_share": 1.5, "quorum": 2}
-AUDITED_RUN = dataclasses.replace(RUN, extra={"audit": AUDIT})
-PEER_FLAGS = [
-    "--until-round",
-    str(ROUNDS),
-    "--round-interval",
-    "0.6",
-    "--max-staleness",
-    "1",
-    "--round-deadline",
-    "20",
-    "--linger",
-    "4",
-    "--repair-interval",
-    "1",
-    "--min-peers",
-    "3",
-    *STATUS_PORT,
-]
+PEER_FLAGS = audited_peer_flags(ROUNDS, *STATUS_PORT)  # AUDITED_RUN: harness/cluster.py
 HONEST = ["a", "b", "c", "d"]  # d joins late
 JOIN_AFTER = 8  # d starts when a has trained this round
 JOINER_ROUNDS = 3  # rounds d trains with the others before the run is finished

@@ -39,12 +39,7 @@ CONFIG = RunConfig(
 ED25519_ID = bytes.fromhex("002408011220")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _messages(rounds: int, peers: int, seed: int = 0) -> list[UpdateMessage]:

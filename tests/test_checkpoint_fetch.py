@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.cluster import RUN, peer_flags, start_hooked_peer, start_peer
 from harness.open_run import wait_event, wait_events
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -41,18 +41,16 @@ pytestmark = pytest.mark.slow
 ROUNDS = 70
 # audits off: audited runs have no chain (their model is a settled state, not the ledger)
 CHAIN_RUN = dataclasses.replace(RUN, extra={"checkpoint_every": 8, "audit": False})
-PEER_FLAGS = [
-    "--until-round", str(ROUNDS),
-    "--metrics-port", "0",  # the status port, for finish_all
-    "--round-interval", "1.5",
-    "--max-staleness", "2",
-    "--round-deadline", "3",
-    "--liveness-timeout", "20",
-    "--linger", "4",
-    "--repair-interval", "1",
-    "--min-peers", "1",
-    "--checkpoint-settle", "4",
-]  # fmt: skip
+PEER_FLAGS = peer_flags(
+    until_round=ROUNDS,
+    metrics_port=0,  # the status port, for finish_all
+    round_interval=1.5,
+    max_staleness=2,
+    round_deadline=3,
+    liveness_timeout=20,
+    min_peers=1,
+    checkpoint_settle=4,
+)
 LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another order
 
 

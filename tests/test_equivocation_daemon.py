@@ -24,13 +24,12 @@ updates were convicted (issue 45) until auditors kept each equivocation's losing
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import base58
 import pytest
 
-from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.cluster import AUDITED_RUN, audited_peer_flags, start_hooked_peer, start_peer
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -38,26 +37,7 @@ pytestmark = pytest.mark.slow
 ROUNDS = 18  # the twin of a round up to 10 still comes 5 rounds later, before the end
 EQUIVOCATE_AT = 3  # x equivocates on the first round from here whose scalar is positive
 LATE = 5  # the "late" twin: flooded 5 rounds on; rounds R + 3 .. R + 5 trained on R
-# As tests/test_audit_daemon.py: lag 2 (--max-staleness 1), every update audited by each
-# other peer with probability 0.5, quorum 2 of the 3 honest voters.
-AUDIT = {"lag": 2, "cpu_share": 1.5, "quorum": 2}
-AUDITED_RUN = dataclasses.replace(RUN, extra={"audit": AUDIT})
-PEER_FLAGS = [
-    "--until-round",
-    str(ROUNDS),
-    "--round-interval",
-    "0.6",
-    "--max-staleness",
-    "1",
-    "--round-deadline",
-    "20",
-    "--linger",
-    "4",
-    "--repair-interval",
-    "1",
-    "--min-peers",
-    "3",
-]
+PEER_FLAGS = audited_peer_flags(ROUNDS)  # AUDITED_RUN: harness/cluster.py
 HONEST = ["a", "b", "c"]
 TIMINGS = {"at once": f"{EQUIVOCATE_AT}", "late": f"{EQUIVOCATE_AT}:{LATE}"}
 

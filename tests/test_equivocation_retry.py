@@ -8,7 +8,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 from test_admission import Peer, node  # noqa: F401  (the `node` fixture)
 
 from peer.state_rewind import MAX_SWAP_STATES, held_copy, swap_states
@@ -28,12 +27,7 @@ CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=
 A, B, C, X = (f"peer-{c}".encode() for c in "ABCX")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _updates(rounds, peers, seed=0):

@@ -19,7 +19,7 @@ import time
 import base58
 import pytest
 
-from harness.cluster import start_bootstrap, start_peer
+from harness.cluster import peer_flags, start_bootstrap, start_peer
 from harness.hostile import Hostile
 from harness.open_run import events, wait_event
 from seedflood_p2p.apps.demo import finish_all
@@ -32,26 +32,15 @@ ROUNDS = 60
 TAIL_ROUNDS = 6  # rounds trained after that, the staller still live among them
 ROUND_DEADLINE = 3.0
 MAX_AHEAD, MAX_BEHIND = 10, 30  # NodeSettings' defaults
-PEER_FLAGS = [
-    "--until-round",
-    str(ROUNDS),
-    "--metrics-port",
-    "0",  # the status port, for finish_all
-    "--round-interval",
-    "1.5",  # long enough a run for the late joiner to start (~50 s under load) and join
-    "--max-staleness",
-    "2",
-    "--round-deadline",
-    str(ROUND_DEADLINE),
-    "--liveness-timeout",
-    "20",
-    "--linger",
-    "4",
-    "--repair-interval",
-    "1",
-    "--min-peers",
-    "2",
-]
+PEER_FLAGS = peer_flags(
+    until_round=ROUNDS,
+    metrics_port=0,  # the status port, for finish_all
+    round_interval=1.5,  # long enough a run for the late joiner to start (~50 s under load)
+    max_staleness=2,
+    round_deadline=ROUND_DEADLINE,
+    liveness_timeout=20,
+    min_peers=2,
+)
 HONEST = ["a", "b", "c", "e"]
 TARPIT_REASONS = ("bad_page", "repair_timeout")
 

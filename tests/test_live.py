@@ -27,12 +27,7 @@ LIVE_VS_REPLAY_ATOL = 1e-5
 CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=3, directions=2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 ED25519_ID = bytes.fromhex("002408011220")  # peer ids of this form only (framing.check_sender_key)

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from harness.cluster import run_toml
+from harness.cluster import peer_flags, run_toml
 from harness.partition import NamespaceNet
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
@@ -35,28 +35,17 @@ DELAY = "20ms"
 ROUNDS = 12
 BOOT_PORT = 31337
 METRICS_PORT = 9100  # the same port on every host: each namespace has its own loopback
-PEER_FLAGS = [
-    "--until-round",
-    str(ROUNDS),
-    "--round-interval",
-    "0.4",
-    "--max-staleness",
-    "2",
-    "--round-deadline",
-    "5",
-    "--liveness-timeout",
-    "4",
-    "--linger",
-    "6",
-    "--repair-interval",
-    "1",
-    "--min-peers",
-    "3",  # the bootstrap node and the two other peers
-    "--startup-wait",
-    "30",
-    "--threads",
-    "1",
-]
+PEER_FLAGS = peer_flags(
+    until_round=ROUNDS,
+    round_interval=0.4,
+    max_staleness=2,
+    round_deadline=5,
+    liveness_timeout=4,
+    linger=6,
+    min_peers=3,  # the bootstrap node and the two other peers
+    startup_wait=30,
+    threads=1,
+)
 
 
 def _requirements() -> tuple[str | None, bool, str]:

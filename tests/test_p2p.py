@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.cluster import start_bootstrap, start_hooked_peer, start_peer
+from harness.cluster import peer_flags, start_bootstrap, start_hooked_peer, start_peer
 from harness.open_run import wait_event
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -42,29 +42,18 @@ pytestmark = pytest.mark.slow
 # Open-ended: once the late joiner and the restarted peer train, every peer is told to
 # finish at one round (apps.demo.finish_all); ROUNDS is only a cap.
 ROUNDS = 60
-PEER_FLAGS = [
-    "--until-round",
-    str(ROUNDS),
-    "--metrics-port",
-    "0",  # the status port, for finish_all
-    "--round-interval",
+PEER_FLAGS = peer_flags(
+    until_round=ROUNDS,
+    metrics_port=0,  # the status port, for finish_all
     # Paced so that E joins and B restarts mid-run even when starting a process takes
     # ~50 s (load 15 on 2 cores): the run no longer waits out the 2 s round deadline every
     # round for the attacker's stale round (the liveness rule), which paced it before.
-    "2.0",
-    "--max-staleness",
-    "2",
-    "--round-deadline",
-    "2",
-    "--liveness-timeout",
-    "20",
-    "--linger",
-    "4",
-    "--repair-interval",
-    "1",
-    "--min-peers",
-    "2",
-]
+    round_interval=2.0,
+    max_staleness=2,
+    round_deadline=2,
+    liveness_timeout=20,
+    min_peers=2,
+)
 # Live peers merge per round in arrival order, replay per epoch in canonical order:
 # the same sums in another order, so they agree to float32 rounding of the updates.
 LIVE_VS_REPLAY_ATOL = 1e-5

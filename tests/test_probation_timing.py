@@ -247,15 +247,7 @@ def test_at_the_end_the_model_holds_every_update_that_counts(tmp_path):
 # --------------------------------------- eight honest newcomers, every update re-computed
 
 
-@pytest.fixture
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, _one_thread):
+def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, one_thread):
     """Three founders and eight honest newcomers joining at different rounds; founders
     vouch newcomers' updates at different rounds (two vouches establish). Every peer
     trains round t on S_t as the rule defines it. An auditor that received updates and
@@ -353,7 +345,7 @@ def test_eight_honest_newcomers_vouched_at_different_rounds_all_match(tmp_path, 
 
 
 def test_a_sender_that_trained_before_a_ban_took_effect_is_matched_on_its_exact_state(
-    tmp_path, _one_thread
+    tmp_path, one_thread
 ):
     """Founder D trained round 9 before the ban of X (an established key that turned) took
     effect: its S_9 held X's counted updates (rounds 1-8; not round 0, never vouched) and

@@ -17,13 +17,7 @@ from seedflood_p2p.sim.topology import complete, metropolis_hastings, random_reg
 from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model runs fastest on one thread
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
