@@ -20,16 +20,12 @@ import json
 
 import base58
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from harness.cluster import AUDITED_RUN, audited_peer_flags, start_hooked_peer, start_peer
+from harness.replay_check import replay_equals_live
 from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
-from seedflood_p2p.algorithm.replay import replay
-from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.storage.ledger import Ledger
-from seedflood_p2p.workload.models import load_model, weights_sha256
 
 pytestmark = pytest.mark.slow
 ROUNDS = 80  # the upper bound: the run is finished once the bans show (`finish_when`)
@@ -37,7 +33,6 @@ PEER_FLAGS = audited_peer_flags(ROUNDS, *STATUS_PORT)  # AUDITED_RUN: harness/cl
 HONEST = ["a", "b", "c", "d"]  # d joins late
 JOIN_AFTER = 8  # d starts when a has trained this round
 JOINER_ROUNDS = 3  # rounds d trains with the others before the run is finished
-LIVE_VS_REPLAY_ATOL = 1e-5  # float32 rounding of another apply order (as tests/test_p2p.py)
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +109,8 @@ def test_the_cheater_s_updates_are_void_and_honest_replays_agree(scenario):
         config, counted, _, messages = _judged(scenario, name)
         assert any(m.peer == cheater for m in messages)  # it did reach the ledger ...
         assert not any(m.peer == cheater for m in counted)  # ... and counts for nothing
-        model, _ = load_model(config.model)
-        replay(model, config, counted)
-        hashes[name] = weights_sha256(model)
         # The live model took the cheater's updates back: it equals the voided replay.
-        live = load_file(scenario["work"] / name / "checkpoint.safetensors")
-        for matrix in make_estimator(model, config).matrices:
-            torch.testing.assert_close(
-                live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
-            )
+        hashes[name], _ = replay_equals_live(scenario["work"] / name, config, counted)
     # The peers there from the start end with one ledger; the late joiner, finishing last,
     # may hold its own last update alone (others stopped first): its live model was
     # compared with its own ledger's replay above.

@@ -11,14 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from harness.cluster import RUN, start_peer
+from harness.replay_check import replay_equals_live
 from harness.scenario import run_to_the_end
 from seedflood_p2p.algorithm.basis import load_schedule
 from seedflood_p2p.algorithm.replay import replay
-from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.storage.artifacts import ArtifactStore, read_schedule
@@ -34,7 +32,6 @@ PEER_FLAGS = [
     *("--round-deadline", "10", "--linger", "6", "--repair-interval", "1"),
     *("--connect-retries", "20"),
 ]
-LIVE_VS_REPLAY_ATOL = 1e-5
 BASES = ["activation", "kfac"]
 
 
@@ -103,15 +100,7 @@ def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(runs, 
             messages, _ = counted_updates(ledger, config)
         assert len(messages) >= ROUNDS
         assert bool(schedule.artifacts[sha].u) == (basis == "kfac")  # K-FAC: U sides too
-        model, _ = load_model(config.model)
-        replay(model, config, messages, schedule=schedule)
-        replayed[name] = weights_sha256(model)
-        live = load_file(work / name / "checkpoint.safetensors")
-        matrices = make_estimator(model, config).matrices
-        for matrix in matrices:
-            torch.testing.assert_close(
-                live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
-            )
+        replayed[name], _ = replay_equals_live(work / name, config, messages, schedule=schedule)
         without, _ = load_model(config.model)
         replay(without, config, messages)  # random +-1 sides instead of the artifact's
         assert weights_sha256(without) != replayed[name]

@@ -16,17 +16,13 @@ import json
 
 import base58
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.replay_check import replay_equals_live
 from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
 from seedflood_p2p.algorithm.probation import standing_of_ledger
-from seedflood_p2p.algorithm.replay import replay
-from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.network.transport.identity import load_or_create_identity
 from seedflood_p2p.storage.ledger import Ledger
-from seedflood_p2p.workload.models import load_model, weights_sha256
 
 pytestmark = pytest.mark.slow
 ROUNDS = 80  # the upper bound: the run is finished once the property shows (`finish_when`)
@@ -39,7 +35,6 @@ PEER_FLAGS = [
     *("--round-deadline", "20", "--linger", "4", "--repair-interval", "1", "--min-peers", "4"),
     *STATUS_PORT,
 ]
-LIVE_VS_REPLAY_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -112,14 +107,7 @@ def test_live_models_equal_the_replay_of_what_counts_and_founders_agree(scenario
     hashes = {}
     for name in FOUNDERS:
         config, _, _, counted = _standing(scenario, name)
-        model, _ = load_model(config.model)
-        replay(model, config, counted)
-        hashes[name] = weights_sha256(model)
-        live = load_file(scenario["work"] / name / "checkpoint.safetensors")
-        for matrix in make_estimator(model, config).matrices:
-            torch.testing.assert_close(
-                live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
-            )
+        hashes[name], _ = replay_equals_live(scenario["work"] / name, config, counted)
     assert len(set(hashes.values())) == 1, hashes
 
 

@@ -12,16 +12,12 @@ accused an honest peer (peers trained on states their auditors could not rebuild
 import dataclasses
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from harness.cluster import RUN, start_hooked_peer, start_peer
+from harness.replay_check import replay_equals_live
 from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
-from seedflood_p2p.algorithm.replay import replay
-from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.apps.local import counted_updates
 from seedflood_p2p.storage.ledger import Ledger
-from seedflood_p2p.workload.models import load_model, weights_sha256
 
 pytestmark = pytest.mark.slow
 # Open-ended: the run is finished once the late joiner has trained JOINER_ROUNDS rounds (its
@@ -40,7 +36,6 @@ PEER_FLAGS = [
     *("--round-deadline", "10", "--linger", "4", "--repair-interval", "1", "--min-peers", "3"),
     *STATUS_PORT,
 ]
-LIVE_VS_REPLAY_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +81,7 @@ def test_live_models_equal_the_replay_with_each_rounds_final_size(run):
         for m in messages:
             sizes[m.round] = sizes.get(m.round, 0) + 1
         assert max(sizes.values()) > config.n_ref  # the rule was in play
-        model, _ = load_model(config.model)
-        replay(model, config, messages)
-        hashes[name] = weights_sha256(model)
-        live = load_file(run["work"] / name / "checkpoint.safetensors")
-        for matrix in make_estimator(model, config).matrices:
-            torch.testing.assert_close(
-                live[matrix.name], matrix.weight.detach(), atol=LIVE_VS_REPLAY_ATOL, rtol=0
-            )
+        hashes[name], _ = replay_equals_live(run["work"] / name, config, messages)
     assert len(set(hashes.values())) == 1, hashes
 
 
