@@ -7,7 +7,7 @@ below is the one place the order is stated; `tools/import_graph.py` reads it and
 fails on an upward import or an import cycle (the tests run it).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Lowest first. The top-level packages `peer` and `bootstrap` form the layer above
 # the last one ("daemon"): the only code that wires a network node to a model.

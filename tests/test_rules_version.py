@@ -1,0 +1,105 @@
+"""Peers of two rule sets disagree on a ledger, so the rules are tied to the version.
+
+A peer joins only a run of its own major.minor version (peer/join.py `check_version`). That
+holds the network together only if every change to what a peer accepts, how it judges, or
+how base + ledger becomes the model comes with a new minor version. This test makes such a
+change visible: it fingerprints the code of the modules that hold those rules (comments
+and docstrings left out) and pins the fingerprint to the minor version.
+
+When it fails: if your change alters a rule (a check, a bound, a default, a digest, the
+update's arithmetic), bump the minor version in seedflood_p2p/__init__.py and pyproject.toml
+and add a pin for it; if it does not (a rename, a refactor), re-pin the current version.
+Either way the reviewer sees the choice in the diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import token
+import tokenize
+from pathlib import Path
+
+from seedflood_p2p import __version__
+
+ROOT = Path(__file__).resolve().parents[1] / "seedflood_p2p"
+RULE_MODULES = [
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "protocol").glob("*.py")),
+    "algorithm/audit_rules.py",  # who is judged a cheater, from the ledger
+    "algorithm/probation.py",  # who is a newcomer, who vouched
+    "algorithm/subcge.py",  # base + ledger -> the model
+    "algorithm/replay.py",
+    "core/config.py",  # run ids, defaults, bounds
+    "core/extra_settings.py",
+    "core/rng.py",  # directions from derived seeds
+    "network/gossip/admission.py",  # what a peer accepts
+    "network/peers/tickets.py",
+]
+# minor version -> fingerprint of RULE_MODULES at that version
+PINNED = {
+    "0.2": "623a8ecab83e6b74eee4bf9abbc7e8e689c28f926ff67c5da0fcb7ec232f996f",
+}
+
+
+def code_tokens(source: str) -> list[str]:
+    """The module's tokens without comments, blank lines and docstrings (a string that is a
+    statement of its own), so that only code changes move the fingerprint."""
+    out: list[str] = []
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type not in (tokenize.COMMENT, tokenize.NL)
+    ]
+    skip_newline = False
+    for i, t in enumerate(tokens):
+        before = tokens[i - 1].type if i else token.NEWLINE
+        after = tokens[i + 1].type if i + 1 < len(tokens) else token.NEWLINE
+        if (
+            t.type == token.STRING
+            and before in (token.NEWLINE, token.INDENT, token.DEDENT)
+            and after in (token.NEWLINE, token.ENDMARKER)
+        ):
+            skip_newline = True  # a docstring (or a bare string statement: no code either way)
+            continue
+        if skip_newline and t.type == token.NEWLINE:
+            skip_newline = False
+            continue
+        skip_newline = False
+        out.append(t.string)
+    return out
+
+
+def rules_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for name in RULE_MODULES:
+        digest.update(name.encode() + b"\0")
+        digest.update("\x1f".join(code_tokens((ROOT / name).read_text())).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def test_the_fingerprint_ignores_comments_and_docstrings_but_not_code():
+    plain = "def f(x):\n    return x + 1\n"
+    noted = '"""A module."""\n\n# why\ndef f(x):  # a note\n    """Doc."""\n    return x + 1\n'
+    changed = "def f(x):\n    return x + 2\n"
+    assert code_tokens(plain) == code_tokens(noted)
+    assert code_tokens(plain) != code_tokens(changed)
+    assert code_tokens('X = "a"\n') != code_tokens('X = "b"\n')  # a string value is code
+
+
+def test_every_rule_module_exists():
+    missing = [name for name in RULE_MODULES if not (ROOT / name).exists()]
+    assert not missing, f"moved or renamed: update RULE_MODULES in {__file__}: {missing}"
+
+
+def test_the_rules_are_pinned_to_this_minor_version():
+    minor = ".".join(__version__.split(".")[:2])
+    now = rules_fingerprint()
+    assert minor in PINNED, (
+        f"version {__version__} has no pinned rules fingerprint: add {minor!r}: {now!r} to "
+        f"PINNED in {__file__}"
+    )
+    assert PINNED[minor] == now, (
+        f"the code of the rule modules changed (fingerprint {now}). If what a peer accepts or "
+        f"how it judges changed, bump the minor version past {__version__} and pin it; if "
+        f"not, re-pin {minor!r} to {now!r} in {__file__}"
+    )
