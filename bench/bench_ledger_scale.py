@@ -6,7 +6,8 @@
 1. Synthesis (resumable). A valid, signed, replayable run: P generated Ed25519 identities,
    each signs one update per round with the project's encoder (`encode_update`, with an
    8-byte held-state digest as audited runs send) and the signature go-libp2p-pubsub
-   makes (`sigcheck.signed_bytes`), written to `WORK/ledger.sqlite` (the run's manifest
+   makes (`sigcheck.signed_bytes`) over a seqno as go-libp2p makes it (a per-publisher
+   counter from a nanosecond clock), written to `WORK/ledger.sqlite` (the run's manifest
    names tiny-llama and its base hash) in chunks of whole rounds, each chunk one committed
    transaction. Everything is a function of (peer, round), so running the same command
    again continues after the last round on disk (a chunk half-written by a kill was rolled
@@ -34,6 +35,7 @@ Writes bench/results/NAME.json and NAME.md, naming the size measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -48,6 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 OUT = ROOT / "bench" / "results"
 TARGET_ROWS = 10_000_000
 CHUNK_ROWS = 20_000  # rows per committed chunk (whole rounds)
+LATE_ROUNDS = 20  # rounds `disk_late_rounds` writes
 
 
 def run_config(k: int):
@@ -68,8 +71,16 @@ def run_config(k: int):
     )
 
 
-def synthesise(path: Path, peers: int, rounds: int, k: int) -> dict:
-    """Write rounds [done, rounds) of the run, CHUNK_ROWS rows a transaction."""
+def _seqno(j: int, round_: int) -> bytes:
+    """The seqno peer `j` signs its update of `round_` with, as go-libp2p-pubsub makes it:
+    an 8-byte big-endian counter that starts at the publisher's clock in nanoseconds and
+    counts up one a message it publishes (here an update and, say, one audit record a
+    round; no restart)."""
+    return (1_764_300_000_000_000_000 + j * 1_000_000_007 + 2 * round_ + 1).to_bytes(8, "big")
+
+
+def synthesise(path: Path, peers: int, rounds: int, k: int, first: int = 0) -> dict:
+    """Write rounds [max(done, first), rounds) of the run, CHUNK_ROWS rows a transaction."""
     import numpy as np
     import raw_gossip as rg
 
@@ -86,7 +97,7 @@ def synthesise(path: Path, peers: int, rounds: int, k: int) -> dict:
     topic = topic_for(config.run_id)
     per_chunk = max(1, CHUNK_ROWS // peers)
     done = ledger.max_round()  # the last round may be whole or, after a kill, absent
-    start = max(0, done)  # redo the newest round held: a no-op if it is whole
+    start = max(first, done)  # redo the newest round held: a no-op if it is whole
     t = time.perf_counter()
     written = 0
     for lo in range(start, rounds, per_chunk):
@@ -98,7 +109,7 @@ def synthesise(path: Path, peers: int, rounds: int, k: int) -> dict:
             for j, ident in enumerate(ids):
                 scalars = quantize_scalars(values[j])
                 data = encode_update(config.run_id, round_, scalars, int(helds[j]))
-                seqno = (round_ * peers + j).to_bytes(8, "big")
+                seqno = _seqno(j, round_)
                 signature = ident.key.sign(signed_bytes(ident.peer_id, data, seqno, topic))
                 messages.append(UpdateMessage(round_, ident.peer_id, scalars))
                 envelopes.append(Envelope(data, seqno, signature))
@@ -115,28 +126,71 @@ def synthesise(path: Path, peers: int, rounds: int, k: int) -> dict:
     }
 
 
+# The first layout's disk figures (run id and peer id bytes in every row), measured by this
+# bench before issue 46's compact layout (same command, --work-dir /tmp/t46-scale): shown
+# beside the current layout's.
+LAYOUT0_DISK = {
+    "bytes_per_row": 247.5,
+    "column_bytes_per_row": {
+        "run_id": 64.0,
+        "peer": 38.0,
+        "scalars": 2.0,
+        "data (signed payload)": 22.0,
+        "seqno": 8.0,
+        "signature": 64.0,
+        "round": 1.0,
+    },
+    "btree_and_record_overhead_per_row": 48.5,
+}
+
+
+def _int_bytes(column: str) -> str:
+    """SQL: the bytes SQLite stores an integer column's value in (its record format: 0 and
+    1 take none, then 1, 2, 3, 4, 6 or 8)."""
+    bounds = ((127, 1), (32767, 2), (8388607, 3), (2147483647, 4), (140737488355327, 6))
+    cases = " ".join(f"WHEN ABS({column}) <= {b} THEN {n}" for b, n in bounds)
+    return f"CASE WHEN {column} IN (0, 1) THEN 0 {cases} ELSE 8 END"
+
+
 def disk(path: Path) -> dict:
     import sqlite3
 
     db = sqlite3.connect(path)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     rows, *cols = db.execute(
-        "SELECT COUNT(*), AVG(LENGTH(run_id)), AVG(LENGTH(peer)), AVG(LENGTH(scalars)), "
-        "AVG(LENGTH(data)), AVG(LENGTH(seqno)), AVG(LENGTH(signature)), "
-        "AVG(CASE WHEN round < 128 THEN 1 WHEN round < 32768 THEN 2 ELSE 3 END) "
+        f"SELECT COUNT(*), AVG({_int_bytes('round')}), AVG({_int_bytes('peer')}), "
+        "AVG(LENGTH(scalars)), AVG(LENGTH(data)), "
+        f"AVG(CASE WHEN typeof(seqno) = 'integer' THEN {_int_bytes('seqno')} "
+        "ELSE LENGTH(seqno) END), AVG(LENGTH(signature)) "
         "FROM messages"
     ).fetchone()
+    peers, peer_bytes = db.execute("SELECT COUNT(*), SUM(LENGTH(peer)) FROM peers").fetchone()
+    layout = db.execute("PRAGMA user_version").fetchone()[0]
     pages = db.execute("PRAGMA page_count").fetchone()[0]
     page = db.execute("PRAGMA page_size").fetchone()[0]
     freelist = db.execute("PRAGMA freelist_count").fetchone()[0]
+    try:  # the pages each table and index takes (SQLite's dbstat, where compiled in)
+        table_pages = dict(
+            db.execute("SELECT name, COUNT(*) FROM dbstat GROUP BY name ORDER BY 2 DESC")
+        )
+    except sqlite3.OperationalError:
+        table_pages = None
     db.close()
     files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
     size = sum(f.stat().st_size for f in files if f.exists() and not f.name.endswith("-shm"))
-    names = ("run_id", "peer", "scalars", "data (signed payload)", "seqno", "signature", "round")
+    names = (
+        "round",
+        "peer (number)",
+        "scalars",
+        "data (signed payload)",
+        "seqno (distance from the peer's first)",
+        "signature",
+    )
     columns = {n: round(v, 1) for n, v in zip(names, cols, strict=True)}
     payload = sum(columns.values())
     per_row = size / rows
-    return {
+    out = {
+        "layout": layout,
         "rows": rows,
         "file_bytes": size,
         "bytes_per_row": round(per_row, 1),
@@ -145,8 +199,38 @@ def disk(path: Path) -> dict:
         "free_pages": freelist,
         "column_bytes_per_row": columns,
         "column_bytes_sum": round(payload, 1),
+        "peers": peers,
+        "peers_table_bytes_per_row": round((peer_bytes or 0) / rows, 2),
         "btree_and_record_overhead_per_row": round(per_row - payload, 1),
+        "layout0": LAYOUT0_DISK,
     }
+    if table_pages is not None:
+        out["pages_by_table"] = table_pages
+        out["messages_bytes_per_row"] = round(table_pages.get("messages", 0) * page / rows, 1)
+    return out
+
+
+def disk_late_rounds(work: Path, peers: int, k: int) -> dict:
+    """`disk` of the last LATE_ROUNDS rounds of a TARGET_ROWS run alone: the round numbers
+    (in the row and in the signed payload) and seqno distances there are as wide as at ten
+    million rows (what the per-row figure above cannot show). Round 0 is written first, so
+    each sender's first seqno is the run's first, then deleted (its pages are freed, the
+    others untouched). The messages table's bytes per row is the figure to read: the
+    peers table is not amortised over 20,000 rows."""
+    rounds = TARGET_ROWS // peers
+    path = work / "late-rounds.sqlite"
+    for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        f.unlink(missing_ok=True)
+    synthesise(path, peers, 1, k)
+    synthesise(path, peers, rounds, k, first=rounds - LATE_ROUNDS)
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM messages WHERE round = 0")
+    out = disk(path)
+    out["rounds"] = [rounds - LATE_ROUNDS, rounds - 1]
+    del out["layout0"]
+    return out
 
 
 def start_path(path: Path) -> dict:
@@ -363,7 +447,8 @@ def markdown(res: dict) -> str:
         "| figure | measured | per row | 10M rows (extrapolated) | goal |",
         "|---|---|---|---|---|",
         f"| disk (db + WAL) | {d['file_bytes'] / 2**20:,.1f} MiB | {d['bytes_per_row']} B | "
-        f"{d['bytes_per_row'] * TARGET_ROWS / 2**30:,.1f} GiB | <= 120 B/row |",
+        f"{d['bytes_per_row'] * TARGET_ROWS / 2**30:,.1f} GiB | <= 120 B/row "
+        f"(layout 0: {d['layout0']['bytes_per_row']} B) |",
         f"| full replay (tiny-llama) | {r['seconds']} s | {r['us_per_row']} us | "
         f"{extrapolate(r['seconds'] / rows)} s | |",
         f"| repair paging, whole history (serve, decode, signatures, insert) | "
@@ -382,24 +467,71 @@ def markdown(res: dict) -> str:
         "",
         "## Disk: where a row's bytes go",
         "",
-        "| column | bytes per row |",
-        "|---|---|",
-    ]
-    for name, v in d["column_bytes_per_row"].items():
-        lines.append(f"| {name} | {v} |")
-    lines += [
-        f"| B-tree, record headers, free space | {d['btree_and_record_overhead_per_row']} |",
-        f"| **total** | **{d['bytes_per_row']}** |",
+        f"Layout {d['layout']} (issue 46: storage/ledger.py `_SCHEMA`) beside layout 0, the "
+        "first (measured by this bench before, same command; layout 0's seqno is 8 bytes "
+        "whatever its value). A layout-0 file is converted in place when a peer opens it.",
         "",
-        "The row repeats what one run-wide table would hold once: the 64-character run id "
-        "(the file holds one run), the 38-byte peer id (an index into a peers table: 2-4 B), "
-        "and the scalars and round, which are also inside the signed payload. What a row "
-        "cannot drop while any peer can still check it offline: the 64-byte signature, the "
-        "signed payload, the 8-byte seqno and the signer (as an index) - about "
-        f"{64 + d['column_bytes_per_row']['data (signed payload)'] + 8 + 3:.0f} B plus B-tree "
-        "overhead (~10-15 B). So the 120 B goal needs the schema to drop the run id and the "
-        "duplicated columns and name peers by index; "
-        "the signature alone is over half of it.",
+        f"| column | layout 0: bytes per row | layout {d['layout']}: bytes per row |",
+        "|---|---|---|",
+    ]
+    layout0 = d["layout0"]
+    old = layout0["column_bytes_per_row"]
+    now = d["column_bytes_per_row"]
+    seqno = next(k for k in now if k.startswith("seqno"))
+    late = res.get("disk_late")
+    pairs = [
+        ("run_id", old["run_id"], "- (stored once, in `meta`)"),
+        ("peer", old["peer"], f"{now['peer (number)']} (its number in `peers`)"),
+        ("round", old["round"], now["round"]),
+        ("scalars (also inside the payload)", old["scalars"], now["scalars"]),
+        ("data (signed payload)", old["data (signed payload)"], now["data (signed payload)"]),
+        ("seqno", old["seqno"], f"{now[seqno]} (distance from the sender's first)"),
+        ("signature", old["signature"], now["signature"]),
+    ]
+    for name, before, after in pairs:
+        lines.append(f"| {name} | {before} | {after} |")
+    messages_overhead = round(d["messages_bytes_per_row"] - d["column_bytes_sum"], 1)
+    others = round(d["bytes_per_row"] - d["messages_bytes_per_row"], 1)
+    lines += [
+        f"| B-tree, record headers, free space | {layout0['btree_and_record_overhead_per_row']} | "
+        f"{messages_overhead} |",
+        f"| other tables (`peers`: {d['peers']:,} ids once, and its index; meta; audits) | "
+        f"(in the line above) | {others} |",
+        f"| **total** | **{layout0['bytes_per_row']}** | **{d['bytes_per_row']}** |",
+        "",
+        f"{d['file_bytes'] / 2**20:.1f} MiB for {rows:,} rows ({d['pages']:,} pages of "
+        f"{d['page_size']} B; the `messages` table alone {d['messages_bytes_per_row']} B a "
+        "row). What a row cannot drop while any peer can still check it offline: the 64-byte "
+        f"signature, the signed payload ({now['data (signed payload)']} B here), the seqno "
+        f"(as a distance: {now[seqno]} B here) and the round and the signer's number: "
+        f"{round(d['column_bytes_sum'] - now['scalars'], 1)} B; with the 2-byte scalars kept "
+        f"(rows without an envelope have only them; replay reads them without decoding the "
+        f"payload) {d['column_bytes_sum']} B. SQLite adds ~8 B of record header (one type "
+        "byte a column, two for the signature) and 3 B of cell size and pointer: about "
+        f"{round(d['column_bytes_sum'] + 11, 1)} B a row in a full page; the B-tree's leaves "
+        f"are ~{100 * (d['column_bytes_sum'] + 11) / d['messages_bytes_per_row']:.0f}% full "
+        "after appends (a split leaves slack; `VACUUM` packs them to 99%: ~111 B a row, a "
+        f"one-off rewrite of the file). So ~{d['messages_bytes_per_row']:.0f} B a row is the "
+        "floor of this payload as SQLite appends it; the signature alone is over half of it.",
+    ]
+    if late is not None:
+        late_seqno = next(k for k in late["column_bytes_per_row"] if k.startswith("seqno"))
+        lines += [
+            "",
+            f"At ten million rows the round numbers and seqno distances are wider: rounds "
+            f"{late['rounds'][0]:,}-{late['rounds'][1]:,} of a {TARGET_ROWS // res['peers']:,}"
+            f"-round run written alone take round {late['column_bytes_per_row']['round']} B, "
+            "signed payload "
+            f"{late['column_bytes_per_row']['data (signed payload)']} B (the round inside it "
+            f"too, in layout 0 as well), seqno {late['column_bytes_per_row'][late_seqno]} B, "
+            f"and {late['messages_bytes_per_row']} B a row in the `messages` table (here "
+            f"{d['messages_bytes_per_row']} B): about the whole file's bytes per row at 10M "
+            "rows, where the `peers` table is negligible. Below 120 B there would need the "
+            "scalars column dropped for signed rows (~2.3 B a row: a msgpack decode on every "
+            "read, and `verify` loses its cross-check of row against payload) or a `VACUUM` "
+            "(~12 B a row).",
+        ]
+    lines += [
         "",
         "## Stages",
         "",
@@ -460,6 +592,7 @@ def main() -> None:
         return
     for key, fn in (
         ("disk", lambda: disk(path)),
+        ("disk_late", lambda: disk_late_rounds(work, args.peers, args.directions)),
         ("start", lambda: start_path(path)),
         ("replay", lambda: replay_all(path)),
         ("paging", lambda: repair_paging(path, work)),

@@ -168,8 +168,9 @@ def ledger_prefix(path: Path, through_round: int) -> tuple[int, str] | None:
     file is missing or busy. The digest is `Ledger.digest`'s, over that prefix."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            rows = db.execute(
-                "SELECT round, peer, scalars FROM messages WHERE round <= ? ORDER BY round, peer",
+            rows = db.execute(  # rows name their peer by number (storage/ledger.py)
+                "SELECT m.round, p.peer, m.scalars FROM messages m JOIN peers p "
+                "ON p.id = m.peer WHERE m.round <= ? ORDER BY m.round, p.peer",
                 (through_round,),
             ).fetchall()
     except sqlite3.Error:

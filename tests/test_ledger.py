@@ -14,6 +14,8 @@ from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import UpdateMessage, pack_scalars
 from seedflood_p2p.storage.ledger import Ledger
 
+PEER = "(SELECT id FROM peers WHERE peer = ?)"  # a `messages` row names its peer by number
+
 
 def _msgs(n_rounds: int, peers: int) -> list[UpdateMessage]:
     return [
@@ -232,7 +234,7 @@ def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
         assert "\n" not in line and line.endswith("; FIX") and str(ledger.path) in line
         return line
 
-    where = "WHERE round = 3 AND peer = ?"
+    where = f"WHERE round = 3 AND peer = {PEER}"
     original = db.execute(
         f"SELECT scalars, signature FROM messages {where}", (peers[1],)
     ).fetchone()
@@ -255,7 +257,7 @@ def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
     refused("has no signed envelope, like rows of 1 other peer")  # replay: two unsigned peers
     db.execute(f"UPDATE messages SET data = x'00' {where}", (peers[2],))
     refused("has a partial or malformed envelope")
-    db.execute("DELETE FROM messages WHERE round = 3 AND peer = ?", (peers[2],))
+    db.execute(f"DELETE FROM messages WHERE round = 3 AND peer = {PEER}", (peers[2],))
     # Rows that are not updates at all (one round of peers[1] each, deleted after).
     for t, (column, value, match) in enumerate(
         [
@@ -267,7 +269,8 @@ def test_verify_checks_every_signed_row_and_names_a_tampered_one(tmp_path):
         ]
     ):
         db.execute(
-            f"UPDATE messages SET {column} = ? WHERE round = ? AND peer = ?", (value, t, peers[1])
+            f"UPDATE messages SET {column} = ? WHERE round = ? AND peer = {PEER}",
+            (value, t, peers[1]),
         )
         refused(match)
         db.execute(f"DELETE FROM messages WHERE {column} = ?", (value,))
@@ -296,7 +299,7 @@ def _replay_refusal(capsys, tmp_path, monkeypatch, make_ledger, sql, scalars) ->
 
 
 def test_replay_refuses_a_tampered_ledger_with_one_line(capsys, tmp_path, monkeypatch):
-    sql = "UPDATE messages SET scalars = ? WHERE round = 2 AND peer = ?"
+    sql = f"UPDATE messages SET scalars = ? WHERE round = 2 AND peer = {PEER}"
     line = _replay_refusal(capsys, tmp_path, monkeypatch, _network_ledger, sql, (-60000.0, -1.0))
     assert "row (round 2, peer 12D3KooW" in line and "differs from the update" in line
     assert "replay a copy from a peer" in line
@@ -385,7 +388,7 @@ def test_rows_a_checkpoint_covers_are_not_rechecked_while_unchanged(tmp_path):
     result = ledger.verify(check, "FIX", config.directions, own, trusted)
     assert (result.signed, result.trusted) == (16, 12)  # 12 signed rows below round 4
     # One covered row's signature flipped: the rows changed, so every row is checked again.
-    where = "WHERE round = 2 AND peer = ?"
+    where = f"WHERE round = 2 AND peer = {PEER}"
     signature = ledger._db.execute(
         f"SELECT signature FROM messages {where}", (peers[1],)
     ).fetchone()[0]

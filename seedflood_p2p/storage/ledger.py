@@ -1,7 +1,7 @@
 """The durable log of accepted update messages: one SQLite file in WAL mode.
 
-A message is keyed by (run, peer, round); inserting it twice is a no-op, so
-applying the ledger is idempotent and arrival order does not matter. Every
+A message is keyed by (peer, round) (a file holds one run); inserting it twice is a
+no-op, so applying the ledger is idempotent and arrival order does not matter. Every
 insert is committed with synchronous=FULL before the caller applies the
 message, so a process killed at any point reopens with every committed
 message intact (SQLite's journal rolls back a half-written transaction).
@@ -16,6 +16,10 @@ publishes it only after `flush`), and never a row a checkpoint counts (`rows_sha
 flushes first).
 The run's manifest is stored beside the messages, so a ledger file alone is
 enough to rebuild the model from the base weights.
+
+The layout (issue 46: ~119 B a row, from 247.5) stores the run id once, names peers by a
+small number and an 8-byte seqno by its distance from the sender's first (`_SCHEMA`);
+a file of the first layout is converted in place when opened (PRAGMA user_version).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
@@ -44,56 +48,90 @@ from seedflood_p2p.protocol.message import (
 )
 from seedflood_p2p.protocol.update import MAX_UPDATE_BYTES, check_envelope
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    run_id TEXT NOT NULL,
-    round INTEGER NOT NULL,
-    peer BLOB NOT NULL,
-    scalars BLOB NOT NULL,  -- little-endian float16, one per direction (as on the wire)
-    data BLOB,          -- the signed GossipSub envelope (NULL for local-only runs)
-    seqno BLOB,
-    signature BLOB,
-    PRIMARY KEY (run_id, round, peer)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
--- Audit records (issue 11): auditor recomputed (accused, round) and got scalars; what
--- they decide is algorithm/audit_rules.py:judge, a pure function of this table and messages.
-CREATE TABLE IF NOT EXISTS audits (
-    run_id TEXT NOT NULL,
-    accused BLOB NOT NULL,
-    round INTEGER NOT NULL,
-    auditor BLOB NOT NULL,
-    scalars BLOB NOT NULL,
-    data BLOB,          -- the auditor's signed GossipSub envelope (NULL: not yet echoed)
-    seqno BLOB,
-    signature BLOB,
-    at INTEGER,         -- the auditor's round when it published (NULL: older record)
-    PRIMARY KEY (run_id, accused, round, auditor, scalars)
-) WITHOUT ROWID;
--- Audit repair serves and digests records in (round, accused, auditor, scalars) order.
-CREATE INDEX IF NOT EXISTS audits_by_round ON audits (run_id, round, accused, auditor, scalars);
--- Ticket revocations (network/peers/tickets.py): the run creator's signed `data` says the
--- holder's updates of rounds >= round never count (algorithm/probation.py:Standing.revoked).
-CREATE TABLE IF NOT EXISTS revocations (
-    run_id TEXT NOT NULL,
-    holder BLOB NOT NULL,
-    round INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (run_id, data)
-);  -- a rowid table: SQLite 3.40's quick_check misreads this key WITHOUT ROWID
--- The losing copies of equivocations (issue 45): scalars a (peer, round) was signed with
--- besides the row `messages` keeps (`keeps_new`), in the order they lost. Local evidence
--- for an audit's retry only (peer/state_rewind.py): an honest sender may have trained on
--- a state holding a copy that lost later. Never digested, repaired or replayed. At most
--- MAX_LOSING_COPIES per (peer, round), the first to lose always among them.
-CREATE TABLE IF NOT EXISTS replaced (
-    run_id TEXT NOT NULL,
-    round INTEGER NOT NULL,
-    peer BLOB NOT NULL,
-    scalars BLOB NOT NULL,
-    PRIMARY KEY (run_id, round, peer, scalars)
-);  -- a rowid table: the rowid is the order they lost in
-"""
+# The file's layout: PRAGMA user_version. 0 is the first (issue 46 made the second): the
+# run id (64 characters) and the peer id (38 bytes) in every row; `Ledger` converts such a
+# file in place when it opens it (`_convert_first_layout`), in one transaction.
+LAYOUT = 2
+
+# One run a file: its id is stored once, in meta under RUN_KEY (set by the first row).
+RUN_KEY = "run_id"
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # Update rows name their sender by a small integer (2 bytes a row for up to 32,767
+    # peers, instead of its 38-byte id). The id's order means nothing: every iteration
+    # that feeds a digest, a replay or repair orders by the peer id bytes (`_BY_PEER`).
+    """CREATE TABLE IF NOT EXISTS peers (
+        id INTEGER PRIMARY KEY,
+        peer BLOB NOT NULL UNIQUE,
+        seqno_base INTEGER  -- the first 8-byte seqno stored of the peer, as a signed int64
+    )""",
+    # `scalars` and `round` are also inside `data` (the signed payload), kept anyway: rows
+    # without an envelope (local runs, our own not yet echoed) have only these, reading
+    # them back needs no msgpack decoding (replay, digests), and `verify` compares them
+    # against the payload (2 bytes a row for k = 1).
+    # `seqno`: go-libp2p-pubsub signs an 8-byte big-endian counter that starts at the
+    # publisher's nanosecond clock (~2^60, so 8 bytes as an INTEGER too) and counts up one
+    # a message. So an 8-byte seqno is stored as an INTEGER, its distance from the peer's
+    # `seqno_base` modulo 2^64 (1-3 bytes while the publisher runs, up to 8 across its
+    # restarts: never more than the blob); any other seqno as the BLOB it is (rows
+    # converted from layout 0 keep theirs). Read back exactly (`_seqno_bytes`).
+    """CREATE TABLE IF NOT EXISTS messages (
+        round INTEGER NOT NULL,
+        peer INTEGER NOT NULL,  -- peers.id
+        scalars BLOB NOT NULL,  -- little-endian float16, one per direction (as on the wire)
+        data BLOB,          -- the signed GossipSub envelope (NULL for local-only runs)
+        seqno,              -- INTEGER: seqno - peers.seqno_base (mod 2^64); or BLOB: itself
+        signature BLOB,
+        PRIMARY KEY (round, peer)
+    ) WITHOUT ROWID""",
+    # Audit records (issue 11): auditor recomputed (accused, round) and got scalars; what
+    # they decide is algorithm/audit_rules.py:judge, a pure function of this table and
+    # messages. Peers by their id bytes here: a few rows a round, and their orders (below,
+    # and audit repair's cursor) compare two peer ids.
+    """CREATE TABLE IF NOT EXISTS audits (
+        accused BLOB NOT NULL,
+        round INTEGER NOT NULL,
+        auditor BLOB NOT NULL,
+        scalars BLOB NOT NULL,
+        data BLOB,          -- the auditor's signed GossipSub envelope (NULL: not yet echoed)
+        seqno BLOB,
+        signature BLOB,
+        at INTEGER,         -- the auditor's round when it published (NULL: older record)
+        PRIMARY KEY (accused, round, auditor, scalars)
+    ) WITHOUT ROWID""",
+    # Audit repair serves and digests records in (round, accused, auditor, scalars) order.
+    "CREATE INDEX IF NOT EXISTS audits_by_round ON audits (round, accused, auditor, scalars)",
+    # Ticket revocations (network/peers/tickets.py): the run creator's signed `data` says
+    # the holder's updates of rounds >= round never count
+    # (algorithm/probation.py:Standing.revoked).
+    """CREATE TABLE IF NOT EXISTS revocations (
+        holder BLOB NOT NULL,
+        round INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (data)
+    )""",  # a rowid table: SQLite 3.40's quick_check misreads this key WITHOUT ROWID
+    # The losing copies of equivocations (issue 45): scalars a (peer, round) was signed with
+    # besides the row `messages` keeps (`keeps_new`), in the order they lost. Local
+    # evidence for an audit's retry only (peer/state_rewind.py): an honest sender may have
+    # trained on a state holding a copy that lost later. Never digested, repaired or
+    # replayed. At most MAX_LOSING_COPIES per (peer, round), the first to lose always among
+    # them.
+    """CREATE TABLE IF NOT EXISTS replaced (
+        round INTEGER NOT NULL,
+        peer BLOB NOT NULL,
+        scalars BLOB NOT NULL,
+        PRIMARY KEY (round, peer, scalars)
+    )""",  # a rowid table: the rowid is the order they lost in
+)
+
+# Update rows with their sender's id bytes, in canonical order (round, peer id bytes): the
+# scan walks `messages` in round order (its key) and sorts each round's rows by peer.
+# CROSS JOIN keeps `messages` the outer loop.
+_MESSAGES = "messages m CROSS JOIN peers p ON p.id = m.peer"
+_BY_PEER = "ORDER BY m.round, p.peer"
+# The id of the peer bound to the next `?` (NULL: none, so it matches no row).
+_PEER_ID = "(SELECT id FROM peers WHERE peer = ?)"
 
 # Losing copies kept per (peer, round) (`Ledger.keep_losing`): the first copy to lose (the
 # one peers most likely trained on before the other arrived) and at most two more. Each
@@ -104,6 +142,24 @@ MAX_LOSING_COPIES = 3
 
 def _envelope_columns(env: Envelope | None) -> tuple:
     return (None, None, None) if env is None else (env.data, env.seqno, env.signature)
+
+
+_U64 = (1 << 64) - 1
+
+
+def _int64(value: int) -> int:
+    """`value` modulo 2^64, as the signed 64-bit integer SQLite stores."""
+    value &= _U64
+    return value - (1 << 64) if value >> 63 else value
+
+
+def _seqno_bytes(stored: object, base: object) -> object:
+    """A `messages.seqno` as signed: an INTEGER is its distance from the peer's
+    `seqno_base`; anything else (a BLOB, NULL, a damaged cell) is returned as it is, and
+    so is an INTEGER without a base (then `verify` calls the envelope malformed)."""
+    if isinstance(stored, int) and isinstance(base, int):
+        return ((base + stored) & _U64).to_bytes(8, "big")
+    return stored
 
 
 def digest_of(messages: Iterable[UpdateMessage]) -> str:
@@ -163,6 +219,15 @@ def _audit_record(
     )
 
 
+@dataclass
+class _Pending:
+    """What a write transaction looked up or numbered (`Ledger._peer_id`), cached only
+    once it commits: peer id -> peers.id, and peers.id -> seqno_base."""
+
+    ids: dict[bytes, int] = field(default_factory=dict)
+    bases: dict[int, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class LedgerCheck:
     """What `Ledger.verify` checked: update rows with a signed envelope, rows without, the
@@ -203,6 +268,9 @@ class Ledger:
         self._audit_bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
         self._syncer: _WalSyncer | None = None  # sync_in_background: fsyncs off the caller
+        self._file_run: str | None = None  # the run the file's rows belong to (RUN_KEY)
+        self._peer_ids: dict[bytes, int] = {}  # peers.id of peers committed (`_peer_id`)
+        self._seqno_bases: dict[int, int] = {}  # peers.seqno_base committed
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             # A damaged cell may hold text that is not UTF-8 (e.g. a blob turned text by
@@ -213,17 +281,8 @@ class Ledger:
             check = self._db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
-            self._db.executescript(_SCHEMA)
-            audit_columns = {row[1] for row in self._db.execute("PRAGMA table_info(audits)")}
-            if "at" not in audit_columns:  # a ledger of an older version: records without it
-                self._db.execute("ALTER TABLE audits ADD COLUMN at INTEGER")
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
-            if "scalars" not in columns:
-                raise UserError(
-                    f"ledger {self.path} was written by an older seedflood (one float32 "
-                    "scalar per message); this version carries k float16 scalars and cannot "
-                    "continue that run: use a new --data-dir, or the older seedflood-p2p"
-                )
+            if self._layout() != LAYOUT:
+                self._set_up()
         except sqlite3.OperationalError as exc:  # before its base class DatabaseError
             raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a damaged schema: the
@@ -232,6 +291,93 @@ class Ledger:
                 f"ledger {self.path} is corrupt or not a seedflood ledger ({exc}): move it "
                 "aside and let the peer re-sync from the network, or rebuild it from a "
                 "peer's copy"
+            ) from None
+
+    def _layout(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _set_up(self) -> None:
+        """Create the tables of a new file, or convert a file of the first layout: in one
+        transaction (another process opening the same file waits, then finds it done)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            layout = self._layout()
+            if layout > LAYOUT:
+                raise UserError(
+                    f"ledger {self.path} was written by a newer seedflood (layout {layout}, "
+                    f"this version reads {LAYOUT} and older): upgrade seedflood-p2p"
+                )
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
+            if layout < LAYOUT and "messages" in tables:
+                self._convert_first_layout()
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {LAYOUT}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def _convert_first_layout(self) -> None:
+        """Rewrite a ledger of layout 0 (run id and peer id bytes in every row) into this
+        one, inside the caller's transaction: same rows, same values, peers numbered in id
+        order, losing copies and revocations keeping their rowids (their order)."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+        if "scalars" not in columns:
+            raise UserError(
+                f"ledger {self.path} was written by an older seedflood (one float32 "
+                "scalar per message); this version carries k float16 scalars and cannot "
+                "continue that run: use a new --data-dir, or the older seedflood-p2p"
+            )
+        try:
+            audit_columns = {row[1] for row in self._db.execute("PRAGMA table_info(audits)")}
+            if "at" not in audit_columns:  # an older version's records: without it
+                self._db.execute("ALTER TABLE audits ADD COLUMN at INTEGER")
+            runs = [
+                row[0]
+                for row in self._db.execute(
+                    "SELECT run_id FROM messages UNION SELECT run_id FROM audits UNION "
+                    "SELECT run_id FROM revocations UNION SELECT run_id FROM replaced"
+                )
+            ]
+            if len(runs) > 1:
+                raise UserError(
+                    f"cannot convert ledger {self.path} to this version's layout: it holds "
+                    f"rows of {len(runs)} runs, and a ledger now holds one; keep it for the "
+                    "older seedflood-p2p, and use a new --data-dir"
+                )
+            old_rows = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+            self._db.execute("DROP INDEX IF EXISTS audits_by_round")
+            for table in ("messages", "audits", "revocations", "replaced"):
+                self._db.execute(f"ALTER TABLE {table} RENAME TO {table}_layout0")
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+            for statement in (
+                "INSERT INTO peers (peer) SELECT DISTINCT peer FROM messages_layout0 ORDER BY peer",
+                "INSERT INTO messages SELECT o.round, p.id, o.scalars, o.data, o.seqno, "
+                "o.signature FROM messages_layout0 o JOIN peers p ON p.peer = o.peer",
+                "INSERT INTO audits (accused, round, auditor, scalars, data, seqno, "
+                "signature, at) SELECT accused, round, auditor, scalars, data, seqno, "
+                "signature, at FROM audits_layout0",
+                "INSERT INTO revocations (rowid, holder, round, data) "
+                "SELECT rowid, holder, round, data FROM revocations_layout0",
+                "INSERT INTO replaced (rowid, round, peer, scalars) "
+                "SELECT rowid, round, peer, scalars FROM replaced_layout0",
+            ):
+                self._db.execute(statement)
+            new_rows = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+            if new_rows != old_rows:
+                raise sqlite3.DatabaseError(f"{new_rows} rows converted of {old_rows}")
+            if runs:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (RUN_KEY, runs[0]))
+            for table in ("messages", "audits", "revocations", "replaced"):
+                self._db.execute(f"DROP TABLE {table}_layout0")
+        except sqlite3.Error as exc:
+            raise UserError(
+                f"cannot convert ledger {self.path} to this version's layout ({exc}); "
+                "nothing was changed: free disk space and retry, or use the older "
+                "seedflood-p2p"
             ) from None
 
     @classmethod
@@ -315,6 +461,67 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- the run and the peers a file's rows name -------------------------
+    def _mine(self) -> bool:
+        """Are the file's rows this run's? A file holds one run (meta RUN_KEY, set with its
+        first row): a ledger opened for another run finds none of them, as it did when
+        every row carried its run id."""
+        if self._file_run is None:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (RUN_KEY,)).fetchone()
+            if row is None:
+                return True  # no row yet
+            self._file_run = row[0]
+        return self._file_run == self.run_id
+
+    def _bind_run(self) -> None:
+        """Before rows are written (in their transaction): the file's run is this one, or
+        becomes it. A file holds one run: rows of another are refused."""
+        if not self._mine():
+            raise UserError(
+                f"ledger {self.path} holds rows of run {self._file_run!s:.12}, not of "
+                f"{self.run_id:.12}: a ledger file holds one run; use a new --data-dir per run"
+            )
+        if self._file_run is None:  # read again once committed (this may roll back)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (RUN_KEY, self.run_id))
+
+    def _peer_id(self, peer: bytes, pending: _Pending) -> int:
+        """`peer`'s peers.id, numbered now if it has none (in the caller's transaction:
+        `pending` collects what was looked up, cached once it commits: `_committed`)."""
+        got = self._peer_ids.get(peer)
+        if got is None:
+            got = pending.ids.get(peer)
+        if got is None:
+            row = self._db.execute("SELECT id FROM peers WHERE peer = ?", (peer,)).fetchone()
+            if row is None:
+                got = self._db.execute("INSERT INTO peers (peer) VALUES (?)", (peer,)).lastrowid
+            else:
+                got = row[0]
+            pending.ids[peer] = got
+        return got
+
+    def _envelope_columns(self, number: int, env: Envelope | None, pending: _Pending) -> tuple:
+        """(data, seqno, signature) as `messages` stores them for peer `number`: an 8-byte
+        seqno as its distance from the peer's `seqno_base` (set by its first one)."""
+        data, seqno, signature = _envelope_columns(env)
+        if not (isinstance(seqno, bytes) and len(seqno) == 8):
+            return data, seqno, signature
+        value = int.from_bytes(seqno, "big")
+        base = self._seqno_bases.get(number, pending.bases.get(number))
+        if base is None:
+            query = "SELECT seqno_base FROM peers WHERE id = ?"
+            base = self._db.execute(query, (number,)).fetchone()[0]
+            if not isinstance(base, int):  # the peer's first: its base
+                base = _int64(value)
+                query = "UPDATE peers SET seqno_base = ? WHERE id = ?"
+                self._db.execute(query, (base, number))
+            pending.bases[number] = base
+        return data, _int64(value - base), signature
+
+    def _committed(self, pending: _Pending) -> None:
+        """The transaction `pending` was filled in committed: cache its peers."""
+        self._peer_ids.update(pending.ids)
+        self._seqno_bases.update(pending.bases)
+
     # -- writing ---------------------------------------------------------
     def add(
         self,
@@ -328,17 +535,22 @@ class Ledger:
         messages = list(messages)
         envelopes = list(envelopes) if envelopes is not None else [None] * len(messages)
         new = []
+        pending = _Pending()
         try:
             self._db.execute("BEGIN IMMEDIATE")
+            if messages:
+                self._bind_run()
             for m, env in zip(messages, envelopes, strict=True):
+                number = self._peer_id(m.peer, pending)
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (self.run_id, m.round, m.peer, pack_scalars(m.scalars))
-                    + _envelope_columns(env),
+                    "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?)",
+                    (m.round, number, pack_scalars(m.scalars))
+                    + self._envelope_columns(number, env, pending),
                 )
                 if cur.rowcount:
                     new.append(m)
             self._db.execute("COMMIT")
+            self._committed(pending)
             self._mark_committed()
             if self._count is not None and self._count[0] == self.run_id:
                 self._count = (self.run_id, self._count[1] + len(new))
@@ -370,18 +582,20 @@ class Ledger:
         replaced = False
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            if records:
+                self._bind_run()
             for r, env in zip(records, envelopes, strict=True):
-                key = (self.run_id, r.accused, r.round, r.auditor, pack_scalars(r.scalars))
+                key = (r.accused, r.round, r.auditor, pack_scalars(r.scalars))
                 at = r.at if r.at >= 0 else None
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO audits (run_id, accused, round, auditor, scalars, "
-                    "data, seqno, signature, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO audits (accused, round, auditor, scalars, "
+                    "data, seqno, signature, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     key + _envelope_columns(env) + (at,),
                 )
                 if not cur.rowcount:
                     cur = self._db.execute(
                         "UPDATE audits SET data = ?, seqno = ?, signature = ?, at = ? WHERE "
-                        "run_id = ? AND accused = ? AND round = ? AND auditor = ? AND "
+                        "accused = ? AND round = ? AND auditor = ? AND "
                         "scalars = ? AND COALESCE(at, -1) > ?",
                         _envelope_columns(env) + (at, *key, r.at),
                     )
@@ -400,34 +614,39 @@ class Ledger:
     def audits(self, min_round: int = 0, max_round: int | None = None) -> list[AuditRecord]:
         """The audit records of this run (of accused updates in rounds min..max), in
         (accused, round, auditor, scalars) order."""
+        if not self._mine():
+            return []
         upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
-            "SELECT accused, round, auditor, scalars, at FROM audits WHERE run_id = ? "
-            "AND round BETWEEN ? AND ? ORDER BY accused, round, auditor, scalars",
-            (self.run_id, min_round, upper),
+            "SELECT accused, round, auditor, scalars, at FROM audits WHERE "
+            "round BETWEEN ? AND ? ORDER BY accused, round, auditor, scalars",
+            (min_round, upper),
         )
         return [_audit_record(*row) for row in rows]
 
     def has_audit(self, record: AuditRecord) -> bool:
         """Is `record` held, as it is or with an `at` no larger (`add_audits` keeps that)?"""
         query = (
-            "SELECT 1 FROM audits WHERE run_id = ? AND accused = ? AND round = ? AND "
+            "SELECT 1 FROM audits WHERE accused = ? AND round = ? AND "
             "auditor = ? AND scalars = ? AND COALESCE(at, -1) <= ?"
         )
         key = (record.accused, record.round, record.auditor, pack_scalars(record.scalars))
-        return self._db.execute(query, (self.run_id, *key, record.at)).fetchone() is not None
+        found = self._db.execute(query, (*key, record.at)).fetchone() is not None
+        return found and self._mine()
 
     def signed_audits_after(
         self, cursor: tuple[int, bytes, bytes, bytes], max_round: int, limit: int
     ) -> list[tuple[AuditRecord, Envelope]]:
         """Up to `limit` signed audit records after `cursor` (round, accused, auditor,
         packed scalars), in that order, through `max_round`: what audit repair serves."""
+        if not self._mine():
+            return []
         rows = self._db.execute(
             "SELECT round, accused, auditor, scalars, data, seqno, signature, at FROM audits "
-            "WHERE run_id = ? AND (round, accused, auditor, scalars) > (?, ?, ?, ?) "
+            "WHERE (round, accused, auditor, scalars) > (?, ?, ?, ?) "
             "AND round <= ? AND signature IS NOT NULL "
             "ORDER BY round, accused, auditor, scalars LIMIT ?",
-            (self.run_id, *cursor, max_round, limit),
+            (*cursor, max_round, limit),
         ).fetchall()
         return [
             (
@@ -439,10 +658,12 @@ class Ledger:
 
     def unsigned_audits(self, auditor: bytes) -> list[AuditRecord]:
         """`auditor`'s records logged without a signed envelope (our own, not yet echoed)."""
+        if not self._mine():
+            return []
         rows = self._db.execute(
-            "SELECT accused, round, auditor, scalars, at FROM audits WHERE run_id = ? AND "
+            "SELECT accused, round, auditor, scalars, at FROM audits WHERE "
             "auditor = ? AND signature IS NULL ORDER BY round, accused, scalars",
-            (self.run_id, auditor),
+            (auditor,),
         )
         return [_audit_record(*row) for row in rows]
 
@@ -450,14 +671,16 @@ class Ledger:
         """Attach signed envelopes to our own records logged before they were signed (their
         echo from the daemon); returns how many rows got one. Then others can fetch them."""
         changed = 0
+        if not self._mine():
+            return 0
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for r, envelope in items:
                 cur = self._db.execute(
-                    "UPDATE audits SET data = ?, seqno = ?, signature = ? WHERE run_id = ? "
-                    "AND accused = ? AND round = ? AND auditor = ? AND scalars = ? "
+                    "UPDATE audits SET data = ?, seqno = ?, signature = ? WHERE "
+                    "accused = ? AND round = ? AND auditor = ? AND scalars = ? "
                     "AND signature IS NULL",
-                    (*_envelope_columns(envelope), self.run_id, r.accused, r.round, r.auditor,
+                    (*_envelope_columns(envelope), r.accused, r.round, r.auditor,
                      pack_scalars(r.scalars)),
                 )  # fmt: skip
                 changed += cur.rowcount
@@ -472,12 +695,14 @@ class Ledger:
         """Log (holder, round, signed bytes) ticket revocations, checked by the caller, in
         one committed transaction; returns how many were new."""
         new = 0
+        items = list(items)
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            if items:
+                self._bind_run()
             for holder, round_, data in items:
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO revocations VALUES (?, ?, ?, ?)",
-                    (self.run_id, holder, round_, data),
+                    "INSERT OR IGNORE INTO revocations VALUES (?, ?, ?)", (holder, round_, data)
                 )
                 new += cur.rowcount
             self._db.execute("COMMIT")
@@ -489,10 +714,9 @@ class Ledger:
 
     def revocations(self) -> list[tuple[bytes, int, bytes]]:
         """Every ticket revocation logged: (holder, round, signed bytes), in bytes order."""
-        rows = self._db.execute(
-            "SELECT holder, round, data FROM revocations WHERE run_id = ? ORDER BY data",
-            (self.run_id,),
-        )
+        if not self._mine():
+            return []
+        rows = self._db.execute("SELECT holder, round, data FROM revocations ORDER BY data")
         return [(bytes(h), r, bytes(d)) for h, r, d in rows]
 
     def replace(self, message: UpdateMessage, envelope: Envelope | None) -> tuple[float, ...]:
@@ -503,16 +727,19 @@ class Ledger:
         old = self.scalars_of(message.peer, message.round)
         if old is None:
             raise KeyError((message.round, message.peer))
+        pending = _Pending()
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            number = self._peer_id(message.peer, pending)
             self._db.execute(
                 "UPDATE messages SET scalars = ?, data = ?, seqno = ?, signature = ? "
-                "WHERE run_id = ? AND round = ? AND peer = ?",
-                (pack_scalars(message.scalars), *_envelope_columns(envelope), self.run_id,
-                 message.round, message.peer),
+                "WHERE round = ? AND peer = ?",
+                (pack_scalars(message.scalars), *self._envelope_columns(number, envelope, pending),
+                 message.round, number),
             )  # fmt: skip
             self._insert_losing(UpdateMessage(message.round, message.peer, old))
             self._db.execute("COMMIT")
+            self._committed(pending)
         except BaseException:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
@@ -527,17 +754,25 @@ class Ledger:
         itself; the admission adds a copy that lost to the row held). At most
         MAX_LOSING_COPIES per (peer, round), the earliest kept. Returns whether it was new.
         Only an audit's retry reads them (`losing_copies`); nothing else does."""
-        added = self._insert_losing(message)  # autocommit: its own transaction
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            added = self._insert_losing(message)
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
         self._mark_committed()
         return added
 
     def _insert_losing(self, message: UpdateMessage) -> bool:
+        """(In the caller's transaction.)"""
+        self._bind_run()
         cur = self._db.execute(
-            "INSERT OR IGNORE INTO replaced (run_id, round, peer, scalars) SELECT ?, ?, ?, ? "
-            "WHERE (SELECT COUNT(*) FROM replaced WHERE run_id = ? AND round = ? AND peer = ?)"
-            " < ?",
-            (self.run_id, message.round, message.peer, pack_scalars(message.scalars),
-             self.run_id, message.round, message.peer, MAX_LOSING_COPIES),
+            "INSERT OR IGNORE INTO replaced (round, peer, scalars) SELECT ?, ?, ? "
+            "WHERE (SELECT COUNT(*) FROM replaced WHERE round = ? AND peer = ?) < ?",
+            (message.round, message.peer, pack_scalars(message.scalars),
+             message.round, message.peer, MAX_LOSING_COPIES),
         )  # fmt: skip
         return cur.rowcount > 0
 
@@ -548,31 +783,40 @@ class Ledger:
         round) -> their scalars, in the order they lost."""
         upper = MAX_ROUND if max_round is None else max_round
         rows = self._db.execute(
-            "SELECT round, peer, scalars FROM replaced WHERE run_id = ? AND round BETWEEN ? "
-            "AND ? ORDER BY rowid",
-            (self.run_id, min_round, upper),
+            "SELECT round, peer, scalars FROM replaced WHERE round BETWEEN ? AND ? ORDER BY rowid",
+            (min_round, upper),
         )
         out: dict[tuple[bytes, int], list[tuple[float, ...]]] = {}
+        if not self._mine():
+            return out
         for round_, peer, scalars in rows:
             out.setdefault((bytes(peer), round_), []).append(unpack_scalars(scalars))
         return out
 
     def set_envelope(self, message: UpdateMessage, envelope: Envelope) -> None:
         """Attach the signed envelope to a message logged before it was signed (our own)."""
-        self._db.execute(
-            "UPDATE messages SET data = ?, seqno = ?, signature = ? WHERE run_id = ? AND "
-            "round = ? AND peer = ? AND signature IS NULL",
-            (*_envelope_columns(envelope), self.run_id, message.round, message.peer),
-        )
-        self._mark_committed()  # autocommit, or part of set_envelopes' transaction
+        self.set_envelopes([(message, envelope)])
 
     def set_envelopes(self, items: Iterable[tuple[UpdateMessage, Envelope]]) -> None:
         """`set_envelope` for several messages in one transaction."""
+        if not self._mine():
+            return  # no row of this run to attach one to
+        pending = _Pending()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for message, envelope in items:
-                self.set_envelope(message, envelope)
+                row = self._db.execute(
+                    "SELECT id FROM peers WHERE peer = ?", (message.peer,)
+                ).fetchone()
+                if row is None:
+                    continue  # no row of that peer
+                self._db.execute(
+                    "UPDATE messages SET data = ?, seqno = ?, signature = ? WHERE "
+                    "round = ? AND peer = ? AND signature IS NULL",
+                    (*self._envelope_columns(row[0], envelope, pending), message.round, row[0]),
+                )
             self._db.execute("COMMIT")
+            self._committed(pending)
             self._mark_committed()
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -603,31 +847,37 @@ class Ledger:
         """Messages of this run. COUNT(*) scans the run's rows (15 ms at 80,000 rows), and
         FloodNode asks after every accepted message: count once, then keep count in add()."""
         if self._count is None or self._count[0] != self.run_id:
-            query = "SELECT COUNT(*) FROM messages WHERE run_id = ?"
-            self._count = (self.run_id, self._db.execute(query, (self.run_id,)).fetchone()[0])
+            n = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+            self._count = (self.run_id, n if self._mine() else 0)
         return self._count[1]
 
     def messages(self, min_round: int = 0, max_round: int | None = None) -> Iterator[UpdateMessage]:
         """Messages in canonical order: (round, peer)."""
+        if not self._mine():
+            return
         upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
-            "SELECT round, peer, scalars FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
-            " ORDER BY round, peer",
-            (self.run_id, min_round, upper),
+            f"SELECT m.round, p.peer, m.scalars FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? "
+            f"{_BY_PEER}",
+            (min_round, upper),
         )
         for row in rows:
             yield _message(*row)
 
     def max_round(self) -> int:
         """The highest round in the ledger, or -1 when empty."""
-        query = "SELECT MAX(round) FROM messages WHERE run_id = ?"
-        row = self._db.execute(query, (self.run_id,)).fetchone()
-        return -1 if row[0] is None else row[0]
+        row = self._db.execute("SELECT MAX(round) FROM messages").fetchone()
+        return -1 if row[0] is None or not self._mine() else row[0]
 
     def peers(self) -> set[bytes]:
         """Every peer with at least one row: who the run is known to have."""
-        query = "SELECT DISTINCT peer FROM messages WHERE run_id = ?"
-        return {bytes(row[0]) for row in self._db.execute(query, (self.run_id,))}
+        if not self._mine():
+            return set()
+        query = (
+            "SELECT p.peer FROM (SELECT DISTINCT peer FROM messages) m "
+            "JOIN peers p ON p.id = m.peer"
+        )
+        return {bytes(row[0]) for row in self._db.execute(query)}
 
     def has(self, peer: bytes, round_: int) -> bool:
         return self.scalars_of(peer, round_) is not None
@@ -635,9 +885,9 @@ class Ledger:
     def payload_of(self, peer: bytes, round_: int) -> bytes | None:
         """The signed envelope's payload of `peer`'s update of `round_` (None: no such row,
         or a row logged without one yet: local-only, or our own not yet echoed)."""
-        query = "SELECT data FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
-        row = self._db.execute(query, (self.run_id, round_, peer)).fetchone()
-        return None if row is None or row[0] is None else bytes(row[0])
+        query = f"SELECT data FROM messages WHERE round = ? AND peer = {_PEER_ID}"
+        row = self._db.execute(query, (round_, peer)).fetchone()
+        return None if row is None or row[0] is None or not self._mine() else bytes(row[0])
 
     def bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
         """{bucket: (count, hash)} over rounds [b * bucket_rounds, (b + 1) * bucket_rounds).
@@ -668,9 +918,11 @@ class Ledger:
         )
 
     def _bucket_digests(self, table: str, bucket_rounds: int, cache: dict, members) -> dict:
+        if not self._mine():
+            return {}
         rows = self._db.execute(
-            f"SELECT round / ?, COUNT(*) FROM {table} WHERE run_id = ? GROUP BY round / ?",
-            (bucket_rounds, self.run_id, bucket_rounds),
+            f"SELECT round / ?, COUNT(*) FROM {table} GROUP BY round / ?",
+            (bucket_rounds, bucket_rounds),
         ).fetchall()
         out = {}
         for bucket, count in rows:
@@ -684,36 +936,41 @@ class Ledger:
 
     def peer_totals(self) -> dict[bytes, tuple[int, int, int]]:
         """{peer: (rows, first round, newest round)}: one scan of the run's rows."""
+        if not self._mine():
+            return {}
         rows = self._db.execute(
-            "SELECT peer, COUNT(*), MIN(round), MAX(round) FROM messages WHERE run_id = ?"
-            " GROUP BY peer",
-            (self.run_id,),
+            f"SELECT p.peer, COUNT(*), MIN(m.round), MAX(m.round) FROM {_MESSAGES} GROUP BY m.peer"
         ).fetchall()
         return {bytes(peer): (n, lo, hi) for peer, n, lo, hi in rows}
 
     def round_peers(self, min_round: int, max_round: int) -> Iterator[tuple[int, bytes]]:
         """(round, peer) of every row in [min_round, max_round], canonical order; no
         scalars (the run page's updates-by-peer)."""
+        if not self._mine():
+            return
         rows = self._db.execute(
-            "SELECT round, peer FROM messages WHERE run_id = ? AND round BETWEEN ? AND ?"
-            " ORDER BY round, peer",
-            (self.run_id, min_round, max_round),
+            f"SELECT m.round, p.peer FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? {_BY_PEER}",
+            (min_round, max_round),
         )
         for round_, peer in rows:
             yield round_, bytes(peer)
 
     def audit_counts(self, min_round: int, max_round: int) -> list[tuple[int, int]]:
         """[(round, audit records of updates of that round)] in [min_round, max_round]."""
+        if not self._mine():
+            return []
         return self._db.execute(
-            "SELECT round, COUNT(*) FROM audits WHERE run_id = ? AND round BETWEEN ? AND ?"
+            "SELECT round, COUNT(*) FROM audits WHERE round BETWEEN ? AND ?"
             " GROUP BY round ORDER BY round",
-            (self.run_id, min_round, max_round),
+            (min_round, max_round),
         ).fetchall()
 
     def peer_rounds(self) -> dict[bytes, int]:
         """{peer: its newest round in the ledger}: what a quorum round is taken over."""
+        if not self._mine():
+            return {}
         rows = self._db.execute(
-            "SELECT peer, MAX(round) FROM messages WHERE run_id = ? GROUP BY peer", (self.run_id,)
+            f"SELECT p.peer, MAX(m.round) FROM {_MESSAGES} GROUP BY m.peer"
         ).fetchall()
         return {bytes(peer): round_ for peer, round_ in rows}
 
@@ -721,29 +978,34 @@ class Ledger:
         self, round_: int, peer: bytes, max_round: int, limit: int
     ) -> list[tuple[UpdateMessage, Envelope]]:
         """Up to `limit` signed messages after (round_, peer) in canonical order."""
-        rows = self._db.execute(
-            "SELECT round, peer, scalars, data, seqno, signature FROM messages WHERE run_id = ?"
-            " AND (round, peer) > (?, ?) AND round <= ? AND signature IS NOT NULL"
-            " ORDER BY round, peer LIMIT ?",
-            (self.run_id, round_, peer, max_round, limit),
+        if not self._mine():
+            return []
+        rows = self._db.execute(  # (round, peer id bytes) > (round_, peer), as a row value
+            f"SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
+            f"FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? AND (m.round > ? OR p.peer > ?)"
+            f" AND m.signature IS NOT NULL {_BY_PEER} LIMIT ?",
+            (round_, max_round, round_, peer, limit),
         ).fetchall()
         return [
-            (_message(r, p, s), Envelope(bytes(d), bytes(q), bytes(g))) for r, p, s, d, q, g in rows
+            (_message(r, p, s), Envelope(bytes(d), bytes(_seqno_bytes(q, b)), bytes(g)))
+            for r, p, s, d, q, g, b in rows
         ]
 
     def unsigned(self, peer: bytes) -> list[UpdateMessage]:
         """`peer`'s messages logged without a signed envelope (our own, not yet echoed)."""
+        if not self._mine():
+            return []
         rows = self._db.execute(
-            "SELECT round, peer, scalars FROM messages WHERE run_id = ? AND peer = ? AND "
+            f"SELECT round, scalars FROM messages WHERE peer = {_PEER_ID} AND "
             "signature IS NULL ORDER BY round",
-            (self.run_id, peer),
+            (peer,),
         ).fetchall()
-        return [_message(*row) for row in rows]
+        return [_message(round_, peer, scalars) for round_, scalars in rows]
 
     def scalars_of(self, peer: bytes, round_: int) -> tuple[float, ...] | None:
-        query = "SELECT scalars FROM messages WHERE run_id = ? AND round = ? AND peer = ?"
-        row = self._db.execute(query, (self.run_id, round_, peer)).fetchone()
-        return None if row is None else unpack_scalars(row[0])
+        query = f"SELECT scalars FROM messages WHERE round = ? AND peer = {_PEER_ID}"
+        row = self._db.execute(query, (round_, peer)).fetchone()
+        return None if row is None or not self._mine() else unpack_scalars(row[0])
 
     def digest(self) -> str:
         """SHA-256 over all messages in canonical order: equal digests, equal ledgers."""
@@ -825,12 +1087,13 @@ class Ledger:
                 signed += 1
             pending.clear()
 
-        rows = self._db.execute(
-            "SELECT round, peer, scalars, data, seqno, signature FROM messages "
-            "WHERE run_id = ? ORDER BY round, peer",
-            (self.run_id,),
+        mine = self._mine()
+        rows = self._db.execute(  # LEFT JOIN: a row whose peer number names no peer is named
+            "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
+            f"FROM messages m LEFT JOIN peers p ON p.id = m.peer {_BY_PEER}"
         )
-        for round_, peer, packed, *envelope in rows:
+        for round_, peer, packed, data, seqno, signature, base in rows if mine else ():
+            envelope = [data, _seqno_bytes(seqno, base), signature]
             if trusted is not None and envelope[0] is not None and (peer, round_) in trusted:
                 signed += 1  # byte for byte a row checked before (see above)
                 skipped += 1
@@ -864,10 +1127,9 @@ class Ledger:
         audits_signed = audits_unsigned = 0
         rows = self._db.execute(
             "SELECT accused, round, auditor, scalars, data, seqno, signature, at FROM audits "
-            "WHERE run_id = ? ORDER BY round, accused, auditor, scalars",
-            (self.run_id,),
+            "ORDER BY round, accused, auditor, scalars"
         )
-        for accused, round_, auditor, packed, *envelope, at in rows:
+        for accused, round_, auditor, packed, *envelope, at in rows if mine else ():
             where = (
                 f"audit of round {round_!r:.24}, accused {_peer_label(accused)}, "
                 f"auditor {_peer_label(auditor)}"
@@ -917,14 +1179,13 @@ class Ledger:
         self.flush()
         h = hashlib.sha256()
         cursor = self._db.execute(
-            "SELECT round, peer, scalars, data, seqno, signature FROM messages "
-            "WHERE run_id = ? ORDER BY round, peer",
-            (self.run_id,),
+            "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
+            f"FROM {_MESSAGES} {_BY_PEER}"
         )
-        for round_, peer, *columns in cursor:
+        for round_, peer, scalars, data, seqno, signature, base in cursor if self._mine() else ():
             if (peer, round_) in rows:
                 h.update(str(round_).encode() + b"|" + peer)
-                for column in columns:
+                for column in (scalars, data, _seqno_bytes(seqno, base), signature):
                     h.update(b"|%d|" % (-1 if column is None else len(column)))
                     h.update(column or b"")
         return h.hexdigest()
