@@ -214,13 +214,13 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         task.train = task.train[: args.train_examples]
     task.calibration = config.calibration  # load_run_task's rule; the rows share one task
     curve: dict[int, tuple[float, float]] = {}
-    correct: dict[str, str] = {}  # the last evaluation's "1"/"0" per sentence (paired SEs)
+    correct: dict[str, str] = {}  # each evaluation's "1"/"0" per sentence (paired SEs)
 
     def score(r: int, cache) -> tuple[float, float]:
         metrics = evaluate_metrics(
             model, tokenizer, task, config, args.eval_examples, cache, per_example=True
         )
-        if r == max(args.eval_at) and "correct" in metrics:
+        if "correct" in metrics:
             correct[str(r)] = metrics["correct"]
         return metrics["loss"], metrics.get("accuracy")
 

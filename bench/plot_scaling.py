@@ -11,10 +11,11 @@ bench/gpu_rounds.sh scale`), and writes bench/results/scaling.md, .json and .png
 
 Error bars: the standard error over seeds. The test's own sampling error is reported
 beside it: sqrt(p(1-p)/n) for one score. For a difference of two rows on the same
-sentences it is paired where both rows kept their last evaluation's per-sentence marks
-(bench_rounds.py records them since the fifteenth CPU session): the SE over sentences of
-(row A's mean mark over seeds - row B's); otherwise the unpaired bound, sqrt(2) times one
-score's. Each N is compared with the Adam row run on the same machine.
+sentences it is paired where both rows kept per-sentence marks at that evaluation
+(bench_rounds.py keeps them since the fifteenth CPU session: at the last evaluation, then
+at every one): the SE over sentences of (row A's mean mark over seeds - row B's);
+otherwise the unpaired bound, sqrt(2) times one score's. Each N is compared with the Adam
+row run on the same machine.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def collect(sources=SOURCES, rounds=(20, 40)) -> dict:
             (zo if kind == "zo" else adam)[key] = out
             if kind == "zo":
                 where[key] = device
-            last = marks(runs, max(rounds))
-            if last is not None:
-                kept[f"{kind} {key}"] = last
+            for r in rounds:
+                if (per_sentence := marks(runs, r)) is not None:
+                    kept[f"{kind} {key} @{r}"] = per_sentence
     return {
         "zo": dict(sorted(zo.items())),
         "adam": adam,
@@ -105,8 +106,9 @@ def margin(summary: dict, n: int, round_: int) -> dict | None:
     curve, ref = summary["zo"][n], summary["adam"].get(ref_key, {})
     if round_ not in curve or round_ not in ref:
         return None
-    a, b = summary["marks"].get(f"zo {n}"), summary["marks"].get(f"adam {ref_key}")
-    if a and b and len(a) == len(b) and round_ == max(curve):
+    a = summary["marks"].get(f"zo {n} @{round_}")
+    b = summary["marks"].get(f"adam {ref_key} @{round_}")
+    if a and b and len(a) == len(b):
         diffs = [x - y for x, y in zip(a, b, strict=True)]
         se_sampling, paired = statistics.stdev(diffs) / math.sqrt(len(diffs)), True
     else:

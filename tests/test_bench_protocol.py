@@ -75,9 +75,10 @@ def test_choose_on_validation_then_score_the_chosen_row_on_test(tmp_path, monkey
         assert run["scored_sha256"] == split_sha256(task.test[:24], "test")
         # the last evaluation's per-sentence record, for paired SEs: one mark a sentence,
         # agreeing with the accuracy it scored
-        bits = run["correct"]["2"]
-        assert len(bits) == 24 and set(bits) <= {"0", "1"}
-        assert bits.count("1") / 24 == pytest.approx(run["curve"]["2"]["accuracy"])
+        for r in ("0", "2"):  # every evaluation
+            bits = run["correct"][r]
+            assert len(bits) == 24 and set(bits) <= {"0", "1"}
+            assert bits.count("1") / 24 == pytest.approx(run["curve"][r]["accuracy"])
     md = (tmp_path / "sweep-test.md").read_text()
     assert "| chosen on | scored on |" in md and "| validation | test |" in md
     assert "sqrt(p(1-p)/n)" in md

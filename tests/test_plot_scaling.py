@@ -96,7 +96,7 @@ def test_a_margin_is_paired_over_sentences_where_both_rows_kept_marks(sources):
     m64 = plot_scaling.margin(summary, 64, 40)
     assert not m64["paired"]
     assert m64["se_sampling"] == pytest.approx(math.sqrt(2 * 0.76 * 0.24 / SENTENCES))
-    # marks are of the last evaluation only: round 20's margin is unpaired
+    # marks kept at round 40 only (as the first runs that kept them): round 20 is unpaired
     assert not plot_scaling.margin(summary, 16, 20)["paired"]
 
 
