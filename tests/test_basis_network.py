@@ -14,7 +14,7 @@ import pytest
 
 from harness.cluster import RUN, start_peer
 from harness.replay_check import replay_equals_live
-from harness.scenario import run_to_the_end
+from harness.scenario import STATUS_PORT, finish_when, run_to_the_end
 from seedflood_p2p.algorithm.basis import load_schedule
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.apps.local import counted_updates
@@ -26,11 +26,14 @@ from seedflood_p2p.workload.models import load_model, weights_sha256
 ACTIVATION = dataclasses.replace(
     RUN, basis="activation", basis_examples=32, extra={"audit": {"cpu_share": 1.0}}
 )
-ROUNDS = 12
+# Open-ended: once the founders passed ROUNDS and the late joiner trained JOINER_ROUNDS,
+# every peer finishes at one common round (`finish_when`); a fixed end let the joiner, slow
+# to start under load, publish a round after one founder had stopped. ROUNDS_CAP: a bound.
+ROUNDS, JOINER_ROUNDS, ROUNDS_CAP = 12, 2, 80
 PEER_FLAGS = [
-    *("--until-round", str(ROUNDS), "--round-interval", "1.0", "--min-peers", "2"),
+    *("--until-round", str(ROUNDS_CAP), "--round-interval", "1.0", "--min-peers", "2"),
     *("--round-deadline", "10", "--linger", "6", "--repair-interval", "1"),
-    *("--connect-retries", "20"),
+    *("--connect-retries", "20", *STATUS_PORT),
 ]
 BASES = ["activation", "kfac"]
 
@@ -62,6 +65,12 @@ def _run(work, basis: str) -> dict:
     def join_late(peers, address):
         peers["a"].wait_round(4)
         peers["c"] = start_peer(work, "c", address, PEER_FLAGS)  # restores by replay
+
+        def shown(statuses) -> bool:
+            trained = [e for e in peers["c"].events() if e.get("event") == "round"]
+            return len(trained) >= JOINER_ROUNDS and peers["a"].last_round() >= ROUNDS
+
+        finish_when(peers, work, shown)
 
     run = dataclasses.replace(ACTIVATION, basis=basis)
     return run_to_the_end(work, run, start, join_late, exit_timeout=600)
