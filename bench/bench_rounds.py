@@ -144,7 +144,8 @@ class Partial:
                 f"(rounds 0-{self.ledger.max_round()}), evaluations at {sorted(self.curve)}",
                 flush=True,
             )
-            replay(model, self.config, self.ledger.messages(), schedule=schedule)
+            # into the training engine: under momentum it keeps the velocity to go on from
+            replay(model, self.config, self.ledger.messages(), schedule=schedule, engine=engine)
         return [schedule.artifacts[sha].size for _, sha in schedule.entries]
 
     def save(self, curve: dict[int, tuple[float, float]]) -> None:

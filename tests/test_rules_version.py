@@ -29,6 +29,7 @@ RULE_MODULES = [
     "algorithm/probation.py",  # who is a newcomer, who vouched
     "algorithm/subcge.py",  # base + ledger -> the model
     "algorithm/replay.py",
+    "algorithm/momentum.py",  # momentum's weights of a row (train-only until wired)
     "core/config.py",  # run ids, defaults, bounds
     "core/extra_settings.py",
     "core/rng.py",  # directions from derived seeds
@@ -37,7 +38,9 @@ RULE_MODULES = [
 ]
 # minor version -> fingerprint of RULE_MODULES at that version
 PINNED = {
-    "0.2": "623a8ecab83e6b74eee4bf9abbc7e8e689c28f926ff67c5da0fcb7ec232f996f",
+    # re-pinned for `momentum`: a new setting that 0.2.0 peers refuse as unknown and every
+    # daemon refuses (daemon_problem), so no run the network carries changes its rules
+    "0.2": "905a19581e9830dc38dd60f99245ec98277cf40f5a9787575130694272455e85",
 }
 
 

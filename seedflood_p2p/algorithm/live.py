@@ -195,7 +195,7 @@ class LiveModel:
         are applied. Otherwise (no checkpoint, damaged, edited, of rows the ledger no longer
         holds as such) by replay of the whole cut. The cut's unapplied updates are in its
         messages already, so they are dropped here. Returns how, for the log."""
-        if directory is not None:
+        if directory is not None and not self.config.momentum:  # checkpoints lack velocity
             try:
                 how = self._restore_from_checkpoint(cut, directory)
                 if how is not None:
@@ -204,7 +204,9 @@ class LiveModel:
                 pass  # a fresh peer
             except Exception as exc:  # unreadable: the ledger alone rebuilds the model
                 log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
-        count = replay(self.model, self.config, cut.messages, schedule=self.schedule)
+        # Under momentum into the live engine, which goes on from the velocity it rebuilds.
+        engine = self.engine if self.config.momentum else None
+        count = replay(self.model, self.config, cut.messages, schedule=self.schedule, engine=engine)
         self.hold(cut.messages)
         return f"replay of {count} ledger messages"
 

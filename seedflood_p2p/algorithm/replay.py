@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from torch import nn
 
 from seedflood_p2p.algorithm.basis import BasisSchedule
-from seedflood_p2p.algorithm.subcge import StageTimes, make_estimator
+from seedflood_p2p.algorithm.subcge import StageTimes, ZerothOrderEstimator, make_estimator
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage
 
@@ -38,15 +38,21 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     times: StageTimes | None = None,
     schedule: BasisSchedule | None = None,
+    engine: ZerothOrderEstimator | None = None,
 ) -> int:
     """Apply `messages` (canonical order required) to `model` in place; returns the count.
     `times`, if given, collects the seconds spent per stage (accumulate, basis, merge).
-    `schedule`: the run's basis artifacts (from the ledger), never recomputed here."""
-    engine = make_estimator(model, config)
+    `schedule`: the run's basis artifacts (from the ledger), never recomputed here.
+    `engine`: the caller's estimator on `model`, holding the artifacts already; it stays
+    open and keeps what the replay leaves in it (under momentum the velocity, which the
+    training that resumes next goes on from). Default: a fresh one, closed at the end."""
+    own = engine is None
+    if engine is None:
+        engine = make_estimator(model, config)
+        for first_epoch, sha in schedule.entries if schedule else []:
+            engine.add_basis(first_epoch, schedule.artifacts[sha])
     if times is not None:
         engine.times = times
-    for first_epoch, sha in schedule.entries if schedule else []:
-        engine.add_basis(first_epoch, schedule.artifacts[sha])
     round_sizes = None
     if config.round_sized:  # a round's step depends on its size: count first
         messages = list(messages)
@@ -76,7 +82,8 @@ def replay(
         engine.commit_grouped(MERGE_GROUP)
     else:
         engine.commit()
-    engine.close()
+    if own:
+        engine.close()
     return count
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from seedflood_p2p.algorithm.basis import BasisArtifact, BasisSchedule, check
+from seedflood_p2p.algorithm.momentum import Velocity
 from seedflood_p2p.algorithm.trainable import (
     Perturbation,
     SharedPrefix,
@@ -352,6 +353,9 @@ class SubCGE(ZerothOrderEstimator):
         self._basis_cache_size = basis_cache
         self._bases: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pending: dict[int, np.ndarray] = {}  # epoch -> [L, r*r] float64
+        # momentum > 0 (a fixed basis): the round the weights are of, and the velocity core
+        shape = (len(self.matrices), rank * rank)
+        self.velocity = Velocity(config.momentum, shape) if config.momentum else None
         self._hooks = install_perturbation_hooks(self.matrices)
         self.schedule = BasisSchedule()  # curvature-aware V sides by epoch (basis.py)
 
@@ -359,6 +363,14 @@ class SubCGE(ZerothOrderEstimator):
         """Use `artifact`'s V sides from `first_epoch` on (until a later one's). Merge pending
         cores first: an epoch's basis must not change under a core already folded into it."""
         check(artifact, self.matrices, self.config.rank)
+        if self.velocity is not None:
+            missing = [m.name for m in self.matrices if m.name not in artifact.u]
+            if missing:
+                raise UserError(
+                    f"momentum needs a basis with both sides for every trained matrix: "
+                    f"artifact {artifact.sha256[:16]} has no U side for '{missing[0]}' "
+                    f"({len(missing)} matrices): train linear matrices only (no train_norms)"
+                )
         if any(e >= first_epoch for e in self._pending):
             raise ValueError(f"epoch {first_epoch} or later has pending updates: commit first")
         self.schedule.add(first_epoch, artifact)
@@ -494,6 +506,9 @@ class SubCGE(ZerothOrderEstimator):
         with self.times.stage("accumulate"):
             for lo in range(0, len(messages), step):
                 epochs, index, value = self.core_entries(messages[lo : lo + step], round_sizes)
+                if self.velocity is not None:
+                    self._fold_with_momentum(messages[lo : lo + step], index, value)
+                    continue
                 present = np.unique(epochs)
                 for epoch in present:
                     # one epoch in the chunk (the usual: a round's updates): no copy
@@ -502,6 +517,29 @@ class SubCGE(ZerothOrderEstimator):
                     core = self._pending.setdefault(int(epoch), np.zeros(shape, dtype=np.float64))
                     np.add.at(core.reshape(-1), index[rows].ravel(), value[rows].ravel())
         return len(messages)
+
+    def _fold_with_momentum(
+        self, messages: list[UpdateMessage], index: np.ndarray, value: np.ndarray
+    ) -> None:
+        """Fold rows under momentum (algorithm/momentum.py), a run of equal rounds at a time:
+        a row of round s >= head first moves the state on to s + 1; a row `lag` rounds
+        before the head adds w(lag) x its entries to the pending core and b^(lag-1) x them
+        to the velocity (both 1 for a row of the round just passed)."""
+        velocity, L, r = self.velocity, len(self.matrices), self.config.rank
+        rounds = np.array([m.round for m in messages], dtype=np.int64)
+        starts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(messages)]
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            round_ = int(rounds[lo])
+            epoch = self.config.epoch_of(round_)
+            core = self._pending.setdefault(epoch, np.zeros((L, r * r), dtype=np.float64))
+            carry = velocity.advance(round_ + 1)
+            if carry is not None:
+                core += carry
+            weight, decay = velocity.factors(velocity.head - round_)
+            where, entries = index[lo:hi].ravel(), value[lo:hi].ravel()
+            np.add.at(core.reshape(-1), where, entries if weight == 1.0 else entries * weight)
+            moving = entries if decay == 1.0 else entries * decay
+            np.add.at(velocity.core.reshape(-1), where, moving)
 
     @property
     def pending_epochs(self) -> list[int]:

@@ -86,7 +86,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from seedflood_p2p.algorithm.replay import replay
 
         log.info("resuming: replaying %d ledger messages", len(ledger))
-        replay(model, config, ledger.messages(), schedule=schedule)
+        # into the training engine: under momentum it keeps the velocity to go on from
+        replay(model, config, ledger.messages(), schedule=schedule, engine=engine)
     log.info(
         "start: held-out %s",
         format_metrics(evaluate_metrics(model, tokenizer, task, config, args.eval_examples)),

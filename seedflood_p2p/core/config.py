@@ -73,7 +73,9 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "step_rule": "per_update",
     "calibration": "",
     "train_examples": 0,
+    "momentum": 0.0,
 }
+MOMENTUM_MAX = 0.99  # a round's update is carried on at most 1 / (1 - 0.99) = 100 times
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
 # Model and dataset names that name a file of the organiser's machine: a path, or a data or
 # weights file name (workload/tasks.py is_local_path adds "exists here").
@@ -188,6 +190,15 @@ class RunConfig:
         default="",
         metadata={"help": "content-free: label logits relative to the prompt filled with N/A"},
     )
+    # Heavy-ball momentum in the fixed basis's core coordinates (algorithm/momentum.py): the
+    # state of round T is base - U (sum over rows of w(T - s) c) V^T, w(d) = 1 + b + ... +
+    # b^(d-1), so the model stays a linear function of the ledger and the round. 0: none.
+    # Needs a basis that never changes (basis "kfac", basis_refresh 0); `seedflood train`
+    # and the benches only, for now (daemon_problem).
+    momentum: float = field(
+        default=0.0,
+        metadata={"help": f"heavy-ball momentum in the core coordinates, 0..{MOMENTUM_MAX}"},
+    )
 
     def __post_init__(self) -> None:
         problems = _type_problems(self)
@@ -260,6 +271,16 @@ class RunConfig:
             )
         elif self.round_sized and self.estimator != "subcge":
             problems.append(f"step_rule '{self.step_rule}' needs the subcge estimator")
+        if not (is_finite(self.momentum) and 0 <= self.momentum <= MOMENTUM_MAX):
+            problems.append(
+                f"momentum must be a number in [0, {MOMENTUM_MAX:g}] "
+                f"(got {short_repr(self.momentum)})"
+            )
+        elif self.momentum and not self.fixed_basis:
+            problems.append(
+                "momentum needs a basis that never changes: basis 'kfac' with basis_refresh 0 "
+                "(a round's core coordinates mean the same directions in every later round)"
+            )
         if self.calibration not in CALIBRATION_CHOICES:
             problems.append(
                 f"calibration must be 'content-free' or empty (got {short_repr(self.calibration)})"
@@ -442,7 +463,18 @@ class RunConfig:
                 "run carries one basis artifact, computed by its bootstrap node at the base "
                 "weights; set basis_refresh = 0"
             )
+        if self.momentum:
+            return (
+                "momentum runs in `seedflood train` only: the daemon's late rows, audits and "
+                "checkpoints do not carry the momentum state yet; set momentum = 0"
+            )
         return None
+
+    @property
+    def fixed_basis(self) -> bool:
+        """Whether every round's directions live in one basis: K-FAC's U and V sides, computed
+        once at the base weights (what momentum across rounds needs)."""
+        return self.basis == "kfac" and self.basis_refresh == 0
 
     @property
     def data_basis(self) -> bool:
