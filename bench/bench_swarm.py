@@ -3,6 +3,7 @@
 
     python bench/bench_swarm.py [--peers 8,16,32] [--rounds 30] [--round-interval 0.5]
         [--netns [--delay-ms 20] [--loss 0]] [--threads 1] [--out swarm] [--work DIR]
+        [--prometheus [--prometheus-at ROUND] [--scrape-interval 1]]
     python bench/bench_swarm.py --out NAME --summarize     # redo NAME.md/.png from NAME.json
 
 Issue 46, item 3 ("hundreds of real daemons"). For each N of --peers: a bootstrap node of
@@ -32,6 +33,21 @@ ledger files read through read-only SQLite, and /proc):
 - CPU seconds per daemon per round: utime+stime from /proc/PID/stat between the first
   sample in training and the first at the daemon's final round, over the rounds between.
 
+--prometheus (issue 46 item 4, loopback only): the bootstrap node gets a metrics port too,
+and a real Prometheus (the `prometheus` binary, e.g. Debian's package; its own config and
+TSDB under the row's work dir, on a free 127.0.0.1 port) scrapes every daemon's /metrics
+every --scrape-interval s, its targets written (file_sd) as daemons write their
+status_port. Once the slowest peer reaches --prometheus-at (default ROUNDS/2) and every
+target has been up --prometheus-min-scrape s, a thread runs every panel query of
+deploy/grafana/seedflood-run.json through /api/v1/query (template variables made concrete,
+`$instance` as All) as written and per daemon (`instance` added to its groupings), and
+counts the peers whose series each returns; an empty query is told apart: declared by the
+daemons but no sample yet (nothing of its kind happened), series filtered out (`> 0`), or
+a name no daemon exports (broken). It also reads the bootstrap node's run page (/run and
+/run.json's peers) and `seedflood status` of the bootstrap node and of each peer. The row
+gets `prometheus` and OUT.md a table; the bench prints "prometheus: K of Q dashboard
+queries cover all N daemons".
+
 bench/results/OUT.json and OUT.md: each finished row is written at once; a rerun with the
 same OUT skips the rows it already holds (same N, rounds, interval, network, threads).
 OUT.png: rounds/min and RSS against N. A progress line every --progress s.
@@ -47,6 +63,7 @@ import datetime as dt
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sqlite3
@@ -276,6 +293,7 @@ def summarize_row(obs: dict) -> dict:
             "exit_codes",
             "error",
             "interrupted",
+            "prometheus",
         )
     }
     row.update(
@@ -383,6 +401,8 @@ def markdown(doc: dict) -> str:
         )
     lines += ["", *table(rows), ""]
     lines += [f"- {note}" for note in doc.get("skipped", [])]
+    for r in rows:
+        lines += prometheus_markdown(r)
     lines += [
         "Columns: rounds/min: the median peer's (first to last `round` event) and the "
         "swarm's (from the first `round` event of any peer to the last peer's last one); "
@@ -478,6 +498,283 @@ def save_doc(doc: dict, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Prometheus (--prometheus, issue 46 item 4): the dashboard's queries over a real scrape
+# --------------------------------------------------------------------------------------
+DASHBOARD = ROOT / "deploy" / "grafana" / "seedflood-run.json"
+SCRAPE_INTERVAL_S = 1.0
+# Grafana's built-in variables, made concrete for an instant query through the HTTP API.
+GRAFANA_VARS = {"__rate_interval": "1m", "__interval": "2s", "__range": "5m"}
+
+
+def dashboard_queries(
+    dashboard: dict, instance: str = ".*", builtins: dict[str, str] | None = None
+) -> list[dict]:
+    """Every panel target's `expr` (rows' nested panels too), with the dashboard's
+    template variables made concrete: `$instance` (and `${instance}`, `${instance:regex}`)
+    -> `instance` (a regex: ".*" is Grafana's "All"), Grafana's built-ins (`$__rate_interval`
+    ...) -> GRAFANA_VARS. A variable left over is an error (the query could not be run as
+    the dashboard means it). Returns [{panel, legend, ref, expr, query}] in panel order."""
+    values = {**GRAFANA_VARS, **(builtins or {}), "instance": instance}
+    pattern = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+    def concrete(expr: str) -> str:
+        def sub(m: re.Match) -> str:
+            name = m.group(1) or m.group(2)
+            if name not in values:
+                raise ValueError(f"unknown template variable ${name} in {expr!r}")
+            return values[name]
+
+        return pattern.sub(sub, expr)
+
+    out = []
+
+    def walk(panels: list[dict]) -> None:
+        for p in panels:
+            for t in p.get("targets") or []:
+                if t.get("expr"):
+                    out.append(
+                        {
+                            "panel": p.get("title", ""),
+                            "legend": t.get("legendFormat", ""),
+                            "ref": t.get("refId", ""),
+                            "expr": t["expr"],
+                            "query": concrete(t["expr"]),
+                        }
+                    )
+            walk(p.get("panels") or [])
+
+    walk(dashboard.get("panels") or [])
+    return out
+
+
+def per_daemon(query: str) -> str:
+    """The query with `instance` added to every `by (...)` grouping, so an aggregate over
+    daemons (`sum by (source) (...)`) answers per daemon: its instance labels say which
+    daemons' series the panel is drawn from. A query without a grouping is kept."""
+
+    def add(m: re.Match) -> str:
+        labels = [x.strip() for x in m.group(1).split(",") if x.strip()]
+        if "instance" not in labels:
+            labels.append("instance")
+        return f"by ({', '.join(labels)})"
+
+    return re.sub(r"\bby\s*\(([^)]*)\)", add, query)
+
+
+PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}
+PROMQL_WORDS |= {"group_left", "group_right", "inf", "nan"}
+
+
+def metric_names(query: str) -> list[str]:
+    """The metric names a query selects (bare, `name{...}` or `name[...]`), in order, once
+    each: strings, label matchers, ranges and groupings dropped, then every identifier
+    that is not a function call or a PromQL keyword."""
+    q = re.sub(r'"(?:[^"\\]|\\.)*"', '""', query)
+    q = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", q)
+    q = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", q)
+    names = re.findall(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", q)
+    return list(dict.fromkeys(n for n in names if n.lower() not in PROMQL_WORDS))
+
+
+def exposed_families(metrics_text: str) -> dict[str, str]:
+    """`# TYPE name kind` lines of a /metrics page: {name: kind}. A labelled counter that
+    never counted (no ban yet) has its TYPE line but no sample."""
+    out = {}
+    for line in metrics_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"]:
+            out[parts[2]] = parts[3]
+    return out
+
+
+def declared(name: str, families: dict[str, str]) -> bool:
+    """Whether a queried series name is one a daemon declares (histograms' _bucket, _sum,
+    _count; counters' _total and _created under either name)."""
+    if name in families:
+        return True
+    for suffix in ("_bucket", "_sum", "_count", "_total", "_created"):
+        if name.endswith(suffix) and name[: -len(suffix)] in families:
+            return True
+    return any(f"{k}_total" == name for k in families)
+
+
+def prometheus_config(targets_file: Path, scrape_interval: float = SCRAPE_INTERVAL_S) -> str:
+    """prometheus.yml: one job over every daemon's /metrics, its targets from a file the
+    bench rewrites as daemons write their status_port (file_sd: re-read on change)."""
+    s = f"{scrape_interval:g}s"
+    return (
+        "# written by bench/bench_swarm.py --prometheus\n"
+        "global:\n"
+        f"  scrape_interval: {s}\n"
+        f"  scrape_timeout: {s}\n"
+        f"  evaluation_interval: {s}\n"
+        "scrape_configs:\n"
+        "  - job_name: seedflood\n"
+        "    metrics_path: /metrics\n"
+        "    file_sd_configs:\n"
+        f"      - files: [{json.dumps(str(targets_file))}]\n"
+        f"        refresh_interval: {s}\n"
+    )
+
+
+def file_sd_targets(ports: dict[str, int], host: str = "127.0.0.1") -> list[dict]:
+    """file_sd's JSON: one target per daemon, its name as label `daemon`."""
+    return [
+        {"targets": [f"{host}:{port}"], "labels": {"daemon": name}}
+        for name, port in sorted(ports.items())
+    ]
+
+
+def query_coverage(
+    check: dict, direct: list[dict], split: list[dict], peers: dict[str, str]
+) -> dict:
+    """One dashboard query's figures from Prometheus's answers (each a `result` vector):
+    `direct` (the query as the dashboard runs it) and `split` (per_daemon of it); `peers`
+    maps instance -> peer name (the N training daemons; any other instance is the
+    bootstrap node). Daemons covered: the peers among the split answer's instances."""
+    instances = {s["metric"].get("instance") for s in split} - {None}
+    covered = sorted(peers[i] for i in instances if i in peers)
+    return {
+        **check,
+        "series": len(direct),
+        "series_per_daemon": len(split),
+        "peers_covered": covered,
+        "covered": len(covered),
+        "bootstrap_covered": any(i not in peers for i in instances),
+        "missing": sorted(set(peers.values()) - set(covered)),
+    }
+
+
+def classify(check: dict, families: dict[str, str], with_samples: set[str], n: int) -> str:
+    """all / some / empty: why. `with_samples`: the metric names that have series in
+    Prometheus now (any daemon)."""
+    if check["covered"] == n:
+        return "all"
+    names = metric_names(check["query"])
+    unknown = [m for m in names if not declared(m, families)]
+    if unknown:
+        return "broken: no daemon exports " + ", ".join(unknown)
+    if check["covered"]:
+        return f"some: {check['covered']} of {n} ({', '.join(check['missing'])} missing)"
+    silent = [m for m in names if m not in with_samples]
+    if silent:
+        return "empty: declared, no samples yet (" + ", ".join(silent) + ")"
+    return "empty: series exist but the expression selects none (a filter such as > 0)"
+
+
+def summarize_prometheus(watch: dict) -> dict:
+    """K of Q queries that cover all N daemons, and the operator views' peer counts."""
+    n = watch.get("n") or 0
+    checks = watch.get("queries") or []
+    k = sum(1 for c in checks if c.get("verdict") == "all")
+    by_kind: dict[str, int] = {}
+    for c in checks:
+        kind = (c.get("verdict") or "error").split(":")[0]
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    return {
+        "all": k,
+        "queries": len(checks),
+        "by_verdict": by_kind,
+        "line": f"prometheus: {k} of {len(checks)} dashboard queries cover all {n} daemons",
+    }
+
+
+def status_counts(text: str) -> dict:
+    """`seedflood status`'s screen: peers alive, the run-wide line's alive and known counts,
+    and the peers listed on its `peer rounds` line (a peer lists the others it heard)."""
+    out: dict[str, int | None] = {
+        "peers_alive": None,
+        "run_alive": None,
+        "run_known": None,
+        "peer_rounds": None,
+    }
+    m = re.search(r"^peers alive\s+(\d+)", text, re.M)
+    if m:
+        out["peers_alive"] = int(m.group(1))
+    m = re.search(r"(\d+) peers alive of (\d+) in the ledger", text)
+    if m:
+        out["run_alive"], out["run_known"] = int(m.group(1)), int(m.group(2))
+    m = re.search(r"^peer rounds (.*)$", text, re.M)
+    if m:
+        out["peer_rounds"] = len(re.findall(r"\.\.\w+: -?\d+", m.group(1)))
+    return out
+
+
+def run_page_counts(run_json: dict) -> dict:
+    """/run.json's peers table: how many, by state, and the run-wide head."""
+    peers = run_json.get("peers") or []
+    states: dict[str, int] = {}
+    for p in peers:
+        state = str(p.get("state", "?")).split(" (")[0]
+        states[state] = states.get(state, 0) + 1
+    run = run_json.get("run") or {}
+    return {
+        "peers": len(peers),
+        "states": states,
+        "round": run.get("round"),
+        "peers_alive": run.get("peers_alive"),
+        "peers_known": run.get("peers_known"),
+    }
+
+
+def prometheus_table(watch: dict) -> list[str]:
+    """The markdown table: per dashboard query, its series and the daemons it covers."""
+    n = watch.get("n")
+    lines = [
+        f"| panel | query | series | daemons covered of {n} | bootstrap | verdict |",
+        "|---|---|---:|---:|---|---|",
+    ]
+    for c in watch.get("queries") or []:
+        expr = c["expr"].replace("|", "\\|")
+        lines.append(
+            f"| {c['panel']} | `{expr}` | {c.get('series', '-')} | {c.get('covered', '-')} | "
+            f"{'yes' if c.get('bootstrap_covered') else 'no'} | {c.get('verdict', '-')} |"
+        )
+    return lines
+
+
+def prometheus_markdown(row: dict) -> list[str]:
+    """The row's Prometheus section: the summary line, the views' counts and the table."""
+    w = row.get("prometheus")
+    if not w:
+        return []
+    s = summarize_prometheus(w)
+    lines = [f"### N={row['n']}: Prometheus {w.get('version') or ''}".rstrip(), ""]
+    if w.get("error"):
+        lines += [f"- error: {w['error']}", ""]
+    lines += [
+        f"- **{s['line']}** (verdicts: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(s["by_verdict"].items()))
+        + f"); queried at the slowest peer's round {w.get('at_round')}, "
+        f"{_f(w.get('scraping_s'), 0)} s after every target was up, scrape interval "
+        f"{w.get('scrape_interval_s')} s, {w.get('targets_up')} of {w.get('targets')} "
+        f"targets up",
+    ]
+    page, boot = w.get("run_page") or {}, w.get("status_bootstrap") or {}
+    if page:
+        lines.append(
+            f"- run page: GET /run {page.get('html_status')} ({page.get('html_bytes')} bytes); "
+            f"/run.json lists {page.get('peers')} of {w.get('n')} peers "
+            f"(states {page.get('states')}), run-wide {page.get('peers_alive')} alive of "
+            f"{page.get('peers_known')} known at round {page.get('round')}"
+        )
+    if boot:
+        lines.append(
+            f"- `seedflood status` (bootstrap): peers alive {boot.get('peers_alive')}, "
+            f"run-wide {boot.get('run_alive')} alive of {boot.get('run_known')} in the ledger"
+        )
+    peers = w.get("status_peers") or {}
+    if peers:
+        listed = [v.get("peer_rounds") for v in peers.values()]
+        lines.append(
+            f"- `seedflood status` on each peer: {sum(v.get('rc') == 0 for v in peers.values())}"
+            f" of {w.get('n')} answered; each lists {sorted(set(listed), key=str)} other "
+            f"peers on its `peer rounds` line (of {(w.get('n') or 1) - 1})"
+        )
+    return [*lines, "", *prometheus_table(w), ""]
+
+
+# --------------------------------------------------------------------------------------
 # The run: real processes
 # --------------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float | None:
@@ -556,6 +853,176 @@ class LedgerPoll:
             self.db = None
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class PromWatch:
+    """A real Prometheus (the `prometheus` binary: Debian's package) scraping every daemon's
+    /metrics on 127.0.0.1, its own config and a temporary TSDB under WORK/prometheus; then
+    the operator's views checked once: the Grafana dashboard's queries, the bootstrap
+    node's run page and `seedflood status`."""
+
+    def __init__(self, work: Path, names: list[str], scrape_interval: float) -> None:
+        import shutil
+        import subprocess
+
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("--prometheus: no `prometheus` binary (apt-get install prometheus)")
+        self.dir = work / "prometheus"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.work, self.names, self.scrape_interval = work, names, scrape_interval
+        self.targets_file = self.dir / "targets.json"
+        self.targets_file.write_text("[]")
+        self.ports: dict[str, int] = {}
+        self.all_up_since: float | None = None
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (self.dir / "prometheus.yml").write_text(
+            prometheus_config(self.targets_file, scrape_interval)
+        )
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True)
+        self.version = (version.stdout or version.stderr).splitlines()[0].strip()
+        self.log = open(self.dir / "prometheus.log", "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def api(self, path: str, **params: str) -> Any:
+        import urllib.parse
+
+        status, body = http_get(f"{self.url}{path}?{urllib.parse.urlencode(params)}")
+        doc = json.loads(body)
+        if status != 200 or doc.get("status") != "success":
+            raise RuntimeError(f"prometheus {path} {params}: {status} {doc.get('error')}")
+        return doc["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        data = self.api("/api/v1/query", query=expr)
+        if data.get("resultType") != "vector":
+            raise RuntimeError(f"{expr}: a {data.get('resultType')}, not a vector")
+        return data["result"]
+
+    def tick(self, now: float) -> None:
+        """New status_port files -> the targets file; when every target is first up."""
+        found = False
+        for name in self.names:
+            if name not in self.ports:
+                with contextlib.suppress(OSError, ValueError):
+                    self.ports[name] = int((self.work / name / "status_port").read_text())
+                    found = True
+        if found:
+            tmp = self.targets_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(file_sd_targets(self.ports), indent=1))
+            tmp.replace(self.targets_file)
+        if self.all_up_since is None and len(self.ports) == len(self.names):
+            with contextlib.suppress(Exception):
+                up = self.query('up{job="seedflood"}')
+                if len(up) == len(self.names) and all(s["value"][1] == "1" for s in up):
+                    self.all_up_since = now
+
+    def instances(self) -> dict[str, str]:
+        return {f"127.0.0.1:{port}": name for name, port in self.ports.items()}
+
+    def check(self, n: int, at_round: int, scraping_s: float) -> dict:
+        """Every dashboard query (and per daemon), the run page, `seedflood status`."""
+        import subprocess
+
+        inst = self.instances()
+        peers = {i: name for i, name in inst.items() if name != "bootstrap"}
+        up = self.query('up{job="seedflood"}')
+        watch: dict[str, Any] = {
+            "n": n,
+            "version": self.version,
+            "at_round": at_round,
+            "scraping_s": round(scraping_s, 1),
+            "scrape_interval_s": self.scrape_interval,
+            "targets": len(inst),
+            "targets_up": sum(s["value"][1] == "1" for s in up),
+            "config": (self.dir / "prometheus.yml").read_text(),
+        }
+        families: dict[str, str] = {}
+        for port in self.ports.values():  # what the daemons declare (TYPE lines)
+            with contextlib.suppress(Exception):
+                families.update(
+                    exposed_families(http_get(f"http://127.0.0.1:{port}/metrics")[1].decode())
+                )
+        with_samples = {
+            s["metric"]["__name__"]
+            for s in self.query('count by (__name__) ({job="seedflood",__name__=~".+"})')
+        }
+        watch["families"] = len(families)
+        checks = []
+        for q in dashboard_queries(json.loads(DASHBOARD.read_text())):
+            try:
+                c = query_coverage(
+                    q, self.query(q["query"]), self.query(per_daemon(q["query"])), peers
+                )
+                c["verdict"] = classify(c, families, with_samples, n)
+            except Exception as exc:
+                c = {**q, "verdict": f"error: {exc}"}
+            checks.append(c)
+        watch["queries"] = checks
+        boot_port = self.ports.get("bootstrap")
+        if boot_port is not None:
+            page = f"http://127.0.0.1:{boot_port}"
+            with contextlib.suppress(Exception):
+                status, body = http_get(f"{page}/run")
+                watch["run_page"] = {"html_status": status, "html_bytes": len(body)}
+                status, body = http_get(f"{page}/run.json")
+                watch["run_page"].update(json_status=status, **run_page_counts(json.loads(body)))
+        statuses: dict[str, dict] = {}
+        for name, port in sorted(self.ports.items()):
+            cmd = [sys.executable, "-m", "seedflood", "status", f"127.0.0.1:{port}"]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                statuses[name] = {"rc": done.returncode, **status_counts(done.stdout)}
+                if name == "bootstrap":
+                    statuses[name]["screen"] = done.stdout
+            except subprocess.TimeoutExpired:
+                statuses[name] = {"rc": None, "error": "timeout"}
+        watch["status_bootstrap"] = statuses.pop("bootstrap", None)
+        watch["status_peers"] = statuses
+        watch["up_after"] = sum(s["value"][1] == "1" for s in self.query('up{job="seedflood"}'))
+        watch["summary"] = summarize_prometheus(watch)
+        return watch
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+        self.log.close()
+
+
 class Stop(Exception):
     """SIGTERM to the bench: leave as Ctrl-C does, through the cleanup."""
 
@@ -572,6 +1039,9 @@ class Swarm:
         self.p2pd_seen: set[int] = set()
         self.samples: list[dict] = []
         self.net = None
+        self.watch: PromWatch | None = None  # --prometheus
+        self.checking: Any = None  # its check's thread, then its answer
+        self.checked: dict = {}
         self.t0 = time.monotonic()
         if args.netns:
             from harness.partition import NamespaceNet
@@ -612,6 +1082,12 @@ class Swarm:
 
         run_file = self.work / "run.toml"
         run_file.write_text(to_toml(RUN))
+        metrics = ()
+        if self.args.prometheus:  # the run page and /metrics of the bootstrap node too
+            metrics = ("--metrics-port", "0")
+            names = ["bootstrap", *(f"peer{i}" for i in range(self.n))]
+            self.watch = PromWatch(self.work, names, self.args.scrape_interval)
+            self.progress(f"prometheus {self.watch.version} on {self.watch.url}")
         listen, prefix = "/ip4/127.0.0.1/tcp/0", ()
         if self.net is not None:
             delay = ["--delay", f"{self.args.delay_ms:g}ms"] if self.args.delay_ms else []
@@ -626,6 +1102,7 @@ class Swarm:
                 "bootstrap",
                 *("--config", str(run_file), "--listen", listen),
                 *("--data-dir", str(self.work / "bootstrap"), "--summary-interval", "2"),
+                *metrics,
             ],
             self.work,
             prefix=prefix,
@@ -742,6 +1219,8 @@ class Swarm:
                 if now >= next_progress:
                     self.progress()
                     next_progress = now + a.progress
+                if self.watch is not None and "prometheus" not in obs:
+                    self.watch_tick(now, obs)
                 if not any(p.alive for p in self.peers.values()):
                     break
                 if training_t is None and any(not p.alive for p in self.peers.values()):
@@ -756,6 +1235,8 @@ class Swarm:
                 time.sleep(min(0.25, a.poll / 2))
             if training_t is not None:
                 training_s = self.elapsed() - training_t
+            if self.watch is not None and "prometheus" not in obs:
+                self.watch_done(obs, wait=120)
             wall = time.time()
             for lp in self.ledgers.values():  # the last rows (a peer's ledger is closed now)
                 lp.poll(wall)
@@ -771,6 +1252,52 @@ class Swarm:
             obs["load_end"] = list(os.getloadavg())
             obs["wall_s"] = self.elapsed()
         return obs
+
+    def watch_tick(self, now: float, obs: dict) -> None:
+        """--prometheus: keep its targets current; once the slowest peer reached
+        --prometheus-at and every target was up for --prometheus-min-scrape s, check once,
+        in a thread (the loop keeps polling ledgers meanwhile); its answer into obs."""
+        import threading
+
+        w, a = self.watch, self.args
+        if self.checking is not None:
+            if not self.checking.is_alive():
+                self.watch_done(obs)
+            return
+        w.tick(now)
+        slowest = min((lg.last for lg in self.logs.values()), default=-1)
+        at = a.prometheus_at if a.prometheus_at is not None else a.rounds // 2
+        if w.all_up_since is None or slowest < at or now - w.all_up_since < a.prometheus_min_scrape:
+            return
+        self.progress(f"prometheus: querying the dashboard at round {slowest}")
+
+        def check() -> None:
+            try:
+                self.checked = w.check(self.n, slowest, now - w.all_up_since)
+            except Exception as exc:
+                self.checked = {"n": self.n, "error": repr(exc)[:2000]}
+            self.checked["check_s"] = round(self.elapsed() - now, 1)
+
+        self.checking = threading.Thread(target=check, name="prometheus-check", daemon=True)
+        self.checking.start()
+
+    def watch_done(self, obs: dict, wait: float = 0.0) -> None:
+        if self.checking is None:
+            obs["prometheus"] = {
+                "n": self.n,
+                "error": "the peers finished before the check (lower --prometheus-at)",
+            }
+            return
+        self.checking.join(wait)
+        if self.checking.is_alive():
+            obs["prometheus"] = {"n": self.n, "error": f"the check took over {wait:.0f} s"}
+            return
+        obs["prometheus"] = self.checked
+        summary = self.checked.get("summary") or {}
+        self.progress(
+            f"{summary.get('line', 'prometheus: failed')} (checked in "
+            f"{self.checked.get('check_s')} s)"
+        )
 
     def collect(self) -> dict:
         """Final statuses, exit codes, the bootstrap node's digest; every process stopped."""
@@ -815,6 +1342,9 @@ class Swarm:
         any p2pd child seen still running; then the namespaces."""
         from bench_soak import comm, p2pd_of
 
+        if self.watch is not None:
+            with contextlib.suppress(Exception):
+                self.watch.close()
         for p in self.procs:
             if p.alive:
                 self.p2pd_seen.update(p2pd_of(p.proc.pid))
@@ -901,6 +1431,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--startup-timeout", type=float, default=1200.0, help="s for all N to reach round 0"
     )
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="a real Prometheus scrapes every daemon; check the Grafana dashboard's queries, "
+        "the run page and `seedflood status` once while training (loopback only)",
+    )
+    parser.add_argument(
+        "--prometheus-at", type=int, default=None, help="the check's round (default ROUNDS/2)"
+    )
+    parser.add_argument(
+        "--prometheus-min-scrape", type=float, default=15.0, help="s every target was up before"
+    )
+    parser.add_argument(
+        "--scrape-interval", type=float, default=SCRAPE_INTERVAL_S, help="s, --prometheus"
+    )
     parser.add_argument("--summarize", action="store_true", help="only redo .md/.png")
     parser.add_argument(
         "--force", action="store_true", help="start a row even if N daemons may not fit in RAM"
@@ -914,6 +1459,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         save_doc(doc, out)
         print(markdown(doc))
         return
+    if args.prometheus and args.netns:
+        parser.error("--prometheus: loopback only (each namespace's /metrics is its own)")
     if args.netns and os.geteuid() != 0:
         parser.error("--netns needs root (network namespaces)")
     if max(args.peers) + 1 > MAX_HOSTS and args.netns:
@@ -941,6 +1488,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for n in args.peers:
             network = network_label(args, n)
             key = row_key(n, args.rounds, args.round_interval, network, args.threads)
+            key += " prometheus" if args.prometheus else ""
             if any(r.get("key") == key and r.get("complete") for r in doc["rows"]):
                 print(f"[swarm] N={n}: already in {out.with_suffix('.json')}, skipped", flush=True)
                 continue
@@ -971,6 +1519,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             invocation["load_end"] = [round(x, 2) for x in os.getloadavg()]
             save_doc(doc, out)
             print("\n".join(table([row])), flush=True)
+            if row.get("prometheus"):
+                print("\n".join(prometheus_markdown(row)), flush=True)
+                print(summarize_prometheus(row["prometheus"])["line"], flush=True)
             if obs.get("interrupted"):
                 break
     finally:

@@ -209,3 +209,125 @@ def test_log_and_ledger_readers(tmp_path):
     assert poll.held == {0: 10.0, 1: 11.0}
     poll.close()
     assert swarm.LedgerPoll(tmp_path / "none.sqlite", 2, 2).held == {}
+
+
+# -- --prometheus: the dashboard's queries, the scrape config, coverage, the views -------
+def test_dashboard_queries_are_concrete():
+    dash = json.loads(swarm.DASHBOARD.read_text())
+    queries = swarm.dashboard_queries(dash)
+    assert len(queries) >= 20
+    for q in queries:
+        assert "$" not in q["query"] and q["panel"]
+        assert swarm.metric_names(q["query"]), q  # every query selects some metric
+    nested = {
+        "panels": [
+            {
+                "title": "row",
+                "panels": [
+                    {
+                        "title": "x",
+                        "targets": [
+                            {"expr": 'rate(a_total{instance=~"$instance"}[$__rate_interval])'},
+                            {"expr": 'b{instance=~"${instance:regex}"}'},
+                            {"refId": "no expr"},
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    got = [q["query"] for q in swarm.dashboard_queries(nested, instance="h:1")]
+    assert got == ['rate(a_total{instance=~"h:1"}[1m])', 'b{instance=~"h:1"}']
+    with pytest.raises(ValueError, match="unknown template variable"):
+        swarm.dashboard_queries({"panels": [{"targets": [{"expr": 'x{a="$job"}'}]}]})
+
+
+def test_per_daemon_adds_instance_to_every_grouping():
+    q = "histogram_quantile(0.99, sum by (le, source) (rate(x_bucket[5m])))"
+    assert swarm.per_daemon(q) == (
+        "histogram_quantile(0.99, sum by (le, source, instance) (rate(x_bucket[5m])))"
+    )
+    assert swarm.per_daemon("sum by (instance) (x)") == "sum by (instance) (x)"
+    assert swarm.per_daemon("sum by () (x) > 0") == "sum by (instance) (x) > 0"
+    assert swarm.per_daemon('a{instance=~".*"}') == 'a{instance=~".*"}'
+    assert swarm.metric_names('sum by (le) (rate(x_bucket{a="b"}[1m])) / y[1m]') == [
+        "x_bucket",
+        "y",
+    ]
+
+
+def test_prometheus_config_and_targets(tmp_path):
+    text = swarm.prometheus_config(tmp_path / "targets.json", 1.5)
+    assert "scrape_interval: 1.5s" in text and "file_sd_configs" in text
+    assert json.dumps(str(tmp_path / "targets.json")) in text
+    targets = swarm.file_sd_targets({"peer1": 9002, "bootstrap": 9000})
+    assert targets == [
+        {"targets": ["127.0.0.1:9000"], "labels": {"daemon": "bootstrap"}},
+        {"targets": ["127.0.0.1:9002"], "labels": {"daemon": "peer1"}},
+    ]
+
+
+def test_coverage_verdicts_and_the_markdown():
+    peers = {"h:1": "peer0", "h:2": "peer1"}
+    families = swarm.exposed_families(
+        "# HELP a_total x\n# TYPE a_total counter\na_total 1\n"
+        "# TYPE bans counter\n# TYPE lat_seconds histogram\n"
+    )
+    assert families == {"a_total": "counter", "bans": "counter", "lat_seconds": "histogram"}
+    assert swarm.declared("lat_seconds_bucket", families)
+    assert swarm.declared("bans_total", families) and not swarm.declared("nope", families)
+
+    def vec(*instances):
+        return [{"metric": {"instance": i}, "value": [0, "1"]} for i in instances]
+
+    def check(query, direct, split):
+        c = swarm.query_coverage(
+            {"panel": "p", "expr": query, "query": query}, direct, split, peers
+        )
+        c["verdict"] = swarm.classify(c, families, {"a_total"}, 2)
+        return c
+
+    full = check("sum by (s) (rate(a_total[1m]))", vec(None), vec("h:1", "h:2", "h:0"))
+    assert full["series"] == 1 and full["covered"] == 2 and full["bootstrap_covered"]
+    assert full["verdict"] == "all"
+    assert check("a_total", vec("h:1"), vec("h:1"))["verdict"].startswith("some: 1 of 2 (peer1")
+    assert check("bans_total", [], [])["verdict"].startswith("empty: declared, no samples")
+    assert check("a_total > 5", [], [])["verdict"].startswith("empty: series exist")
+    assert check("typo_total", [], [])["verdict"] == "broken: no daemon exports typo_total"
+
+    watch = {"n": 2, "queries": [full, check("bans_total", [], [])], "at_round": 3}
+    assert swarm.summarize_prometheus(watch)["line"] == (
+        "prometheus: 1 of 2 dashboard queries cover all 2 daemons"
+    )
+    watch["run_page"] = {"html_status": 200, "html_bytes": 12000, "peers": 2, "states": {}}
+    watch["status_bootstrap"] = {"peers_alive": 2, "run_alive": 2, "run_known": 2}
+    page = "\n".join(swarm.prometheus_markdown({"n": 2, "prometheus": watch}))
+    assert "**prometheus: 1 of 2 dashboard queries cover all 2 daemons**" in page
+    assert "/run.json lists 2 of 2 peers" in page and "| p | `bans_total` | 0 | 0 | no |" in page
+
+
+def test_status_and_run_page_counts():
+    screen = (
+        "peer        12D3 (bootstrap, seedflood 0.1, up 9 s)\n"
+        "run-wide    round 41, 3 peers alive of 4 in the ledger, held-out accuracy n/a\n"
+        "peers alive 3\n"
+        "peer rounds ..abc: 4  ..def: 5  ..0a1: -1\n"
+    )
+    assert swarm.status_counts(screen) == {
+        "peers_alive": 3,
+        "run_alive": 3,
+        "run_known": 4,
+        "peer_rounds": 3,
+    }
+    assert swarm.status_counts("")["peers_alive"] is None
+    run = {
+        "run": {"round": 7, "peers_alive": 2, "peers_known": 3},
+        "peers": [{"state": "alive"}, {"state": "alive"}, {"state": "lagging (5 rounds behind)"}],
+    }
+    assert swarm.run_page_counts(run) == {
+        "peers": 3,
+        "states": {"alive": 2, "lagging": 1},
+        "round": 7,
+        "peers_alive": 2,
+        "peers_known": 3,
+    }
