@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, bounded
@@ -290,11 +291,14 @@ async def serve_status(
     p2p, node, metrics, reconnector = host.p2p, host.node, host.metrics, host.reconnector
     ledger, discovery = node.ledger, host.discovery
     page = None
+    started = time.time()
 
     def status() -> dict:
         return {
             "role": "bootstrap",
             "state": state["state"],
+            "version": __version__,
+            "uptime_s": round(time.time() - started, 1),
             "network": reconnector.islands.view.as_status(),
             "nat": reconnector.links.nat_status(),
             "run_id": config.run_id,

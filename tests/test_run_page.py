@@ -17,6 +17,7 @@ import pytest
 from bootstrap.evaluator import LedgerEvaluator
 from harness.cluster import RUN, start_bootstrap, start_peer
 from seedflood.cli import main
+from seedflood_p2p import __version__
 from seedflood_p2p.apps.status import format_run_line, format_status
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, serve_http
 from seedflood_p2p.network.monitoring.runpage import (
@@ -288,6 +289,7 @@ def test_page_of_a_live_run_in_headless_chromium(tmp_path, capsys):
 
         assert main(["status", base.removeprefix("http://")]) == 0
         screen = capsys.readouterr().out
+        assert re.search(rf"seedflood {re.escape(__version__)}, up \d+(\.\d+)? s", screen), screen
         line = r"run-wide    round \d+, 3 peers alive of 3 in the ledger, held-out accuracy 0"
         assert re.search(line, screen), screen
         for peer in peers:
