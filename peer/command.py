@@ -10,10 +10,16 @@ import argparse
 import gc
 from pathlib import Path
 
-from peer.daemon import PeerSettings, run_peer
-from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
+from seedflood_p2p.apps.lean_imports import defer_scipy_optimize
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import check_unknown, read_toml, settings_of
+
+# Before transformers and hivemind are imported: both load scipy.optimize, which a peer
+# never calls (about 37 MiB of RSS per daemon; apps/lean_imports.py).
+defer_scipy_optimize()
+
+from peer.daemon import PeerSettings, run_peer  # noqa: E402
+from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings  # noqa: E402
 
 PEER_FIELDS = settings_of(PeerSettings)
 __all__ = ["NODE_FIELDS", "PEER_FIELDS", "add_arguments", "run", "settings_from_args"]

@@ -277,6 +277,7 @@ class LateJoin:
         how = await self.run(
             self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
         )
+        await self.run(self.live.advance, limit)  # momentum: the state of round `limit`
         audits.applied = list(settled)
         audits.waiting = [m for m in earlier if not judged.counts_in(m.peer, m.round, first_round)]
         self.live.receive(later)

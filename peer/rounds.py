@@ -354,6 +354,9 @@ class Rounds:
                 apply = audits.audits.apply
             with timed(self.metrics.apply_seconds):
                 await self.model_thread.run(apply, incoming)
+                if self.live.config.momentum:  # the state of round t - lag, rows or not
+                    lag = 0 if audits is None else audits.audits.settings.lag
+                    await self.model_thread.run(self.live.advance, schedule.round - lag)
             step = (
                 zo_step,
                 self.live.engine,

@@ -144,7 +144,14 @@ class StateRewind:
             return compute()
         saved = self.live.save_state()
         try:
-            self.live.apply([m.negated() for m in newer] + older + counted_too)
+            if self.live.config.momentum:
+                # A row's weight depends on the state's round: take back the newer rows at
+                # ours, move the state back to round_ - lag, then put rows in at that round.
+                self.live.apply([m.negated() for m in newer])
+                self.live.rewind(round_ - self.lag)
+                self.live.apply(older + counted_too)
+            else:
+                self.live.apply([m.negated() for m in newer] + older + counted_too)
             return compute()
         finally:
             self.live.load_state(saved)

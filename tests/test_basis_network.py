@@ -3,7 +3,8 @@ bootstrap node computes the run's one basis artifact at the base weights and the
 names its SHA-256; peers that never had it fetch it by digest, keep it beside their
 ledgers, train and audit along it, and their live models equal the replay of their
 ledgers with that artifact (and differ from a replay without it: it was used). A late
-joiner rebuilds its model by replaying the synced rows: along the artifact too."""
+joiner rebuilds its model by replaying the synced rows: along the artifact too. The K-FAC
+run trains with momentum from the ledger (algorithm/momentum.py) as well."""
 
 import dataclasses
 import json
@@ -72,7 +73,9 @@ def _run(work, basis: str) -> dict:
 
         finish_when(peers, work, shown)
 
-    run = dataclasses.replace(ACTIVATION, basis=basis)
+    # the K-FAC run also trains with momentum 0.9 (a fixed basis: both sides, once), so its
+    # audits recompute on rewound states and the joiner's replay rebuilds the velocity
+    run = dataclasses.replace(ACTIVATION, basis=basis, momentum=0.9 * (basis == "kfac"))
     return run_to_the_end(work, run, start, join_late, exit_timeout=600)
 
 
@@ -109,6 +112,7 @@ def test_peers_fetch_the_organisers_basis_train_audit_and_replay_along_it(runs, 
             messages, _ = counted_updates(ledger, config)
         assert len(messages) >= ROUNDS
         assert bool(schedule.artifacts[sha].u) == (basis == "kfac")  # K-FAC: U sides too
+        assert config.momentum == (0.9 if basis == "kfac" else 0.0)
         replayed[name], _ = replay_equals_live(work / name, config, messages, schedule=schedule)
         without, _ = load_model(config.model)
         replay(without, config, messages)  # random +-1 sides instead of the artifact's

@@ -185,7 +185,9 @@ def test_momentum_needs_a_fixed_basis_and_stays_in_bounds():
         _config(momentum=1.0)
     with pytest.raises(UserError, match="momentum must be"):
         _config(momentum=float("nan"))
-    assert "momentum runs in `seedflood train` only" in _config().daemon_problem()
+    assert _config().daemon_problem() is None  # the daemons run it (audits on)
+    chained = _config(extra={"audit": False, "checkpoint_every": 10})
+    assert "momentum with a checkpoint chain" in chained.daemon_problem()
 
 
 def test_momentum_needs_u_sides_for_every_matrix():
@@ -201,3 +203,65 @@ def test_runs_without_momentum_keep_their_run_id():
     assert "momentum" not in plain.to_json()
     assert RunConfig(basis="kfac", momentum=0.5).run_id != plain.run_id
     assert RunConfig.from_json(_config().to_json()).momentum == BETA
+
+
+def test_an_audits_rewind_gives_the_state_of_an_earlier_round_and_puts_ours_back():
+    """Take back the rows of rounds >= 5 at head 8, rewind to 5: the state (and velocity)
+    of a run that stopped after round 4; load_state puts the exact weights back."""
+    rounds = _rounds(8, 3)
+    short = _engine(_config())
+    _train_live(short, rounds[:5])
+    engine = _engine(_config())
+    live = LiveModel(engine)
+    for messages in rounds:
+        live.apply(messages)
+    ours, saved = _weights(engine), live.save_state()
+    live.apply([m.negated() for r in rounds[5:] for m in r])
+    live.rewind(5)
+    assert engine.velocity.head == 5
+    _close(_weights(engine), _weights(short), atol=1e-5)
+    np.testing.assert_allclose(engine.velocity.core, short.velocity.core, atol=1e-9)
+    live.load_state(saved)
+    assert all(torch.equal(w, ours[n]) for n, w in _weights(engine).items())
+    assert engine.velocity.head == 8
+
+
+def test_a_round_without_rows_still_moves_the_model():
+    engine = _engine(_config())
+    live = LiveModel(engine)
+    live.apply(_rounds(1, 2)[0])
+    before = _weights(engine)
+    live.advance(2)  # round 1 had no rows: the velocity carries on
+    assert engine.velocity.head == 2
+    assert any(not torch.equal(w, before[n]) for n, w in _weights(engine).items())
+
+
+def test_a_checkpoint_carries_the_velocity_and_a_restart_goes_on_from_it(tmp_path):
+    from seedflood_p2p.storage.ledger import Ledger
+
+    config = _config()
+    rounds = _rounds(9, 3)
+    ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
+    ledger.claim(config, "")
+    engine = _engine(config)
+    live = LiveModel(engine, ledger)
+    (tmp_path / "ckpt").mkdir()
+    for t, messages in enumerate(rounds[:8]):
+        ledger.add(messages)
+        live.receive(messages)
+        live.apply(live.take())
+        if t == 5:
+            meta = live.checkpoint(tmp_path / "ckpt", live.cut(), {"round": 6})
+            assert meta["momentum_head"] == 6
+    restarted = _engine(config)
+    how = LiveModel(restarted, ledger).restore(
+        LiveModel(restarted, ledger).cut(), tmp_path / "ckpt"
+    )
+    assert how.startswith("checkpoint of round 6 + 6 ledger messages"), how
+    assert restarted.velocity.head == 8
+    _close(_weights(restarted), _weights(engine), atol=1e-5)
+    np.testing.assert_allclose(restarted.velocity.core, engine.velocity.core, atol=1e-9)
+    for e in (engine, restarted):  # one more round on each: still together
+        LiveModel(e).apply(rounds[8])
+    _close(_weights(restarted), _weights(engine), atol=1e-5)
+    ledger.close()

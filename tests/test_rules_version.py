@@ -29,7 +29,7 @@ RULE_MODULES = [
     "algorithm/probation.py",  # who is a newcomer, who vouched
     "algorithm/subcge.py",  # base + ledger -> the model
     "algorithm/replay.py",
-    "algorithm/momentum.py",  # momentum's weights of a row (train-only until wired)
+    "algorithm/momentum.py",  # momentum: a row's weight by the state's round
     "core/config.py",  # run ids, defaults, bounds
     "core/extra_settings.py",
     "core/rng.py",  # directions from derived seeds
@@ -38,9 +38,9 @@ RULE_MODULES = [
 ]
 # minor version -> fingerprint of RULE_MODULES at that version
 PINNED = {
-    # re-pinned for `momentum`: a new setting that 0.2.0 peers refuse as unknown and every
-    # daemon refuses (daemon_problem), so no run the network carries changes its rules
-    "0.2": "905a19581e9830dc38dd60f99245ec98277cf40f5a9787575130694272455e85",
+    # re-pinned for `momentum`: a new setting that 0.2.0 peers refuse as unknown, so no
+    # run a 0.2.0 peer can join changes its rules (runs without momentum: the same code)
+    "0.2": "432f81eab3c6b90934dd1c9dd13fcd4805a4465ee874bcdcf7a9ceff658d6da3",
 }
 
 

@@ -55,6 +55,8 @@ from seedflood_p2p.storage.ledger import Ledger, digest_of
 
 log = logging.getLogger("seedflood.live")
 
+VELOCITY = "momentum/velocity"  # a checkpoint's momentum velocity (float64), beside the weights
+
 
 @dataclass(frozen=True)
 class LedgerCut:
@@ -149,15 +151,32 @@ class LiveModel:
             for m in messages:
                 self.held.setdefault(m.round, {})[m.peer] = m.scalars
 
-    def save_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """The weights and what they hold, for `load_state` (an audit's trial states)."""
-        held = {t: dict(rows) for t, rows in self.held.items()}
-        return {name: w.clone() for name, w in self.weights().items()}, held
+    def advance(self, head: int) -> None:
+        """Make the weights the state of round `head`: under momentum the velocity carried
+        on to it (a round without rows still moves the model); otherwise nothing."""
+        if self.config.momentum:
+            self.engine.advance(head)
+            self.engine.commit()
 
-    def load_state(self, state: tuple[dict[str, torch.Tensor], dict]) -> None:
-        weights, held = state
+    def rewind(self, head: int) -> None:
+        """Back to the state of round `head`, once the rows of rounds >= head are taken
+        back (momentum only: an audit's trial state, peer/state_rewind.py)."""
+        if self.config.momentum:
+            self.engine.rewind(head)
+            self.engine.commit()
+
+    def save_state(self) -> tuple[dict[str, torch.Tensor], dict, object]:
+        """The weights, what they hold and the momentum state, for `load_state` (an
+        audit's trial states)."""
+        held = {t: dict(rows) for t, rows in self.held.items()}
+        weights = {name: w.clone() for name, w in self.weights().items()}
+        return weights, held, self.engine.momentum_state()
+
+    def load_state(self, state: tuple[dict[str, torch.Tensor], dict, object]) -> None:
+        weights, held, momentum = state
         self.load_weights(weights)
         self.held = {t: dict(rows) for t, rows in held.items()}
+        self.engine.load_momentum_state(momentum)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The trainable tensors (everything a checkpoint must hold: the rest is base)."""
@@ -175,6 +194,10 @@ class LiveModel:
         Updates accepted after the cut stay pending: they are in neither."""
         self.apply(cut.unapplied)
         weights = self.weights()
+        momentum = self.engine.momentum_state()
+        if momentum is not None:  # the velocity and its round, hashed with the weights
+            weights[VELOCITY] = torch.from_numpy(momentum[1].copy())
+            meta = {**meta, "momentum_head": momentum[0]}
         meta = {
             **meta,
             "ledger_messages": len(cut.messages),
@@ -195,7 +218,7 @@ class LiveModel:
         are applied. Otherwise (no checkpoint, damaged, edited, of rows the ledger no longer
         holds as such) by replay of the whole cut. The cut's unapplied updates are in its
         messages already, so they are dropped here. Returns how, for the log."""
-        if directory is not None and not self.config.momentum:  # checkpoints lack velocity
+        if directory is not None:
             try:
                 how = self._restore_from_checkpoint(cut, directory)
                 if how is not None:
@@ -235,14 +258,23 @@ class LiveModel:
                 meta.get("round"),
             )
             return None
+        velocity = weights.pop(VELOCITY, None)
+        if self.config.momentum and (velocity is None or "momentum_head" not in meta):
+            log.warning(
+                "checkpoint of round %s has no momentum state: replaying", meta.get("round")
+            )
+            return None
         self.load_weights(weights)
+        if self.config.momentum:
+            self.engine.load_momentum_state((meta["momentum_head"], velocity.double().numpy()))
         if self.config.round_sized:  # the tail re-scales the rounds it joins
             self.hold(inside)
             self.apply(tail)
         else:
             # The tail in canonical order with replay's grouped merges: one pass over the
             # weights per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
-            replay(self.model, self.config, tail, schedule=self.schedule)
+            engine = self.engine if self.config.momentum else None
+            replay(self.model, self.config, tail, schedule=self.schedule, engine=engine)
         how = f"checkpoint of round {meta['round']}"
         return how + (f" + {len(tail)} ledger messages after it" if tail else "")
 

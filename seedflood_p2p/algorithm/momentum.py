@@ -71,3 +71,41 @@ class Velocity:
                 carry += self.core
         self.head = head
         return carry
+
+    def rewind(self, head: int) -> np.ndarray | None:
+        """Move the state back to round `head` (<= the current one), once every row of the
+        rounds from `head` on has been taken back. Returns what the model must add to its
+        pending core, or None if nothing.
+
+        The rows left (rounds s < head) are weighted w(H - s) in the state and b^(H-1-s) in
+        the velocity, H the current head. Since w(H - s) - w(head - s) = b^(head-s) w(H -
+        head), the state moves by -w(H - head) b M_head, with M_head = velocity /
+        b^(H-head): a division by b^(H-head) >= b^MAX_REWIND (an audit's rewind, 30
+        rounds), which amplifies rounding by at most 24x at b = 0.9."""
+        if head >= self.head:
+            return None
+        if head < 0:
+            raise ValueError(f"cannot rewind to round {head}")
+        gap = self.head - head
+        if not self.core.any():
+            self.head = head
+            return None
+        decay = 1.0
+        for _ in range(gap):
+            decay *= self.beta
+        if decay == 0.0:
+            raise ValueError(f"cannot rewind {gap} rounds at momentum {self.beta}: b^gap is 0")
+        weight, _ = self.factors(gap)
+        self.core /= decay  # M_head
+        self.head = head
+        return self.core * (-weight * self.beta)
+
+    def state(self) -> tuple[int, np.ndarray]:
+        """(head, a copy of the velocity): what `load` puts back."""
+        return self.head, self.core.copy()
+
+    def load(self, state: tuple[int, np.ndarray]) -> None:
+        head, core = state
+        if core.shape != self.core.shape:
+            raise ValueError(f"velocity of shape {core.shape}, expected {self.core.shape}")
+        self.head, self.core = int(head), np.array(core, dtype=np.float64)

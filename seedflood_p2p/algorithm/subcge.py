@@ -287,6 +287,22 @@ class ZerothOrderEstimator:
     def commit(self) -> None:
         raise NotImplementedError
 
+    def advance(self, head: int) -> None:
+        """Make the pending state that of round `head` (momentum: carry the velocity on);
+        without momentum a row's weight does not depend on the round, so nothing."""
+
+    def rewind(self, head: int) -> None:
+        """The state back to round `head`, once the rows of rounds >= head are taken back
+        (momentum only; without it, nothing)."""
+
+    def momentum_state(self) -> tuple[int, np.ndarray] | None:
+        """(head, velocity) under momentum, for `load_momentum_state`; None without."""
+        return None
+
+    def load_momentum_state(self, state: tuple[int, np.ndarray] | None) -> None:
+        if state is not None:
+            raise ValueError("this run has no momentum state")
+
     def close(self) -> None:
         """Detach anything attached to the model."""
 
@@ -530,16 +546,37 @@ class SubCGE(ZerothOrderEstimator):
         starts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(messages)]
         for lo, hi in zip(starts[:-1], starts[1:]):
             round_ = int(rounds[lo])
+            self._add_pending(round_, velocity.advance(round_ + 1))
             epoch = self.config.epoch_of(round_)
             core = self._pending.setdefault(epoch, np.zeros((L, r * r), dtype=np.float64))
-            carry = velocity.advance(round_ + 1)
-            if carry is not None:
-                core += carry
             weight, decay = velocity.factors(velocity.head - round_)
             where, entries = index[lo:hi].ravel(), value[lo:hi].ravel()
             np.add.at(core.reshape(-1), where, entries if weight == 1.0 else entries * weight)
             moving = entries if decay == 1.0 else entries * decay
             np.add.at(velocity.core.reshape(-1), where, moving)
+
+    def _add_pending(self, round_: int, core: np.ndarray | None) -> None:
+        if core is not None:
+            shape = (len(self.matrices), self.config.rank**2)
+            pending = self._pending.setdefault(self.config.epoch_of(round_), np.zeros(shape))
+            pending += core
+
+    def advance(self, head: int) -> None:
+        if self.velocity is not None:
+            self._add_pending(max(head - 1, 0), self.velocity.advance(head))
+
+    def rewind(self, head: int) -> None:
+        if self.velocity is not None:
+            self._add_pending(head, self.velocity.rewind(head))
+
+    def momentum_state(self) -> tuple[int, np.ndarray] | None:
+        return None if self.velocity is None else self.velocity.state()
+
+    def load_momentum_state(self, state: tuple[int, np.ndarray] | None) -> None:
+        if (state is None) != (self.velocity is None):
+            raise ValueError("momentum state given to a run without momentum, or missing")
+        if state is not None:
+            self.velocity.load(state)
 
     @property
     def pending_epochs(self) -> list[int]:

@@ -463,10 +463,10 @@ class RunConfig:
                 "run carries one basis artifact, computed by its bootstrap node at the base "
                 "weights; set basis_refresh = 0"
             )
-        if self.momentum:
+        if self.momentum and self.checkpoint_every and not self.audit.enabled:
             return (
-                "momentum runs in `seedflood train` only: the daemon's late rows, audits and "
-                "checkpoints do not carry the momentum state yet; set momentum = 0"
+                "momentum with a checkpoint chain (extra.checkpoint_every) is not built: "
+                "the chain's links do not carry the velocity; set one of them to 0"
             )
         return None
 
