@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import gc
 
-from bootstrap.node import BootstrapSettings, run_bootstrap
-from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings
+from seedflood_p2p.apps.lean_imports import defer_scipy_optimize
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import add_run_flags, read_toml, run_config_from_args, settings_of
+
+# Before transformers and hivemind are imported: both load scipy.optimize, which a bootstrap node
+# never calls (about 37 MiB of RSS per daemon; apps/lean_imports.py).
+defer_scipy_optimize()
+
+from bootstrap.node import BootstrapSettings, run_bootstrap  # noqa: E402
+from seedflood_p2p.apps.daemon_flags import NODE_FIELDS, add_daemon_flags, daemon_settings  # noqa: E402
 
 BOOTSTRAP_FIELDS = settings_of(BootstrapSettings)
 
