@@ -112,3 +112,19 @@ def test_n_star_is_the_smallest_n_that_beats_adam_and_the_page_is_written(source
     assert "(paired)" in md and "(unpaired bound)" in md
     assert (tmp_path / "scaling.png").stat().st_size > 0
     assert "marks" not in json.loads((tmp_path / "scaling.json").read_text())
+
+
+def test_compare_rows_pairs_two_rows_over_the_sentences_both_marked():
+    import compare_rows  # bench/, beside plot_scaling
+
+    a = [_run("lever", 4, s, 0.80 + 0.001 * s, _marks(32, s % 2)) for s in range(5)]
+    b = [_run("plain", 4, s, 0.78 + 0.001 * s, _marks(31, s % 2)) for s in range(5)]
+    rounds = compare_rows.compare(("a", a, SENTENCES), ("b", b, SENTENCES))
+    assert [c["round"] for c in rounds] == [20, 40]
+    at20, at40 = rounds
+    assert at40["difference"] == pytest.approx(0.02)
+    assert at40["paired"] and not at20["paired"]  # marks kept at round 40 only
+    ma, mb = plot_scaling.marks(a, 40), plot_scaling.marks(b, 40)
+    diffs = [x - y for x, y in zip(ma, mb, strict=True)]
+    assert at40["se_sampling"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(SENTENCES))
+    assert at20["se_sampling"] == pytest.approx(math.sqrt(2 * 0.772 * 0.228 / SENTENCES), rel=1e-3)
