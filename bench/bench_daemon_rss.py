@@ -207,8 +207,7 @@ def breakdown() -> list[dict]:
 
 def run_variant(name: str, args: argparse.Namespace, work: Path) -> dict:
     from harness.cluster import RUN
-    from seedflood_p2p.apps.localnet import NodeProcess
-    from seedflood_p2p.core.flags import to_toml
+    from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap
 
     what, env_extra, site = VARIANTS[name]
     work.mkdir(parents=True, exist_ok=True)
@@ -227,29 +226,8 @@ def run_variant(name: str, args: argparse.Namespace, work: Path) -> dict:
     samples: dict[str, list[dict]] = {"peer0": [], "peer1": [], "bootstrap": []}
     result: dict = {"variant": name, "what": what, "env": env_extra, "threads_flag": threads}
     try:
-        run_file = work / "run.toml"
-        run_file.write_text(to_toml(RUN))
-        boot = NodeProcess(
-            "bootstrap",
-            [
-                "bootstrap",
-                "--config",
-                str(run_file),
-                "--listen",
-                "/ip4/127.0.0.1/tcp/0",
-                "--data-dir",
-                str(work / "bootstrap"),
-            ],
-            work,
-        )
+        boot, address = start_bootstrap(work, RUN, timeout=args.startup_timeout)
         procs.append(boot)
-        address_file = work / "bootstrap" / "address.txt"
-        deadline = time.monotonic() + args.startup_timeout
-        while not (address_file.exists() and address_file.read_text().split()):
-            if not boot.alive or time.monotonic() > deadline:
-                raise RuntimeError(f"the bootstrap node did not start:\n{boot.tail()}")
-            time.sleep(0.2)
-        address = address_file.read_text().split()[0]
         peers = {}
         for i in range(2):
             peer_args = [

@@ -140,7 +140,9 @@ def start_bootstrap(
     # The file can exist before its text is written (seen on a loaded machine): wait for it.
     while not (address.exists() and address.read_text().split()):
         if not proc.alive or time.monotonic() > deadline:
-            raise RuntimeError(f"the bootstrap node did not start:\n{proc.tail()}")
+            tail = proc.tail()
+            proc.stop()  # the caller never gets it to stop
+            raise RuntimeError(f"the bootstrap node did not start:\n{tail}")
         time.sleep(0.2)
     return proc, address.read_text().split()[0]
 
