@@ -140,15 +140,17 @@ class StateRewind:
         back."""
         newer = [m for m in applied if not self.holds(m, round_)]
         older = [m for m in waiting if self.holds(m, round_)]
-        if not newer and not older and not counted_too:
+        limit = round_ - self.lag
+        moved = self.live.config.momentum and self.live.head != limit
+        if not newer and not older and not counted_too and not moved:
             return compute()
         saved = self.live.save_state()
         try:
             if self.live.config.momentum:
                 # A row's weight depends on the state's round: take back the newer rows at
-                # ours, move the state back to round_ - lag, then put rows in at that round.
+                # ours, move the state to round_ - lag, then put rows in at that round.
                 self.live.apply([m.negated() for m in newer])
-                self.live.rewind(round_ - self.lag)
+                self.live.move_to(limit)
                 self.live.apply(older + counted_too)
             else:
                 self.live.apply([m.negated() for m in newer] + older + counted_too)

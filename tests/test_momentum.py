@@ -265,3 +265,24 @@ def test_a_checkpoint_carries_the_velocity_and_a_restart_goes_on_from_it(tmp_pat
         LiveModel(e).apply(rounds[8])
     _close(_weights(restarted), _weights(engine), atol=1e-5)
     ledger.close()
+
+
+def test_a_trial_state_moves_to_its_round_even_without_rows_between():
+    """Our state is of round 6, the last rows are of round 3: the state of round 4 is ours
+    without the carry of rounds 4-5 (move_to rewinds it), and of round 8 ours carried on."""
+    rounds = _rounds(4, 2)
+    at4 = _engine(_config())
+    LiveModel(at4).apply([m for r in rounds for m in r])  # rows of rounds 0-3: head 4
+    engine = _engine(_config())
+    live = LiveModel(engine)
+    live.apply([m for r in rounds for m in r])
+    live.advance(6)
+    assert live.head == 6
+    live.move_to(4)
+    assert live.head == 4
+    _close(_weights(engine), _weights(at4), atol=1e-5)
+    at8 = _engine(_config())
+    LiveModel(at8).apply([m for r in rounds for m in r])
+    LiveModel(at8).advance(8)
+    live.move_to(8)
+    _close(_weights(engine), _weights(at8), atol=1e-5)

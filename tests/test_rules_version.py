@@ -40,7 +40,7 @@ RULE_MODULES = [
 PINNED = {
     # re-pinned for `momentum`: a new setting that 0.2.0 peers refuse as unknown, so no
     # run a 0.2.0 peer can join changes its rules (runs without momentum: the same code)
-    "0.2": "432f81eab3c6b90934dd1c9dd13fcd4805a4465ee874bcdcf7a9ceff658d6da3",
+    "0.2": "c8f80663acf94a8a77f61d3abf8ba72db1a42a55ec74edc56ea7701b90d76932",
 }
 
 

@@ -165,6 +165,16 @@ class LiveModel:
             self.engine.rewind(head)
             self.engine.commit()
 
+    def move_to(self, head: int) -> None:
+        """The state of round `head`, back (`rewind`) or on (`advance`) from ours."""
+        self.rewind(head)
+        self.advance(head)
+
+    @property
+    def head(self) -> int | None:
+        """The round whose state the weights are under momentum (None without it)."""
+        return self.engine.momentum_head
+
     def save_state(self) -> tuple[dict[str, torch.Tensor], dict, object]:
         """The weights, what they hold and the momentum state, for `load_state` (an
         audit's trial states)."""

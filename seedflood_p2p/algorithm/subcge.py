@@ -299,6 +299,11 @@ class ZerothOrderEstimator:
         """(head, velocity) under momentum, for `load_momentum_state`; None without."""
         return None
 
+    @property
+    def momentum_head(self) -> int | None:
+        """The round whose state the weights are, under momentum; None without."""
+        return None
+
     def load_momentum_state(self, state: tuple[int, np.ndarray] | None) -> None:
         if state is not None:
             raise ValueError("this run has no momentum state")
@@ -571,6 +576,10 @@ class SubCGE(ZerothOrderEstimator):
 
     def momentum_state(self) -> tuple[int, np.ndarray] | None:
         return None if self.velocity is None else self.velocity.state()
+
+    @property
+    def momentum_head(self) -> int | None:
+        return None if self.velocity is None else self.velocity.head
 
     def load_momentum_state(self, state: tuple[int, np.ndarray] | None) -> None:
         if (state is None) != (self.velocity is None):
