@@ -123,15 +123,18 @@ def test_momentum_zero_is_the_plain_rule_bit_for_bit():
     _close(_weights(with_zero), _weights(plain))
 
 
-def test_a_late_row_lands_where_it_would_have_in_order():
+@pytest.mark.parametrize("step_rule", ["per_update", "round_mean"])
+def test_a_late_row_lands_where_it_would_have_in_order(step_rule):
     """A row of round 2 arriving after round 5: w(T - 2) in the state, b^(T-3) in the
-    velocity, so the state and the rounds after it are those of the in-order run."""
+    velocity, so the state and the rounds after it are those of the in-order run (under
+    round_mean the late row also re-scales its round's rows, at their weights too)."""
+    config = _config(step_rule=step_rule)
     rounds = _rounds(8, 3)
-    in_order = _engine(_config())
+    in_order = _engine(config)
     _train_live(in_order, rounds)
     late_row = rounds[2][1]
     held_back = [[m for m in r if m is not late_row] for r in rounds]
-    late = _engine(_config())
+    late = _engine(config)
     live = LiveModel(late)
     for t, messages in enumerate(held_back):
         live.apply(messages if t != 5 else [*messages, late_row])
