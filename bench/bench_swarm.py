@@ -4,6 +4,8 @@
     python bench/bench_swarm.py [--peers 8,16,32] [--rounds 30] [--round-interval 0.5]
         [--netns [--delay-ms 20] [--loss 0]] [--threads 1] [--out swarm] [--work DIR]
         [--prometheus [--prometheus-at ROUND] [--scrape-interval 1]]
+        [--fork-server] [--spawn-gap S] [--summary-interval 2] [--daemon-start-timeout S]
+        [--min-available-mib 3072] [--pss-every 10]
     python bench/bench_swarm.py --out NAME --summarize     # redo NAME.md/.png from NAME.json
 
 Issue 46, item 3 ("hundreds of real daemons"). For each N of --peers: a bootstrap node of
@@ -32,6 +34,22 @@ ledger files read through read-only SQLite, and /proc):
   while training, python daemons and their p2pd children apart; median and max;
 - CPU seconds per daemon per round: utime+stime from /proc/PID/stat between the first
   sample in training and the first at the daemon's final round, over the rounds between.
+
+--fork-server: the peer daemons are forked from one zygote process (bench/fork_server.py)
+that has imported what `seedflood peer` imports (torch, transformers, hivemind: ~7 s of CPU
+and ~290 MiB each otherwise) and started no thread; each child sets up its log, working
+dir, environment and argv as the normal launch (apps/localnet.NodeProcess: `python -m
+seedflood --log-format json peer ...`) and calls seedflood.cli.main. They are real daemons
+(own p2pd, own ledger; SIGTERM/SIGINT to the PID stop them), sharing the imported pages
+copy-on-write: PSS and USS per daemon (/proc/PID/smaps_rollup, sampled with VmRSS) say
+what each costs (read every --pss-every s: smaps_rollup costs ~10-16 ms of CPU a daemon);
+the zygote is sampled too (kind "zygote"). The bootstrap node is started
+as usual. The row's key and table say which launch it had. --min-available-mib M (any
+launch): the row is aborted, every daemon stopped, once MemAvailable drops below M MiB;
+the row keeps the lowest MemAvailable seen and the peak of MemTotal - MemAvailable.
+--spawn-gap S: S seconds between one peer's start and the next (64 forked at once on 2
+cores: 26 p2pd missed their 15 s start timeout; --daemon-start-timeout raises it).
+--summary-interval: every daemon's (default 2 s, as before).
 
 --prometheus (issue 46 item 4, loopback only): the bootstrap node gets a metrics port too,
 and a real Prometheus (the `prometheus` binary, e.g. Debian's package; its own config and
@@ -86,6 +104,8 @@ SUBNET = "10.79.0"
 BOOT_PORT = 31337
 MAX_HOSTS = 200  # deploy/netns-testnet.sh's limit
 DEFAULT_MIB_PER_PEER = 530.0  # tiny-llama peer ~456 MiB + its p2pd ~67 MiB (measured here)
+DEFAULT_FORK_MIB_PER_PEER = 200.0  # --fork-server: peer PSS 87-125 + p2pd 67-71 (N = 4, 7)
+FORK_ZYGOTE_MIB = 300.0  # the zygote itself: the imports, shared with every forked peer
 MEM_SHARE = 0.85  # a row starts only if N daemons fit in this share of MemAvailable
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -233,6 +253,8 @@ def process_figures(samples: list[dict]) -> dict[str, dict]:
     for name, ss in by_name.items():
         ss.sort(key=lambda s: s["t"])
         rss = [s["rss_kb"] / 1024 for s in ss if s.get("rss_kb") is not None]
+        pss = [s["pss_kb"] / 1024 for s in ss if s.get("pss_kb") is not None]
+        uss = [s["uss_kb"] / 1024 for s in ss if s.get("uss_kb") is not None]
         training = [s for s in ss if s.get("round") is not None and s["round"] >= 0]
         cpu_per_round = None
         if training:
@@ -244,6 +266,8 @@ def process_figures(samples: list[dict]) -> dict[str, dict]:
         out[name] = {
             "kind": ss[0]["kind"],
             "rss_mib_max": max(rss, default=None),
+            "pss_mib_max": max(pss, default=None),
+            "uss_mib_max": max(uss, default=None),
             "cpu_s_per_round": cpu_per_round,
         }
     return out
@@ -255,6 +279,10 @@ def kind_summary(procs: dict[str, dict], kind: str) -> dict:
         "count": len(of),
         "rss_mib_median": _median(p["rss_mib_max"] for p in of),
         "rss_mib_max": _max(p["rss_mib_max"] for p in of),
+        "pss_mib_median": _median(p.get("pss_mib_max") for p in of),
+        "pss_mib_max": _max(p.get("pss_mib_max") for p in of),
+        "uss_mib_median": _median(p.get("uss_mib_max") for p in of),
+        "uss_mib_max": _max(p.get("uss_mib_max") for p in of),
         "cpu_s_per_round_median": _median(p["cpu_s_per_round"] for p in of),
         "cpu_s_per_round_max": _max(p["cpu_s_per_round"] for p in of),
     }
@@ -294,6 +322,9 @@ def summarize_row(obs: dict) -> dict:
             "error",
             "interrupted",
             "prometheus",
+            "launch",
+            "fork_server",
+            "memory",
         )
     }
     row.update(
@@ -313,6 +344,7 @@ def summarize_row(obs: dict) -> dict:
         p2pd=kind_summary(procs, "p2pd (peer)"),
         bootstrap=kind_summary(procs, "bootstrap"),
         bootstrap_p2pd=kind_summary(procs, "p2pd (bootstrap)"),
+        zygote=kind_summary(procs, "zygote"),
         processes=procs,
         raw={k: obs[k] for k in ("events", "held", "finals", "boot_digest")},
     )
@@ -326,7 +358,8 @@ def resummarize(row: dict) -> dict:
         return row
     obs = {**row, **row["raw"], "interval": row["interval"], "samples": []}
     again = summarize_row(obs)
-    keep = ("processes", "peer", "p2pd", "bootstrap", "bootstrap_p2pd", "complete", "note")
+    keep = ("processes", "peer", "p2pd", "bootstrap", "bootstrap_p2pd", "zygote", "complete")
+    keep += ("note",)
     return {**again, **{k: row[k] for k in keep if k in row}}
 
 
@@ -343,16 +376,18 @@ def _pct(value: float | None) -> str:
 def table(rows: list[dict]) -> list[str]:
     """The summary table, one line per row, by network then N."""
     lines = [
-        "| N | network | CPUs | rounds | rounds/min (median peer / swarm) "
+        "| N | network | launch | CPUs | rounds | rounds/min (median peer / swarm) "
         "| delivery end (min / mean) | delivery before repair (min / mean) "
         "| spread s from first publish (median / p95) | from last publish (median / p95) "
         "| distinct digests "
-        "| peer RSS MiB (median / max) | p2pd RSS MiB (median / max) "
+        "| peer RSS MiB (median / max) | peer PSS / USS MiB (median) "
+        "| p2pd RSS MiB (median / max) | p2pd PSS MiB (median) "
         "| peer CPU s/round (median) | p2pd CPU s/round (median) | load 1-min start -> end "
-        "| wall s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| start-up s | wall s |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|---:|---:|",
     ]
-    for r in sorted(rows, key=lambda r: (r.get("network") or "", r["n"])):
+    for r in sorted(rows, key=lambda r: (r.get("network") or "", r["n"], r.get("launch") or "")):
         rpm, d, sp = r["rounds_per_min"], r["delivery"], r["spread"]
         peer, p2pd = r["peer"], r["p2pd"]
         load = (
@@ -365,7 +400,8 @@ def table(rows: list[dict]) -> list[str]:
             digests += f" ({len(r['digests']['missing'])} missing)"
         flag = "" if r.get("complete") else " (incomplete)"
         lines.append(
-            f"| {r['n']}{flag} | {r.get('network')} | {r.get('cpus') or '-'} | {r['rounds']} | "
+            f"| {r['n']}{flag} | {r.get('network')} | {r.get('launch') or 'subprocess'} | "
+            f"{r.get('cpus') or '-'} | {r['rounds']} | "
             f"{_f(rpm['median'])} / {_f(rpm['swarm'])} | "
             f"{_pct(d['end_min'])} / {_pct(d['end_mean'])} | "
             f"{_pct(d['gossip_min'])} / {_pct(d['gossip_mean'])} | "
@@ -373,9 +409,11 @@ def table(rows: list[dict]) -> list[str]:
             f"{_f(sp.get('from_last_median_s'), 2)} / {_f(sp.get('from_last_p95_s'), 2)} | "
             f"{digests} | "
             f"{_f(peer['rss_mib_median'], 0)} / {_f(peer['rss_mib_max'], 0)} | "
+            f"{_f(peer.get('pss_mib_median'), 0)} / {_f(peer.get('uss_mib_median'), 0)} | "
             f"{_f(p2pd['rss_mib_median'], 0)} / {_f(p2pd['rss_mib_max'], 0)} | "
+            f"{_f(p2pd.get('pss_mib_median'), 0)} | "
             f"{_f(peer['cpu_s_per_round_median'], 3)} | {_f(p2pd['cpu_s_per_round_median'], 3)} | "
-            f"{load} | {_f(r.get('wall_s'), 0)} |"
+            f"{load} | {_f(r.get('startup_s'), 0)} | {_f(r.get('wall_s'), 0)} |"
         )
     return lines
 
@@ -416,10 +454,16 @@ def markdown(doc: dict) -> str:
         "spread from the round's last publish leaves out. Digests: "
         "distinct ledger digests among the peers and the bootstrap node at the end "
         "(1: all agree). RSS: each process's largest sampled VmRSS; p2pd: each peer's "
-        "go-libp2p daemon apart. CPU s/round: utime+stime per round while training.",
+        "go-libp2p daemon apart; PSS (shared pages divided among the processes mapping "
+        "them) and USS (private pages), /proc/PID/smaps_rollup, largest sampled (rows "
+        "before these columns: -). Launch: subprocess (`python -m seedflood peer`, one "
+        "interpreter each) or fork-server (forked from one zygote that imported torch, "
+        "transformers and hivemind once: bench/fork_server.py). Start-up: from the bench's "
+        "start of the row (bootstrap node first) until every peer logged round 0. "
+        "CPU s/round: utime+stime per round while training.",
         "",
     ]
-    for r in sorted(rows, key=lambda r: (r.get("network") or "", r["n"])):
+    for r in sorted(rows, key=lambda r: (r.get("network") or "", r["n"], r.get("launch") or "")):
         b, bp = r["bootstrap"], r["bootstrap_p2pd"]
         lines.append(
             f"- N={r['n']} ({r.get('network')}): interval {r['interval']} s, threads "
@@ -433,10 +477,49 @@ def markdown(doc: dict) -> str:
             f"{_f(r['spread']['max_s'], 2)} s); bootstrap RSS {_f(b['rss_mib_max'], 0)} MiB, "
             f"its p2pd {_f(bp['rss_mib_max'], 0)} MiB; peer CPU s/round max "
             f"{_f(r['peer']['cpu_s_per_round_max'], 3)}"
+            + fork_note(r)
+            + memory_note(r.get("memory"))
             + (f"; error: {r['error']}" if r.get("error") else "")
             + (f"; note: {r['note']}" if r.get("note") else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def fork_note(row: dict) -> str:
+    """The zygote's figures of a --fork-server row."""
+    fs, z = row.get("fork_server"), row.get("zygote") or {}
+    if not fs:
+        return ""
+    return (
+        f"; fork server: imports {_f(fs.get('import_s'))} s ({_f(fs.get('import_cpu_s'))} s "
+        f"CPU), ready {_f(fs.get('ready_s'))} s after it started, {fs.get('forked')} daemons "
+        f"forked in {_f(fs.get('spawn_s'), 2)} s; zygote RSS {_f(z.get('rss_mib_max'), 0)} "
+        f"MiB, PSS {_f(z.get('pss_mib_max'), 0)} MiB"
+    )
+
+
+def memory_note(mem: dict | None) -> str:
+    """The machine's memory over a row (MemAvailable sampled with the daemons)."""
+    if not mem or mem.get("available_min_mib") is None:
+        return ""
+    return (
+        f"; memory: MemAvailable {_f(mem.get('available_start_mib'), 0)} MiB at start, lowest "
+        f"{_f(mem.get('available_min_mib'), 0)} MiB; peak used (MemTotal - MemAvailable) "
+        f"{_f(mem.get('used_peak_mib'), 0)} MiB of {_f(mem.get('total_mib'), 0)}"
+    )
+
+
+def memory_summary(meminfo: list[tuple[float, float, float]]) -> dict:
+    """From (t, MemTotal MiB, MemAvailable MiB) samples: the lowest MemAvailable, the peak
+    used (MemTotal - MemAvailable), and the first sample's MemAvailable."""
+    if not meminfo:
+        return {"available_min_mib": None}
+    return {
+        "total_mib": meminfo[0][1],
+        "available_start_mib": meminfo[0][2],
+        "available_min_mib": min(a for _, _, a in meminfo),
+        "used_peak_mib": max(t - a for _, t, a in meminfo),
+    }
 
 
 def plot(rows: list[dict], path: Path) -> Path | None:
@@ -449,12 +532,18 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for network in sorted({r.get("network") or "" for r in rows}):
+    lines = sorted({(r.get("network") or "", r.get("launch") or "subprocess") for r in rows})
+    for network, launch in lines:
         mine = sorted(
-            (r for r in rows if (r.get("network") or "") == network), key=lambda r: r["n"]
+            (
+                r
+                for r in rows
+                if (r.get("network") or "", r.get("launch") or "subprocess") == (network, launch)
+            ),
+            key=lambda r: r["n"],
         )
         ns = [r["n"] for r in mine]
-        label = network.split(" (")[0]
+        label = network.split(" (")[0] + ("" if launch == "subprocess" else f", {launch}")
         a.plot(ns, [r["rounds_per_min"]["swarm"] or math.nan for r in mine], "o-", label=label)
         b.plot(
             ns, [r["peer"]["rss_mib_median"] or math.nan for r in mine], "o-", label=f"peer {label}"
@@ -1027,6 +1116,46 @@ class Stop(Exception):
     """SIGTERM to the bench: leave as Ctrl-C does, through the cleanup."""
 
 
+def daemon_env(threads: int) -> dict[str, str]:
+    """A daemon's environment, as apps/localnet.NodeProcess gives it."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def forked_node(server: Any, name: str, args: list[str], workdir: Path, threads: int) -> Any:
+    """A NodeProcess whose process is forked by the fork server (bench/fork_server.py):
+    the same log file (appended), environment and command line, `proc` a ForkedProc."""
+    from seedflood_p2p.apps.localnet import NodeProcess
+
+    node = NodeProcess.__new__(NodeProcess)
+    node.name, node.args = name, args
+    node.log_path = workdir / f"{name}.log"
+    node._log = open(node.log_path, "ab")  # noqa: SIM115 - closed in stop(), as NodeProcess's
+    node._offset, node._events = 0, []
+    node.proc = server.spawn(args, daemon_env(threads), node.log_path)
+    return node
+
+
+def mem_of(pid: int) -> dict[str, int] | None:
+    """Rss, Pss and USS (kB) of PID from /proc/PID/smaps_rollup; None if unreadable."""
+    from fork_server import smaps_rollup
+
+    try:
+        return smaps_rollup(Path(f"/proc/{pid}/smaps_rollup").read_text())
+    except OSError:
+        return None
+
+
+def meminfo_mib() -> tuple[float, float] | None:
+    """(MemTotal, MemAvailable) in MiB."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return int(fields["MemTotal"].split()[0]) / 1024, int(
+            fields["MemAvailable"].split()[0]
+        ) / 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 class Swarm:
     """One row: start the bootstrap node and N peers, follow them, collect, stop."""
 
@@ -1042,6 +1171,10 @@ class Swarm:
         self.watch: PromWatch | None = None  # --prometheus
         self.checking: Any = None  # its check's thread, then its answer
         self.checked: dict = {}
+        self.server: Any = None  # --fork-server: the zygote (fork_server.ForkServer)
+        self.fork_info: dict | None = None
+        self.meminfo: list[tuple[float, float, float]] = []
+        self.next_pss = 0.0  # PSS/USS (smaps_rollup: ~10-16 ms a daemon) every --pss-every s
         self.t0 = time.monotonic()
         if args.netns:
             from harness.partition import NamespaceNet
@@ -1072,7 +1205,12 @@ class Swarm:
             *("--until-round", str(a.rounds), "--round-interval", str(a.round_interval)),
             *("--min-peers", str(self.n), "--startup-wait", str(a.startup_timeout)),
             *("--round-deadline", str(a.round_deadline), "--metrics-port", "0"),
-            *("--summary-interval", "2"),
+            *("--summary-interval", f"{a.summary_interval:g}"),
+            *(
+                ("--daemon-start-timeout", f"{a.daemon_start_timeout:g}")
+                if a.daemon_start_timeout
+                else ()
+            ),
         ]
 
     def start(self) -> None:
@@ -1101,13 +1239,24 @@ class Swarm:
             [
                 "bootstrap",
                 *("--config", str(run_file), "--listen", listen),
-                *("--data-dir", str(self.work / "bootstrap"), "--summary-interval", "2"),
+                *("--data-dir", str(self.work / "bootstrap")),
+                *("--summary-interval", f"{self.args.summary_interval:g}"),
                 *metrics,
             ],
             self.work,
             prefix=prefix,
         )
         self.procs.append(boot)  # before anything can fail: close() stops it
+        if self.args.fork_server:  # imports while the bootstrap node starts
+            from fork_server import ForkServer
+
+            self.server = ForkServer(self.work / "fork-server.log", daemon_env(self.args.threads))
+            self.fork_info = dict(self.server.info)
+            self.progress(
+                f"fork server pid={self.server.pid} ready in {self.fork_info['ready_s']} s "
+                f"(imports {self.fork_info['import_s']} s, {self.fork_info['modules']} modules, "
+                f"{self.fork_info['threads']} thread)"
+            )
         address_file = self.work / "bootstrap" / "address.txt"
         deadline = time.monotonic() + 600
         # The file can exist before its text is written (apps/localnet.py): wait for it.
@@ -1118,42 +1267,60 @@ class Swarm:
         address = address_file.read_text().split()[0]
         self.boot = boot
         self.progress(f"bootstrap up pid={boot.proc.pid} address={address}")
+        spawn_t = time.monotonic()
         for i in range(self.n):
+            if i and self.args.spawn_gap:  # a herd of p2pd starts can miss their timeout
+                time.sleep(self.args.spawn_gap)
             name = f"peer{i}"
             host = 2 + i % (self.hosts - 1) if self.net is not None else None
             args = self.peer_args(name, address, host)
             prefix = self.host_prefix(host) if host is not None else ()
-            proc = NodeProcess(name, args, self.work, self.args.threads, prefix=prefix)
+            if self.server is not None:
+                proc = forked_node(self.server, name, args, self.work, self.args.threads)
+            else:
+                proc = NodeProcess(name, args, self.work, self.args.threads, prefix=prefix)
             self.procs.append(proc)
             self.peers[name] = proc
             self.logs[name] = LogEvents(proc.log_path)
             self.ledgers[name] = LedgerPoll(
                 self.work / name / "ledger.sqlite", self.n, self.args.rounds
             )
+        if self.fork_info is not None:
+            self.fork_info.update(forked=self.n, spawn_s=round(time.monotonic() - spawn_t, 2))
 
     # -- sampling -----------------------------------------------------------------------
     def sample(self) -> None:
         from bench_soak import p2pd_of, proc_stats
 
         t = round(self.elapsed(), 2)
+        with_pss = bool(self.args.pss_every) and t >= self.next_pss
+        if with_pss:
+            self.next_pss = t + self.args.pss_every
+        mem = meminfo_mib()
+        if mem is not None:
+            self.meminfo.append((t, *mem))
         pairs = [("bootstrap", "bootstrap", self.boot, None)]
         pairs += [(n, "peer", p, self.logs[n]) for n, p in self.peers.items()]
+        if self.server is not None:
+            pairs.append(("zygote", "zygote", self.server, None))
         for name, kind, proc, log in pairs:
             if not proc.alive:
                 continue
-            pid = proc.proc.pid
+            pid = proc.pid if kind == "zygote" else proc.proc.pid
             if log is not None:
                 rnd = log.last
             else:  # the bootstrap node: the median peer's round
                 rnd = int(_median(lg.last for lg in self.logs.values()) or -1)
+            p2pds = [] if kind == "zygote" else p2pd_of(pid)
             for p, k, nm in [(pid, kind, name)] + [
-                (c, f"p2pd ({kind})", f"{name}/p2pd") for c in p2pd_of(pid)
+                (c, f"p2pd ({kind})", f"{name}/p2pd") for c in p2pds
             ]:
                 if k.startswith("p2pd"):
                     self.p2pd_seen.add(p)
                 stats, cpu = proc_stats(p), cpu_seconds(p)
                 if stats is None or cpu is None:
                     continue
+                rollup = (mem_of(p) if with_pss else None) or {}
                 self.samples.append(
                     {
                         "t": t,
@@ -1162,20 +1329,30 @@ class Swarm:
                         "pid": p,
                         "round": rnd,
                         "rss_kb": stats["rss_kb"],
+                        "pss_kb": rollup.get("pss_kb"),
+                        "uss_kb": rollup.get("uss_kb"),
                         "cpu_s": cpu,
                     }
                 )
+        floor = self.args.min_available_mib
+        if floor and mem is not None and mem[1] < floor:
+            raise MemoryError(
+                f"MemAvailable {mem[1]:.0f} MiB < --min-available-mib {floor:.0f}: row aborted "
+                f"at {t:.0f} s (every daemon is stopped)"
+            )
 
     def progress(self, what: str = "") -> None:
         rounds = [lg.last for lg in self.logs.values()]
         alive = sum(p.alive for p in self.peers.values())
         held = [len(lp.held) for lp in self.ledgers.values()]
+        ready = sum(lg.ready for lg in self.logs.values())
+        avail = f" avail={self.meminfo[-1][2]:.0f}MiB" if self.meminfo else ""
         print(
             f"[swarm] N={self.n} elapsed={self.elapsed():.1f}s "
             f"slowest={min(rounds, default=-1)} fastest={max(rounds, default=-1)} "
-            f"of={self.args.rounds} alive={alive}/{self.n} "
+            f"of={self.args.rounds} alive={alive}/{self.n} ready={ready} "
             f"ledger_rounds_complete_min={min(held, default=0)} "
-            f"load={os.getloadavg()[0]:.2f}" + (f" {what}" if what else ""),
+            f"load={os.getloadavg()[0]:.2f}{avail}" + (f" {what}" if what else ""),
             flush=True,
         )
 
@@ -1192,6 +1369,7 @@ class Swarm:
             "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "load_start": list(os.getloadavg()),
             "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "launch": "fork-server" if a.fork_server else "subprocess",
             "error": None,
         }
         startup_s = training_s = None
@@ -1251,6 +1429,8 @@ class Swarm:
             obs["startup_s"], obs["training_s"] = startup_s, training_s
             obs["load_end"] = list(os.getloadavg())
             obs["wall_s"] = self.elapsed()
+            obs["fork_server"] = self.fork_info
+            obs["memory"] = memory_summary(self.meminfo)
         return obs
 
     def watch_tick(self, now: float, obs: dict) -> None:
@@ -1354,6 +1534,9 @@ class Swarm:
         for p in self.procs:
             with contextlib.suppress(Exception):
                 p.stop(max(1.0, deadline - time.monotonic()))
+        if self.server is not None:  # its children are gone: it exits
+            with contextlib.suppress(Exception):
+                self.server.close()
         time.sleep(0.5)
         for pid in self.p2pd_seen:
             if comm(pid) == "p2pd":
@@ -1375,12 +1558,33 @@ def mem_available_mib() -> float | None:
 
 
 def mib_per_peer(rows: list[dict], default: float = DEFAULT_MIB_PER_PEER) -> float:
-    """A peer daemon and its p2pd, in MiB: the largest finished row's medians, else default."""
-    done = [r for r in rows if r.get("complete") and r["peer"]["rss_mib_median"]]
+    """A peer daemon and its p2pd, in MiB: the largest finished row's medians, else default.
+    Only rows of the normal launch (a forked daemon's RSS counts the pages it shares)."""
+    done = [
+        r
+        for r in rows
+        if r.get("complete")
+        and r["peer"]["rss_mib_median"]
+        and (r.get("launch") or "subprocess") == "subprocess"
+    ]
     if not done:
         return default
     big = max(done, key=lambda r: r["n"])
     return big["peer"]["rss_mib_max"] + (big["p2pd"]["rss_mib_max"] or 0)
+
+
+def fork_mib_per_peer(rows: list[dict], default: float = DEFAULT_FORK_MIB_PER_PEER) -> float:
+    """--fork-server: a forked peer and its p2pd, in MiB of PSS (what each adds, its share
+    of the zygote's pages included): the largest finished fork-server row's, else default."""
+    done = [
+        r
+        for r in rows
+        if r.get("complete") and r.get("launch") == "fork-server" and r["peer"].get("pss_mib_max")
+    ]
+    if not done:
+        return default
+    big = max(done, key=lambda r: r["n"])
+    return big["peer"]["pss_mib_max"] + (big["p2pd"].get("pss_mib_max") or 0)
 
 
 def netem_available() -> bool:
@@ -1429,6 +1633,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sample-every", type=float, default=2.0, help="s between /proc reads")
     parser.add_argument("--progress", type=float, default=5.0, help="s between progress lines")
     parser.add_argument(
+        "--pss-every",
+        type=float,
+        default=10.0,
+        help="s between PSS/USS reads (smaps_rollup, ~10-16 ms a daemon; 0: never)",
+    )
+    parser.add_argument(
         "--startup-timeout", type=float, default=1200.0, help="s for all N to reach round 0"
     )
     parser.add_argument(
@@ -1446,6 +1656,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--scrape-interval", type=float, default=SCRAPE_INTERVAL_S, help="s, --prometheus"
     )
+    parser.add_argument(
+        "--fork-server",
+        action="store_true",
+        help="fork the peer daemons from one zygote that imported torch/transformers/hivemind "
+        "once (bench/fork_server.py) instead of one `python -m seedflood peer` each",
+    )
+    parser.add_argument(
+        "--summary-interval",
+        type=float,
+        default=2.0,
+        help="s, every daemon's --summary-interval (each summary is flooded to all N)",
+    )
+    parser.add_argument(
+        "--spawn-gap",
+        type=float,
+        default=0.0,
+        help="s between starting one peer daemon and the next (0: all at once)",
+    )
+    parser.add_argument(
+        "--daemon-start-timeout",
+        type=float,
+        default=0.0,
+        help="the peers' --daemon-start-timeout (s for p2pd to start; 0: the daemon's default)",
+    )
+    parser.add_argument(
+        "--min-available-mib",
+        type=float,
+        default=0.0,
+        help="abort the row (stop every daemon) once MemAvailable drops below this (0: never)",
+    )
     parser.add_argument("--summarize", action="store_true", help="only redo .md/.png")
     parser.add_argument(
         "--force", action="store_true", help="start a row even if N daemons may not fit in RAM"
@@ -1461,6 +1701,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.prometheus and args.netns:
         parser.error("--prometheus: loopback only (each namespace's /metrics is its own)")
+    if args.fork_server and args.netns:
+        parser.error("--fork-server: loopback only (a forked daemon cannot enter a namespace)")
     if args.netns and os.geteuid() != 0:
         parser.error("--netns needs root (network namespaces)")
     if max(args.peers) + 1 > MAX_HOSTS and args.netns:
@@ -1489,10 +1731,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             network = network_label(args, n)
             key = row_key(n, args.rounds, args.round_interval, network, args.threads)
             key += " prometheus" if args.prometheus else ""
+            key += " fork-server" if args.fork_server else ""
             if any(r.get("key") == key and r.get("complete") for r in doc["rows"]):
                 print(f"[swarm] N={n}: already in {out.with_suffix('.json')}, skipped", flush=True)
                 continue
-            need, free = n * mib_per_peer(doc["rows"]), mem_available_mib()
+            if args.fork_server:
+                need = FORK_ZYGOTE_MIB + n * fork_mib_per_peer(doc["rows"])
+            else:
+                need = n * mib_per_peer(doc["rows"])
+            free = mem_available_mib()
             if free is not None and need > MEM_SHARE * free and not args.force:
                 note = (
                     f"N={n} skipped: {n} daemons need ~{need / 1024:.1f} GiB, more than "

@@ -62,6 +62,8 @@ def _observed() -> dict:
                     "pid": 100 + i,
                     "round": rnd,
                     "rss_kb": (300 + 10 * i + k) * 1024,
+                    "pss_kb": (120 + i + k) * 1024,
+                    "uss_kb": (50 + i) * 1024,
                     "cpu_s": 5.0 + 0.2 * max(rnd, 0) * (i + 1),
                 }
             )
@@ -73,6 +75,7 @@ def _observed() -> dict:
                     "pid": 200 + i,
                     "round": rnd,
                     "rss_kb": 60 * 1024,
+                    "pss_kb": 60 * 1024,
                     "cpu_s": 1.0 + 0.01 * max(rnd, 0),
                 }
             )
@@ -158,9 +161,13 @@ def test_row_and_table_from_a_synthetic_run(tmp_path):
     assert row["p2pd"]["cpu_s_per_round_median"] == pytest.approx(0.01)
     assert row["p2pd"]["rss_mib_max"] == pytest.approx(60)
     line = swarm.table([row])[2]
-    assert line.startswith(f"| {N} | {swarm.LOOPBACK} | 2 | {ROUNDS} | 120.0 / 105.9 |")
+    assert line.startswith(
+        f"| {N} | {swarm.LOOPBACK} | subprocess | 2 | {ROUNDS} | 120.0 / 105.9 |"
+    )
     assert "| 91.7% / 97.2% | 83.3% / 91.7% | 0.30 / 0.30 | 0.10 / 0.10 | 2 |" in line
-    assert "| 313 / 323 | 60 / 60 | 0.400 | 0.010 | 1.50 -> 2.50 | 60 |" in line
+    # PSS: each peer's largest (123 + i), median 124; USS 50 + i, median 51
+    assert "| 313 / 323 | 124 / 51 | 60 / 60 | 60 | 0.400 | 0.010 | 1.50 -> 2.50 | - | 60 |" in line
+    assert row["peer"]["pss_mib_max"] == pytest.approx(125)
 
     assert swarm.resummarize(json.loads(json.dumps(row))) == json.loads(json.dumps(row))
     doc = {"invocations": [{"command": "python bench/bench_swarm.py --peers 3"}], "rows": [row]}
@@ -331,3 +338,69 @@ def test_status_and_run_page_counts():
         "peers_alive": 2,
         "peers_known": 3,
     }
+
+
+def test_fork_server_rows_memory_and_estimates():
+    o = _observed()
+    o.update(
+        launch="fork-server",
+        startup_s=28.0,
+        fork_server={"import_s": 15.3, "import_cpu_s": 3.8, "ready_s": 15.5, "forked": 3},
+        memory=swarm.memory_summary([(0.0, 24000.0, 20000.0), (2.0, 24000.0, 17000.0)]),
+    )
+    o["samples"] = o["samples"] + [
+        {
+            "t": 2.0,
+            "name": "zygote",
+            "kind": "zygote",
+            "pid": 99,
+            "round": 1,
+            "rss_kb": 400 * 1024,
+            "pss_kb": 130 * 1024,
+            "uss_kb": 40 * 1024,
+            "cpu_s": 4.0,
+        },
+    ]
+    row = swarm.summarize_row(o)
+    assert row["memory"] == {
+        "total_mib": 24000.0,
+        "available_start_mib": 20000.0,
+        "available_min_mib": 17000.0,
+        "used_peak_mib": 7000.0,
+    }
+    assert swarm.memory_summary([]) == {"available_min_mib": None}
+    assert row["zygote"]["count"] == 1 and row["zygote"]["pss_mib_max"] == pytest.approx(130)
+    assert "| fork-server | 2 |" in swarm.table([row])[2]
+    assert "| - | 60 |" not in swarm.table([row])[2]  # its start-up is in the table
+    page = swarm.markdown({"rows": [row]})
+    assert "fork server: imports 15.3 s" in page and "lowest 17000 MiB" in page
+    # what a row of N forked peers is estimated to need: PSS of a peer and its p2pd
+    assert swarm.fork_mib_per_peer([row]) == pytest.approx(125 + 60)
+    assert swarm.fork_mib_per_peer([]) == swarm.DEFAULT_FORK_MIB_PER_PEER
+    # ... and a forked peer's RSS (shared pages counted) is no estimate for the normal launch
+    assert swarm.mib_per_peer([row]) == swarm.DEFAULT_MIB_PER_PEER
+    normal = swarm.summarize_row(_observed())
+    assert swarm.mib_per_peer([row, normal]) == pytest.approx(323 + 60)
+
+
+def test_fork_server_protocol_and_proc_parsing():
+    import fork_server
+
+    msgs, rest = fork_server.decode_lines(
+        fork_server.encode({"op": "spawned", "id": 1, "pid": 7}) + b'{"op": "ex'
+    )
+    assert msgs == [{"op": "spawned", "id": 1, "pid": 7}] and rest == b'{"op": "ex'
+    assert fork_server.decode_lines(rest + b'it", "pid": 7, "code": 0}\n')[0][0]["op"] == "exit"
+    assert fork_server.exit_code(3 << 8) == 3  # exited with 3
+    assert fork_server.exit_code(15) == -15  # killed by SIGTERM, as Popen.returncode
+    argv = fork_server.daemon_argv(["peer", "--threads", "1"])
+    assert argv[0].endswith("seedflood/__main__.py")
+    assert argv[1:] == ["--log-format", "json", "peer", "--threads", "1"]
+    rollup = (
+        "55aaa26d1000-7ffdada8e000 ---p 00000000 00:00 0    [rollup]\n"
+        "Rss:                1696 kB\nPss:                 276 kB\n"
+        "Pss_Anon:            112 kB\nShared_Clean:       1544 kB\n"
+        "Private_Clean:        40 kB\nPrivate_Dirty:       112 kB\n"
+    )
+    assert fork_server.smaps_rollup(rollup) == {"rss_kb": 1696, "pss_kb": 276, "uss_kb": 152}
+    assert fork_server.threads_here() >= 1
