@@ -184,6 +184,18 @@ def _first_after(proc: NodeProcess, event: str, after: float) -> float | None:
     return min(times, default=None)
 
 
+def rounds_trained(proc: NodeProcess, rounds: int) -> dict:
+    """How many of rounds 0..rounds-1 a peer trained, by its own log: all but those before
+    its first round (a peer ready after the others' round 0 starts at round 1) and those a
+    `catch_up` jump skipped (a peer more than max_behind / 2 behind the quorum round jumps
+    to it: after a cut, one side may have fallen that far behind the other)."""
+    events = proc.events()
+    first = min((e["round"] for e in events if e.get("event") == "round"), default=rounds)
+    jumps = [(e["from"], e["to"]) for e in events if e.get("event") == "catch_up"]
+    skipped = sum(max(0, min(to, rounds) - start) for start, to in jumps)
+    return {"first": first, "skipped": skipped, "trained": rounds - first - skipped}
+
+
 def run_partition(
     workdir: Path, testnet: NamespaceNet, run_flags: list[str], partition_s: float
 ) -> dict:
@@ -286,6 +298,7 @@ def run_partition(
         )
         digests = {f"peer{h}": f["ledger_digest"] for h, f in finals.items()}
         digests["bootstrap"] = boot_digest
+        trained = {h: rounds_trained(p, rounds) for h, p in peers.items()}
         reconnected = {h: _first_after(p, "reconnected", healed_at) for h, p in peers.items()}
         heal = {h: None if t is None else round(t - healed_at, 2) for h, t in reconnected.items()}
         return {
@@ -310,7 +323,9 @@ def run_partition(
             "ledger_digests": digests,
             "ledgers_identical": len(set(digests.values())) == 1 and len(finals) == HOSTS - 1,
             "bootstrap_rows": boot_rows,
-            "expected_rows": (HOSTS - 1) * rounds,
+            # every round each peer trained (its first round on, less catch_up jumps)
+            "trained": trained,
+            "expected_rows": sum(t["trained"] for t in trained.values()),
             "wall_s": round(time.time() - started, 1),
         }
     finally:
