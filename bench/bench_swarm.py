@@ -35,7 +35,7 @@ ledger files read through read-only SQLite, and /proc):
 - CPU seconds per daemon per round: utime+stime from /proc/PID/stat between the first
   sample in training and the first at the daemon's final round, over the rounds between.
 
---fork-server: the peer daemons are forked from one zygote process (bench/fork_server.py)
+--fork-server: the peer daemons are forked from one zygote process (harness/fork_server.py)
 that has imported what `seedflood peer` imports (torch, transformers, hivemind: ~7 s of CPU
 and ~290 MiB each otherwise) and started no thread; each child sets up its log, working
 dir, environment and argv as the normal launch (apps/localnet.NodeProcess: `python -m
@@ -458,7 +458,7 @@ def markdown(doc: dict) -> str:
         "them) and USS (private pages), /proc/PID/smaps_rollup, largest sampled (rows "
         "before these columns: -). Launch: subprocess (`python -m seedflood peer`, one "
         "interpreter each) or fork-server (forked from one zygote that imported torch, "
-        "transformers and hivemind once: bench/fork_server.py). Start-up: from the bench's "
+        "transformers and hivemind once: harness/fork_server.py). Start-up: from the bench's "
         "start of the row (bootstrap node first) until every peer logged round 0. "
         "CPU s/round: utime+stime per round while training.",
         "",
@@ -1122,7 +1122,7 @@ def daemon_env(threads: int) -> dict[str, str]:
 
 
 def forked_node(server: Any, name: str, args: list[str], workdir: Path, threads: int) -> Any:
-    """A NodeProcess whose process is forked by the fork server (bench/fork_server.py):
+    """A NodeProcess whose process is forked by the fork server (harness/fork_server.py):
     the same log file (appended), environment and command line, `proc` a ForkedProc."""
     from seedflood_p2p.apps.localnet import NodeProcess
 
@@ -1137,7 +1137,7 @@ def forked_node(server: Any, name: str, args: list[str], workdir: Path, threads:
 
 def mem_of(pid: int) -> dict[str, int] | None:
     """Rss, Pss and USS (kB) of PID from /proc/PID/smaps_rollup; None if unreadable."""
-    from fork_server import smaps_rollup
+    from harness.fork_server import smaps_rollup
 
     try:
         return smaps_rollup(Path(f"/proc/{pid}/smaps_rollup").read_text())
@@ -1248,7 +1248,7 @@ class Swarm:
         )
         self.procs.append(boot)  # before anything can fail: close() stops it
         if self.args.fork_server:  # imports while the bootstrap node starts
-            from fork_server import ForkServer
+            from harness.fork_server import ForkServer
 
             self.server = ForkServer(self.work / "fork-server.log", daemon_env(self.args.threads))
             self.fork_info = dict(self.server.info)
@@ -1660,7 +1660,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--fork-server",
         action="store_true",
         help="fork the peer daemons from one zygote that imported torch/transformers/hivemind "
-        "once (bench/fork_server.py) instead of one `python -m seedflood peer` each",
+        "once (harness/fork_server.py) instead of one `python -m seedflood peer` each",
     )
     parser.add_argument(
         "--summary-interval",

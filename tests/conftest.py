@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,28 @@ from seedflood_p2p.network.transport.p2pd import create_p2p
 sys.path.insert(0, str(Path(__file__).parent))  # the harness/ package
 
 LOCAL = "/ip4/127.0.0.1/tcp/0"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked_daemons(tmp_path_factory):
+    """The tests' `seedflood` daemons (apps/localnet.NodeProcess) are forked from one
+    process that imported torch, transformers and hivemind once (harness/fork_server.py),
+    not each started as a new interpreter: the same program, argv, environment and log,
+    ~7 s of CPU less each. SEEDFLOOD_TEST_SUBPROCESS=1 starts each as its own interpreter,
+    as a volunteer's machine does."""
+    if os.environ.get("SEEDFLOOD_TEST_SUBPROCESS") == "1":
+        yield None
+        return
+    from harness.fork_server import ForkLauncher
+    from seedflood_p2p.apps import localnet
+
+    launcher = ForkLauncher(tmp_path_factory.mktemp("fork-server") / "zygote.log")
+    localnet.set_launcher(launcher)
+    try:
+        yield launcher
+    finally:
+        localnet.set_launcher(None)
+        launcher.close()
 
 
 @pytest.fixture

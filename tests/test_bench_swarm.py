@@ -384,7 +384,7 @@ def test_fork_server_rows_memory_and_estimates():
 
 
 def test_fork_server_protocol_and_proc_parsing():
-    import fork_server
+    from harness import fork_server
 
     msgs, rest = fork_server.decode_lines(
         fork_server.encode({"op": "spawned", "id": 1, "pid": 7}) + b'{"op": "ex'

@@ -15,11 +15,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.flags import to_toml
+
+# How a NodeProcess starts its command line: launcher(cmd, env, log_path) returns a
+# process (pid, poll, wait, send_signal, kill, as subprocess.Popen's) that writes to the
+# log, or None to leave it to subprocess.Popen. The product sets none; the tests set one
+# for their whole session (harness/fork_server.ForkLauncher: daemons forked from a process
+# that has imported the stack once).
+Launcher = Callable[[list[str], dict[str, str], Path], Any]
+_launcher: Launcher | None = None
+
+
+def set_launcher(launcher: Launcher | None) -> None:
+    """Start every later NodeProcess through `launcher` (None: subprocess.Popen)."""
+    global _launcher
+    _launcher = launcher
 
 
 class NodeProcess:
@@ -43,7 +58,10 @@ class NodeProcess:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         program = program or (sys.executable, "-m", "seedflood")
         cmd = [*prefix, *program, "--log-format", "json", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        launched = _launcher(cmd, env, self.log_path) if _launcher is not None else None
+        self.proc = launched or subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
 
     @property
     def alive(self) -> bool:

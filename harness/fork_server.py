@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""A fork server ("zygote") for `seedflood peer` daemons: bench_swarm.py --fork-server.
+"""A fork server ("zygote") for daemons: bench_swarm.py --fork-server, and the tests'
+daemons (tests/conftest.py, through `ForkLauncher` and apps/localnet.set_launcher).
 
-    python bench/fork_server.py REQUEST_FD REPLY_FD [MODULE ...]   # by ForkServer, not by hand
+    python harness/fork_server.py REQUEST_FD REPLY_FD [MODULE ...]   # by ForkServer, not by hand
 
 Each `seedflood peer` process imports torch, transformers and hivemind (~7 s of CPU,
 ~290 MiB) before it does anything of its own, and ~1,350 more modules (the model, tokenizer
@@ -34,7 +35,11 @@ collections do not write to the shared pages. What stays shared and differs from
 processes: the hash seed of str (PYTHONHASHSEED: one per zygote, not per daemon) and
 torch's default generator (its fixed default seed, as in every fresh process).
 
-Protocol (JSON lines): requests `{"op": "spawn", "id", "argv", "env", "cwd", "log"}` on
+A request may name another entry point than `seedflood.cli:main` ("main": "MODULE:FUNC",
+one of MAINS: harness/hooked_peer.py's misbehaving peer), called with sys.argv[1:] as
+the program would be.
+
+Protocol (JSON lines): requests `{"op": "spawn", "id", "argv", "env", "cwd", "log", "main"}` on
 REQUEST_FD; replies on REPLY_FD: `{"op": "ready", "pid", "import_s", "threads",
 "modules"}` once, `{"op": "spawned", "id", "pid"}` or `{"op": "error", "id", "error"}` per
 request, and `{"op": "exit", "pid", "code"}` when a child is reaped (code as
@@ -61,6 +66,11 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 # What `python -m seedflood` puts in sys.argv[0].
 SEEDFLOOD_MAIN = str(ROOT / "seedflood" / "__main__.py")
+HOOKED_PEER = str(ROOT / "harness" / "hooked_peer.py")
+# The entry points a child may run, by "MODULE:FUNC", with what its program puts in
+# sys.argv[0]: the `seedflood` command, and the tests' misbehaving peer.
+MAINS = {"seedflood.cli:main": SEEDFLOOD_MAIN, "harness.hooked_peer:main": HOOKED_PEER}
+DEFAULT_MAIN = "seedflood.cli:main"
 # Modules a tiny-llama peer imports only once it joins (the model, tokenizer, data and
 # trainer code, and what transformers pulls in to build a Llama: accelerate, sympy through
 # torch's dynamo, ...): 1,347 modules after `peer.command` in a measured daemon. Imported
@@ -87,6 +97,8 @@ PRELOAD = (
     "numpy.ma",
     "numpy.ctypeslib",
     "_strptime",
+    "bootstrap.command",  # the bootstrap node's command (the tests fork those too)
+    "harness.hooked_peer",  # the tests' misbehaving peer (MAINS)
 )
 
 
@@ -108,9 +120,10 @@ def exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def daemon_argv(args: list[str]) -> list[str]:
-    """sys.argv of `python -m seedflood --log-format json ARGS` (apps/localnet.NodeProcess)."""
-    return [SEEDFLOOD_MAIN, "--log-format", "json", *args]
+def daemon_argv(args: list[str], main: str = DEFAULT_MAIN) -> list[str]:
+    """sys.argv of `python -m seedflood --log-format json ARGS` (apps/localnet.NodeProcess),
+    or of the program behind another entry point of MAINS."""
+    return [MAINS[main], "--log-format", "json", *args]
 
 
 def smaps_rollup(text: str) -> dict[str, int]:
@@ -202,7 +215,8 @@ def _child(req: dict, close_fds: tuple[int, ...]) -> int:
     if np is not None:
         np.random.seed(int.from_bytes(os.urandom(4), "little"))
     sys.argv = list(req["argv"])
-    from seedflood.cli import main
+    module, _, func = req.get("main", DEFAULT_MAIN).partition(":")
+    main = getattr(__import__(module, fromlist=[func]), func)
 
     try:
         code = main(sys.argv[1:])
@@ -241,6 +255,8 @@ def _exit(code: int) -> int:
 def serve(req_fd: int, rep_fd: int, preload: list[str] = ()) -> int:
     """The zygote's life; in a forked child, that child's exit status."""
     sys.path[0] = os.getcwd()  # as `python -m seedflood` has it (not this file's folder)
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))  # harness.hooked_peer (MAINS), after what cwd provides
     gc.disable()  # no collection moves or writes the imported objects before the forks
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C to the group: the daemons stop, not this
     info = _import_daemon(list(preload))
@@ -277,6 +293,9 @@ def serve(req_fd: int, rep_fd: int, preload: list[str] = ()) -> int:
         requests, buffer = decode_lines(buffer + chunk)
         for req in requests:
             if req.get("op") != "spawn":
+                continue
+            if req.get("main", DEFAULT_MAIN) not in MAINS:
+                _write(rep_fd, {"op": "error", "id": req.get("id"), "error": "unknown main"})
                 continue
             try:
                 if threads_here() != 1:
@@ -346,7 +365,7 @@ def _running(pid: int) -> bool:
 
 
 class ForkServer:
-    """Start the zygote (python bench/fork_server.py) with `env` (the daemons' environment:
+    """Start the zygote (python harness/fork_server.py) with `env` (the daemons' environment:
     OMP_NUM_THREADS must be in it before torch loads), its own output to `log`; spawn()
     forks a daemon. A reader thread takes the zygote's replies."""
 
@@ -415,14 +434,20 @@ class ForkServer:
                 self.cond.notify_all()
 
     def spawn(
-        self, args: list[str], env: dict[str, str], log: Path, cwd: str | None = None
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        cwd: str | None = None,
+        main: str = DEFAULT_MAIN,
     ) -> ForkedProc:
-        """Fork `seedflood --log-format json ARGS` (stdout and stderr appended to `log`)."""
+        """Fork `seedflood --log-format json ARGS`, or the program of `main` (MAINS), with
+        stdout and stderr appended to `log`."""
         with self.cond:
             self.next_id += 1
             rid = self.next_id
-        argv = daemon_argv(args)
-        req = {"op": "spawn", "id": rid, "argv": argv, "env": env}
+        argv = daemon_argv(args, main)
+        req = {"op": "spawn", "id": rid, "argv": argv, "env": env, "main": main}
         req.update(cwd=cwd or os.getcwd(), log=str(log))
         _write(self.req_w, req)
         with self.cond:
@@ -450,6 +475,63 @@ class ForkServer:
         with contextlib.suppress(OSError):
             os.close(self.rep_r)
         self.log.close()
+
+
+class ForkLauncher:
+    """A launcher for apps/localnet.set_launcher (tests/conftest.py sets one for the whole
+    session): a `seedflood` or harness/hooked_peer.py command line (`python -m seedflood
+    --log-format json ARGS`) is forked from one zygote, started on the first such command
+    with that command's environment; the daemon that comes out is the same program with
+    the same argv, environment, cwd and log file, minus the ~7 s of CPU its imports take.
+    Anything else it returns None for, and NodeProcess starts that as a subprocess: a
+    command wrapped in a prefix (`ip netns exec`), another program, or another
+    OMP_NUM_THREADS than the zygote's (libgomp reads it once, as it loads). If the zygote
+    cannot start, every command goes to subprocess, with one line on stderr."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.server: ForkServer | None = None
+        self.threads: str | None = None
+        self.broken = False
+        self.forked = 0
+
+    def main_of(self, cmd: list[str]) -> tuple[str, list[str]] | None:
+        """(entry point, ARGS) of `PROGRAM --log-format json ARGS`; None for any other."""
+        if cmd[:3] == [sys.executable, "-m", "seedflood"]:
+            main, rest = DEFAULT_MAIN, cmd[3:]
+        elif len(cmd) > 1 and cmd[0] == sys.executable and _same_file(cmd[1], HOOKED_PEER):
+            main, rest = "harness.hooked_peer:main", cmd[2:]
+        else:
+            return None
+        if rest[:2] != ["--log-format", "json"]:
+            return None
+        return main, rest[2:]
+
+    def __call__(self, cmd: list[str], env: dict[str, str], log: Path) -> ForkedProc | None:
+        found = None if self.broken else self.main_of(cmd)
+        if found is None:
+            return None
+        if self.server is None:
+            try:
+                self.server = ForkServer(self.log, env)
+            except (OSError, RuntimeError) as exc:
+                self.broken = True
+                print(f"fork server: {exc}; daemons start as subprocesses", file=sys.stderr)
+                return None
+            self.threads = env.get("OMP_NUM_THREADS")
+        if env.get("OMP_NUM_THREADS") != self.threads or not self.server.alive:
+            return None
+        main, args = found
+        self.forked += 1
+        return self.server.spawn(args, env, log, main=main)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close(timeout=30)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 if __name__ == "__main__":
