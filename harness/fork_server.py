@@ -199,6 +199,8 @@ def _child(req: dict, close_fds: tuple[int, ...]) -> int:
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     gc.enable()
+    if req.get("netns"):
+        _enter_netns(req["netns"])
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -233,6 +235,22 @@ def _child(req: dict, close_fds: tuple[int, ...]) -> int:
         print(code, file=sys.stderr)
         code = 1
     return _exit(code)
+
+
+def _enter_netns(name: str) -> None:
+    """Join network namespace NAME (/run/netns/NAME, as `ip netns add` made it): what
+    `ip netns exec` does for a daemon, which reads no /sys or /etc/netns files. The child
+    has one thread here, and its p2pd, started later, inherits the namespace."""
+    import ctypes
+
+    clone_newnet = 0x40000000
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, clone_newnet) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _exit(code: int) -> int:
@@ -440,14 +458,16 @@ class ForkServer:
         log: Path,
         cwd: str | None = None,
         main: str = DEFAULT_MAIN,
+        netns: str = "",
     ) -> ForkedProc:
         """Fork `seedflood --log-format json ARGS`, or the program of `main` (MAINS), with
-        stdout and stderr appended to `log`."""
+        stdout and stderr appended to `log`; in network namespace `netns` if one is named
+        (what `ip netns exec NETNS` does for a daemon: join its network namespace)."""
         with self.cond:
             self.next_id += 1
             rid = self.next_id
         argv = daemon_argv(args, main)
-        req = {"op": "spawn", "id": rid, "argv": argv, "env": env, "main": main}
+        req = {"op": "spawn", "id": rid, "argv": argv, "env": env, "main": main, "netns": netns}
         req.update(cwd=cwd or os.getcwd(), log=str(log))
         _write(self.req_w, req)
         with self.cond:
@@ -483,9 +503,9 @@ class ForkLauncher:
     --log-format json ARGS`) is forked from one zygote, started on the first such command
     with that command's environment; the daemon that comes out is the same program with
     the same argv, environment, cwd and log file, minus the ~7 s of CPU its imports take.
-    Anything else it returns None for, and NodeProcess starts that as a subprocess: a
-    command wrapped in a prefix (`ip netns exec`), another program, or another
-    OMP_NUM_THREADS than the zygote's (libgomp reads it once, as it loads). If the zygote
+    A command in `ip netns exec NS` is forked into namespace NS. Anything else it returns
+    None for, and NodeProcess starts that as a subprocess: another program or prefix, or
+    another OMP_NUM_THREADS than the zygote's (libgomp reads it once, as it loads). If the zygote
     cannot start, every command goes to subprocess, with one line on stderr."""
 
     def __init__(self, log: Path) -> None:
@@ -495,8 +515,12 @@ class ForkLauncher:
         self.broken = False
         self.forked = 0
 
-    def main_of(self, cmd: list[str]) -> tuple[str, list[str]] | None:
-        """(entry point, ARGS) of `PROGRAM --log-format json ARGS`; None for any other."""
+    def main_of(self, cmd: list[str]) -> tuple[str, list[str], str] | None:
+        """(entry point, ARGS, network namespace or "") of `[ip netns exec NS] PROGRAM
+        --log-format json ARGS`; None for any other command line."""
+        netns = ""
+        if cmd[:3] == ["ip", "netns", "exec"] and len(cmd) > 3:
+            netns, cmd = cmd[3], cmd[4:]
         if cmd[:3] == [sys.executable, "-m", "seedflood"]:
             main, rest = DEFAULT_MAIN, cmd[3:]
         elif len(cmd) > 1 and cmd[0] == sys.executable and _same_file(cmd[1], HOOKED_PEER):
@@ -505,7 +529,7 @@ class ForkLauncher:
             return None
         if rest[:2] != ["--log-format", "json"]:
             return None
-        return main, rest[2:]
+        return main, rest[2:], netns
 
     def __call__(self, cmd: list[str], env: dict[str, str], log: Path) -> ForkedProc | None:
         found = None if self.broken else self.main_of(cmd)
@@ -521,9 +545,9 @@ class ForkLauncher:
             self.threads = env.get("OMP_NUM_THREADS")
         if env.get("OMP_NUM_THREADS") != self.threads or not self.server.alive:
             return None
-        main, args = found
+        main, args, netns = found
         self.forked += 1
-        return self.server.spawn(args, env, log, main=main)
+        return self.server.spawn(args, env, log, main=main, netns=netns)
 
     def close(self) -> None:
         if self.server is not None:

@@ -75,10 +75,12 @@ class NamespaceNet:
         )
 
     def process(self, host: int | str, name: str, args: list[str], workdir: Path) -> NodeProcess:
-        """A `seedflood` process in a host (N or "hN", "pubN", ...). `exec` replaces the
-        script with `ip netns exec`, which execs python: the PID is the node's."""
+        """A `seedflood` process in a host (N or "hN", "pubN", ...): `ip netns exec`
+        execs python, so the PID is the node's."""
         host = f"h{host}" if isinstance(host, int) else host
-        prefix = (str(self.script), "--prefix", self.prefix, "exec", host)
+        # What the script's `exec HOST` runs (both scripts name a host's namespace
+        # PREFIX-HOST); spelled out so that the tests' fork launcher sees the namespace.
+        prefix = ("ip", "netns", "exec", f"{self.prefix}-{host}")
         return NodeProcess(name, args, workdir, prefix=prefix)
 
     def start_bootstrap(

@@ -1,7 +1,7 @@
 """The tests' daemons are forks of one zygote (tests/conftest.py, harness/fork_server.py):
 the same program with the same argv, environment and log as a new interpreter would run,
-its exit status as a new interpreter's, and anything the zygote cannot stand in
-for (a namespace prefix, another program, another OMP_NUM_THREADS) left to subprocess."""
+its exit status as a new interpreter's, and anything the zygote cannot stand in for
+(another program or prefix, another OMP_NUM_THREADS) left to subprocess."""
 
 from __future__ import annotations
 
@@ -55,10 +55,12 @@ def test_a_forked_daemon_exits_as_a_new_interpreter_would(tmp_path):
 def test_the_launcher_leaves_what_it_cannot_fork_to_subprocess(tmp_path):
     launcher = ForkLauncher(tmp_path / "zygote.log")
     seedflood = [sys.executable, "-m", "seedflood", "--log-format", "json", "id"]
-    assert launcher.main_of(seedflood) == (DEFAULT_MAIN, ["id"])
+    assert launcher.main_of(seedflood) == (DEFAULT_MAIN, ["id"], "")
     hooked = [*HOOKED_PEER, "--log-format", "json", "peer"]
-    assert launcher.main_of(hooked) == ("harness.hooked_peer:main", ["peer"])
-    assert launcher.main_of(["ip", "netns", "exec", "h1", *seedflood]) is None
+    assert launcher.main_of(hooked) == ("harness.hooked_peer:main", ["peer"], "")
+    # In a host of a namespaced testnet: forked into its network namespace.
+    assert launcher.main_of(["ip", "netns", "exec", "t-h1", *seedflood])[2] == "t-h1"
+    assert launcher.main_of(["sudo", *seedflood]) is None
     assert launcher.main_of([sys.executable, "-m", "seedflood", "id"]) is None  # text logs
     assert launcher.main_of(["/bin/true", "--log-format", "json"]) is None
     # Another thread count than the zygote's: not forked (libgomp read it once).
