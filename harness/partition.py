@@ -77,7 +77,7 @@ class NamespaceNet:
     def process(self, host: int | str, name: str, args: list[str], workdir: Path) -> NodeProcess:
         """A `seedflood` process in a host (N or "hN", "pubN", ...): `ip netns exec`
         execs python, so the PID is the node's."""
-        host = f"h{host}" if isinstance(host, int) else host
+        host = _host(host)
         # What the script's `exec HOST` runs (both scripts name a host's namespace
         # PREFIX-HOST); spelled out so that the tests' fork launcher sees the namespace.
         prefix = ("ip", "netns", "exec", f"{self.prefix}-{host}")
@@ -98,14 +98,14 @@ class NamespaceNet:
             time.sleep(0.2)
         return boot, address_file.read_text().split()[0]
 
-    def status(self, host: int) -> dict:
+    def status(self, host: int | str) -> dict:
         code = (
             "import urllib.request; print(urllib.request.urlopen("
             f"'http://127.0.0.1:{METRICS_PORT}/status', timeout=5).read().decode())"
         )
-        return json.loads(self.net("exec", f"h{host}", sys.executable, "-c", code).stdout)
+        return json.loads(self.net("exec", _host(host), sys.executable, "-c", code).stdout)
 
-    def finish(self, host: int, after_round: int) -> int | None:
+    def finish(self, host: int | str, after_round: int) -> int | None:
         """POST /finish?after_round=N to the node of host N from inside its namespace (what
         apps.demo.finish_all asks on loopback): the round it will stop after, or None."""
         code = (
@@ -113,10 +113,10 @@ class NamespaceNet:
             f"urllib.request.Request('http://127.0.0.1:{METRICS_PORT}/finish?after_round="
             f"{after_round}', method='POST'), timeout=5).read())['final_round'])"
         )
-        done = self.net("exec", f"h{host}", sys.executable, "-c", code, check=False)
+        done = self.net("exec", _host(host), sys.executable, "-c", code, check=False)
         return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
 
-    def finish_all(self, hosts: list[int], after_round: int) -> int | None:
+    def finish_all(self, hosts: list[int | str], after_round: int) -> int | None:
         """Ask every host's node to stop after one common round (the largest any of them
         answers, as apps.demo.finish_all agrees); returns that round, None if none answered
         (they then run to their --until-round)."""
@@ -144,6 +144,11 @@ class NamespaceNet:
                     capture_output=True,
                     timeout=30,
                 )
+
+
+def _host(host: int | str) -> str:
+    """A host's name: N -> "hN"; a name ("h3", "pub1", "priv2") as it is."""
+    return f"h{host}" if isinstance(host, int) else host
 
 
 def _ip(*args: str) -> None:

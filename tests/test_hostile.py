@@ -28,14 +28,16 @@ from seedflood_p2p.storage.ledger import Ledger
 pytestmark = pytest.mark.slow
 # Open-ended: once the late joiner trains and every founding peer banned the tarpit, the
 # peers are told to finish at one round (apps.demo.finish_all); ROUNDS is only a cap.
-ROUNDS = 60
+ROUNDS = 120
 TAIL_ROUNDS = 6  # rounds trained after that, the staller still live among them
 ROUND_DEADLINE = 3.0
 MAX_AHEAD, MAX_BEHIND = 10, 30  # NodeSettings' defaults
 PEER_FLAGS = peer_flags(
     until_round=ROUNDS,
     metrics_port=0,  # the status port, for finish_all
-    round_interval=1.5,  # long enough a run for the late joiner to start (~50 s under load)
+    # long enough a run for the late joiner to start: seconds forked (tests/conftest.py),
+    # ~50 s as a new interpreter under load (the ROUNDS cap leaves room for that)
+    round_interval=0.75,
     max_staleness=2,
     round_deadline=ROUND_DEADLINE,
     liveness_timeout=20,

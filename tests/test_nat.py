@@ -16,7 +16,8 @@ connects). Every node runs with the default settings: the bootstrap node serves 
    contacts. Asserted: each NATed peer announces a /p2p-circuit address; the two connect
    through a relay within RELAYED_WITHIN s of both being ready; they get a direct
    connection (hole punch) within DIRECT_WITHIN s of the relayed one; the bootstrap node
-   (their main relay) is then stopped and training goes on; every peer ledger identical.
+   (their main relay) is then stopped and training goes on (ROUNDS_AFTER_STOP rounds, then
+   every peer finishes at one round); every peer ledger identical.
 2. `test_nated_peers_that_reach_only_the_relay_train_together`: the bootstrap node is the
    only public host. The NATed peers connect through it (one observer: no hole punch) and
    all three ledgers end identical.
@@ -38,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from harness.cluster import run_toml
-from harness.partition import NamespaceNet
+from harness.partition import METRICS_PORT, NamespaceNet
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -55,6 +56,7 @@ NAT_PEER_PORT = 4001  # fixed, so the "cannot reach each other" check knows wher
 CIRCUIT_WITHIN = 60.0  # seconds after round 1 for a NATed peer to announce a relay address
 RELAYED_WITHIN = 30.0  # seconds after both NATed peers are ready
 DIRECT_WITHIN = 90.0  # seconds after the relayed link (hole-punch redials start at 20 s)
+ROUNDS_AFTER_STOP = 10  # rounds the NATed peers train on after their main relay stopped
 
 
 def _peer_flags(rounds: int, interval: float) -> list[str]:
@@ -79,6 +81,8 @@ def _peer_flags(rounds: int, interval: float) -> list[str]:
         "30",
         "--threads",
         "1",
+        "--metrics-port",  # each namespace has its own loopback: NamespaceNet.finish
+        str(METRICS_PORT),
     ]
 
 
@@ -327,6 +331,12 @@ def test_two_nated_peers_relay_then_hole_punch(tmp_path):
         # over their direct link and the public peer; nothing is lost.
         round_at_stop = nat1.last_round()
         boot.stop()
+        # Once both have trained ROUNDS_AFTER_STOP rounds more, every peer finishes at one
+        # round (--until-round 200 is only the upper bound).
+        for p in (nat1, nat2):
+            p.wait_round(round_at_stop + ROUNDS_AFTER_STOP, timeout=120)
+        after = max(p.last_round() for p in peers.values()) + 1
+        last = NET.finish_all(["pub2", "priv1", "priv2"], after)
         codes = {n: p.wait_exit(timeout=300) for n, p in peers.items()}
         assert all(c == 0 for c in codes.values()), {
             n: (c, peers[n].tail()) for n, c in codes.items()
@@ -334,7 +344,9 @@ def test_two_nated_peers_relay_then_hole_punch(tmp_path):
         final = _final(tmp_path, peers)
         digests = {n: f["ledger_digest"] for n, f in final.items()}
         assert len(set(digests.values())) == 1, digests
-        assert all(f["round"] == 200 for f in final.values()), final
+        # rounds 0..last trained (or 0..199 if no peer answered the finish)
+        assert all(f["round"] == (200 if last is None else last + 1) for f in final.values())
+        assert all(f["round"] > round_at_stop + ROUNDS_AFTER_STOP for f in final.values())
         with Ledger.open_existing(tmp_path / "nat1" / "ledger.sqlite") as ledger:
             authors = {_b58(p) for p in ledger.peers()}
             count = len(ledger)

@@ -41,14 +41,15 @@ from seedflood_p2p.workload.models import load_model, weights_sha256
 pytestmark = pytest.mark.slow
 # Open-ended: once the late joiner and the restarted peer train, every peer is told to
 # finish at one round (apps.demo.finish_all); ROUNDS is only a cap.
-ROUNDS = 60
+ROUNDS = 150
 PEER_FLAGS = peer_flags(
     until_round=ROUNDS,
     metrics_port=0,  # the status port, for finish_all
-    # Paced so that E joins and B restarts mid-run even when starting a process takes
-    # ~50 s (load 15 on 2 cores): the run no longer waits out the 2 s round deadline every
-    # round for the attacker's stale round (the liveness rule), which paced it before.
-    round_interval=2.0,
+    # Paced so that E joins and B restarts mid-run: a forked daemon (tests/conftest.py) is
+    # ready in seconds; the cap leaves room for ~50 s starts of new interpreters at load 15
+    # (SEEDFLOOD_TEST_SUBPROCESS=1). The run no longer waits out the 2 s round deadline
+    # every round for the attacker's stale round (the liveness rule), which paced it before.
+    round_interval=1.0,
     max_staleness=2,
     round_deadline=2,
     liveness_timeout=20,
