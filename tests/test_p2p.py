@@ -160,11 +160,14 @@ def cluster(tmp_path_factory):
         peers["b"].proc.wait()
         peers["b_restarted"] = start_peer(work, "b", address, PEER_FLAGS, "b_restarted")
         procs.append(peers["b_restarted"])
-        running = {n: p for n, p in peers.items() if n != "b"}
+        # finish_all finds a peer's status port by its data dir: the restarted B's is "b"
+        # (under a name without a data dir, B would get SIGTERM and leave without lingering)
+        running = {n: p for n, p in peers.items() if n not in ("b", "b_restarted")}
+        running["b"] = peers["b_restarted"]
         for name in ("e", "b_restarted"):
             ready = wait_event(peers[name], "ready", timeout=300)
             peers[name].wait_round(ready["round"] + 2)
-        final_round = finish_all({**running, "b": running.pop("b_restarted")}, work)
+        final_round = finish_all(running, work)
         codes = {n: p.wait_exit() for n, p in peers.items() if n != "b"}
         attacker.done.set()
         attacker.join(60)
