@@ -3,7 +3,10 @@ each identity its own peer process with its own p2pd and its own Ed25519 key (12
 tiny model, synthetic task), under probation (`algorithm/probation.py`).
 
     PYTHONPATH=. python bench/bench_sybil_daemon.py [--sybils 20] [--rounds 30] [--seeds 0 1]
-        [--scenarios honest-only,flip,turn,random,honest]
+        [--scenarios honest-only,flip,turn,random,honest] [--fork-server]
+
+--fork-server forks every daemon from one process that imported the stack once
+(harness/fork_server.py), so 24 daemons start in seconds on 2 cores, not minutes.
 
 Scenarios (the cheating attacker identities are harness/hooked_peer.py with
 `--cheat`; a cheater still audits honestly):
@@ -25,7 +28,9 @@ from each founder's log the attacker updates it applied and took back at a ban
 banned; the held-out loss/accuracy (200 examples) of the replay of the first founder's
 counted updates against the honest-only row of the seed; the founders' audit CPU over
 training CPU (final_status audits.cpu_seconds); the probation backlog; and each process's
-peak RSS and CPU seconds (daemon + its p2pd, /proc). Every daemon runs under `nice -n 10`.
+peak RSS and CPU seconds (daemon + its p2pd, /proc); each founder's pace (`pace_view`:
+rounds per minute, deadlines waited out, and those that named a peer it had banned). Every
+daemon runs under `nice -n 10`.
 
 Rows go to bench/results/sybil_daemon.json as each finishes; a rerun skips finished
 (scenario, seed, sybils) rows, so an interrupted run resumes.
@@ -226,6 +231,27 @@ def log_view(events: list[dict]) -> dict[str, dict]:
     return out
 
 
+def pace_view(events: list[dict]) -> dict:
+    """One founder's pace by its log: rounds trained per minute (first to last round line),
+    the round deadlines it waited out, and how many of those named a peer its log had
+    banned before (issue 45's goal: none; a ban acts at the next check)."""
+    times = [e["time"] for e in events if e.get("event") == "round"]
+    banned: set[str] = set()
+    waits = for_banned = 0
+    for e in events:
+        if e.get("event") == "audit_ban":
+            banned.add(e.get("peer"))
+        elif e.get("event") == "deadline":
+            waits += 1
+            for_banned += bool(banned & set(e.get("slow", [])))
+    minutes = (times[-1] - times[0]) / 60 if len(times) > 1 else 0.0
+    return {
+        "rounds_per_min": (len(times) - 1) / minutes if minutes else None,
+        "deadline_waits": waits,
+        "deadline_waits_for_banned": for_banned,
+    }
+
+
 def ledger_view(path: Path, attackers: set[str]) -> dict:
     from seedflood_p2p.algorithm.probation import standing_of_ledger
     from seedflood_p2p.storage.ledger import Ledger, peer_name
@@ -337,6 +363,7 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
                     p.proc.wait(120)
         codes = {name: p.proc.poll() for name, p in peers.items()}
         logs = {n: log_view(peers[n].events()) for n in FOUNDERS}
+        paces = {n: pace_view(peers[n].events()) for n in FOUNDERS}
         ids = {}
         for n, p in peers.items():
             joined = [e["peer_id"] for e in p.events() if e.get("event") == "join"]
@@ -441,6 +468,8 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         "replay_accuracy": evaluation["accuracy"],
         "replay_sha256": evaluation["sha256"],
         "replay_loss_by_round": by_round,
+        "founder_pace": paces,
+        "launch": "fork-server" if args.fork_server else "subprocess",
         "work": str(work),
         **founder_work(work),
         "audit_cpu_share": _mean([f["audit_cpu_share"] for f in per_founder.values()]),
@@ -555,6 +584,43 @@ def by_scenario(rows: dict, refs: dict) -> list[str]:
     return lines
 
 
+def pace_table(rows: dict) -> list[str]:
+    """The founders' pace per row (rows written since `pace_view`): training rounds per
+    minute (mean, and against the honest-only row of the seed), round deadlines waited out,
+    and those that named a peer the founder had banned before."""
+    paced = {k: r for k, r in rows.items() if r.get("founder_pace")}
+    if not paced:
+        return []
+
+    def rpm(r: dict) -> float | None:
+        return _mean([f["rounds_per_min"] for f in r["founder_pace"].values()])
+
+    refs = {r["seed"]: rpm(r) for r in paced.values() if r["scenario"] == "honest-only"}
+    lines = [
+        "Founders' pace (by their logs; mean over the 4 founders): rounds per minute from "
+        "the first to the last round line, against the honest-only row of the same seed; "
+        "round deadlines waited out, and of those, deadlines that named a peer the founder "
+        "had banned before (goal: 0).",
+        "",
+        "| scenario | seed | N | launch | rounds/min | vs honest-only | deadlines waited "
+        "| for a banned peer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(paced, key=lambda k: (paced[k]["seed"], paced[k]["sybils"])):
+        r = paced[key]
+        mine, ref = rpm(r), refs.get(r["seed"])
+        ratio = f"{mine / ref:.2f}x" if mine and ref else "-"
+        waits = [f["deadline_waits"] for f in r["founder_pace"].values()]
+        banned = [f["deadline_waits_for_banned"] for f in r["founder_pace"].values()]
+        lines.append(
+            f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {r.get('launch', '-')} | "
+            f"{mine:.1f} | {ratio} | {_span(waits)} | {_span(banned)} |"
+            if mine
+            else f"| {r['scenario']} | {r['seed']} | {r['sybils']} | - | - | - | - | - |"
+        )
+    return lines
+
+
 def write_markdown(result: dict, path: Path) -> None:
     rows = result["rows"]
     lines = [
@@ -608,6 +674,7 @@ def write_markdown(result: dict, path: Path) -> None:
             f"{r['seconds']:.0f} |"
         )
     lines += ["", "By scenario, over seeds:", "", *by_scenario(rows, refs)]
+    lines += ["", *pace_table(rows)]
     lines += [
         "",
         "Counted ever: the most, over the founders, of the attacker updates a founder applied"
@@ -691,6 +758,12 @@ def main() -> None:
         help="seconds per scenario; then the daemons are stopped (SIGTERM) and the row says "
         "so (stopped_early, final_rounds)",
     )
+    parser.add_argument(
+        "--fork-server",
+        action="store_true",
+        help="fork the daemons from one process that imported the stack once "
+        "(harness/fork_server.py): 24 daemons start in seconds on 2 cores",
+    )
     parser.add_argument("--name", default="sybil_daemon", help="results file name")
     parser.add_argument("--keep", default="", help="keep the runs' files under this folder")
     parser.add_argument(
@@ -715,6 +788,13 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}: one of {list(SCENARIOS)}")
     with contextlib.ExitStack() as stack:
+        if args.fork_server:
+            from harness.fork_server import ForkLauncher
+            from seedflood_p2p.apps import localnet
+
+            launcher = ForkLauncher(Path(tempfile.mkdtemp(prefix="sybil-zygote-")) / "z.log")
+            localnet.set_launcher(launcher)
+            stack.callback(launcher.close)
         base = (
             Path(args.keep)
             if args.keep

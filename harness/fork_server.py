@@ -201,6 +201,8 @@ def _child(req: dict, close_fds: tuple[int, ...]) -> int:
     gc.enable()
     if req.get("netns"):
         _enter_netns(req["netns"])
+    if req.get("nice"):
+        os.nice(req["nice"])
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -459,15 +461,18 @@ class ForkServer:
         cwd: str | None = None,
         main: str = DEFAULT_MAIN,
         netns: str = "",
+        nice: int = 0,
     ) -> ForkedProc:
         """Fork `seedflood --log-format json ARGS`, or the program of `main` (MAINS), with
         stdout and stderr appended to `log`; in network namespace `netns` if one is named
-        (what `ip netns exec NETNS` does for a daemon: join its network namespace)."""
+        (what `ip netns exec NETNS` does for a daemon: join its network namespace), at
+        niceness `nice` more than the zygote's (as `nice -n NICE`)."""
         with self.cond:
             self.next_id += 1
             rid = self.next_id
         argv = daemon_argv(args, main)
-        req = {"op": "spawn", "id": rid, "argv": argv, "env": env, "main": main, "netns": netns}
+        req = {"op": "spawn", "id": rid, "argv": argv, "env": env, "main": main}
+        req.update(netns=netns, nice=nice)
         req.update(cwd=cwd or os.getcwd(), log=str(log))
         _write(self.req_w, req)
         with self.cond:
@@ -503,7 +508,8 @@ class ForkLauncher:
     --log-format json ARGS`) is forked from one zygote, started on the first such command
     with that command's environment; the daemon that comes out is the same program with
     the same argv, environment, cwd and log file, minus the ~7 s of CPU its imports take.
-    A command in `ip netns exec NS` is forked into namespace NS. Anything else it returns
+    A command in `ip netns exec NS` is forked into namespace NS, one under `nice -n N` at
+    that niceness. Anything else it returns
     None for, and NodeProcess starts that as a subprocess: another program or prefix, or
     another OMP_NUM_THREADS than the zygote's (libgomp reads it once, as it loads). If the zygote
     cannot start, every command goes to subprocess, with one line on stderr."""
@@ -515,10 +521,12 @@ class ForkLauncher:
         self.broken = False
         self.forked = 0
 
-    def main_of(self, cmd: list[str]) -> tuple[str, list[str], str] | None:
-        """(entry point, ARGS, network namespace or "") of `[ip netns exec NS] PROGRAM
-        --log-format json ARGS`; None for any other command line."""
-        netns = ""
+    def main_of(self, cmd: list[str]) -> tuple[str, list[str], str, int] | None:
+        """(entry point, ARGS, network namespace or "", niceness) of `[nice -n N]
+        [ip netns exec NS] PROGRAM --log-format json ARGS`; None for any other."""
+        netns, nice = "", 0
+        if cmd[:2] == ["nice", "-n"] and len(cmd) > 2 and cmd[2].lstrip("-").isdigit():
+            nice, cmd = int(cmd[2]), cmd[3:]
         if cmd[:3] == ["ip", "netns", "exec"] and len(cmd) > 3:
             netns, cmd = cmd[3], cmd[4:]
         if cmd[:3] == [sys.executable, "-m", "seedflood"]:
@@ -529,7 +537,7 @@ class ForkLauncher:
             return None
         if rest[:2] != ["--log-format", "json"]:
             return None
-        return main, rest[2:], netns
+        return main, rest[2:], netns, nice
 
     def __call__(self, cmd: list[str], env: dict[str, str], log: Path) -> ForkedProc | None:
         found = None if self.broken else self.main_of(cmd)
@@ -545,9 +553,9 @@ class ForkLauncher:
             self.threads = env.get("OMP_NUM_THREADS")
         if env.get("OMP_NUM_THREADS") != self.threads or not self.server.alive:
             return None
-        main, args, netns = found
+        main, args, netns, nice = found
         self.forked += 1
-        return self.server.spawn(args, env, log, main=main, netns=netns)
+        return self.server.spawn(args, env, log, main=main, netns=netns, nice=nice)
 
     def close(self) -> None:
         if self.server is not None:

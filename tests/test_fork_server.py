@@ -55,11 +55,12 @@ def test_a_forked_daemon_exits_as_a_new_interpreter_would(tmp_path):
 def test_the_launcher_leaves_what_it_cannot_fork_to_subprocess(tmp_path):
     launcher = ForkLauncher(tmp_path / "zygote.log")
     seedflood = [sys.executable, "-m", "seedflood", "--log-format", "json", "id"]
-    assert launcher.main_of(seedflood) == (DEFAULT_MAIN, ["id"], "")
+    assert launcher.main_of(seedflood) == (DEFAULT_MAIN, ["id"], "", 0)
     hooked = [*HOOKED_PEER, "--log-format", "json", "peer"]
-    assert launcher.main_of(hooked) == ("harness.hooked_peer:main", ["peer"], "")
-    # In a host of a namespaced testnet: forked into its network namespace.
-    assert launcher.main_of(["ip", "netns", "exec", "t-h1", *seedflood])[2] == "t-h1"
+    assert launcher.main_of(hooked) == ("harness.hooked_peer:main", ["peer"], "", 0)
+    # In a host of a namespaced testnet: forked into its network namespace; under nice.
+    assert launcher.main_of(["ip", "netns", "exec", "t-h1", *seedflood])[2:] == ("t-h1", 0)
+    assert launcher.main_of(["nice", "-n", "10", *hooked])[2:] == ("", 10)
     assert launcher.main_of(["sudo", *seedflood]) is None
     assert launcher.main_of([sys.executable, "-m", "seedflood", "id"]) is None  # text logs
     assert launcher.main_of(["/bin/true", "--log-format", "json"]) is None
