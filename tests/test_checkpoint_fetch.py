@@ -37,14 +37,14 @@ from seedflood_p2p.workload.models import load_model, weights_sha256
 pytestmark = pytest.mark.slow
 # Open-ended: the peers are told to finish at one round (apps.demo.finish_all) once the
 # joiner has shown what the tests assert; ROUNDS is only a cap, long enough for a joiner
-# started at round 13 (process start ~60 s under load).
-ROUNDS = 70
+# started at round 13 as a new interpreter (~60 s under load; forked: seconds).
+ROUNDS = 120
 # audits off: audited runs have no chain (their model is a settled state, not the ledger)
 CHAIN_RUN = dataclasses.replace(RUN, extra={"checkpoint_every": 8, "audit": False})
 PEER_FLAGS = peer_flags(
     until_round=ROUNDS,
     metrics_port=0,  # the status port, for finish_all
-    round_interval=1.5,
+    round_interval=1.0,
     max_staleness=2,
     round_deadline=3,
     liveness_timeout=20,
