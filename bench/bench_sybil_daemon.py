@@ -67,7 +67,7 @@ SCENARIOS = {"honest-only": None, "flip": "flip", "turn": "turn", "random": "ran
 AUDIT = {"lag": 2, "cpu_share": 0.3, "quorum": 3}
 VOUCHES, SHARE = 2, 1.0
 EVAL_EXAMPLES = 200
-NICE = ("nice", "-n", "10")
+NICE = 10  # every daemon's niceness; --attacker-nice for the attackers' own
 
 
 def peer_flags(rounds: int, min_peers: int, interval: float, deadline: float) -> list[str]:
@@ -79,18 +79,19 @@ def peer_flags(rounds: int, min_peers: int, interval: float, deadline: float) ->
 
 
 def start_peer(
-    work: Path, name: str, bootstrap: str, flags: list[str], cheat: str = ""
+    work: Path, name: str, bootstrap: str, flags: list[str], cheat: str = "", nice: int = 10
 ) -> NodeProcess:
-    """localnet.start_peer under `nice -n 10` (NodeProcess's prefix); with `cheat`, the
+    """localnet.start_peer under `nice -n NICE` (NodeProcess's prefix); with `cheat`, the
     tests' cheating peer (hooked_peer.py --cheat CHEAT)."""
+    prefix = ("nice", "-n", str(nice))
     args = [
         "peer",
         *("--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0"),
         *("--data-dir", str(work / name), "--threads", "1", *flags),
     ]
     if cheat:
-        return NodeProcess(name, [*args, "--cheat", cheat], work, 1, NICE, HOOKED_PEER)
-    return NodeProcess(name, args, work, 1, prefix=NICE)
+        return NodeProcess(name, [*args, "--cheat", cheat], work, 1, prefix, HOOKED_PEER)
+    return NodeProcess(name, args, work, 1, prefix=prefix)
 
 
 # -------------------------------------------------------------------- processes' cost
@@ -347,7 +348,9 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         meter = Meter(peers)
         for name in names:
             (work / name).mkdir(parents=True, exist_ok=True)
-            peers[name] = start_peer(work, name, address, flags, cheat if name in attackers else "")
+            attacker = name in attackers
+            nice = args.attacker_nice if attacker else NICE
+            peers[name] = start_peer(work, name, address, flags, cheat if attacker else "", nice)
             procs.append(peers[name])
         deadline = time.monotonic() + args.timeout
         while any(p.alive for p in peers.values()) and time.monotonic() < deadline:
@@ -469,6 +472,7 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         "replay_sha256": evaluation["sha256"],
         "replay_loss_by_round": by_round,
         "founder_pace": paces,
+        "attacker_nice": args.attacker_nice,
         "launch": "fork-server" if args.fork_server else "subprocess",
         "work": str(work),
         **founder_work(work),
@@ -602,7 +606,8 @@ def pace_table(rows: dict) -> list[str]:
         "round deadlines waited out, and of those, deadlines that named a peer the founder "
         "had banned before (goal: 0).",
         "",
-        "| scenario | seed | N | launch | rounds/min | vs honest-only | deadlines waited "
+        "| scenario | seed | N | launch (founders at nice 10) | rounds/min | vs honest-only "
+        "| deadlines waited "
         "| for a banned peer |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -612,8 +617,11 @@ def pace_table(rows: dict) -> list[str]:
         ratio = f"{mine / ref:.2f}x" if mine and ref else "-"
         waits = [f["deadline_waits"] for f in r["founder_pace"].values()]
         banned = [f["deadline_waits_for_banned"] for f in r["founder_pace"].values()]
+        launch = r.get("launch", "-")
+        if r.get("attacker_nice") is not None and r["sybils"]:
+            launch += f", attackers at nice {r['attacker_nice']}"
         lines.append(
-            f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {r.get('launch', '-')} | "
+            f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {launch} | "
             f"{mine:.1f} | {ratio} | {_span(waits)} | {_span(banned)} |"
             if mine
             else f"| {r['scenario']} | {r['seed']} | {r['sybils']} | - | - | - | - | - |"
@@ -763,6 +771,13 @@ def main() -> None:
         action="store_true",
         help="fork the daemons from one process that imported the stack once "
         "(harness/fork_server.py): 24 daemons start in seconds on 2 cores",
+    )
+    parser.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=NICE,
+        help="the attacker identities' niceness (the founders': 10); 19 gives them the CPU "
+        "the founders leave, as if they ran on machines of their own",
     )
     parser.add_argument("--name", default="sybil_daemon", help="results file name")
     parser.add_argument("--keep", default="", help="keep the runs' files under this folder")
