@@ -3,12 +3,16 @@
 
     nice -n 5 python bench/bench_soak.py [--minutes 60] [--peers 6] [--churn-every 60]
         [--sample-every 15] [--pause 10] [--join-every 0] [--warmup 120] [--settle 60]
-        [--name NAME] [--work DIR]
+        [--round-interval 0.4]
+        [--netns [--delay-ms 10] [--loss 5]] [--name NAME] [--work DIR]
     python bench/bench_soak.py --summarize --name NAME     # redo .json/.md/.png from the JSONL
 
 A real bootstrap node and PEERS peer daemons (the tests' tiny run, harness.cluster.RUN, and
-harness/open_run.py's fast-round flags) on 127.0.0.1: loopback, no network namespaces and
-no netem (the output says so). MINUTES count from the first round of every peer. Every
+harness/open_run.py's fast-round flags) on 127.0.0.1 (loopback, no netem), or with
+--netns (root) each in its own network namespace on one bridge (deploy/netns-testnet.sh:
+h1 the bootstrap node, h2.. the peers; a restarted peer comes back in its own host) with a
+netem delay of --delay-ms and --loss percent on every host's egress. The output says which.
+MINUTES count from the first round of every peer. Every
 CHURN_EVERY seconds one peer (round-robin) is stopped, alternately with SIGTERM and SIGKILL,
 and restarted from its data dir PAUSE seconds after it exited; with --join-every K every
 Kth stop retires the peer for good and a fresh joiner (new identity, empty data dir) takes
@@ -42,6 +46,7 @@ import math
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +62,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 NETWORK = "loopback 127.0.0.1 (no network namespaces, no netem delay or loss)"
+SUBNET = "10.79.0"  # --netns: the soak's own testnet (the tests use 10.77/10.78)
+BOOT_PORT = 31337
+METRICS_PORT = 9100  # --netns: each host has its own loopback
+
+
+def network_label(args: argparse.Namespace) -> str:
+    if not getattr(args, "netns", False):
+        return NETWORK
+    return (
+        f"network namespaces: {args.peers + 1} hosts on one bridge, netem delay "
+        f"{args.delay_ms:g} ms and loss {args.loss:g}% on every host's egress"
+    )
+
+
 WINDOW_TICKS = 3  # samples averaged for a "start" and an "end" figure
 KINDS = ("bootstrap", "peer", "p2pd (bootstrap)", "p2pd (peer)")
 GOAL_PCT_PER_H = 5.0  # issue 45's bound on growth after warm-up
@@ -561,6 +580,12 @@ class Soak:
         self.address = ""
         self.last_victim = ""
         self.pool = ThreadPoolExecutor(max_workers=8)
+        self.net: Any = None  # --netns: harness.partition.NamespaceNet
+        self.host_of: dict[str, int] = {}  # --netns: name -> host number (h1: bootstrap)
+        if args.netns:
+            from harness.partition import NamespaceNet
+
+            self.net = NamespaceNet(f"sfsk{os.getpid() % 100000}", SUBNET)
 
     # -- output ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -584,9 +609,11 @@ class Soak:
     def peer_flags(self, first: bool) -> list[str]:
         from harness.open_run import PEER_FLAGS
 
+        # the last --round-interval wins: PEER_FLAGS' 0.4 s unless --round-interval says
+        flags = [*PEER_FLAGS, "--round-interval", f"{self.args.round_interval:g}"]
         if first:  # all founders meet before round 0; restarts and joiners go straight in
-            return [*PEER_FLAGS, "--min-peers", str(self.args.peers), "--startup-wait", "900"]
-        return list(PEER_FLAGS)
+            return [*flags, "--min-peers", str(self.args.peers), "--startup-wait", "900"]
+        return flags
 
     def start_peer(self, name: str, first: bool = False, fresh: bool = False) -> None:
         from seedflood_p2p.apps.localnet import start_peer
@@ -594,18 +621,71 @@ class Soak:
         k = self.restarts.get(name, -1) + 1
         self.restarts[name] = k
         log_name = name if k == 0 else f"{name}.{k}"
-        proc = start_peer(self.work, name, self.address, self.peer_flags(first), log_name)
+        if self.net is None:
+            proc = start_peer(self.work, name, self.address, self.peer_flags(first), log_name)
+        else:
+            proc = self.start_namespaced_peer(name, log_name, first)
         self.started.append(proc)
         self.lives[name] = Life(name, "peer", proc, self.now())
         if not first:
             self.event("start", name=name, pid=proc.proc.pid, restart=k > 0, fresh=fresh)
 
-    def start(self) -> None:
+    def start_namespaced_peer(self, name: str, log_name: str, first: bool) -> Any:
+        """A peer in its own host: the one it had, or the next free one (a fresh joiner
+        takes the host of the peer it replaces: restart_due)."""
+        from seedflood_p2p.apps.localnet import NodeProcess
+
+        host = self.host_of.setdefault(name, 2 + len(self.host_of))
+        args = [
+            "peer",
+            *("--bootstrap", self.address, "--listen", f"/ip4/{SUBNET}.{host}/tcp/0"),
+            *("--data-dir", str(self.work / name), "--threads", "1"),
+            *self.peer_flags(first),
+            *("--metrics-port", str(METRICS_PORT)),  # after PEER_FLAGS' 0: the last wins
+        ]
+        prefix = ("ip", "netns", "exec", f"{self.net.prefix}-h{host}")
+        return NodeProcess(log_name, args, self.work, prefix=prefix)
+
+    def start_bootstrap(self) -> tuple[Any, str]:
         from harness.cluster import RUN
         from harness.open_run import NODE_FLAGS
         from seedflood_p2p.apps.localnet import start_bootstrap
+        from seedflood_p2p.core.flags import to_toml
 
-        boot, self.address = start_bootstrap(self.work, RUN, NODE_FLAGS)
+        if self.net is None:
+            return start_bootstrap(self.work, RUN, NODE_FLAGS)
+        a = self.args
+        delay = ["--delay", f"{a.delay_ms:g}ms"] if a.delay_ms else []
+        loss = ["--loss", f"{a.loss:g}%"] if a.loss else []
+        up = self.net.net(
+            "--hosts", str(a.peers + 1), "--require-netem", *delay, *loss, "up", timeout=300
+        )
+        print(up.stderr.strip(), flush=True)
+        run_file = self.work / "run.toml"
+        run_file.write_text(to_toml(RUN))
+        args = [
+            "bootstrap",
+            *("--config", str(run_file), "--listen", f"/ip4/{SUBNET}.1/tcp/{BOOT_PORT}"),
+            *("--data-dir", str(self.work / "bootstrap"), *NODE_FLAGS),
+        ]
+        return self.net.start_bootstrap(1, args, self.work, timeout=600)
+
+    def status(self, life: Life) -> dict | None:
+        """A live peer's /status (None while it has none): on loopback through its
+        status_port file, with --netns from inside its host."""
+        from harness.scenario import peer_status
+
+        if life.kind != "peer" or life.stopping:
+            return None
+        if self.net is None:
+            return peer_status(self.work, life.name)
+        try:
+            return self.net.status(self.host_of[life.name])
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+
+    def start(self) -> None:
+        boot, self.address = self.start_bootstrap()
         self.started.append(boot)
         self.lives["bootstrap"] = Life("bootstrap", "bootstrap", boot, self.now())
         self.event("bootstrap", pid=boot.proc.pid, address=self.address)
@@ -636,24 +716,10 @@ class Soak:
             self._next_sample = max(self._next_sample + self.args.sample_every, self.now() + 1)
 
     def sample(self) -> None:
-        from harness.scenario import peer_status
-
         self.tick += 1
         lives = list(self.lives.values())
         rss_kb = fds = 0
-        statuses = dict(
-            zip(
-                [v.name for v in lives],
-                self.pool.map(
-                    lambda v: (
-                        peer_status(self.work, v.name)
-                        if v.kind == "peer" and not v.stopping
-                        else None
-                    ),
-                    lives,
-                ),
-            )
-        )
+        statuses = dict(zip([v.name for v in lives], self.pool.map(self.status, lives)))
         for v in lives:
             pid = v.proc.proc.pid
             stats = proc_stats(pid) if v.proc.alive else None
@@ -792,7 +858,10 @@ class Soak:
                 if fresh:
                     self.joiners += 1
                     self.event("retired", name=name)
-                    self.start_peer(f"joiner{self.joiners}", fresh=True)
+                    joiner = f"joiner{self.joiners}"
+                    if name in self.host_of:  # --netns: the joiner takes the retired host
+                        self.host_of[joiner] = self.host_of.pop(name)
+                    self.start_peer(joiner, fresh=True)
                 else:
                     self.start_peer(name)
 
@@ -806,24 +875,29 @@ class Soak:
             "churn_every_s": a.churn_every,
             "sample_every_s": a.sample_every,
             "pause_s": a.pause,
+            "round_interval_s": a.round_interval,
             "join_every": a.join_every,
             "warmup_s": a.warmup,
             "settle_s": a.settle,
             "nice": os.nice(0),
             "cpus": os.cpu_count(),
+            "netns": a.netns,
+            "delay_ms": a.delay_ms if a.netns else None,
+            "loss_pct": a.loss if a.netns else None,
         }
         self.write(
             {
                 "type": "segment",
                 "started": dt.datetime.now(dt.UTC).isoformat(),
                 "command": a.command,
-                "network": NETWORK,
+                "network": network_label(a),
                 "work": str(self.work),
                 "config": config,
             }
         )
         print(
-            f"soak {self.segment}: {NETWORK}; work dir {self.work}; samples -> {self.jsonl}",
+            f"soak {self.segment}: {network_label(a)}; work dir {self.work}; "
+            f"samples -> {self.jsonl}",
             flush=True,
         )
         self.start()
@@ -864,7 +938,15 @@ class Soak:
         peers = {n: v.proc for n, v in self.lives.items() if v.kind == "peer"}
         for name in peers:  # a SIGTERMed life's file is stale: only this finish counts
             (self.work / name / "final_status.json").unlink(missing_ok=True)
-        final_round = finish_all(peers, self.work)
+        if self.net is None:
+            final_round = finish_all(peers, self.work)
+        else:
+            top = max(v.round() for n, v in self.lives.items() if n in peers)
+            hosts = [self.host_of[n] for n in peers]
+            final_round = self.net.finish_all(hosts, top + 1)
+            if final_round is None:  # none could be asked: SIGTERM, as finish_all does
+                for proc in peers.values():
+                    proc.proc.send_signal(signal.SIGTERM)
         self.event("finish", final_round=final_round, peers=sorted(peers))
         codes = {}
         for name, proc in peers.items():
@@ -913,6 +995,8 @@ class Soak:
             if comm(pid) == "p2pd":
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        if self.net is not None:
+            self.net.net("down", check=False)
         self.out.close()
 
 
@@ -933,6 +1017,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--settle", type=float, default=60.0, help="s of each restarted process's life left out"
     )
+    parser.add_argument(
+        "--round-interval", type=float, default=0.4, help="s; a round is never shorter"
+    )
+    parser.add_argument("--netns", action="store_true", help="network namespaces (root)")
+    parser.add_argument("--delay-ms", type=float, default=10.0, help="netem one-way, --netns")
+    parser.add_argument("--loss", type=float, default=5.0, help="netem loss %%, --netns")
     parser.add_argument("--name", default="soak")
     parser.add_argument("--work", default="", help="data dirs and logs (default: a new tmp dir)")
     parser.add_argument(
@@ -941,6 +1031,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="only rewrite .json/.md/.png from the JSONL's last segment",
     )
     args = parser.parse_args(argv)
+    if args.netns and os.geteuid() != 0:
+        parser.error("--netns needs root (network namespaces)")
     args.command = shlex.join([Path(sys.executable).name, *sys.argv])
     RESULTS.mkdir(parents=True, exist_ok=True)
     jsonl = RESULTS / f"soak-{args.name}.jsonl"

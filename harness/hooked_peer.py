@@ -5,7 +5,7 @@ outside the product, is the only way to run such a peer.
 
     python harness/hooked_peer.py [--log-format json] peer
         [--cheat HOW] [--checkpoint corrupt|forge] [--drop-incoming F]
-        [--equivocate ROUND[:LATER]] FLAGS...
+        [--equivocate ROUND[:LATER]] [--trace-memory FILE] FLAGS...
 
 FLAGS are those of `seedflood peer`. The misbehaviours:
 
@@ -27,6 +27,12 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
                              peer; with L > 0 the peers hold, and train on, the first
                              copy for L rounds before the second replaces it
 
+And one diagnosis, not a misbehaviour:
+
+    --trace-memory FILE      trace Python allocations (tracemalloc, 4 frames) and append,
+                             every 60 s, the 40 source lines holding the most memory
+                             to FILE as a JSON line: what grows in a long run (the soak)
+
 harness/cluster.py:start_hooked_peer starts one.
 """
 
@@ -35,10 +41,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import os
 import random
 import sys
+import threading
+import time
+import tracemalloc
 from pathlib import Path
 
 # As the `seedflood` command does, before torch is imported (seedflood/cli.py says why).
@@ -203,6 +213,36 @@ def fraction(text: str) -> float:
     return value
 
 
+def trace_memory(path: Path, every_s: float = 60.0, top: int = 40) -> None:
+    """Start tracemalloc and a daemon thread appending the top lines to `path`."""
+    tracemalloc.start(4)
+    started = time.monotonic()
+
+    def dump() -> None:
+        while True:
+            time.sleep(every_s)
+            snapshot = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
+            stats = snapshot.statistics("lineno")
+            record = {
+                "t": round(time.monotonic() - started, 1),
+                "traced_kib": round(sum(s.size for s in stats) / 1024, 1),
+                "top": [
+                    {
+                        "where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
+                        "kib": round(s.size / 1024, 1),
+                        "count": s.count,
+                    }
+                    for s in stats[:top]
+                ],
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    threading.Thread(target=dump, name="trace-memory", daemon=True).start()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hooked_peer", description=__doc__.split("\n\n")[0], allow_abbrev=False
@@ -213,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", choices=["corrupt", "forge"], default="")
     parser.add_argument("--drop-incoming", type=fraction, default=0.0)
     parser.add_argument("--equivocate", type=parse_equivocation, default=None)
+    parser.add_argument("--trace-memory", type=Path, default=None, metavar="FILE")
     command.add_arguments(parser)
     return parser
 
@@ -220,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, "INFO")
+    if args.trace_memory is not None:
+        trace_memory(args.trace_memory)
     behaviour = Hooked(args.cheat, args.checkpoint, args.drop_incoming)
     if args.equivocate is not None:
         install_equivocation(*args.equivocate)
