@@ -70,6 +70,8 @@ METRICS_PORT = 9100  # --netns: each host has its own loopback
 def network_label(args: argparse.Namespace) -> str:
     if not getattr(args, "netns", False):
         return NETWORK
+    if not (args.delay_ms or args.loss):
+        return f"network namespaces: {args.peers + 1} hosts on one bridge, no netem"
     return (
         f"network namespaces: {args.peers + 1} hosts on one bridge, netem delay "
         f"{args.delay_ms:g} ms and loss {args.loss:g}% on every host's egress"
@@ -1000,6 +1002,14 @@ class Soak:
         self.out.close()
 
 
+def netem_available() -> bool:
+    """Whether this kernel has netem (deploy/netns-testnet.sh check)."""
+    from harness.partition import NamespaceNet
+
+    check = NamespaceNet(f"sfskc{os.getpid() % 100000}", SUBNET).net("check", check=False)
+    return "netem: yes" in check.stdout + check.stderr
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="of training, after start")
@@ -1033,6 +1043,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.netns and os.geteuid() != 0:
         parser.error("--netns needs root (network namespaces)")
+    if args.netns and (args.delay_ms or args.loss) and not netem_available():
+        parser.error(
+            "this kernel has no netem (CONFIG_NET_SCH_NETEM): --delay-ms/--loss cannot be "
+            "applied; pass --delay-ms 0 --loss 0 for namespaces without link emulation"
+        )
     args.command = shlex.join([Path(sys.executable).name, *sys.argv])
     RESULTS.mkdir(parents=True, exist_ok=True)
     jsonl = RESULTS / f"soak-{args.name}.jsonl"
