@@ -635,8 +635,6 @@ class Soak:
     def start_namespaced_peer(self, name: str, log_name: str, first: bool) -> Any:
         """A peer in its own host: the one it had, or the next free one (a fresh joiner
         takes the host of the peer it replaces: restart_due)."""
-        from seedflood_p2p.apps.localnet import NodeProcess
-
         host = self.host_of.setdefault(name, 2 + len(self.host_of))
         args = [
             "peer",
@@ -645,8 +643,7 @@ class Soak:
             *self.peer_flags(first),
             *("--metrics-port", str(METRICS_PORT)),  # after PEER_FLAGS' 0: the last wins
         ]
-        prefix = ("ip", "netns", "exec", f"{self.net.prefix}-h{host}")
-        return NodeProcess(log_name, args, self.work, prefix=prefix)
+        return self.net.process(host, log_name, args, self.work)
 
     def start_bootstrap(self) -> tuple[Any, str]:
         from harness.cluster import RUN
@@ -1002,14 +999,6 @@ class Soak:
         self.out.close()
 
 
-def netem_available() -> bool:
-    """Whether this kernel has netem (deploy/netns-testnet.sh check)."""
-    from harness.partition import NamespaceNet
-
-    check = NamespaceNet(f"sfskc{os.getpid() % 100000}", SUBNET).net("check", check=False)
-    return "netem: yes" in check.stdout + check.stderr
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="of training, after start")
@@ -1043,7 +1032,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.netns and os.geteuid() != 0:
         parser.error("--netns needs root (network namespaces)")
-    if args.netns and (args.delay_ms or args.loss) and not netem_available():
+    from harness.partition import NamespaceNet
+
+    if (
+        args.netns
+        and (args.delay_ms or args.loss)
+        and not NamespaceNet(f"sfskc{os.getpid() % 100000}", SUBNET).has_netem()
+    ):
         parser.error(
             "this kernel has no netem (CONFIG_NET_SCH_NETEM): --delay-ms/--loss cannot be "
             "applied; pass --delay-ms 0 --loss 0 for namespaces without link emulation"

@@ -1592,8 +1592,7 @@ def netem_available() -> bool:
     builds the testnet with no delay or loss."""
     from harness.partition import NamespaceNet
 
-    check = NamespaceNet(f"sfswc{os.getpid() % 100000}", SUBNET).net("check", check=False)
-    return "netem: yes" in check.stdout + check.stderr
+    return NamespaceNet(f"sfswc{os.getpid() % 100000}", SUBNET).has_netem()
 
 
 def network_label(args: argparse.Namespace, n: int) -> str:

@@ -127,6 +127,12 @@ class NamespaceNet:
                 self.finish(h, last)
         return last
 
+    def has_netem(self) -> bool:
+        """Whether this kernel has netem (the script's `check`); without it `up` builds the
+        testnet with no delay or loss."""
+        check = self.net("check", check=False)
+        return "netem: yes" in check.stdout + check.stderr
+
     def cut(self, on: bool) -> None:
         """Move the CUT hosts' ports to bridge br1 (on) or back to br0 (off); on the way
         in, abort every TCP connection across the cut in every host."""
