@@ -4,14 +4,17 @@
     nice -n 5 python bench/bench_soak.py [--minutes 60] [--peers 6] [--churn-every 60]
         [--sample-every 15] [--pause 10] [--join-every 0] [--warmup 120] [--settle 60]
         [--round-interval 0.4]
-        [--netns [--delay-ms 10] [--loss 5]] [--name NAME] [--work DIR]
+        [--netns [--delay-ms 10] [--loss 5]] [--trace-memory] [--name NAME] [--work DIR]
+        [--resume]
     python bench/bench_soak.py --summarize --name NAME     # redo .json/.md/.png from the JSONL
 
 A real bootstrap node and PEERS peer daemons (the tests' tiny run, harness.cluster.RUN, and
 harness/open_run.py's fast-round flags) on 127.0.0.1 (loopback, no netem), or with
 --netns (root) each in its own network namespace on one bridge (deploy/netns-testnet.sh:
 h1 the bootstrap node, h2.. the peers; a restarted peer comes back in its own host) with a
-netem delay of --delay-ms and --loss percent on every host's egress. The output says which.
+netem delay of --delay-ms and --loss percent on every host's egress (a kernel without netem
+has no delay, so pass --delay-ms 0; its --loss is applied by nftables on each host's
+arrivals: deploy/netns-testnet.sh). The output says which.
 MINUTES count from the first round of every peer. Every
 CHURN_EVERY seconds one peer (round-robin) is stopped, alternately with SIGTERM and SIGKILL,
 and restarted from its data dir PAUSE seconds after it exited; with --join-every K every
@@ -23,13 +26,20 @@ each one's p2pd child): VmRSS and Threads from /proc/PID/status, open fds
 (/proc/PID/fd), and for peers their /status round and ledger rows and the data dir's size.
 Each sample is appended to bench/results/soak-NAME.jsonl at once, so a run cut short keeps
 what it measured; a rerun with the same NAME appends a new segment (every line carries its
-segment id) and the summary is of the last segment.
+segment id) and the summary is of the last segment. A soak longer than a session goes on
+with --resume and the same --work and NAME: every process comes back from its data dir
+(the peers through --min-peers, as at the start), and the new segment names the one it
+resumes, so the summary is of the whole chain, its clock without the time between.
 
 At the end every live peer is asked to stop after one common round (apps.demo.finish_all)
 and their ledger digests are compared, with the bootstrap node's. Written:
 bench/results/soak-NAME.{json,md,png}: per process kind, RSS and fds at the start (after
 warm-up) and the end, and their least-squares slope per hour, pooled and within a process;
 rounds per minute over time; restarts; whether the ledgers ended identical.
+
+With --trace-memory (loopback) peer0 runs as harness/hooked_peer.py --trace-memory:
+tracemalloc's top allocation sites, and those that grew most, every minute in
+WORK/<log name>.mem.jsonl, to find what grows (tracemalloc slows that peer several-fold).
 
 Warm-up: samples in the first WARMUP s of training, and of a restarted process the first
 SETTLE s of its life, are left out of the figures (the JSONL keeps them).
@@ -70,11 +80,13 @@ METRICS_PORT = 9100  # --netns: each host has its own loopback
 def network_label(args: argparse.Namespace) -> str:
     if not getattr(args, "netns", False):
         return NETWORK
+    hosts = f"network namespaces: {args.peers + 1} hosts on one bridge"
     if not (args.delay_ms or args.loss):
-        return f"network namespaces: {args.peers + 1} hosts on one bridge, no netem"
+        return f"{hosts}, no delay or loss"
+    if getattr(args, "loss_by", "netem") == "nftables":  # main: no netem, so no delay
+        return f"{hosts}, {args.loss:g}% of packets lost on arrival at every host (nftables)"
     return (
-        f"network namespaces: {args.peers + 1} hosts on one bridge, netem delay "
-        f"{args.delay_ms:g} ms and loss {args.loss:g}% on every host's egress"
+        f"{hosts}, netem delay {args.delay_ms:g} ms and loss {args.loss:g}% on every host's egress"
     )
 
 
@@ -127,6 +139,39 @@ def last_segment(records: list[dict]) -> str | None:
     """The id of the last segment the file holds (a rerun with the same name appends one)."""
     ids = [r["segment"] for r in records if r.get("type") == "segment"]
     return ids[-1] if ids else None
+
+
+def chain_of(records: list[dict], segment: str | None = None) -> list[str]:
+    """The segments one soak ran in, oldest first, ending with `segment` (default: the
+    last): a segment started with --resume names the one it continues (`resumes`)."""
+    heads = {r["segment"]: r for r in records if r.get("type") == "segment"}
+    seg, chain = segment or last_segment(records), []
+    while seg in heads and seg not in chain:
+        chain.append(seg)
+        seg = heads[seg].get("resumes")
+    return chain[::-1]
+
+
+def merged(records: list[dict], chain: Sequence[str]) -> list[dict]:
+    """The chain's records as one run: each segment's clock continues where the one before
+    it stopped (the time between sessions left out), its ticks and pids made its own (a
+    new machine reuses pids)."""
+    out: list[dict] = []
+    offset = 0.0
+    for i, seg in enumerate(chain):
+        for r in records:
+            if r.get("segment") != seg:
+                continue
+            r = {**r, "t": r.get("t", 0.0) + offset}
+            if "born_t" in r:
+                r["born_t"] += offset
+            if i and "tick" in r:
+                r["tick"] += i * 10**7
+            if i and "pid" in r:
+                r["pid"] = f"{i}:{r['pid']}"
+            out.append(r)
+        offset = max((r["t"] for r in out), default=offset)
+    return out
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -217,11 +262,14 @@ def rounds_over_time(samples: list[dict], bucket_s: float) -> dict[str, Any]:
 
 
 def summarize(records: list[dict], segment: str | None = None) -> dict[str, Any]:
-    """The figures of one segment (default: the last) of a soak JSONL."""
-    segment = segment or last_segment(records)
-    mine = [r for r in records if r.get("segment") == segment]
-    head = next((r for r in mine if r.get("type") == "segment"), {})
-    config = head.get("config", {})
+    """The figures of one soak of a JSONL: the segment `segment` (default: the last) and
+    the segments it resumed (`chain_of`), as one run (`merged`)."""
+    chain = chain_of(records, segment)
+    mine = merged(records, chain)
+    heads = [r for r in mine if r.get("type") == "segment"]
+    head = heads[0] if heads else {}
+    config = {**(heads[-1].get("config", {}) if heads else {})}
+    config["minutes"] = sum(float(h.get("config", {}).get("minutes", 0) or 0) for h in heads)
     events = [r for r in mine if r.get("type") == "event"]
     samples = [r for r in mine if r.get("type") == "sample"]
     training_t = next((e["t"] for e in events if e["event"] == "training"), 0.0)
@@ -247,7 +295,31 @@ def summarize(records: list[dict], segment: str | None = None) -> dict[str, Any]
     bucket_s = 60.0 * max(1, round(minutes / 12)) if minutes else 60.0
     ledgers = next((e for e in reversed(events) if e["event"] == "ledgers"), None)
     return {
-        "segment": segment,
+        "segment": chain[-1] if chain else None,
+        "segments": [
+            {
+                "segment": h["segment"],
+                "started": h.get("started"),
+                "from_min": round(h["t"] / 60, 1),
+                "ledgers_identical": next(
+                    (
+                        e.get("identical")
+                        for e in events
+                        if e["event"] == "ledgers" and e["segment"] == h["segment"]
+                    ),
+                    None,
+                ),
+                "final_round": next(
+                    (
+                        e.get("final_round")
+                        for e in events
+                        if e["event"] == "ledgers" and e["segment"] == h["segment"]
+                    ),
+                    None,
+                ),
+            }
+            for h in heads
+        ],
         "started": head.get("started"),
         "command": head.get("command"),
         "network": head.get("network", NETWORK),
@@ -305,6 +377,20 @@ def markdown(summary: dict[str, Any]) -> str:
         f"- segment {summary['segment']}, started {summary.get('started')}; work dir "
         f"{summary.get('work')}",
     ]
+    segments = summary.get("segments") or []
+    if len(segments) > 1:
+        lines.append(
+            f"- {len(segments)} segments (a session each; every process restarted from its "
+            "data dir at each resume; minutes count training time, the time between "
+            "sessions left out):"
+        )
+        for seg in segments:
+            verdict = {True: "identical", False: "**NOT identical**", None: "not checked"}
+            lines.append(
+                f"  - {seg['segment']} from minute {seg['from_min']}, started "
+                f"{seg['started']}: ledgers {verdict[seg['ledgers_identical']]} after round "
+                f"{seg['final_round']}"
+            )
     if summary.get("interrupted"):
         lines.append("- **interrupted** before the planned end: figures cover what ran")
     lines += [
@@ -401,9 +487,8 @@ def plot(records: list[dict], summary: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mine = [
-        r for r in records if r.get("segment") == summary["segment"] and r.get("type") == "sample"
-    ]
+    everything = merged(records, [s["segment"] for s in summary["segments"]])
+    mine = [r for r in everything if r.get("type") == "sample"]
     fig, axes = plt.subplots(2, 2, figsize=(14, 9), sharex=True)
     panels = {
         (0, 0): ("rss_kb", 1 / 1024, "RSS MiB (python: bootstrap, peers)", False),
@@ -433,8 +518,8 @@ def plot(records: list[dict], summary: dict[str, Any], path: Path) -> Path:
     points = summary["rounds"]["points"]
     if points:
         ax.plot([t / 60 for t, _ in points], [r for _, r in points], color="black")
-    for e in records:
-        if e.get("segment") == summary["segment"] and e.get("event") == "stop":
+    for e in everything:
+        if e.get("event") == "stop":
             ax.axvline(
                 e["t"] / 60,
                 color="red" if e.get("signal") == "SIGKILL" else "orange",
@@ -582,6 +667,7 @@ class Soak:
         self.address = ""
         self.last_victim = ""
         self.pool = ThreadPoolExecutor(max_workers=8)
+        self.resumes: dict | None = None  # --resume: the last "state" event it continues
         self.net: Any = None  # --netns: harness.partition.NamespaceNet
         self.host_of: dict[str, int] = {}  # --netns: name -> host number (h1: bootstrap)
         if args.netns:
@@ -624,7 +710,13 @@ class Soak:
         self.restarts[name] = k
         log_name = name if k == 0 else f"{name}.{k}"
         if self.net is None:
-            proc = start_peer(self.work, name, self.address, self.peer_flags(first), log_name)
+            flags, program = self.peer_flags(first), ()
+            if self.args.trace_memory and name == "peer0":  # hooked_peer.py: tracemalloc
+                from harness.cluster import HOOKED_PEER
+
+                program = HOOKED_PEER
+                flags = [*flags, "--trace-memory", str(self.work / f"{log_name}.mem.jsonl")]
+            proc = start_peer(self.work, name, self.address, flags, log_name, program=program)
         else:
             proc = self.start_namespaced_peer(name, log_name, first)
         self.started.append(proc)
@@ -683,13 +775,43 @@ class Soak:
         except (OSError, ValueError, subprocess.SubprocessError):
             return None
 
+    def save_state(self) -> None:
+        """What --resume needs to carry on: which peers the run has, how often each was
+        started, their hosts, the churn's place."""
+        peers = sorted(
+            {n for n, v in self.lives.items() if v.kind == "peer"}
+            | {name for _, name, _ in self.pending}
+        )
+        self.write(
+            {
+                "type": "event",
+                "event": "state",
+                "peers": peers,
+                "restarts": self.restarts,
+                "host_of": self.host_of,
+                "joiners": self.joiners,
+                "stops": self.stops,
+                "last_victim": self.last_victim,
+            }
+        )
+
     def start(self) -> None:
+        if self.resumes is not None:  # everything back from its data dir
+            (self.work / "bootstrap" / "address.txt").unlink(missing_ok=True)  # a stale one
+            state = self.resumes
+            self.restarts = {k: int(v) for k, v in state["restarts"].items()}
+            self.host_of = {k: int(v) for k, v in state["host_of"].items()}
+            self.joiners, self.stops = int(state["joiners"]), int(state["stops"])
+            self.last_victim = state["last_victim"]
+            names = list(state["peers"])
+        else:
+            names = [f"peer{i}" for i in range(self.args.peers)]
         boot, self.address = self.start_bootstrap()
         self.started.append(boot)
         self.lives["bootstrap"] = Life("bootstrap", "bootstrap", boot, self.now())
         self.event("bootstrap", pid=boot.proc.pid, address=self.address)
-        for i in range(self.args.peers):
-            self.start_peer(f"peer{i}", first=True)
+        for name in names:
+            self.start_peer(name, first=True)
         self.event("peers_started", pids={n: v.proc.proc.pid for n, v in self.lives.items()})
         deadline = time.monotonic() + 1200
         while True:
@@ -705,6 +827,7 @@ class Soak:
             self.maybe_sample()
             time.sleep(1)
         self.event("training", rounds=rounds)
+        self.save_state()
 
     # -- sampling -------------------------------------------------------------------------
     _next_sample = 0.0
@@ -863,6 +986,7 @@ class Soak:
                     self.start_peer(joiner, fresh=True)
                 else:
                     self.start_peer(name)
+                self.save_state()
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> None:
@@ -883,10 +1007,12 @@ class Soak:
             "netns": a.netns,
             "delay_ms": a.delay_ms if a.netns else None,
             "loss_pct": a.loss if a.netns else None,
+            "loss_by": a.loss_by if a.netns and a.loss else None,
         }
         self.write(
             {
                 "type": "segment",
+                "resumes": a.resume_of,
                 "started": dt.datetime.now(dt.UTC).isoformat(),
                 "command": a.command,
                 "network": network_label(a),
@@ -999,6 +1125,17 @@ class Soak:
         self.out.close()
 
 
+def resumable(jsonl: Path, work: Path) -> tuple[str | None, dict | None]:
+    """(segment, its last "state" event) of the last soak in `jsonl` that ran in `work`."""
+    records = read_jsonl(jsonl) if jsonl.exists() else []
+    heads = [r for r in records if r.get("type") == "segment" and r.get("work") == str(work)]
+    if not heads:
+        return None, None
+    segment = heads[-1]["segment"]
+    states = [r for r in records if r.get("segment") == segment and r.get("event") == "state"]
+    return segment, (states[-1] if states else None)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="of training, after start")
@@ -1022,8 +1159,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--netns", action="store_true", help="network namespaces (root)")
     parser.add_argument("--delay-ms", type=float, default=10.0, help="netem one-way, --netns")
     parser.add_argument("--loss", type=float, default=5.0, help="netem loss %%, --netns")
+    parser.add_argument(
+        "--trace-memory",
+        action="store_true",
+        help="peer0 runs harness/hooked_peer.py --trace-memory (WORK/peer0*.mem.jsonl; loopback)",
+    )
     parser.add_argument("--name", default="soak")
     parser.add_argument("--work", default="", help="data dirs and logs (default: a new tmp dir)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="carry on the soak NAME that ran in --work: every process back from its data "
+        "dir, a new segment of the same run (a soak longer than a session)",
+    )
     parser.add_argument(
         "--summarize",
         action="store_true",
@@ -1032,24 +1180,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.netns and os.geteuid() != 0:
         parser.error("--netns needs root (network namespaces)")
+    if args.netns and args.trace_memory:
+        parser.error("--trace-memory runs on loopback only: drop --netns")
     from harness.partition import NamespaceNet
 
-    if (
-        args.netns
-        and (args.delay_ms or args.loss)
-        and not NamespaceNet(f"sfskc{os.getpid() % 100000}", SUBNET).has_netem()
-    ):
+    probe = NamespaceNet(f"sfskc{os.getpid() % 100000}", SUBNET)
+    if args.netns and args.delay_ms and not probe.has_netem():
         parser.error(
-            "this kernel has no netem (CONFIG_NET_SCH_NETEM): --delay-ms/--loss cannot be "
-            "applied; pass --delay-ms 0 --loss 0 for namespaces without link emulation"
+            "this kernel has no netem (CONFIG_NET_SCH_NETEM): --delay-ms cannot be applied; "
+            "pass --delay-ms 0 (--loss is applied with nftables where netem is missing)"
         )
+    if args.netns and args.loss and not probe.has_loss():
+        parser.error("this kernel has neither netem nor nftables: pass --loss 0")
+    args.loss_by = "netem" if args.netns and args.loss and probe.has_netem() else "nftables"
     args.command = shlex.join([Path(sys.executable).name, *sys.argv])
     RESULTS.mkdir(parents=True, exist_ok=True)
     jsonl = RESULTS / f"soak-{args.name}.jsonl"
     if args.summarize:
         print(markdown(write_outputs(jsonl)))
         return
-    work = Path(args.work or tempfile.mkdtemp(prefix=f"sf-soak-{args.name}-"))
+    work = Path(args.work or tempfile.mkdtemp(prefix=f"sf-soak-{args.name}-")).resolve()
+    args.resume_of, state = None, None
+    if args.resume:
+        args.resume_of, state = resumable(jsonl, work)
+        if state is None:
+            parser.error(
+                f"--resume: {jsonl.name} has no soak that ran in {work} with its peers "
+                "recorded: run it without --resume first (and the same --work)"
+            )
     work.mkdir(parents=True, exist_ok=True)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -1057,6 +1215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     soak = Soak(args, work, jsonl)
+    soak.resumes = state
     try:
         soak.run()
     except (KeyboardInterrupt, Stop) as exc:

@@ -1587,18 +1587,24 @@ def fork_mib_per_peer(rows: list[dict], default: float = DEFAULT_FORK_MIB_PER_PE
     return big["peer"]["pss_mib_max"] + (big["p2pd"].get("pss_mib_max") or 0)
 
 
-def netem_available() -> bool:
-    """Whether this kernel has netem (deploy/netns-testnet.sh check); without it `up`
-    builds the testnet with no delay or loss."""
+def link_emulation() -> tuple[bool, bool]:
+    """(netem, loss) this kernel can apply (deploy/netns-testnet.sh check): without netem
+    there is no delay, and --loss is applied by nftables where it can be."""
     from harness.partition import NamespaceNet
 
-    return NamespaceNet(f"sfswc{os.getpid() % 100000}", SUBNET).has_netem()
+    net = NamespaceNet(f"sfswc{os.getpid() % 100000}", SUBNET)
+    return net.has_netem(), net.has_loss()
 
 
 def network_label(args: argparse.Namespace, n: int) -> str:
     if not args.netns:
         return LOOPBACK
     hosts = min(n + 1, MAX_HOSTS)
+    if not args.netem and args.loss and args.nft_loss:
+        return (
+            f"netns: {hosts} hosts on one bridge, NO netem (kernel lacks it: no delay), "
+            f"loss {args.loss:g}% on arrival at every host (nftables)"
+        )
     if not args.netem:
         return f"netns: {hosts} hosts on one bridge, NO netem (kernel lacks it: no delay/loss)"
     return (
@@ -1623,7 +1629,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per daemon")
     parser.add_argument("--netns", action="store_true", help="network namespaces (root)")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="netem one-way, --netns")
-    parser.add_argument("--loss", type=float, default=0.0, help="netem loss %%, --netns")
+    parser.add_argument("--loss", type=float, default=0.0, help="loss %%, --netns")
     parser.add_argument(
         "--out", default="swarm", help="bench/results/OUT.json and .md (with a /: that path)"
     )
@@ -1707,9 +1713,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if max(args.peers) + 1 > MAX_HOSTS and args.netns:
         print(f"[swarm] more daemons than {MAX_HOSTS} hosts: peers share hosts", flush=True)
 
-    args.netem = args.netns and netem_available()
-    if args.netns and not args.netem and (args.delay_ms or args.loss):
-        print("[swarm] WARNING: no netem in this kernel: --delay-ms/--loss NOT applied", flush=True)
+    args.netem, args.nft_loss = link_emulation() if args.netns else (False, False)
+    if args.netns and not args.netem and args.delay_ms:
+        print("[swarm] WARNING: no netem in this kernel: --delay-ms NOT applied", flush=True)
+    if args.netns and not args.netem and args.loss and not args.nft_loss:
+        print("[swarm] WARNING: neither netem nor nftables: --loss NOT applied", flush=True)
 
     def on_term(signum: int, frame: Any) -> None:
         raise Stop()

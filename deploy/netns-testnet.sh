@@ -25,8 +25,10 @@
 #   --delay 20ms  --jitter 5ms  --loss 1%   need the kernel's netem qdisc (sch_netem).
 #   --rate 10mbit                           uses tbf.
 # If netem is missing (kernel built without CONFIG_NET_SCH_NETEM, or the module cannot be
-# loaded), `up` says so loudly and builds the testnet without delay/loss.
-# --require-netem turns that into an error instead.
+# loaded), --loss is applied by nftables instead (`nft`: a rule drops that share of the
+# packets arriving on each host's eth0 at random, numgen random), and `up` says what it
+# cannot apply (delay, jitter) and builds the testnet without it.
+# --require-netem turns a missing delay or jitter into an error instead.
 #
 # Needs root, iproute2 (`ip`, `tc`: apt-get install -y iproute2) and a kernel with
 # network namespaces, veth and bridge support.
@@ -52,7 +54,7 @@ Options:
   --subnet A.B.C     first three octets of the /24 (default $SUBNET)
   --delay D          netem one-way delay per host egress, e.g. 20ms
   --jitter J         netem delay variation, e.g. 5ms (with --delay)
-  --loss P           netem loss per host egress, e.g. 1%
+  --loss P           loss per host egress, e.g. 1% (netem; without it, nftables)
   --rate R           tbf rate limit per host egress, e.g. 10mbit
   --require-netem    fail if --delay/--loss/--jitter cannot be applied
   --kill             (down) stop processes still running in the namespaces, by PID
@@ -119,7 +121,7 @@ need_tools() {
 # -- capability probe ------------------------------------------------------------------------
 # Sets HAVE_NETNS, HAVE_VETH, HAVE_BRIDGE, HAVE_TC, HAVE_NETEM, HAVE_TBF (1/0) and NETEM_WHY.
 probe() {
-    HAVE_NETNS=0 HAVE_VETH=0 HAVE_BRIDGE=0 HAVE_TC=0 HAVE_NETEM=0 HAVE_TBF=0 NETEM_WHY=""
+    HAVE_NETNS=0 HAVE_VETH=0 HAVE_BRIDGE=0 HAVE_TC=0 HAVE_NETEM=0 HAVE_TBF=0 HAVE_NFT=0 NETEM_WHY=""
     local p="$PREFIX-probe" q="$PREFIX-probe2"
     ip netns del "$p" 2>/dev/null || true
     ip netns del "$q" 2>/dev/null || true
@@ -156,8 +158,27 @@ probe() {
     else
         NETEM_WHY="'tc' not found: install iproute2"
     fi
+    if command -v nft >/dev/null && nft_loss "$p" 1 2>/dev/null; then HAVE_NFT=1; fi
     ip netns del "$p" 2>/dev/null || true
     ip netns del "$q" 2>/dev/null || true
+}
+
+# nft_loss NS PERCENT: drop PERCENT (0-100, to 2 decimals) of the packets arriving on NS's
+# eth0, at random. Each packet between two hosts meets it once, as it meets one egress
+# netem; dropped on arrival, it is lost as on a wire (a drop on the output hook would
+# instead fail the sender's send with EPERM, which TCP and UDP see).
+nft_loss() {
+    local per10k
+    per10k=$(awk -v p="${2%\%}" 'BEGIN { if (p !~ /^[0-9]+(\.[0-9]+)?$/ || p > 100) exit 1; printf "%d", p * 100 + 0.5 }') \
+        || { echo "--loss '$2' is not a percentage from 0 to 100" >&2; return 1; }
+    ip netns exec "$1" nft -f - <<EOF
+table inet sfloss {
+    chain arrive {
+        type filter hook prerouting priority -300; policy accept;
+        iifname "eth0" numgen random mod 10000 < $per10k drop
+    }
+}
+EOF
 }
 
 yn() { [[ "$1" == 1 ]] && echo yes || echo no; }
@@ -171,6 +192,7 @@ cmd_check() {
     echo "tc: $(yn $HAVE_TC)"
     echo "netem: $(yn $HAVE_NETEM)${NETEM_WHY:+ ($NETEM_WHY)}"
     echo "tbf: $(yn $HAVE_TBF)"
+    echo "nft loss: $(yn $HAVE_NFT)"
     [[ $HAVE_NETNS == 1 && $HAVE_VETH == 1 && $HAVE_BRIDGE == 1 ]]
 }
 
@@ -188,12 +210,20 @@ cmd_up() {
     local netem_args=()
     [[ -n "$DELAY" ]] && netem_args+=(delay "$DELAY" ${JITTER:+"$JITTER"})
     [[ -n "$LOSS" ]] && netem_args+=(loss "$LOSS")
-    local use_netem=0
+    local use_netem=0 nft_loss_pct=""
     if [[ ${#netem_args[@]} -gt 0 ]]; then
         if [[ $HAVE_NETEM == 1 ]]; then
             use_netem=1
+        elif [[ -z "$DELAY" && $HAVE_NFT == 1 ]]; then
+            nft_loss_pct="$LOSS"
+            say "netem is not available ($NETEM_WHY): --loss $LOSS is applied by nftables"
         elif [[ $REQUIRE_NETEM == 1 ]]; then
             die "netem is not available: $NETEM_WHY"
+        elif [[ -n "$LOSS" && $HAVE_NFT == 1 ]]; then
+            nft_loss_pct="$LOSS"
+            say "WARNING: netem is NOT available, so --delay/--jitter are IGNORED:"
+            say "WARNING:   $NETEM_WHY"
+            say "WARNING: --loss $LOSS is applied by nftables; the testnet has no delay."
         else
             say "WARNING: netem is NOT available, so --delay/--jitter/--loss are IGNORED:"
             say "WARNING:   $NETEM_WHY"
@@ -230,10 +260,12 @@ cmd_up() {
         elif [[ -n "$RATE" ]]; then
             ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 32kbit latency 400ms
         fi
+        if [[ -n "$nft_loss_pct" ]]; then nft_loss "$ns" "$nft_loss_pct"; fi
     done
     trap - ERR
     local shaping="none"
     if [[ $use_netem == 1 ]]; then shaping="netem ${netem_args[*]}"; fi
+    if [[ -n "$nft_loss_pct" ]]; then shaping="nftables loss $nft_loss_pct"; fi
     if [[ -n "$RATE" ]]; then shaping="${shaping/none/} tbf rate $RATE"; fi
     say "up: $HOSTS hosts $PREFIX-h1..h$HOSTS on $SUBNET.1-$HOSTS/24 (bridge in $SW); shaping per host egress: ${shaping# }"
     for ((i = 1; i <= HOSTS; i++)); do echo "h$i $PREFIX-h$i $SUBNET.$i"; done
@@ -321,6 +353,7 @@ cmd_status() {
         [[ "$ns" == "$SW" ]] && continue
         echo "$ns: $(ip -n "$ns" -4 -o addr show dev eth0 | awk '{print $4}')" \
             " qdisc: $(ip netns exec "$ns" tc qdisc show dev eth0 2>/dev/null | head -1)" \
+            "$(ip netns exec "$ns" nft list table inet sfloss 2>/dev/null | grep -o 'numgen.*drop' | sed 's/^/ nft: /')" \
             " pids: $(ip netns pids "$ns" | tr '\n' ' ')"
     done
     echo "$SW: bridge br0 with $(ip -n "$SW" -o link show master br0 | wc -l) ports"

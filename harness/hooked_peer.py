@@ -30,8 +30,9 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
 And one diagnosis, not a misbehaviour:
 
     --trace-memory FILE      trace Python allocations (tracemalloc, 4 frames) and append,
-                             every 60 s, the 40 source lines holding the most memory
-                             to FILE as a JSON line: what grows in a long run (the soak)
+                             every 60 s, the 40 source lines holding the most memory and
+                             the 40 that grew most since the last dump, to FILE as a JSON
+                             line: what grows in a long run (the soak)
 
 harness/cluster.py:start_hooked_peer starts one.
 """
@@ -214,29 +215,40 @@ def fraction(text: str) -> float:
 
 
 def trace_memory(path: Path, every_s: float = 60.0, top: int = 40) -> None:
-    """Start tracemalloc and a daemon thread appending the top lines to `path`."""
+    """Start tracemalloc and a daemon thread appending to `path`, every `every_s`, the `top`
+    source lines holding the most memory and the `top` that grew most since the last dump
+    (what grows in a long run is often small per line and far from the largest)."""
     tracemalloc.start(4)
     started = time.monotonic()
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+
+    def lines(stats: list, size: str, count: str) -> list[dict]:
+        return [
+            {
+                "where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
+                "kib": round(getattr(s, size) / 1024, 1),
+                "count": getattr(s, count),
+            }
+            for s in stats[:top]
+        ]
 
     def dump() -> None:
+        last = None
         while True:
             time.sleep(every_s)
-            snapshot = tracemalloc.take_snapshot().filter_traces(
-                [tracemalloc.Filter(False, tracemalloc.__file__)]
-            )
+            snapshot = tracemalloc.take_snapshot().filter_traces(ignore)
             stats = snapshot.statistics("lineno")
             record = {
                 "t": round(time.monotonic() - started, 1),
                 "traced_kib": round(sum(s.size for s in stats) / 1024, 1),
-                "top": [
-                    {
-                        "where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
-                        "kib": round(s.size / 1024, 1),
-                        "count": s.count,
-                    }
-                    for s in stats[:top]
-                ],
+                "top": lines(stats, "size", "count"),
             }
+            if last is not None:
+                grew = sorted(
+                    snapshot.compare_to(last, "lineno"), key=lambda d: d.size_diff, reverse=True
+                )
+                record["grew"] = lines(grew, "size_diff", "count_diff")
+            last = snapshot
             with open(path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 

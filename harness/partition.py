@@ -127,11 +127,20 @@ class NamespaceNet:
                 self.finish(h, last)
         return last
 
-    def has_netem(self) -> bool:
-        """Whether this kernel has netem (the script's `check`); without it `up` builds the
-        testnet with no delay or loss."""
+    def check(self) -> str:
+        """The script's `check`: what this kernel supports, one `name: yes|no` per line."""
         check = self.net("check", check=False)
-        return "netem: yes" in check.stdout + check.stderr
+        return check.stdout + check.stderr
+
+    def has_netem(self) -> bool:
+        """Whether this kernel has netem; without it `up` has no delay (and applies --loss
+        with nftables where it can: has_loss)."""
+        return "netem: yes" in self.check()
+
+    def has_loss(self) -> bool:
+        """Whether `up --loss` can be applied: by netem, or by an nftables rule."""
+        report = self.check()
+        return "netem: yes" in report or "nft loss: yes" in report
 
     def cut(self, on: bool) -> None:
         """Move the CUT hosts' ports to bridge br1 (on) or back to br0 (off); on the way

@@ -11,12 +11,18 @@ are hashed on demand, uncached: digests and searches are the same either way.
 
 from __future__ import annotations
 
+from itertools import islice
+
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
 from seedflood_p2p.protocol.message import UpdateMessage
 
 # Row hashes cached (~120 bytes each: about 16 MB). Rehashing a row costs ~1.2 us, so a
 # state of more rows than this pays that per older row in each `missing` search.
 HASHES_KEPT = 1 << 17
+# Rounds whose keys a digest keeps to count a key once (`HeldDigests.of`), and the most
+# appended rows older than that checked one by one (more: the list is summed again).
+KEYS_WINDOW = 256
+MAX_OLD_APPENDED = 64
 
 
 class HeldDigests:
@@ -28,24 +34,56 @@ class HeldDigests:
         self.kept = max(2, kept)
         self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of recent rows met
         self._floor = -1  # rows of rounds below this are hashed on demand, not cached
-        self._memo: tuple | None = None  # (applied list, rows summed, keys, digest)
+        # (applied list, rows summed, keys of the newest rounds, digest, newest round)
+        self._memo: tuple | None = None
+        self._window_keys = 1024  # keys held after the last pruning
 
     def of(self, applied: list[UpdateMessage]) -> int:
         """The digest of the rows `applied` (one hash per (peer, round), so an
         equivocation's swap, three rows applied for one key, counts once). Kept up to date
         from the rows appended since the last call; a list rebuilt (a ban took rows back, a
-        restore) is summed again."""
+        restore) is summed again.
+
+        The keys already summed are kept only for the newest KEYS_WINDOW rounds (a run of
+        hours appends rows without end): an appended row older than that (a late row, a
+        swap of an old round: rare) is looked for in the list itself, and many of them at
+        once sum the list again."""
         memo = self._memo
-        if memo is not None and memo[0] is applied and memo[1] <= len(applied):
-            _, start, keys, total = memo
-        else:
-            start, keys, total = 0, set(), 0
-        for m in applied[start:]:
+        if memo is None or memo[0] is not applied or memo[1] > len(applied):
+            return self._sum_all(applied)
+        _, start, keys, total, top = memo
+        new = applied[start:]
+        top = max([top, *(m.round for m in new)])
+        floor = top - KEYS_WINDOW
+        if sum(m.round < floor for m in new) > MAX_OLD_APPENDED:
+            return self._sum_all(applied)
+        for i, m in enumerate(new, start):
             key = (m.peer, m.round)
-            if key not in keys:
+            if m.round >= floor:
+                if key in keys:
+                    continue
                 keys.add(key)
+            elif any(o.round == m.round and o.peer == m.peer for o in islice(applied, i)):
+                continue
+            total = (total + self._row_hash(key)) & MASK
+        if len(keys) > 2 * self._window_keys:  # drop the keys below the window
+            keys = {k for k in keys if k[1] >= floor}
+            self._window_keys = max(len(keys), 1024)
+        self._memo = (applied, len(applied), keys, total, top)
+        return total
+
+    def _sum_all(self, applied: list[UpdateMessage]) -> int:
+        seen: set[tuple[bytes, int]] = set()
+        total = 0
+        for m in applied:
+            key = (m.peer, m.round)
+            if key not in seen:
+                seen.add(key)
                 total = (total + self._row_hash(key)) & MASK
-        self._memo = (applied, len(applied), keys, total)
+        top = max((m.round for m in applied), default=-1)
+        keys = {k for k in seen if k[1] >= top - KEYS_WINDOW}
+        self._window_keys = max(len(keys), 1024)
+        self._memo = (applied, len(applied), keys, total, top)
         return total
 
     def missing(
@@ -60,6 +98,10 @@ class HeldDigests:
             return None
         lacked = set(keys)
         return [m for m in state if (m.peer, m.round) in lacked]
+
+    def keys_held(self) -> int:
+        """Keys the digest of the last list keeps to count a key once (its newest rounds)."""
+        return len(self._memo[2]) if self._memo else 0
 
     def cached(self) -> int:
         """Row hashes held in the cache (at most `kept`)."""

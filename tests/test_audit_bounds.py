@@ -47,6 +47,31 @@ def test_row_hashes_stay_bounded_and_digests_and_searches_are_unchanged():
     assert bounded.cached() <= 64 < whole.cached()
 
 
+def test_the_digest_keeps_the_keys_of_its_newest_rounds_only_and_counts_each_key_once():
+    """A run of hours appends rows without end: the digest's keys are of the newest
+    KEYS_WINDOW rounds, and a row of an older round (a late row; an equivocation's swap,
+    three rows for one key) is still counted once, as `state_digest` of the keys says."""
+    from peer.held_digests import KEYS_WINDOW, MAX_OLD_APPENDED
+
+    held = HeldDigests()
+    applied: list[UpdateMessage] = []
+    late = UpdateMessage(3, bytes([9]) * 4, (0.5,))  # a peer's row that reaches us late
+    for round_ in range(3 * KEYS_WINDOW):
+        applied.extend(_rows(round_))
+        if round_ == 2 * KEYS_WINDOW:
+            old = applied[7]  # an old row, swapped: taken back and replaced, as admission does
+            applied += [old.negated(), UpdateMessage(old.round, old.peer, (-0.25,)), late]
+        assert held.of(applied) == state_digest((m.peer, m.round) for m in applied)
+        assert held.keys_held() <= 2 * max(1024, len(PEERS) * (KEYS_WINDOW + 1))
+    assert held.keys_held() < len(PEERS) * 3 * KEYS_WINDOW  # the oldest keys were dropped
+    # many old rows at once (an unbanned peer's whole history): summed again, the same digest
+    history = [UpdateMessage(r, bytes([8]) * 4, (0.125,)) for r in range(2 * MAX_OLD_APPENDED)]
+    applied.extend(history)
+    assert held.of(applied) == state_digest((m.peer, m.round) for m in applied)
+    applied.extend(history[:5])  # the same rows again count once
+    assert held.of(applied) == state_digest((m.peer, m.round) for m in applied)
+
+
 class _Unbounded(PeerAudits):
     """The audit state as before: `done` never forgets."""
 

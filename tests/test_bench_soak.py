@@ -251,3 +251,79 @@ def test_write_outputs_makes_json_md_and_png(tmp_path):
     assert json.loads((tmp_path / "soak-x.json").read_text())["segment"] == SEGMENT
     assert (tmp_path / "soak-x.md").read_text() == soak.markdown(summary)
     assert (tmp_path / "soak-x.png").stat().st_size > 10_000
+
+
+def _resumed(first: list[dict]) -> list[dict]:
+    """A second segment resuming SEGMENT (the next session): the same pids again (a new
+    machine reuses them), its own clock from 0, the bootstrap's RSS growing as before."""
+    seg = "20260102T000000Z"
+    out = [
+        *first,
+        {
+            "type": "segment",
+            "segment": seg,
+            "t": 0,
+            "resumes": SEGMENT,
+            "config": first[2]["config"],
+        },
+        {"type": "event", "segment": seg, "t": 20.0, "event": "training"},
+    ]
+    for tick, t in enumerate(range(0, 301, 15), start=1):
+        out.append(
+            {
+                "type": "sample",
+                "segment": seg,
+                "t": float(t),
+                "tick": tick,
+                "name": "bootstrap",
+                "kind": "bootstrap",
+                "pid": 100,
+                "born_t": 0.0,
+                "rss_kb": 100_000 + RSS_GROWTH_KB_PER_S * t,
+                "fds": 40,
+                "threads": 9,
+            }
+        )
+    out.append(
+        {
+            "type": "event",
+            "segment": seg,
+            "t": 310.0,
+            "event": "ledgers",
+            "identical": True,
+            "final_round": 1900,
+            "digests": {"bootstrap": "cd"},
+            "rows": {"bootstrap": 3800},
+        }
+    )
+    return out
+
+
+def test_a_resumed_soak_is_summarized_as_one_run(tmp_path):
+    records = soak.read_jsonl(_write(tmp_path / "soak-x.jsonl", _resumed(_records())))
+    assert soak.chain_of(records) == [SEGMENT, "20260102T000000Z"]
+    assert soak.chain_of(records, SEGMENT) == [SEGMENT]  # "old" is not resumed by anyone
+    s = soak.summarize(records)
+    # the second segment's clock starts where the first stopped (640 s): 640 + 310 - 30
+    assert s["duration_min"] == pytest.approx((640 + 310 - 30) / 60)
+    assert s["config"]["minutes"] == 20
+    boot = s["kinds"]["bootstrap"]
+    assert boot["processes"] == 2  # pid 100 in each segment: two lives, not one
+    # each life grows 7 MiB/h and the second starts low again: within sees the growth
+    assert boot["rss_mib"]["within_slope_per_h"] == pytest.approx(RSS_GROWTH_KB_PER_S * 3600 / 1024)
+    assert [x["ledgers_identical"] for x in s["segments"]] == [True, True]
+    assert [x["final_round"] for x in s["segments"]] == [1300, 1900]
+    assert s["ledgers"]["final_round"] == 1900
+    page = soak.markdown(s)
+    assert "2 segments" in page and "after round 1900" in page
+
+
+def test_resume_finds_the_soak_of_that_work_dir(tmp_path):
+    records = _records() + [
+        {"type": "event", "segment": SEGMENT, "t": 40.0, "event": "state", "peers": ["peer0"]},
+        {"type": "event", "segment": SEGMENT, "t": 50.0, "event": "state", "peers": ["peer1"]},
+    ]
+    path = _write(tmp_path / "soak-x.jsonl", records)
+    assert soak.resumable(path, Path("/tmp/w")) == (SEGMENT, records[-1])
+    assert soak.resumable(path, Path("/tmp/other")) == (None, None)
+    assert soak.resumable(tmp_path / "missing.jsonl", Path("/tmp/w")) == (None, None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -174,3 +175,59 @@ def test_training_across_namespaced_hosts(tmp_path):
             p.stop()
         down = NET.net("--kill", "down", check=False)
         assert down.returncode == 0, down.stderr
+
+
+_UDP_RECV = """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+s.bind(("{ip}", 40000)); s.settimeout({wait}); got = 0
+print("ready", flush=True)
+try:
+    while True:
+        s.recv(64); got += 1
+except socket.timeout:
+    pass
+print(got)
+"""
+
+_UDP_SEND = """
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range({n}):
+    s.sendto(b"x", ("{ip}", 40000)); time.sleep(0.0003)
+"""
+
+
+def _exec_prefix(net: NamespaceNet, host: str) -> list[str]:
+    return [str(net.script), "--prefix", net.prefix, net.subnet_flag, net.subnet, "exec", host]
+
+
+def test_loss_drops_that_share_of_the_packets_between_hosts():
+    """`--loss 5%` loses about 5% of the packets from one host to another: by netem where
+    the kernel has it, by the nftables rule otherwise (this machine's kernel lacks netem)."""
+    skip, netem, report = _requirements()
+    if skip:
+        pytest.skip(skip)
+    if not netem and "nft loss: yes" not in report:
+        pytest.skip(f"neither netem nor nftables here: {report}")
+    net = NamespaceNet(f"sfl{os.getpid() % 100000}", "10.76.0")
+    n, ip = 10_000, "10.76.0.2"
+    try:
+        up = net.net("--hosts", "2", "--loss", "5%", "--require-netem", "up")
+        assert ("netem" if netem else "nftables loss 5%") in up.stderr, up.stderr
+        receiver = subprocess.Popen(
+            [*_exec_prefix(net, "h2"), sys.executable, "-c", _UDP_RECV.format(ip=ip, wait=3)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert receiver.stdout.readline().strip() == "ready"
+        net.net("exec", "h1", sys.executable, "-c", _UDP_SEND.format(n=n, ip=ip), timeout=60)
+        got = int(receiver.communicate(timeout=30)[0].split()[-1])
+        loss = 100 * (1 - got / n)
+        # binomial SE at 5% of 10,000 is 0.22 points: these bounds are 7 SE away
+        assert 3.5 <= loss <= 6.5, f"{got} of {n} arrived: {loss:.2f}% lost, not ~5%"
+        how = "netem" if netem else "nftables"
+        print(f"--loss 5%: {loss:.2f}% of {n} UDP packets lost ({how})")
+    finally:
+        net.net("down", "--kill", check=False)

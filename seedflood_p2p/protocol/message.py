@@ -8,6 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Every float16 value as a Python float, made once. A decoded scalar is one of these shared
+# objects, not a new float per row: a peer holds every row it applied (audit_duty.applied),
+# and a float is 24 bytes of a row's ~250 at 16 directions. The values are float16's own.
+_FLOAT16 = tuple(np.arange(1 << 16, dtype=np.uint16).view("<f2").astype(np.float64).tolist())
+# One bytes object per peer id for the rows we keep, instead of a copy per row (71 bytes);
+# cleared when full, so many identities cost a bounded table, never a wrong id.
+_PEER_IDS: dict[bytes, bytes] = {}
+PEER_IDS_KEPT = 1 << 16
+
 
 def quantize_scalars(values) -> tuple[float, ...]:
     """Round to float16, the precision carried on the wire (2 bytes per direction, so a
@@ -18,7 +27,7 @@ def quantize_scalars(values) -> tuple[float, ...]:
     +-65504 rather than becoming infinite.
     """
     x = np.clip(np.asarray(values, dtype=np.float64).reshape(-1), -65504.0, 65504.0)
-    return tuple(float(v) for v in x.astype("<f2"))
+    return tuple(map(_FLOAT16.__getitem__, x.astype("<f2").view("<u2").tolist()))
 
 
 def pack_scalars(scalars: tuple[float, ...]) -> bytes:
@@ -27,10 +36,21 @@ def pack_scalars(scalars: tuple[float, ...]) -> bytes:
 
 
 def unpack_scalars(data: bytes) -> tuple[float, ...]:
-    return tuple(float(v) for v in np.frombuffer(data, dtype="<f2"))
+    return tuple(map(_FLOAT16.__getitem__, np.frombuffer(data, dtype="<u2").tolist()))
 
 
-@dataclass(frozen=True, order=True)
+def shared_peer_id(peer: bytes) -> bytes:
+    """`peer` as the one bytes object kept for that id (`_PEER_IDS`)."""
+    peer = bytes(peer)
+    kept = _PEER_IDS.get(peer)
+    if kept is None:
+        if len(_PEER_IDS) >= PEER_IDS_KEPT:
+            _PEER_IDS.clear()
+        kept = _PEER_IDS[peer] = peer
+    return kept
+
+
+@dataclass(frozen=True, order=True, slots=True)  # slots: a peer keeps one per row applied
 class UpdateMessage:
     """One zeroth-order update. Field order is the canonical order: (round, peer)."""
 

@@ -90,7 +90,7 @@ from seedflood_p2p.protocol.framing import (
     same_scalars,
     topic_for,
 )
-from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars
+from seedflood_p2p.protocol.message import Envelope, UpdateMessage, pack_scalars, shared_peer_id
 
 MAX_UPDATE_BYTES = 64  # k = 16 with a held digest: 60
 MAX_HELD = (1 << 64) - 1
@@ -140,7 +140,7 @@ def decode_update(
         raise Rejected("malformed", "held-state digest is not a 64-bit unsigned integer")
     check_run_tag(tag, run_id)
     scalars = check_round_and_scalars(round_, packed, directions)
-    return UpdateMessage(round_, sender, scalars)
+    return UpdateMessage(round_, shared_peer_id(sender), scalars)
 
 
 def decode_held(data: bytes | None) -> int | None:

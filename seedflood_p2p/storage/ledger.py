@@ -44,6 +44,7 @@ from seedflood_p2p.protocol.message import (
     Envelope,
     UpdateMessage,
     pack_scalars,
+    shared_peer_id,
     unpack_scalars,
 )
 from seedflood_p2p.protocol.update import MAX_UPDATE_BYTES, check_envelope
@@ -208,7 +209,7 @@ def _set_digest(member_hashes: Iterable[bytes]) -> bytes:
 
 
 def _message(round_: int, peer: bytes, scalars: bytes) -> UpdateMessage:
-    return UpdateMessage(round_, bytes(peer), unpack_scalars(scalars))
+    return UpdateMessage(round_, shared_peer_id(peer), unpack_scalars(scalars))
 
 
 def _audit_record(
