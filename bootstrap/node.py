@@ -244,7 +244,10 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             str(a) if str(a).endswith(suffix) else f"{a}{suffix}"
             for a in await p2p.get_visible_maddrs()
         ]
-        (settings.data_dir / "address.txt").write_text("\n".join(addresses) + "\n")
+        # Written whole, then renamed: a reader polling for the file never sees it empty.
+        partial = settings.data_dir / "address.txt.partial"
+        partial.write_text("\n".join(addresses) + "\n")
+        partial.replace(settings.data_dir / "address.txt")
         if settings.metrics_port is not None:
             await serve_status(settings, config, host, evaluator, state)
         log.info(

@@ -91,7 +91,7 @@ class NamespaceNet:
         boot = self.process(host, "bootstrap", args, workdir)
         address_file = workdir / "bootstrap" / "address.txt"
         deadline = time.monotonic() + timeout
-        while not address_file.exists():
+        while not (address_file.exists() and address_file.read_text().split()):
             if not boot.alive or time.monotonic() > deadline:
                 boot.stop()
                 raise RuntimeError(f"bootstrap did not start:\n{boot.tail()}")
