@@ -46,12 +46,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
+from peer.applied_rows import AppliedRows
 from peer.held_digests import HeldDigests
 from peer.probation_queue import ProbationQueue
 from peer.state_rewind import (
     ARRIVALS_KEPT,
+    FROZEN_AFTER,
     HELD_WINDOW,
     MAX_LATE_STATES,
     MAX_REWIND,
@@ -121,7 +123,6 @@ class PeerAudits:
         self.ledger = ledger
         self.live = live
         self.intake = intake  # the flood node's (None in the daemon: DaemonAudits uses it)
-        self.applied: list[UpdateMessage] = []  # what the weights hold, in order applied
         # The bans of the state the weights were last checked against (`_bans_moved`).
         self._span: object | None = None
         self.banned: dict[bytes, str] = {}  # the ledger's judgement: peer -> why
@@ -132,6 +133,8 @@ class PeerAudits:
         # rebuilds the settled state an update was trained on; keeps the arrival order
         # (the equivocations' losing copies, `Ledger.losing_copies`: a mismatch's retries)
         self.rewind = StateRewind(live, settings.lag, self._counts_in, ledger.losing_copies)
+        # what the weights hold, in order applied (older rows packed: `AppliedRows`)
+        self._applied = AppliedRows(self.rewind.held.row_hash, FROZEN_AFTER + settings.lag)
         self.late_matches: Counter[str] = Counter()  # kind of late state that matched
         self.counts: Counter[str] = Counter()  # audits, mismatches, published, ...
         # CPU seconds of the model thread (time.thread_time: with --threads 1 that is all the
@@ -228,9 +231,13 @@ class PeerAudits:
         the ledger's judgement as we last read it? Its vouch or establishment must have taken
         effect by then, and its peer not be banned there (`Standing.counts_at`); its own
         round is the caller's to check."""
+        return self._counts_now(message.peer, message.round)
+
+    def _counts_now(self, peer: bytes, round_: int) -> bool:
+        """`is_counted` of the update (peer, round_)."""
         if self.standing is None:
-            return message.peer not in self.banned
-        return self.standing.counts_at(message.peer, message.round, self.round - self.settings.lag)
+            return peer not in self.banned
+        return self.standing.counts_at(peer, round_, self.round - self.settings.lag)
 
     def _revoked(self, message: UpdateMessage) -> bool:
         """Is `message` of a round its author's ticket was revoked from? It never counts, so
@@ -346,9 +353,33 @@ class PeerAudits:
         finally:
             self.cpu_seconds["train"] += time.thread_time() - started
 
+    @property
+    def applied(self) -> AppliedRows:
+        """The rows the weights hold, in order applied (peer/applied_rows.py)."""
+        return self._applied
+
+    @applied.setter
+    def applied(self, rows: Iterable[UpdateMessage]) -> None:
+        """Hold exactly `rows` (a restore, a late join: the weights were set to them)."""
+        self._applied.reset(rows, self.round)
+
     def held_digest(self) -> int:
         """The digest of the rows the weights hold (`applied`)."""
-        return self.rewind.held.of(self.applied)
+        a = self._applied
+        return self.rewind.held.of(a.recent, a.frozen_total, a.is_frozen)
+
+    def _may_stop_counting(self) -> set[bytes]:
+        """The peers whose frozen rows may have stopped counting: without probation a
+        counted row stops counting only by its peer's ban or its ticket's revocation; on
+        probation also by a vouch lost (its voucher banned, its record replaced), so every
+        peer but the founders."""
+        st = self.standing
+        if st is None:
+            return set(self.banned)
+        peers = set(st.banned) | set(st.revoked) | {p for span in st.bans for p in span.banned}
+        if st.enabled:
+            peers |= self._applied.frozen_peers() - st.founders
+        return peers
 
     def _recompute(self, message: UpdateMessage, engine, tokenizer, task) -> tuple[float, ...]:
         """One recomputation, its CPU time counted as "audit"."""
@@ -364,10 +395,8 @@ class PeerAudits:
         updates back (they wait: a case turned back would count them again)."""
         drop = []
         if self._bans_moved():
-            drop = [m for m in self.applied if not self.is_counted(m)]
-            if drop:
-                self.applied = [m for m in self.applied if self.is_counted(m)]
-                self.waiting.extend(drop)
+            drop = self._applied.take_back(self._counts_now, self._may_stop_counting())
+            self.waiting.extend(drop)
             banned = self.standing.banned_at(self.round) if self.standing else frozenset()
             for peer in sorted({m.peer for m in drop} & banned):  # (others lost a vouch)
                 log.warning(
@@ -381,7 +410,8 @@ class PeerAudits:
         keep = [m for m in messages if self.is_counted(m)]
         self.waiting.extend(m for m in messages if not self.is_counted(m) and not self._revoked(m))
         self.live.apply([m.negated() for m in drop] + keep)
-        self.applied.extend(keep)
+        self._applied.extend(keep, self.round)
+        self._applied.freeze(self.round)
 
     def set_standing(self, after: Standing) -> list[bytes]:
         """Move to the judgement `after`: applied updates that no longer count (a newly banned
@@ -401,7 +431,7 @@ class PeerAudits:
         revoked_before = self.standing.revoked if self.standing is not None else {}
         self.standing = after
         self._span = after.span(self.round - self.settings.lag)
-        drop = [m for m in self.applied if not self.is_counted(m)]
+        drop = self._applied.take_back(self._counts_now, self._may_stop_counting())
         for peer, round_ in sorted(after.revoked.items()):
             if revoked_before.get(peer) != round_:
                 log.warning(
@@ -425,12 +455,11 @@ class PeerAudits:
             )
         self.banned = dict(after.banned)
         if drop:
-            self.applied = [m for m in self.applied if self.is_counted(m)]
             self.waiting.extend(m for m in drop if not self._revoked(m))  # those never count
         self.waiting = [m for m in self.waiting if not self._revoked(m)]
         if add:
             self.waiting = [m for m in self.waiting if not self.is_counted(m)]
-            self.applied.extend(add)
+            self._applied.extend(add, self.round)
             for m in add:
                 self.rewind.arrived_late((m.peer, m.round), self.round)
             self.counts["counted_late"] += len(add)

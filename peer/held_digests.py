@@ -11,6 +11,7 @@ are hashed on demand, uncached: digests and searches are the same either way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
@@ -38,11 +39,18 @@ class HeldDigests:
         self._memo: tuple | None = None
         self._window_keys = 1024  # keys held after the last pruning
 
-    def of(self, applied: list[UpdateMessage]) -> int:
+    def of(
+        self,
+        applied: list[UpdateMessage],
+        base: int = 0,
+        frozen: Callable[[tuple[bytes, int]], bool] | None = None,
+    ) -> int:
         """The digest of the rows `applied` (one hash per (peer, round), so an
-        equivocation's swap, three rows applied for one key, counts once). Kept up to date
-        from the rows appended since the last call; a list rebuilt (a ban took rows back, a
-        restore) is summed again.
+        equivocation's swap, three rows applied for one key, counts once), plus `base`, the
+        hash sum of older rows held packed (peer/applied_rows.py), whose keys `frozen`
+        tells (they are not counted again). Kept up to date from the rows appended since
+        the last call; a list rebuilt (a ban took rows back, a restore, a freeze) is summed
+        again.
 
         The keys already summed are kept only for the newest KEYS_WINDOW rounds (a run of
         hours appends rows without end): an appended row older than that (a late row, a
@@ -50,15 +58,17 @@ class HeldDigests:
         once sum the list again."""
         memo = self._memo
         if memo is None or memo[0] is not applied or memo[1] > len(applied):
-            return self._sum_all(applied)
+            return (self._sum_all(applied, frozen) + base) & MASK
         _, start, keys, total, top = memo
         new = applied[start:]
         top = max([top, *(m.round for m in new)])
         floor = top - KEYS_WINDOW
         if sum(m.round < floor for m in new) > MAX_OLD_APPENDED:
-            return self._sum_all(applied)
+            return (self._sum_all(applied, frozen) + base) & MASK
         for i, m in enumerate(new, start):
             key = (m.peer, m.round)
+            if frozen is not None and frozen(key):
+                continue
             if m.round >= floor:
                 if key in keys:
                     continue
@@ -70,14 +80,16 @@ class HeldDigests:
             keys = {k for k in keys if k[1] >= floor}
             self._window_keys = max(len(keys), 1024)
         self._memo = (applied, len(applied), keys, total, top)
-        return total
+        return (total + base) & MASK
 
-    def _sum_all(self, applied: list[UpdateMessage]) -> int:
+    def _sum_all(
+        self, applied: list[UpdateMessage], frozen: Callable[[tuple[bytes, int]], bool] | None
+    ) -> int:
         seen: set[tuple[bytes, int]] = set()
         total = 0
         for m in applied:
             key = (m.peer, m.round)
-            if key not in seen:
+            if key not in seen and not (frozen is not None and frozen(key)):
                 seen.add(key)
                 total = (total + self._row_hash(key)) & MASK
         top = max((m.round for m in applied), default=-1)
@@ -87,13 +99,21 @@ class HeldDigests:
         return total
 
     def missing(
-        self, state: list[UpdateMessage], held: int, peer: bytes, since: int
+        self,
+        state: list[UpdateMessage],
+        held: int,
+        peer: bytes,
+        since: int,
+        base: int = 0,
+        older: frozenset[bytes] = frozenset(),
     ) -> list[UpdateMessage] | None:
         """The updates of `state` that the sender of `peer`'s update lacked by its digest
         `held` ([]: none), or None if no honest pattern explains it
-        (`held_state.find_missing`; rows of rounds before `since` are not searched)."""
+        (`held_state.find_missing`; rows of rounds before `since` are not searched). The
+        state also holds packed rows older than `since` (`base`: their hash sum; `older`:
+        their peers), none of them in `state`."""
         hashes = {(m.peer, m.round): self._row_hash((m.peer, m.round)) for m in state}
-        keys = find_missing(hashes, held, peer, since)
+        keys = find_missing(hashes, held, peer, since, base, older)
         if keys is None:
             return None
         lacked = set(keys)
@@ -106,6 +126,10 @@ class HeldDigests:
     def cached(self) -> int:
         """Row hashes held in the cache (at most `kept`)."""
         return len(self._hashes)
+
+    def row_hash(self, key: tuple[bytes, int]) -> int:
+        """`held_state.row_hash` of a row, cached while it is recent."""
+        return self._row_hash(key)
 
     def _row_hash(self, key: tuple[bytes, int]) -> int:
         h = self._hashes.get(key)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
 
+from peer.applied_rows import AppliedRows
 from peer.held_digests import HeldDigests
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.protocol.message import UpdateMessage
@@ -47,6 +48,10 @@ PROBATION_LATE_STATES = 2
 # bites on an equivocator that signs many copies (its ban stops it at the second).
 MAX_SWAP_STATES = 4
 HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
+# Rows applied this many rounds (plus lag) before ours are older than any state an audit
+# rebuilds (MAX_REWIND) or searches (HELD_WINDOW further), with a margin as large: the
+# peer keeps them packed (peer/applied_rows.py), out of every state's list of rows.
+FROZEN_AFTER = 2 * MAX_REWIND + HELD_WINDOW
 ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
 
 Key = tuple[bytes, int]  # (peer, round)
@@ -120,16 +125,17 @@ class StateRewind:
         return self.counts_at(message.peer, message.round, limit)
 
     def state(
-        self, round_: int, applied: list[UpdateMessage], waiting: list[UpdateMessage]
+        self, round_: int, applied: AppliedRows, waiting: list[UpdateMessage]
     ) -> list[UpdateMessage]:
         """The updates of S_round: applied ones, and waiting ones that counted then and not
-        now (a peer banned since, or a vouch it lost with its voucher's ban)."""
-        return [m for m in applied + waiting if self.holds(m, round_)]
+        now (a peer banned since, or a vouch it lost with its voucher's ban). The frozen
+        applied rows (peer/applied_rows.py), all in S_round, are left out."""
+        return [m for m in applied.recent + waiting if self.holds(m, round_)]
 
     def on_settled(
         self,
         round_: int,
-        applied: list[UpdateMessage],
+        applied: AppliedRows,
         waiting: list[UpdateMessage],
         counted_too: list[UpdateMessage],
         compute: Callable[[], object],
@@ -138,7 +144,7 @@ class StateRewind:
         are not in S_round (of rounds >= round_ - lag, or counted from a later round), put
         in the waiting ones that are (a peer banned since), compute, put the exact weights
         back."""
-        newer = [m for m in applied if not self.holds(m, round_)]
+        newer = [m for m in applied.recent if not self.holds(m, round_)]  # frozen: all hold
         older = [m for m in waiting if self.holds(m, round_)]
         limit = round_ - self.lag
         moved = self.live.config.momentum and self.live.head != limit
@@ -163,7 +169,7 @@ class StateRewind:
         self,
         peer: bytes,
         round_: int,
-        applied: list[UpdateMessage],
+        applied: AppliedRows,
         waiting: list[UpdateMessage],
     ) -> list[tuple[str, list[UpdateMessage]]]:
         """Sets of updates of S_round the sender of (peer, round_) may not have held when it
@@ -175,18 +181,21 @@ class StateRewind:
         peer: bytes,
         round_: int,
         held: int,
-        applied: list[UpdateMessage],
+        applied: AppliedRows,
         waiting: list[UpdateMessage],
     ) -> list[UpdateMessage] | None:
         """The updates of S_round the sender of (peer, round_) lacked by its held-state
         digest `held` ([]: none), or None if no honest pattern explains it."""
         since = round_ - self.lag - HELD_WINDOW
-        return self.held.missing(self.state(round_, applied, waiting), held, peer, since)
+        state = self.state(round_, applied, waiting)
+        return self.held.missing(
+            state, held, peer, since, applied.frozen_total, applied.frozen_peers()
+        )
 
     def swap_states(
         self,
         round_: int,
-        applied: list[UpdateMessage],
+        applied: AppliedRows,
         waiting: list[UpdateMessage],
         lacked: frozenset[Key] = frozenset(),
     ) -> list[tuple[str, list[UpdateMessage]]]:
@@ -199,7 +208,8 @@ class StateRewind:
         losing = self.losing_copies(0, limit - 1)
         if not losing:
             return []
-        state = self.state(round_, applied, waiting)
+        old = applied.frozen_rows(k for k in losing if applied.is_frozen(k))  # applied first
+        state = old + self.state(round_, applied, waiting)
         return swap_states(state, {k: v for k, v in losing.items() if k not in lacked})
 
     def recompute(
@@ -208,7 +218,7 @@ class StateRewind:
         round_: int,
         claimed: tuple[float, ...],
         held: int | None,
-        applied: list[UpdateMessage],
+        applied: AppliedRows,
         waiting: list[UpdateMessage],
         compute: Callable[[], tuple[float, ...]],
         mismatches: Callable[[tuple[float, ...], tuple[float, ...]], bool],

@@ -21,7 +21,7 @@ matched where it was before.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 MASK = (1 << 64) - 1
 Key = tuple[bytes, int]  # (peer, round)
@@ -42,7 +42,12 @@ def state_digest(keys: Iterable[Key]) -> int:
 
 
 def find_missing(
-    hashes: Mapping[Key, int], held: int, sender: bytes, since: int = 0
+    hashes: Mapping[Key, int],
+    held: int,
+    sender: bytes,
+    since: int = 0,
+    base: int = 0,
+    older: Collection[bytes] = (),
 ) -> list[Key] | None:
     """The rows of a state (`hashes`: its rows and their `row_hash`) that a sender whose
     digest is `held` lacked: [] if it held them all, None if no honest pattern explains
@@ -51,8 +56,12 @@ def find_missing(
     Patterns, cheapest first: one option of one peer (its rows from some round on, its
     first one or two rows, or one row), two options, three (while there are at most
     MAX_TRIPLE_OPTIONS options), then each of many peers lacking its newest
-    0 .. LAST_ROUNDS rows (at most MAX_SUMS partial sums a half)."""
-    total = sum(hashes.values()) & MASK
+    0 .. LAST_ROUNDS rows (at most MAX_SUMS partial sums a half).
+
+    The state may also hold rows older than `since` that `hashes` leaves out (a peer keeps
+    old rows packed, peer/applied_rows.py): `base` is their hash sum, `older` their peers
+    (whose first rows are then not among `hashes`)."""
+    total = (sum(hashes.values()) + base) & MASK
     delta = (total - held) & MASK  # the hash sum of the rows the sender lacked
     if delta == 0:
         return []
@@ -64,7 +73,8 @@ def find_missing(
     for peer_rows in rows.values():
         recent = [k for k in peer_rows if k[1] >= since]
         drops = [tuple(recent[i:]) for i in range(len(recent))]  # from some round on
-        if recent and recent[0] == peer_rows[0]:  # a newcomer: its first rows
+        newcomer = recent and recent[0] == peer_rows[0] and peer_rows[0][0] not in older
+        if newcomer:  # its first rows
             drops += [tuple(peer_rows[:j]) for j in (1, 2) if j < len(peer_rows)]
         drops += [(k,) for k in recent]  # one lost row
         for drop in drops:
