@@ -59,7 +59,15 @@ from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap  # noqa: E4
 
 OUT = ROOT / "bench" / "results"
 FOUNDERS = ["a", "b", "c", "d"]
-SCENARIOS = {"honest-only": None, "flip": "flip", "turn": "turn", "random": "random", "honest": ""}
+SCENARIOS = {
+    "honest-only": None,
+    "flip": "flip",
+    "turn": "turn",
+    "random": "random",
+    "equivocate": "equivocate",  # honest scalars, and a second signed copy of one round
+    "honest": "",
+}
+EQUIVOCATE = "1:3"  # hooked_peer.py --equivocate: round 1's twin, flooded 3 rounds late
 # sampled audits at cpu_share 0.3 (q = 0.3 / (n-1) per auditor: the test setting of
 # tests/test_probation_daemon.py, so a turned key is caught within a short run); lag 2 with
 # --max-staleness 1; quorum 3 of the 4 founders. Probation: 2 vouches, share 1 (each
@@ -79,16 +87,25 @@ def peer_flags(rounds: int, min_peers: int, interval: float, deadline: float) ->
 
 
 def start_peer(
-    work: Path, name: str, bootstrap: str, flags: list[str], cheat: str = "", nice: int = 10
+    work: Path,
+    name: str,
+    bootstrap: str,
+    flags: list[str],
+    cheat: str = "",
+    nice: int = 10,
+    cpus: str = "",
 ) -> NodeProcess:
-    """localnet.start_peer under `nice -n NICE` (NodeProcess's prefix); with `cheat`, the
-    tests' cheating peer (hooked_peer.py --cheat CHEAT)."""
-    prefix = ("nice", "-n", str(nice))
+    """localnet.start_peer under `nice -n NICE` (NodeProcess's prefix), on the CPUs `cpus`
+    if given (`taskset -c CPUS`); with `cheat`, the tests' cheating peer (hooked_peer.py
+    --cheat CHEAT)."""
+    prefix = ("taskset", "-c", cpus) * bool(cpus) + ("nice", "-n", str(nice))
     args = [
         "peer",
         *("--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0"),
         *("--data-dir", str(work / name), "--threads", "1", *flags),
     ]
+    if cheat == "equivocate":
+        return NodeProcess(name, [*args, "--equivocate", EQUIVOCATE], work, 1, prefix, HOOKED_PEER)
     if cheat:
         return NodeProcess(name, [*args, "--cheat", cheat], work, 1, prefix, HOOKED_PEER)
     return NodeProcess(name, args, work, 1, prefix=prefix)
@@ -201,16 +218,27 @@ def founder_keys(work: Path, seed: int) -> list[str]:
     return ids
 
 
-def run_config(seed: int, founders: list[str]):
+def run_config(seed: int, founders: list[str], share: float = SHARE):
     salt = "seedflood" if seed == 0 else f"seedflood-{seed}"
     return dataclasses.replace(
         RUN,
         salt=salt,
         extra={
             "audit": AUDIT,
-            "probation": {"founders": founders, "vouches": VOUCHES, "share": SHARE},
+            "probation": {"founders": founders, "vouches": VOUCHES, "share": share},
         },
     )
+
+
+def pinning() -> tuple[str, str]:
+    """(honest CPUs, attackers' CPUs) for --pin: the attackers' processes on CPUs of their
+    own, as if on their own machines, so the honest side's pace measures what their
+    identities cost it, not what their processes take from a shared core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs 2 CPUs or more: the honest side's and the attacker's")
+    half = len(cpus) // 2
+    return ",".join(map(str, cpus[:half])), ",".join(map(str, cpus[half:]))
 
 
 def log_view(events: list[dict]) -> dict[str, dict]:
@@ -270,12 +298,16 @@ def ledger_view(path: Path, attackers: set[str]) -> dict:
         row = per_key.setdefault(name, {"sent": 0, "counted": 0, "first_round": m.round})
         row["sent"] += 1
         row["first_round"] = min(row["first_round"], m.round)
+    lag = config.audit.lag
     for m in counted:
         name = peer_name(m.peer)
         if name in per_key:
             row = per_key[name]
             row["counted"] += 1
             row["first_counted"] = min(row.get("first_counted", m.round), m.round)
+            # the first state S_t that holds it: t - lag > its round and its vouch's round
+            t = max(m.round, st.count_from(m.peer, m.round)) + lag + 1
+            row["first_in_model"] = min(row.get("first_in_model", t), t)
     for peer, since in st.since.items():
         if peer_name(peer) in per_key:
             per_key[peer_name(peer)]["established_since"] = since
@@ -335,8 +367,10 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
     cheat = SCENARIOS[scenario]
     n_attack = 0 if cheat is None else sybils
     attackers = [f"s{i:02d}" for i in range(n_attack)]
-    names = FOUNDERS + attackers
-    config = run_config(seed, founder_keys(work, seed))
+    newcomers = [f"h{i:02d}" for i in range(args.newcomers)]  # honest, after the attackers
+    names = FOUNDERS + attackers + newcomers
+    config = run_config(seed, founder_keys(work, seed), args.share)
+    honest_cpus, attacker_cpus = pinning() if args.pin else ("", "")
     flags = peer_flags(args.rounds, len(names) - 1, args.interval, args.deadline)
     started = time.time()
     procs: list[NodeProcess] = []
@@ -350,7 +384,10 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
             (work / name).mkdir(parents=True, exist_ok=True)
             attacker = name in attackers
             nice = args.attacker_nice if attacker else NICE
-            peers[name] = start_peer(work, name, address, flags, cheat if attacker else "", nice)
+            cpus = attacker_cpus if attacker else honest_cpus
+            peers[name] = start_peer(
+                work, name, address, flags, cheat if attacker else "", nice, cpus
+            )
             procs.append(peers[name])
         deadline = time.monotonic() + args.timeout
         while any(p.alive for p in peers.values()) and time.monotonic() < deadline:
@@ -385,7 +422,9 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         if (work / n / "final_status.json").exists()
     }
     attacker_ids = {ids[n] for n in attackers if n in ids}
-    views = {n: ledger_view(work / n / "ledger.sqlite", attacker_ids) for n in FOUNDERS}
+    newcomer_ids = {ids[n] for n in newcomers if n in ids}
+    keys = attacker_ids | newcomer_ids
+    views = {n: ledger_view(work / n / "ledger.sqlite", keys) for n in FOUNDERS}
     first = views[FOUNDERS[0]]
     evaluation = held_out(first["config"], first["counted"])
     by_round = losses_by_round(first["config"], first["counted"], work / "losses_by_round.json")
@@ -427,9 +466,23 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
             "train_cpu_s": cpu.get("train", 0.0),
             "audit_cpu_share": cpu.get("audit", 0.0) / max(cpu.get("train", 0.0), 1e-9),
             "banned": len(audits.get("banned") or []),
-            "counted_attacker_updates": sum(r["counted"] for r in views[n]["per_key"].values()),
+            "counted_attacker_updates": sum(
+                r["counted"] for k, r in views[n]["per_key"].items() if k in attacker_ids
+            ),
         }
     founder_ids = {ids.get(n) for n in FOUNDERS}
+    per_newcomer = {}
+    for n in newcomers:
+        rows = [views[f]["per_key"].get(ids.get(n), {}) for f in FOUNDERS]
+        per_newcomer[n] = {
+            "peer_id": ids.get(n),
+            "exit": codes.get(n),
+            "sent": rows[0].get("sent", 0),
+            "first_round": rows[0].get("first_round"),
+            "counted_at_end": [r.get("counted", 0) for r in rows],
+            "first_in_model": rows[0].get("first_in_model"),
+            "established_since": rows[0].get("established_since"),
+        }
     counted_sets = [{(r[0], r[1]) for r in v["counted_rows"]} for v in views.values()]
     common = set.intersection(*counted_sets)
     rows_of = [{(r[0], r[1]): r[2] for r in v["counted_rows"]} for v in views.values()]
@@ -463,7 +516,10 @@ def run_scenario(scenario: str, seed: int, sybils: int, args, work: Path) -> dic
         "attacker_keys_established": sum(
             1 for k in per_key.values() if k["established_since"] is not None
         ),
-        "honest_banned": sorted(set(first["banned"]) & founder_ids),
+        "honest_banned": sorted(set(first["banned"]) & (founder_ids | newcomer_ids)),
+        "newcomers": per_newcomer,
+        "pinned": {"honest": honest_cpus, "attackers": attacker_cpus} if args.pin else None,
+        "share": args.share,
         "ledgers_agree_on_what_counts": all(s == counted_sets[0] for s in counted_sets),
         "counted_rows_identical": all(r[key] == rows_of[0][key] for r in rows_of for key in common),
         "counted_differ": len(set.union(*counted_sets) - common),
@@ -600,16 +656,21 @@ def pace_table(rows: dict) -> list[str]:
         return _mean([f["rounds_per_min"] for f in r["founder_pace"].values()])
 
     refs = {r["seed"]: rpm(r) for r in paced.values() if r["scenario"] == "honest-only"}
+    late = {r["seed"]: newcomer_delay(r) for r in paced.values() if r["scenario"] == "honest-only"}
     lines = [
         "Founders' pace (by their logs; mean over the 4 founders): rounds per minute from "
         "the first to the last round line, against the honest-only row of the same seed; "
         "round deadlines waited out, and of those, deadlines that named a peer the founder "
-        "had banned before (goal: 0).",
+        "had banned before (goal: 0). Newcomer: for each honest newcomer (--newcomers, "
+        "started after the attackers), the rounds from its first update to the first "
+        "settled state S_t that holds one of its updates (by the first founder's final "
+        "ledger: t = max(round, the round its vouch takes effect) + lag + 1), against the "
+        "honest-only row's (issue 45's goal: within 2x).",
         "",
         "| scenario | seed | N | launch (founders at nice 10) | rounds/min | vs honest-only "
-        "| deadlines waited "
-        "| for a banned peer |",
-        "|---|---|---|---|---|---|---|---|",
+        "| deadlines waited | for a banned peer | newcomer rounds to its first update in "
+        "the model | vs honest-only |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(paced, key=lambda k: (paced[k]["seed"], paced[k]["sybils"])):
         r = paced[key]
@@ -620,13 +681,31 @@ def pace_table(rows: dict) -> list[str]:
         launch = r.get("launch", "-")
         if r.get("attacker_nice") is not None and r["sybils"]:
             launch += f", attackers at nice {r['attacker_nice']}"
+        if r.get("pinned"):
+            pins = r["pinned"]
+            launch += f"; honest on CPU {pins['honest']}"
+            launch += f", attackers on CPU {pins['attackers']}" if r["sybils"] else ""
+        delay, ref_delay = newcomer_delay(r), late.get(r["seed"])
+        newcomer = "-" if delay is None else f"{delay:.0f}"
+        vs = f"{delay / ref_delay:.2f}x" if delay is not None and ref_delay else "-"
         lines.append(
             f"| {r['scenario']} | {r['seed']} | {r['sybils']} | {launch} | "
-            f"{mine:.1f} | {ratio} | {_span(waits)} | {_span(banned)} |"
+            f"{mine:.1f} | {ratio} | {_span(waits)} | {_span(banned)} | {newcomer} | {vs} |"
             if mine
-            else f"| {r['scenario']} | {r['seed']} | {r['sybils']} | - | - | - | - | - |"
+            else f"| {r['scenario']} | {r['seed']} | {r['sybils']} | - | - | - | - | - | - | - |"
         )
     return lines
+
+
+def newcomer_delay(row: dict) -> float | None:
+    """Mean over the row's honest newcomers of the rounds from its first update to the first
+    state that holds one of its updates; None without newcomers (or none counted)."""
+    waits = [
+        k["first_in_model"] - k["first_round"]
+        for k in (row.get("newcomers") or {}).values()
+        if k.get("first_in_model") is not None and k.get("first_round") is not None
+    ]
+    return sum(waits) / len(waits) if waits else None
 
 
 def write_markdown(result: dict, path: Path) -> None:
@@ -638,7 +717,8 @@ def write_markdown(result: dict, path: Path) -> None:
         f"(harness/cluster.py RUN: lr 8e-3, n_ref 4, batch 8), 4 founders "
         f"(`extra.probation.founders`) + N attacker identities, each its own peer daemon and "
         f"p2pd with its own key, all under `nice -n 10` on 127.0.0.1; audits {AUDIT} "
-        f"(--max-staleness 1), probation vouches {VOUCHES}, share {SHARE}. Held-out loss: "
+        f"(--max-staleness 1), probation vouches {VOUCHES}, share "
+        f"{', '.join(sorted({str(r.get('share', SHARE)) for r in rows.values()}))}. Held-out loss: "
         f"replay of the first founder's counted updates, {EVAL_EXAMPLES} examples; delta: "
         "the same replay limited to rounds < R against the honest-only row's (same seed, "
         "same manifest), R the largest multiple of 5 both rows reached.",
@@ -778,6 +858,26 @@ def main() -> None:
         default=NICE,
         help="the attacker identities' niceness (the founders': 10); 19 gives them the CPU "
         "the founders leave, as if they ran on machines of their own",
+    )
+    parser.add_argument(
+        "--newcomers",
+        type=int,
+        default=0,
+        help="honest newcomers started after the attackers (in every scenario, honest-only "
+        "too): how long their first update takes to count, with and without the attackers",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the honest peers on the first half of the CPUs, the attackers on the rest "
+        "(taskset): what the attackers' identities cost the honest side, not their processes",
+    )
+    parser.add_argument(
+        "--share",
+        type=float,
+        default=SHARE,
+        help=f"extra.probation.share: probation audits per established peer and round "
+        f"(default {SHARE}; the product's 0.25)",
     )
     parser.add_argument("--name", default="sybil_daemon", help="results file name")
     parser.add_argument("--keep", default="", help="keep the runs' files under this folder")

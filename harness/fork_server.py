@@ -203,6 +203,8 @@ def _child(req: dict, close_fds: tuple[int, ...]) -> int:
         _enter_netns(req["netns"])
     if req.get("nice"):
         os.nice(req["nice"])
+    if req.get("cpus"):  # as `taskset -c`: every thread it starts later (p2pd too) inherits
+        os.sched_setaffinity(0, req["cpus"])
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -462,17 +464,19 @@ class ForkServer:
         main: str = DEFAULT_MAIN,
         netns: str = "",
         nice: int = 0,
+        cpus: list[int] | None = None,
     ) -> ForkedProc:
         """Fork `seedflood --log-format json ARGS`, or the program of `main` (MAINS), with
         stdout and stderr appended to `log`; in network namespace `netns` if one is named
         (what `ip netns exec NETNS` does for a daemon: join its network namespace), at
-        niceness `nice` more than the zygote's (as `nice -n NICE`)."""
+        niceness `nice` more than the zygote's (as `nice -n NICE`), on the CPUs `cpus` if
+        given (as `taskset -c CPUS`)."""
         with self.cond:
             self.next_id += 1
             rid = self.next_id
         argv = daemon_argv(args, main)
         req = {"op": "spawn", "id": rid, "argv": argv, "env": env, "main": main}
-        req.update(netns=netns, nice=nice)
+        req.update(netns=netns, nice=nice, cpus=cpus)
         req.update(cwd=cwd or os.getcwd(), log=str(log))
         _write(self.req_w, req)
         with self.cond:
@@ -502,6 +506,17 @@ class ForkServer:
         self.log.close()
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """The CPUs of a `taskset -c` list ("0", "0,2", "1-3"); [] if it is not one."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return []
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cpus)
+
+
 class ForkLauncher:
     """A launcher for apps/localnet.set_launcher (tests/conftest.py sets one for the whole
     session): a `seedflood` or harness/hooked_peer.py command line (`python -m seedflood
@@ -509,7 +524,7 @@ class ForkLauncher:
     with that command's environment; the daemon that comes out is the same program with
     the same argv, environment, cwd and log file, minus the ~7 s of CPU its imports take.
     A command in `ip netns exec NS` is forked into namespace NS, one under `nice -n N` at
-    that niceness. Anything else it returns
+    that niceness, one under `taskset -c CPUS` on those CPUs. Anything else it returns
     None for, and NodeProcess starts that as a subprocess: another program or prefix, or
     another OMP_NUM_THREADS than the zygote's (libgomp reads it once, as it loads). If the zygote
     cannot start, every command goes to subprocess, with one line on stderr."""
@@ -521,10 +536,16 @@ class ForkLauncher:
         self.broken = False
         self.forked = 0
 
-    def main_of(self, cmd: list[str]) -> tuple[str, list[str], str, int] | None:
-        """(entry point, ARGS, network namespace or "", niceness) of `[nice -n N]
-        [ip netns exec NS] PROGRAM --log-format json ARGS`; None for any other."""
-        netns, nice = "", 0
+    def main_of(self, cmd: list[str]) -> tuple[str, list[str], str, int, list[int]] | None:
+        """(entry point, ARGS, network namespace or "", niceness, CPUs or []) of
+        `[taskset -c CPUS] [nice -n N] [ip netns exec NS] PROGRAM --log-format json ARGS`;
+        None for any other."""
+        netns, nice, cpus = "", 0, []
+        if cmd[:2] == ["taskset", "-c"] and len(cmd) > 2:
+            cpus = parse_cpu_list(cmd[2])
+            if not cpus:
+                return None
+            cmd = cmd[3:]
         if cmd[:2] == ["nice", "-n"] and len(cmd) > 2 and cmd[2].lstrip("-").isdigit():
             nice, cmd = int(cmd[2]), cmd[3:]
         if cmd[:3] == ["ip", "netns", "exec"] and len(cmd) > 3:
@@ -537,7 +558,7 @@ class ForkLauncher:
             return None
         if rest[:2] != ["--log-format", "json"]:
             return None
-        return main, rest[2:], netns, nice
+        return main, rest[2:], netns, nice, cpus
 
     def __call__(self, cmd: list[str], env: dict[str, str], log: Path) -> ForkedProc | None:
         found = None if self.broken else self.main_of(cmd)
@@ -553,9 +574,9 @@ class ForkLauncher:
             self.threads = env.get("OMP_NUM_THREADS")
         if env.get("OMP_NUM_THREADS") != self.threads or not self.server.alive:
             return None
-        main, args, netns, nice = found
+        main, args, netns, nice, cpus = found
         self.forked += 1
-        return self.server.spawn(args, env, log, main=main, netns=netns, nice=nice)
+        return self.server.spawn(args, env, log, main=main, netns=netns, nice=nice, cpus=cpus)
 
     def close(self) -> None:
         if self.server is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -55,15 +57,41 @@ def test_a_forked_daemon_exits_as_a_new_interpreter_would(tmp_path):
 def test_the_launcher_leaves_what_it_cannot_fork_to_subprocess(tmp_path):
     launcher = ForkLauncher(tmp_path / "zygote.log")
     seedflood = [sys.executable, "-m", "seedflood", "--log-format", "json", "id"]
-    assert launcher.main_of(seedflood) == (DEFAULT_MAIN, ["id"], "", 0)
+    assert launcher.main_of(seedflood) == (DEFAULT_MAIN, ["id"], "", 0, [])
     hooked = [*HOOKED_PEER, "--log-format", "json", "peer"]
-    assert launcher.main_of(hooked) == ("harness.hooked_peer:main", ["peer"], "", 0)
-    # In a host of a namespaced testnet: forked into its network namespace; under nice.
-    assert launcher.main_of(["ip", "netns", "exec", "t-h1", *seedflood])[2:] == ("t-h1", 0)
-    assert launcher.main_of(["nice", "-n", "10", *hooked])[2:] == ("", 10)
+    assert launcher.main_of(hooked) == ("harness.hooked_peer:main", ["peer"], "", 0, [])
+    # In a host of a namespaced testnet: forked into its network namespace; under nice;
+    # on some CPUs.
+    assert launcher.main_of(["ip", "netns", "exec", "t-h1", *seedflood])[2:] == ("t-h1", 0, [])
+    assert launcher.main_of(["nice", "-n", "10", *hooked])[2:] == ("", 10, [])
+    pinned = ["taskset", "-c", "0,2-3", "nice", "-n", "19", *hooked]
+    assert launcher.main_of(pinned)[2:] == ("", 19, [0, 2, 3])
+    assert launcher.main_of(["taskset", "-c", "x", *hooked]) is None  # taskset's own error
     assert launcher.main_of(["sudo", *seedflood]) is None
     assert launcher.main_of([sys.executable, "-m", "seedflood", "id"]) is None  # text logs
     assert launcher.main_of(["/bin/true", "--log-format", "json"]) is None
     # Another thread count than the zygote's: not forked (libgomp read it once).
     launcher.server, launcher.threads = object(), "1"
     assert launcher(seedflood, {"OMP_NUM_THREADS": "2"}, tmp_path / "x.log") is None
+
+
+def test_a_daemon_forked_under_taskset_runs_with_its_p2pd_on_those_cpus(tmp_path):
+    # A peer whose bootstrap does not answer keeps retrying for ~15 s: time to look.
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo"
+    args = ["peer", "--data-dir", str(tmp_path / "p"), "--bootstrap", dead]
+    cpu = max(os.sched_getaffinity(0))
+    node = NodeProcess("pinned", args, tmp_path, prefix=("taskset", "-c", str(cpu)))
+    try:
+        assert isinstance(node.proc, ForkedProc)
+        pid = node.proc.pid
+        deadline = time.monotonic() + 60
+        kids: list[int] = []
+        while not kids and time.monotonic() < deadline and node.alive:
+            kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            time.sleep(0.2)
+        assert kids, node.tail()  # its p2pd
+        for p in [pid, *kids]:
+            for tid in os.listdir(f"/proc/{p}/task"):  # every thread, started after the fork
+                assert os.sched_getaffinity(int(tid)) == {cpu}
+    finally:
+        node.stop()
