@@ -43,6 +43,7 @@ audited.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -64,7 +65,7 @@ from peer.state_rewind import (
 from seedflood_p2p.algorithm.audit_rules import audit_rate, recompute, selects
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.probation import NEVER, Standing, revoked_rounds, standing
+from seedflood_p2p.algorithm.probation import NEVER, Standing, standing_of_ledger
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
@@ -275,9 +276,7 @@ class PeerAudits:
     def judge(self) -> Standing:
         """What counts: who the ledger bans, who is established, which updates are vouched (a
         pure function of its updates and audit records, `probation.standing`)."""
-        claims = {(m.round, m.peer): m.scalars for m in self.ledger.messages()}
-        revoked = revoked_rounds(self.ledger.revocations())  # ticket revocations
-        after = standing(claims, self.ledger.audits(), self.settings, self.probation, revoked)
+        after = standing_of_ledger(self.ledger, self.settings, self.probation)
         self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
         return after
 
@@ -583,6 +582,11 @@ class DaemonAudits:
         self.peers_alive = peers_alive
         self.on_ban = on_ban
         self._alive = (-float("inf"), 0)  # (monotonic time, peers_alive()) last counted
+        # One judgement at a time: records that arrive during one are judged together in
+        # the next pass (`request_judgement`), so a burst of records, or a key that floods
+        # them, costs one pass over the ledger, not one each.
+        self._judging: asyncio.Future | None = None
+        self._stale = False
 
     @property
     def standing(self) -> Standing | None:
@@ -608,7 +612,7 @@ class DaemonAudits:
         """The flood node's `on_audit_records`: audit records new to the ledger, from gossip
         or repair (the node admitted and counted them): re-checks queued, the ledger judged."""
         self.audits.note_records(fresh)
-        await self.judge()
+        self.request_judgement()  # not awaited: the next records join a pass still to come
 
     async def run_round(self, round_: int, node, engine, tokenizer, task) -> None:
         """Recompute the updates due for audit (the model holds S of `round_`), publish
@@ -632,7 +636,30 @@ class DaemonAudits:
             await self.judge()
         self.status(dict(node.audits.counts))  # the /metrics gauges
 
+    def request_judgement(self) -> asyncio.Future:
+        """Judge the ledger as it is now, soon: one pass if none is running, else one more
+        pass after the running one (however many ask meanwhile). Returns the passes' task,
+        done once a pass that began after this call has ended."""
+        self._stale = True
+        if self._judging is None:
+            self._judging = asyncio.ensure_future(self._judge_while_stale())
+            self._judging.add_done_callback(_log_judgement_failure)
+        return self._judging
+
+    async def _judge_while_stale(self) -> None:
+        try:
+            while self._stale:
+                self._stale = False
+                await self._judge_once()
+        finally:
+            self._judging = None
+
     async def judge(self) -> None:
+        """`request_judgement`, waited for: the standing holds every record the ledger held
+        when called."""
+        await asyncio.shield(self.request_judgement())
+
+    async def _judge_once(self) -> None:
         """Judge the ledger (here, where the ledger is written); take back a newly banned
         peer's updates (model thread); its later ones are never applied.
 
@@ -707,3 +734,8 @@ class DaemonAudits:
             "rate": audits.rate,
             "cpu_seconds": {k: round(v, 3) for k, v in sorted(audits.cpu_seconds.items())},
         }
+
+
+def _log_judgement_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("judging the ledger failed: %r", task.exception(), exc_info=task.exception())

@@ -392,10 +392,11 @@ class PeerDaemon:
             low = high - HOLE_WINDOW + 1
             rows = [(m.peer, m.round) for m in ledger.messages(max(0, low - 1))]
             found = holes(rows, low, high)
-            # a peer banned in that state has no row there: nothing of it to wait for
+            # a peer banned in that state has no row there: nothing of it to wait for; nor
+            # a probationer's missing row: unvouched (we lack it), it does not count there
             standing = self.audits.audits.standing if self.audits else None
             out = standing.banned_at(round_) if standing is not None else ()
-            return {p: r for p, r in found.items() if p not in out}
+            return {p: r for p, r in found.items() if p not in out and not self._probationer(p)}
 
         return Pacing(
             self.s,
@@ -405,12 +406,19 @@ class PeerDaemon:
             settled_holes if audit_settings.enabled else None,
             hole_wait=3 * self.s.node.repair_interval,  # a dropped row comes by repair by then
             banned=self._banned,
+            probationer=self._probationer,
         )
 
     def _ledger_bans(self, peer: bytes) -> bool:
         """Is `peer` banned by the ledger's audit verdicts (the whole ledger's judgement as
         this peer last read it)?"""
         return self.audits is not None and peer in self.audits.audits.banned
+
+    def _probationer(self, peer: bytes) -> bool:
+        """Is `peer` on probation here (a run with founders; not established by the ledger as
+        this peer last judged it)? Not waited for (Pacing): scheduling, not what counts."""
+        standing = self.audits.standing if self.audits is not None else None
+        return standing is not None and standing.enabled and peer not in standing.established
 
     def _revoked(self, peer: bytes) -> bool:
         """Has the run's creator revoked `peer`'s ticket (in the ledger, as this peer last

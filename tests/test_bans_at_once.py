@@ -176,6 +176,67 @@ def test_a_verdict_drops_the_banned_peer_s_queued_audits_and_disconnects_it(tmp_
     ledger.close()
 
 
+async def test_a_probationer_is_live_but_never_waited_for_until_established():
+    """A fresh key buys no time: a probationer far behind does not hold the round (it is
+    still live, counted in the peers gauge); once established it is waited for."""
+    slow, ok = b"n" * 38, b"o" * 38
+    peers = {slow: PeerState(round=3, last_seen=1e18), ok: PeerState(9, 1e18)}
+    established: set[bytes] = {ok}
+    pacing = _pacing(peers, set())
+    pacing.probationer = lambda peer: peer not in established
+    await asyncio.wait_for(pacing.wait_ready(10), timeout=5)  # not the 3600 s deadline
+    assert set(pacing.live(time.monotonic())) == {slow, ok}
+    assert set(pacing.waited(time.monotonic())) == {ok}
+    established.add(slow)
+    waiting = asyncio.ensure_future(pacing.wait_ready(10))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # established and behind: waited for now
+    peers[slow] = PeerState(round=9, last_seen=1e18)
+    await asyncio.wait_for(waiting, timeout=5)
+
+
+async def test_records_arriving_during_a_judgement_are_judged_together_in_one_more_pass(
+    tmp_path, monkeypatch
+):
+    """A burst of audit records (or a key that floods them) costs one pass over the ledger
+    per judgement in flight, not one per record: `on_records` asks for a judgement without
+    waiting, and those asked for during a pass share the next one, which sees them all."""
+    from peer.audit_duty import DaemonAudits, PeerAudits
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+
+    cheat, me = b"peer-X", b"peer-C"
+    auditors = (b"peer-A", b"peer-B", b"peer-D")
+    config = RunConfig()
+    ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
+    ledger.add([UpdateMessage(r, p, (0.5,)) for r in range(4) for p in (cheat, b"peer-H")])
+    live = types.SimpleNamespace(apply=lambda messages: None, config=config)
+    settings = AuditSettings(enabled=True, quorum=3, lag=0)
+    audits = PeerAudits(settings, b"secret", me, ledger, live, AuditIntake(ledger, 1))
+    passes = []
+    judge = PeerAudits.judge
+    monkeypatch.setattr(PeerAudits, "judge", lambda self: passes.append(1) or judge(self))
+
+    async def run(fn, *args):
+        await asyncio.sleep(0.05)  # the model thread is busy: each pass takes a while
+        return fn(*args)
+
+    banned: list[bytes] = []
+    daemon = DaemonAudits(audits, NodeMetrics(), run, lambda: 3, on_ban=banned.append)
+    first = AuditRecord(cheat, 0, auditors[0], (1.5,), 1)
+    ledger.add_audits([first])
+    await daemon.on_records([first])  # returns at once: the pass runs meanwhile
+    await asyncio.sleep(0)
+    later = [AuditRecord(cheat, r, a, (1.5,), r + 1) for r in range(3) for a in auditors]
+    for record in later[1:]:  # ... eight more arrive while it runs
+        ledger.add_audits([record])
+        await daemon.on_records([record])
+    await daemon.judge()  # waits for a pass that began after it was called
+    assert banned == [cheat] and set(audits.banned) == {cheat}
+    assert audits.standing.judgement.cases[-1].round == 2  # the last records were judged
+    assert len(passes) <= 3  # not one pass per record (10)
+    ledger.close()
+
+
 async def test_a_revoked_ticket_holder_is_not_waited_for():
     """A holder whose ticket the creator revoked (in the ledger) leaves the round's wait as a
     banned peer does: the daemon's `banned` predicate that Pacing reads says so."""

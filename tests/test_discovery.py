@@ -73,6 +73,40 @@ def test_a_signed_record_holds_and_every_tampering_is_refused(tmp_path):
     assert _reason(encode_record(key, writer, "peer", RUN, expires, {"round": 1})) == "malformed"
 
 
+def test_a_signature_checked_once_is_not_checked_again_and_the_cache_admits_no_forgery(
+    tmp_path, monkeypatch
+):
+    """Every lookup returns every writer's records again: a signature that held is kept
+    (bounded) and not verified again. Keyed on the framed key, signature and data, so no
+    shift of bytes between signature and data, and no other data, rides on a kept one."""
+    from seedflood_p2p.network.peers import discovery
+
+    key, writer = _writer(tmp_path, "a")
+    now = time.time()
+    good = encode_record(key, writer, "peer", RUN, now + 60, PEER_BODY)
+    import msgpack
+
+    payload, signature = msgpack.unpackb(good)
+    data = discovery.SIGNING_CONTEXT + payload
+    public = writer[6:]
+    monkeypatch.setattr(discovery, "_verified", discovery.OrderedDict())
+    assert discovery._verify(public, data, signature)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    calls = []
+    real = Ed25519PublicKey.from_public_bytes
+    monkeypatch.setattr(Ed25519PublicKey, "from_public_bytes", lambda b: calls.append(b) or real(b))
+    assert discovery._verify(public, data, signature) and calls == []  # kept: not checked
+    assert not discovery._verify(public, data[1:], signature + data[:1])  # shifted bytes
+    assert not discovery._verify(public, data + b"x", signature)
+    assert len(calls) == 2  # each one checked, and refused
+    monkeypatch.setattr(discovery, "VERIFIED_CACHE", 1)
+    other = encode_record(key, writer, "peer", RUN, now + 61, PEER_BODY)
+    o_payload, o_signature = msgpack.unpackb(other)
+    assert discovery._verify(public, discovery.SIGNING_CONTEXT + o_payload, o_signature)
+    assert len(discovery._verified) == 1  # bounded: the oldest went
+
+
 async def _joined(spawn, tmp_path, name, metrics=None):
     p2p = await spawn(identity_path=tmp_path / f"{name}.key")
     discovery = Discovery(p2p, tmp_path / f"{name}.key", metrics, wait_timeout=2.0)

@@ -232,3 +232,39 @@ def test_a_hint_list_filled_by_many_identities_still_takes_the_founders(tmp_path
     assert set(founders) <= set(hinted) and sybils[1] not in hinted
     r.add_hints({sybils[0]: addr}, "dht")  # still full: a non-founder waits for room
     assert sybils[0] not in hinted
+
+
+def test_a_caller_asking_often_gets_our_summary_hashed_at_most_once_per_freshness(
+    tmp_path, monkeypatch
+):
+    """Serving a summary hashes the ledger's bucket digests (the newest one changes with
+    every row): however often callers ask, they are hashed at most once per SUMMARY_FRESH
+    seconds, and a later ask sees the rows that came meanwhile."""
+    import asyncio
+    import types
+
+    from seedflood_p2p.network.peers import summaries
+
+    ledger = Ledger(tmp_path / "ledger.sqlite", "ab" * 32)
+    ledger.add([UpdateMessage(r, b"o" * 38, (0.5,)) for r in range(3)])
+    flood = types.SimpleNamespace(run_id=ledger.run_id, ledger=ledger, peers={})
+    book = types.SimpleNamespace(entries={}, met=lambda peer, addrs: None)
+    links = types.SimpleNamespace(own_addrs=["/ip4/127.0.0.1/tcp/1"])
+    exchange = summaries.SummaryExchange(
+        None, book, types.SimpleNamespace(addrs={}), links, None, set, lambda p, s: None
+    )
+    exchange.flood = flood
+    made = []
+    own = summaries.SummaryExchange.own_summary
+    monkeypatch.setattr(exchange, "own_summary", lambda: made.append(1) or own(exchange))
+    clock = [1000.0]
+    monkeypatch.setattr(summaries.time, "monotonic", lambda: clock[0])
+    caller = types.SimpleNamespace(to_base58=lambda: A)
+    request = encode_summary_request(ledger.run_id, [])
+    replies = [asyncio.run(exchange.serve(caller, request)) for _ in range(50)]
+    assert len(made) == 1 and decode_summary(replies[-1]).rows == 3
+    ledger.add([UpdateMessage(3, b"o" * 38, (0.5,))])
+    clock[0] += summaries.SUMMARY_FRESH
+    assert decode_summary(asyncio.run(exchange.serve(caller, request))).rows == 4
+    assert len(made) == 2
+    ledger.close()

@@ -137,6 +137,41 @@ def test_standing_does_not_depend_on_arrival_order(seed):
     assert unbanned <= counted_keys(reference, claims)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_judging_reads_only_the_audited_rows_and_who_has_rows(seed, tmp_path):
+    """A peer judges its ledger from the rows the records audit and the set of peers with
+    rows (`seen`), not its whole history: the same standing as from every row, and
+    `standing_of_ledger` gives it from a real ledger."""
+    from seedflood_p2p.protocol.message import UpdateMessage
+    from seedflood_p2p.storage.ledger import Ledger
+
+    rng = random.Random(seed)
+    peers = F + [N, b"second", b"silent"] + SYBILS[:4]
+    claims = claims_of(peers)
+    records = [match(N, t, F[rng.randrange(4)]) for t in range(ROUNDS) if rng.random() < 0.6]
+    records += [match(b"second", t, N) for t in range(ROUNDS) if rng.random() < 0.5]
+    records += [mismatch(SYBILS[0], 4, f) for f in F[:3]] + [match(SYBILS[1], 2, F[0])]
+    records += [mismatch(F[1], 5, s) for s in SYBILS[:4]]
+    records += [match(b"gone", 3, F[2])]  # audits a row the ledger does not hold
+    full = standing(claims, records, AUDIT, PROBATION)
+    audited = {key: claims[key] for key in {(r.round, r.accused) for r in records} if key in claims}
+    assert len(audited) < len(claims) / 2  # most rows are not read
+    partial = standing(audited, records, AUDIT, PROBATION, seen={p for _, p in claims})
+    assert partial == full
+    assert b"silent" in full.probationers  # known from `seen` alone: no record names it
+    # without `seen`, the audited rows alone would miss the silent peer
+    assert b"silent" not in standing(audited, records, AUDIT, PROBATION).probationers
+    run = RunConfig(extra={"probation": {"founders": [_peer_id(i) for i in range(2)]}})
+    ledger = Ledger(tmp_path / "l.sqlite", run.run_id)
+    ledger.add([UpdateMessage(t, p, scalars) for (t, p), scalars in claims.items()])
+    ledger.add_audits(records)
+    stored = {(m.round, m.peer): m.scalars for m in ledger.messages()}  # float16 scalars
+    every_row = standing(stored, ledger.audits(), AUDIT, PROBATION)
+    assert standing_of_ledger(ledger, AUDIT, PROBATION) == every_row
+    assert every_row.banned == full.banned and every_row.established == full.established
+    ledger.close()
+
+
 def _peer_id(i: int) -> str:
     return base58.b58encode(ED25519_PEER_ID_PREFIX + bytes([i]) * 32).decode()
 

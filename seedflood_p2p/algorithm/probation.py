@@ -336,12 +336,17 @@ def standing(
     settings: AuditSettings,
     probation: ProbationSettings,
     revoked: Mapping[bytes, int] | None = None,
+    seen: Iterable[bytes] | None = None,
 ) -> Standing:
     """What counts, given the claimed scalars of each (round, peer), the audit records and
     the ticket revocations (holder -> R, `revoked_rounds`): a pure function of its
     arguments (see the module docstring for the three steps), and from which settled state
-    (the times, the bans of each prefix)."""
-    judged = _standing(claims, records, settings, probation)
+    (the times, the bans of each prefix).
+
+    `seen`: every peer with an update (None: the peers of `claims`, which then holds every
+    update). Given it, `claims` need hold only the updates the records audit: nothing else
+    is read, so a peer judging its ledger reads those rows, not the whole history."""
+    judged = _standing(claims, records, settings, probation, seen)
     return dataclasses.replace(judged, revoked=dict(revoked)) if revoked else judged
 
 
@@ -359,6 +364,7 @@ def _standing(
     records: Iterable[AuditRecord],
     settings: AuditSettings,
     probation: ProbationSettings,
+    seen: Iterable[bytes] | None = None,
 ) -> Standing:
     records = list(records)
     if not probation.enabled:
@@ -375,7 +381,7 @@ def _standing(
     # who votes from when: the times of establishment without bans (step 2's `first`)
     _, voting_from = _timed(probation.founders, matches, probation.vouches, ())
     spans = ban_spans(claims, records, settings, voting_from, probation.founders)
-    seen = frozenset(peer for _, peer in claims)
+    seen = frozenset(peer for _, peer in claims) if seen is None else frozenset(seen)
     return _settle(probation, settings.lag, matches, judgement, seen, spans)
 
 
@@ -453,10 +459,12 @@ def _settle(
 def standing_of_ledger(
     ledger: Ledger, settings: AuditSettings, probation: ProbationSettings
 ) -> Standing:
-    """`standing` over a ledger's updates, audit records and ticket revocations."""
-    claims = {(m.round, m.peer): m.scalars for m in ledger.messages()}
+    """`standing` over a ledger's updates, audit records and ticket revocations: the rows
+    the records audit, and who has rows (`seen`), are all it reads of the updates."""
+    records = ledger.audits()
+    claims = ledger.claims((r.round, r.accused) for r in records)
     revoked = revoked_rounds(ledger.revocations())
-    return standing(claims, ledger.audits(), settings, probation, revoked)
+    return standing(claims, records, settings, probation, revoked, ledger.peers())
 
 
 def rounds_to_count(

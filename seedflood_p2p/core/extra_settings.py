@@ -11,6 +11,7 @@ into one UserError line naming the setting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,11 +45,9 @@ class AuditRule:
     spread: float = 0.0
 
     def mismatches(self, claimed: Iterable[float], recomputed: Iterable[float]) -> bool:
-        c = np.asarray(tuple(claimed), dtype=np.float64)
-        r = np.asarray(tuple(recomputed), dtype=np.float64)
-        if c.shape != r.shape:
-            return True
-        return bool(np.any(np.abs(c - r) > self.bounds(c, r)))
+        # memoized: a judgement asks the same (claim, record) pair once per settled
+        # prefix (`probation.ban_spans`), and each new record brings a new judgement
+        return _mismatches(self, tuple(claimed), tuple(recomputed))
 
     def bounds(self, c: np.ndarray, r: np.ndarray) -> np.ndarray:
         """Each scalar's tolerance (float64 arrays of one shape: claimed, recomputed)."""
@@ -56,6 +55,15 @@ class AuditRule:
         if self.spread and r.size:
             bound = np.maximum(bound, self.spread * float(np.sqrt(np.mean(r * r))))
         return bound
+
+
+@functools.lru_cache(maxsize=8192)
+def _mismatches(rule: AuditRule, claimed: tuple, recomputed: tuple) -> bool:
+    c = np.asarray(claimed, dtype=np.float64)
+    r = np.asarray(recomputed, dtype=np.float64)
+    if c.shape != r.shape:
+        return True
+    return bool(np.any(np.abs(c - r) > rule.bounds(c, r)))
 
 
 # Bounds of `extra.audit`'s numbers (inclusive). cpu_share is a share of one peer's training

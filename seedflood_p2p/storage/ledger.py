@@ -1003,6 +1003,16 @@ class Ledger:
         ).fetchall()
         return [_message(round_, peer, scalars) for round_, scalars in rows]
 
+    def claims(self, keys: Iterable[tuple[int, bytes]]) -> dict[tuple[int, bytes], tuple]:
+        """{(round, peer): scalars} of the rows among `keys` that the ledger holds: what a
+        judgement reads of the updates (`probation.standing_of_ledger`)."""
+        out = {}
+        for round_, peer in set(keys):
+            scalars = self.scalars_of(peer, round_)
+            if scalars is not None:
+                out[(round_, peer)] = scalars
+        return out
+
     def scalars_of(self, peer: bytes, round_: int) -> tuple[float, ...] | None:
         query = f"SELECT scalars FROM messages WHERE round = ? AND peer = {_PEER_ID}"
         row = self._db.execute(query, (round_, peer)).fetchone()

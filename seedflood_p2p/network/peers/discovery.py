@@ -35,6 +35,7 @@ import hashlib
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,14 +203,30 @@ def check_record(
     return DiscoveryRecord(kind, run_id, writer, expires, body)
 
 
+# Signatures that held, by a hash of (key, signature, data): every lookup returns every
+# writer's records again (and every node stores each writer's refreshes), so without it a
+# run of N peers checks ~N signatures per lookup, N^2 across the run (the sybil bench's
+# founders spent ~10% of their CPU here with 24 peers). Bounded; the oldest go first.
+VERIFIED_CACHE = 8192
+_verified: OrderedDict[bytes, None] = OrderedDict()
+
+
 def _verify(public_key: bytes, data: bytes, signature: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    framed = b"%d:%d:" % (len(public_key), len(signature)) + public_key + signature + data
+    key = hashlib.sha256(framed).digest()
+    if key in _verified:
+        _verified.move_to_end(key)
+        return True
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
     except (InvalidSignature, ValueError):
         return False
+    _verified[key] = None
+    if len(_verified) > VERIFIED_CACHE:
+        _verified.popitem(last=False)
     return True
 
 

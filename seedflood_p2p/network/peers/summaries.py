@@ -38,6 +38,11 @@ from seedflood_p2p.protocol.summary import (
 log = logging.getLogger("seedflood.reconnect")
 
 PROTOCOL = "seedflood.summary"
+# Seconds our summary is served as made: each connected peer asks every summary_interval,
+# and a caller may ask as often as it likes, but the bucket digests are hashed at most
+# once per SUMMARY_FRESH whatever the number of callers (the newest bucket changes with
+# every row, so its digest cache rarely helps).
+SUMMARY_FRESH = 1.0
 
 
 class SummaryExchange:
@@ -67,6 +72,7 @@ class SummaryExchange:
         self.add_hints = add_hints
         self.flood = None
         self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
+        self._own: tuple[float, bytes] | None = None  # (when made, our encoded summary)
 
     def own_summary(self) -> Summary:
         """Our summary: the ledger's newest round, size and bucket digests, our addresses
@@ -102,7 +108,10 @@ class SummaryExchange:
         caller = peer.to_base58()
         if decoded[1]:
             self.book.met(caller, decoded[1])  # connected to us, and says where it listens
-        return encode_summary(self.own_summary())
+        now = time.monotonic()
+        if self._own is None or now - self._own[0] >= SUMMARY_FRESH:
+            self._own = (now, encode_summary(self.own_summary()))
+        return self._own[1]
 
     async def ask(self, peer: str) -> None:
         """Ask `peer` for its summary; learn its addresses and the peers it names."""
