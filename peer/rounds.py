@@ -200,8 +200,9 @@ class Pacing:
         checked_in_step = False  # holes queried since the last peer we wait for caught up
         while not self.stopping():
             now = time.monotonic()
-            live = self.waited(now)
-            self.metrics.peers.set(len(self.live(now)))
+            alive = self.live(now)  # once per tick: the gauge counts probationers too
+            self.metrics.peers.set(len(alive))
+            live = {p: st for p, st in alive.items() if not self.probationer(p)}
             oldest = round_ - 1 - self.s.max_staleness  # a peer must have published this
             self.laggards = {p for p in self.laggards if p in live and live[p].round < round_ - 1}
             behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
