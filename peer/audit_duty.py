@@ -186,7 +186,12 @@ class PeerAudits:
             key = (m.peer, m.round)
             if key in seen:  # its key's second row in the batch: a replacement
                 self.counts["replaced_rows"] += 1
-                self.done.discard(key)  # audited as the old copy: due again if drawn
+                self.done.discard(key)  # audited as the old copy: due again
+                self.rewind.replaced(key, self.round)  # its winner reached us now
+                if m.peer != self.peer_id and m.peer not in self.banned:
+                    # Witnessed: audited for certain, so the equivocator is convicted by
+                    # audits (a ledger fact every peer judges alike), not only banned here.
+                    self.due[key] = "recheck"
             seen.add(key)
             self.rewind.arrived(key, self.round)
             if (
@@ -500,6 +505,11 @@ class PeerAudits:
             # of (`StateRewind.recompute`). Probation work pays for its retries.
             held = decode_held(self.ledger.payload_of(peer, round_))
             paid = self._is_probation_work(peer, why)
+            # A peer that signed two updates for one round (we hold a losing copy, with
+            # its signature's weight behind it: no one else can make one) is not honest:
+            # its mismatches get no retries (issue 45: 20 equivocators' twins cost the
+            # founders 92-112 retries and a third of their rounds).
+            retries = 0 if self.ledger.has_losing_copies(peer) else None
             rebuilt = self.rewind.recompute(
                 peer,
                 round_,
@@ -509,8 +519,9 @@ class PeerAudits:
                 self.waiting,
                 compute,
                 rule.mismatches,
-                PROBATION_LATE_STATES if paid else None,
+                retries if retries is not None else PROBATION_LATE_STATES if paid else None,
             )
+            self.counts["equivocator_audits"] += retries is not None
             recomputed = rebuilt.recomputed
             if rebuilt.held is not None:
                 self.counts[f"held_{rebuilt.held}"] += 1

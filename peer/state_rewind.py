@@ -24,6 +24,11 @@ before the other copy reached it held the copy that lost, and the digest (one ha
 with each replaced row of S_t swapped back to a copy that lost (`swap_states`, from the
 ledger's `replaced` table: `Ledger.losing_copies`), at most MAX_SWAP_STATES per audit,
 before the late states. Only after a mismatch; S_t itself is never changed by the table.
+Many equivocators at once (20 keys, each with a twin flooded rounds late) leave a sender
+holding several losing copies where we hold the winners, and no single swap explains it
+(issue 45: all 4 founders were convicted so in one run): so the states with every such row
+swapped back whose winning copy reached us after the audited update (`swap_sets`), as the
+late states read arrival, come first.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ PROBATION_LATE_STATES = 2
 # newest rows first. Only states that hold an equivocated row have any, so the cap only
 # bites on an equivocator that signs many copies (its ban stops it at the second).
 MAX_SWAP_STATES = 4
+# ... and with several swapped back at once, by when the winning copies reached us
+# (`swap_sets`: after the audited update, in its round or after, all of them).
+MAX_SWAP_SETS = 3
 HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender lacked
 # Rows applied this many rounds (plus lag) before ours are older than any state an audit
 # rebuilds (MAX_REWIND) or searches (HELD_WINDOW further), with a margin as large: the
@@ -96,6 +104,9 @@ class StateRewind:
         # here than a sender's update are the ones it most likely did not have yet when it
         # trained (`late_states`).
         self.arrival: dict[Key, tuple[int, int]] = {}  # (our round, order)
+        # When a row's copy was replaced by one that won an equivocation (our round, order):
+        # a sender that trained before then held the copy that lost (`swap_sets`).
+        self.replaced_at: dict[Key, tuple[int, int]] = {}
         self._clock = count()
         self.held = HeldDigests()  # the held-state digests of our weights and senders' states
 
@@ -109,12 +120,23 @@ class StateRewind:
         now, so audits know a sender may have lacked it."""
         self.arrival[key] = (our_round, next(self._clock))
 
+    def replaced(self, key: Key, our_round: int) -> None:
+        """The row `key` was replaced now: its winning copy reached us only now."""
+        self.replaced_at[key] = (our_round, next(self._clock))
+
+    def winner_arrival(self, key: Key) -> tuple[int, int] | None:
+        """When the copy of `key` we hold reached us: at its replacement, else its arrival."""
+        return self.replaced_at.get(key, self.arrival.get(key))
+
     def trim_arrivals(self) -> None:
         """Keep the ARRIVALS_KEPT latest arrivals once twice as many are held: only the
         latest are ever asked for."""
         if len(self.arrival) > 2 * ARRIVALS_KEPT:
             newest = sorted(self.arrival.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
             self.arrival = dict(newest)
+        if len(self.replaced_at) > 2 * ARRIVALS_KEPT:
+            newest = sorted(self.replaced_at.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
+            self.replaced_at = dict(newest)
 
     # -- the settled state of a round --------------------------------------------------
     def holds(self, message: UpdateMessage, round_: int) -> bool:
@@ -194,14 +216,17 @@ class StateRewind:
 
     def swap_states(
         self,
+        peer: bytes,
         round_: int,
         applied: AppliedRows,
         waiting: list[UpdateMessage],
         lacked: frozenset[Key] = frozenset(),
     ) -> list[tuple[str, list[UpdateMessage]]]:
-        """The rows that swap one equivocated row of S_round back to a copy that lost
-        (`swap_states`), newest first; none for the rows in `lacked` (the sender did not
-        hold them at all). Reads the losing copies kept (one query)."""
+        """For the update (peer, round_): the rows that swap equivocated rows of S_round
+        back to a copy that lost, several at once by when their winners reached us
+        (`swap_sets`), then one at a time (`swap_states`, newest first, at most
+        MAX_SWAP_STATES); none for the rows in `lacked` (the sender did not hold them at
+        all). Reads the losing copies kept (one query)."""
         limit = round_ - self.lag
         if self.losing_copies is None or limit <= 0:
             return []
@@ -210,7 +235,11 @@ class StateRewind:
             return []
         old = applied.frozen_rows(k for k in losing if applied.is_frozen(k))  # applied first
         state = old + self.state(round_, applied, waiting)
-        return swap_states(state, {k: v for k, v in losing.items() if k not in lacked})
+        losing = {k: v for k, v in losing.items() if k not in lacked}
+        heard = self.arrival.get((peer, round_))
+        sets = swap_sets(state, losing, self.winner_arrival, heard)
+        singles = swap_states(state, losing)[:MAX_SWAP_STATES]
+        return sets + [s for s in singles if s not in sets]
 
     def recompute(
         self,
@@ -248,8 +277,7 @@ class StateRewind:
             # An equivocated row of S_t swapped back to a copy that lost, on the sender's
             # state (`swap_states`): first, as only a state with an equivocation has any.
             lacked = frozenset((m.peer, m.round) for m in missing or [])
-            swaps = self.swap_states(round_, applied, waiting, lacked)[:MAX_SWAP_STATES]
-            states = swaps + states
+            states = self.swap_states(peer, round_, applied, waiting, lacked) + states
         retries, matched, swapped = 0, None, 0
         for kind, rows in states if max_retries is None else states[:max_retries]:
             if not mismatches(claimed, recomputed):
@@ -257,7 +285,7 @@ class StateRewind:
             retries += 1
             if kind == "swapped":
                 swapped += 1
-                counted = first + rows  # the sender's state, one row's copy swapped
+                counted = first + rows  # the sender's state, copies swapped
             else:
                 counted = [m.negated() for m in rows]  # S_t without the late rows
             without = self.on_settled(round_, applied, waiting, counted, compute)
@@ -362,3 +390,41 @@ def swap_states(
                 back = UpdateMessage(key[1], key[0], tuple(copy))
                 states.append(("swapped", [held.negated(), back]))
     return states
+
+
+def swap_sets(
+    state: list[UpdateMessage],
+    losing: Mapping[Key, Sequence[tuple[float, ...]]],
+    winner_arrival: Callable[[Key], tuple[int, int] | None],
+    heard: tuple[int, int] | None,
+) -> list[tuple[str, list[UpdateMessage]]]:
+    """States with several equivocated rows of `state` swapped back at once to the first
+    copy that lost: those whose winning copy reached us in a later round than the audited
+    update did (`heard`: a sender in step with us trained before the winners reached it),
+    then those from its round on, then all of them; only sets of two rows or more (one row
+    is `swap_states`'s), at most MAX_SWAP_SETS. Kind "swapped", as one state's rows.
+
+    Updates and their twins spread to everyone in about the same order, so what reached
+    us after the sender's update most likely reached the sender after it trained: the
+    reading `late_states` makes of late rows, made of late winners."""
+    rows: dict[Key, list[UpdateMessage]] = {}
+    for m in state:
+        rows.setdefault((m.peer, m.round), []).append(m)
+    swaps: list[tuple[tuple[int, int] | None, list[UpdateMessage]]] = []
+    for key in sorted((k for k in losing if k in rows), key=lambda k: (-k[1], k[0])):
+        held = held_copy(rows[key])
+        copy = next((c for c in losing[key] if held is not None and c != held.scalars), None)
+        if copy is not None:
+            back = UpdateMessage(key[1], key[0], tuple(copy))
+            swaps.append((winner_arrival(key), [held.negated(), back]))
+    choices = []
+    if heard is not None:
+        choices.append([r for stamp, r in swaps if stamp is not None and stamp[0] > heard[0]])
+        choices.append([r for stamp, r in swaps if stamp is not None and stamp[0] >= heard[0]])
+    choices.append([r for _, r in swaps])
+    states: list[tuple[str, list[UpdateMessage]]] = []
+    for chosen in choices:
+        flat = [m for pair in chosen for m in pair]
+        if len(chosen) >= 2 and ("swapped", flat) not in states:
+            states.append(("swapped", flat))
+    return states[:MAX_SWAP_SETS]

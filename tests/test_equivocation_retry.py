@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_admission import Peer, node  # noqa: F401  (the `node` fixture)
 
-from peer.state_rewind import MAX_SWAP_STATES, held_copy, swap_states
+from peer.state_rewind import MAX_SWAP_SETS, MAX_SWAP_STATES, held_copy, swap_sets, swap_states
 from seedflood_p2p.algorithm.audit_rules import recompute
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.subcge import SubCGE
@@ -24,7 +24,7 @@ from seedflood_p2p.workload.data import load_task
 from seedflood_p2p.workload.models import load_model
 
 CONFIG = RunConfig(model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=4, batch_size=8)
-A, B, C, X = (f"peer-{c}".encode() for c in "ABCX")
+A, B, C, X, Y, Z = (f"peer-{c}".encode() for c in "ABCXYZ")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -115,11 +115,13 @@ def test_swap_states_swap_the_held_copy_back_newest_first_and_capped():
     assert [s[1][1].round for s in states] == [5, 4, 3, 2]
 
 
-def _swapped_audit(tmp_path, cheat_sign: float, keep_losing: bool = True):
-    """Sender A trained round 3 (lag 0) on a state holding X's first copy of round 1; X's
-    twin replaced it at auditor C after A's update reached C (the late twin of
-    tests/test_equivocation_daemon.py). Returns (record, mismatch, audits, the scalars
-    recomputed on C's settled state, which holds the twin)."""
+def _swapped_audit(
+    tmp_path, cheat_sign: float, keep_losing: bool = True, equivocators: tuple = (X,)
+):
+    """Sender A trained round 3 (lag 0) on a state holding each equivocator's first copy
+    of round 1; their twins replaced them at auditor C after A's update reached C (the
+    late twin of tests/test_equivocation_daemon.py). Returns (record, mismatch, audits,
+    the scalars recomputed on C's settled state, which holds the twins)."""
     from peer.audit_duty import PeerAudits
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
@@ -128,11 +130,11 @@ def _swapped_audit(tmp_path, cheat_sign: float, keep_losing: bool = True):
     config = dataclasses.replace(CONFIG, lr=0.5)  # one update moves the model visibly
     ledger = Ledger(tmp_path / "l.sqlite", config.run_id)
     live = LiveModel(SubCGE(model, config), ledger)
-    history = _updates(3, [B, X], seed=5)
-    first = next(m for m in history if (m.peer, m.round) == (X, 1))
-    twin = _twin(first)
+    history = _updates(3, [B, *equivocators], seed=5)
+    firsts = [m for m in history if m.peer in equivocators and m.round == 1]
+    twins = [_twin(m) for m in firsts]
     base = {k: w.clone() for k, w in live.weights().items()}
-    live.apply(history)  # the sender's state: X's first copy
+    live.apply(history)  # the sender's state: the first copies
     honest, _ = zo_step(live.engine, tokenizer, task, A, 3)
     live.load_weights(base)
     claim = UpdateMessage(3, A, quantize_scalars([cheat_sign * s for s in honest.scalars]))
@@ -142,15 +144,20 @@ def _swapped_audit(tmp_path, cheat_sign: float, keep_losing: bool = True):
     audits.round = 3
     audits.on_accept(history, 4)
     audits.on_accept([claim], 4)
-    assert ledger.replace(twin, None) == first.scalars
+    for first, twin in zip(firsts, twins):
+        assert ledger.replace(twin, None) == first.scalars
     if not keep_losing:  # as before the `replaced` table: no losing copy to try
         audits.rewind.losing_copies = None
     audits.round = 5
-    audits.on_accept([first.negated(), twin], 4)  # as the admission hands a replacement on
-    audits.apply(history + [first.negated(), twin])  # C's settled state of round 3
+    replacements = [m for f, t in zip(firsts, twins) for m in (f.negated(), t)]
+    audits.on_accept(replacements, 4)  # as the admission hands replacements on
+    audits.apply(history + replacements)  # C's settled state of round 3
     whole = recompute(live.engine, tokenizer, task, claim)
     audits.due[(A, 3)] = "recheck"
-    ((record, mismatch),) = audits.audit(audits.ready(6), live.engine, tokenizer, task)
+    jobs = audits.ready(6)
+    assert {(j[0], j[2]) for j in jobs} == {(A, "recheck")} | {(p, "recheck") for p in equivocators}
+    published = audits.audit(jobs, live.engine, tokenizer, task)
+    ((record, mismatch),) = [(r, mm) for r, mm in published if r.accused == A]
     ledger.close()
     return record, mismatch, audits, whole
 
@@ -181,6 +188,63 @@ def test_a_cheater_is_not_cleared_by_the_swapped_state(tmp_path):
     assert audits.counts["late_state_retries"] >= 1
 
 
+def test_a_sender_that_held_several_losing_copies_is_matched_by_one_swapped_set(tmp_path):
+    """Many equivocators at once (issue 45: 20 keys with late twins convicted all 4
+    founders): the sender held three first copies where the auditor holds their twins, so
+    no one swap explains its state. The set of rows whose winners reached us after the
+    sender's update did, swapped back together, is tried first, and matches."""
+    record, mismatch, audits, whole = _swapped_audit(
+        tmp_path, cheat_sign=1.0, equivocators=(X, Y, Z)
+    )
+    assert AuditSettings(enabled=True).rule.mismatches(record.scalars, whole)
+    assert not mismatch
+    assert audits.late_matches == {"swapped": 1}
+    assert audits.counts["swap_retries"] == 1  # the first state tried: the whole set
+
+
+def test_a_witnessed_equivocator_is_rechecked_without_retries(tmp_path):
+    """Its twin is audited by every witness (the replacement made it due) on one state
+    only: a peer that signed two updates for a round gets no retry (no honest peer does)."""
+    _, _, audits, _ = _swapped_audit(tmp_path, cheat_sign=1.0, equivocators=(X, Y))
+    assert audits.counts["equivocator_audits"] == 2  # X's and Y's kept copies
+    assert audits.counts["audits"] == 3 and audits.counts["mismatches"] == 2  # the twins
+    assert audits.counts["swap_retries"] == 1  # A's swapped set only; none for X or Y
+
+
+def test_a_cheater_is_not_cleared_by_a_swapped_set(tmp_path):
+    _, mismatch, audits, _ = _swapped_audit(tmp_path, cheat_sign=-1.0, equivocators=(X, Y, Z))
+    assert mismatch and audits.counts["late_state_matches"] == 0
+    # the set (all three winners came after: one state) and each row alone
+    assert audits.counts["swap_retries"] == 1 + 3
+
+
+def test_swap_sets_follow_when_the_winning_copies_reached_us():
+    firsts = [UpdateMessage(1, p, (0.5,)) for p in (X, Y, Z)]
+    twins = [_twin(m) for m in firsts]
+    state = [m for f, t in zip(firsts, twins) for m in (f, f.negated(), t)]
+    losing = {(m.peer, 1): [m.scalars] for m in firsts}
+    stamps = {(X, 1): (7, 0), (Y, 1): (6, 1), (Z, 1): (5, 2)}  # winners reached us then
+    heard = (6, 9)  # the audited update reached us in our round 6
+
+    def rows_of(state_):
+        return {m.peer for m in state_[1] if m.scalars == (0.5,)}  # the swapped-back rows
+
+    sets = swap_sets(state, losing, stamps.get, heard)
+    # after round 6: X alone is one row (swap_states' job); from round 6 on: X, Y; all
+    assert [rows_of(s) for s in sets] == [{X, Y}, {X, Y, Z}]
+    assert all(kind == "swapped" for kind, _ in sets)
+    # each row swapped back is (the held twin negated, the first copy), newest round first
+    assert sets[1][1] == [m for f, t in zip(firsts, twins) for m in (t.negated(), f)]
+    # no arrival known for the audited update: all at once only
+    assert [rows_of(s) for s in swap_sets(state, losing, stamps.get, None)] == [{X, Y, Z}]
+    # one equivocated row only: nothing here (swap_states has it)
+    assert swap_sets(state[:3], {(X, 1): [firsts[0].scalars]}, stamps.get, heard) == []
+    many = [UpdateMessage(1, bytes([i]), (0.5,)) for i in range(10)]
+    big = [m for f in many for m in (f, f.negated(), _twin(f))]
+    found = swap_sets(big, {(m.peer, 1): [m.scalars] for m in many}, lambda k: (9, 0), (1, 0))
+    assert len(found) <= MAX_SWAP_SETS and len(found) == 1  # the three choices coincide
+
+
 # -- a replacement is audited like a new update --------------------------------------
 
 
@@ -203,12 +267,12 @@ def test_a_replaced_row_is_drawn_for_audit_again(tmp_path):
     audits.on_accept([UpdateMessage(2, B, (0.25,))], 2)
     ledger.replace(twin, None)
     audits.on_accept([first.negated(), twin], 2)  # the replacement, as the admission hands it
-    assert audits.due[(X, 1)] == "draw" and audits.counts["replaced_rows"] == 1
-    assert (X, 1, "draw", twin.scalars) in audits.ready(1 + audits.delay)
-    # not drawn: a replacement is not audited either (the draw is per (peer, round))
+    assert audits.due[(X, 1)] == "recheck" and audits.counts["replaced_rows"] == 1
+    assert (X, 1, "recheck", twin.scalars) in audits.ready(1 + audits.delay)
+    # witnessed, it is audited whatever the draw: every witness votes on the kept copy
     none = AuditSettings(enabled=True, cpu_share=0.0)
     quiet = PeerAudits(none, b"secret", C, ledger, live, AuditIntake(ledger, 1))
     quiet.done.add((X, 1))
     quiet.on_accept([first.negated(), twin], 2)
-    assert not quiet.due and (X, 1) not in quiet.done
+    assert quiet.due == {(X, 1): "recheck"}
     ledger.close()

@@ -1,5 +1,6 @@
 """The ledger: idempotent, canonical, durable across SIGKILL, and loud when corrupt."""
 
+import dataclasses
 import os
 import random
 import signal
@@ -56,6 +57,43 @@ def test_replace_swaps_an_update_and_its_digests(tmp_path):
         assert a.digest() == b.digest()
         with pytest.raises(KeyError):
             a.replace(UpdateMessage(99, b"nobody", (1.0,)), None)
+
+
+def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_path):
+    """A daemon holding a long ledger reads its old buckets' digests instead of hashing
+    every row at start (issue 46); a row changed in place (an equivocation's `replace`, a
+    record's smaller `at`) drops them, so no stale digest survives a restart."""
+    from seedflood_p2p.protocol.message import AuditRecord
+    from seedflood_p2p.storage.ledger import audit_set_digest, set_digest
+
+    path = tmp_path / "l.sqlite"
+    msgs = _msgs(10, 3)  # buckets of 4 rounds: 0, 1 (kept) and 2 (the newest)
+    record = AuditRecord(msgs[0].peer, 1, b"auditor", (1.0, 2.0), 7)
+    with Ledger(path, "run") as a:
+        a.add(msgs)
+        a.add_audits([record, AuditRecord(msgs[0].peer, 9, b"auditor", (1.0,), 9)])
+        first, first_audits = a.bucket_digests(4), a.audit_bucket_digests(4)
+    assert sorted(first) == [0, 1, 2]
+    assert first[1] == (12, set_digest(m for m in msgs if 4 <= m.round < 8))
+    with Ledger(path, "run") as b:
+        hashed = []
+        real = b.messages
+        b.messages = lambda lo=0, hi=None: hashed.append((lo, hi)) or real(lo, hi)
+        assert b.bucket_digests(4) == first
+        assert hashed == [(8, 11)]  # only the newest bucket was read and hashed
+        assert b.audit_bucket_digests(4) == first_audits
+        # an equivocation replaces a row of the kept bucket 0: its digest is recomputed
+        winner = UpdateMessage(1, msgs[3].peer, (-9.0, 0.0))
+        b.replace(winner, None)
+        b.add_audits([dataclasses.replace(record, at=3)])  # a smaller `at` replaces it
+    changed = [winner if (m.round, m.peer) == (1, winner.peer) else m for m in msgs]
+    with Ledger(path, "run") as c:
+        assert c.bucket_digests(4)[0] == (12, set_digest(m for m in changed if m.round < 4))
+        assert c.bucket_digests(4)[1] == first[1]
+        assert c.audit_bucket_digests(4)[0] == (
+            1,
+            audit_set_digest([dataclasses.replace(record, at=3)]),
+        )
 
 
 def test_runs_are_kept_apart(tmp_path):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import sqlite3
@@ -49,10 +50,14 @@ from seedflood_p2p.protocol.message import (
 )
 from seedflood_p2p.protocol.update import MAX_UPDATE_BYTES, check_envelope
 
+log = logging.getLogger("seedflood.ledger")
+
 # The file's layout: PRAGMA user_version. 0 is the first (issue 46 made the second): the
 # run id (64 characters) and the peer id (38 bytes) in every row; `Ledger` converts such a
-# file in place when it opens it (`_convert_first_layout`), in one transaction.
-LAYOUT = 2
+# file in place when it opens it (`_convert_first_layout`), in one transaction. 3 adds
+# `bucket_digests` (a file of layout 2 gains the empty table when it is opened); an older
+# seedflood refuses a layout-3 file, as it would write rows without updating the table.
+LAYOUT = 3
 
 # One run a file: its id is stored once, in meta under RUN_KEY (set by the first row).
 RUN_KEY = "run_id"
@@ -124,6 +129,19 @@ _SCHEMA = (
         scalars BLOB NOT NULL,
         PRIMARY KEY (round, peer, scalars)
     )""",  # a rowid table: the rowid is the order they lost in
+    # Set digests of buckets below the newest (`bucket_digests`), kept so that a daemon
+    # holding a long ledger does not hash every row again at start (issue 46: 51 of the
+    # 57 s a start took at ten million rows). Valid while the bucket holds `count` rows:
+    # the tables only grow, and what changes a row in place (an equivocation's `replace`,
+    # a record's smaller `at`) deletes its table's digests in the same transaction.
+    """CREATE TABLE IF NOT EXISTS bucket_digests (
+        kind TEXT NOT NULL,             -- 'messages' or 'audits'
+        bucket_rounds INTEGER NOT NULL,
+        bucket INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        digest BLOB NOT NULL,
+        PRIMARY KEY (kind, bucket_rounds, bucket)
+    ) WITHOUT ROWID""",
 )
 
 # Update rows with their sender's id bytes, in canonical order (round, peer id bytes): the
@@ -309,7 +327,7 @@ class Ledger:
                     f"this version reads {LAYOUT} and older): upgrade seedflood-p2p"
                 )
             tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
-            if layout < LAYOUT and "messages" in tables:
+            if layout == 0 and "messages" in tables:
                 self._convert_first_layout()
             for statement in _SCHEMA:
                 self._db.execute(statement)
@@ -603,6 +621,8 @@ class Ledger:
                     replaced |= bool(cur.rowcount)
                 if cur.rowcount:
                     new.append(r)
+            if replaced:
+                self._db.execute("DELETE FROM bucket_digests WHERE kind = 'audits'")
             self._db.execute("COMMIT")
             self._mark_committed()
         except BaseException:
@@ -739,6 +759,7 @@ class Ledger:
                  message.round, number),
             )  # fmt: skip
             self._insert_losing(UpdateMessage(message.round, message.peer, old))
+            self._db.execute("DELETE FROM bucket_digests WHERE kind = 'messages'")
             self._db.execute("COMMIT")
             self._committed(pending)
         except BaseException:
@@ -776,6 +797,13 @@ class Ledger:
              message.round, message.peer, MAX_LOSING_COPIES),
         )  # fmt: skip
         return cur.rowcount > 0
+
+    def has_losing_copies(self, peer: bytes) -> bool:
+        """Did `peer` sign two updates for one round (a losing copy of its is kept)?"""
+        if not self._mine():
+            return False
+        row = self._db.execute("SELECT 1 FROM replaced WHERE peer = ? LIMIT 1", (peer,))
+        return row.fetchone() is not None
 
     def losing_copies(
         self, min_round: int = 0, max_round: int | None = None
@@ -925,15 +953,47 @@ class Ledger:
             f"SELECT round / ?, COUNT(*) FROM {table} GROUP BY round / ?",
             (bucket_rounds, bucket_rounds),
         ).fetchall()
-        out = {}
+        if rows and not any(key[0] == bucket_rounds for key in cache):
+            cache.update(self._kept_digests(table, bucket_rounds))
+        newest = max((bucket for bucket, _ in rows), default=0)
+        out, computed = {}, []
         for bucket, count in rows:
             key = (bucket_rounds, bucket)
             cached = cache.get(key)
             if cached is None or cached[0] != count:
                 lo = bucket * bucket_rounds
                 cached = cache[key] = (count, _set_digest(members(lo, lo + bucket_rounds - 1)))
+                if bucket < newest:  # the newest bucket still grows every round
+                    computed.append((table, bucket_rounds, bucket, count, cached[1]))
             out[bucket] = cached
+        if computed:
+            self._keep_digests(computed)
         return out
+
+    def _kept_digests(self, table: str, bucket_rounds: int) -> dict:
+        """The digests `_keep_digests` kept for `table` at this bucket size."""
+        rows = self._db.execute(
+            "SELECT bucket, count, digest FROM bucket_digests WHERE kind = ? AND bucket_rounds = ?",
+            (table, bucket_rounds),
+        )
+        return {(bucket_rounds, b): (count, bytes(digest)) for b, count, digest in rows}
+
+    def _keep_digests(self, rows: list[tuple[str, int, int, int, bytes]]) -> None:
+        """Keep bucket digests in the file (a cache: a failed write loses nothing)."""
+        if self._db.in_transaction:
+            return  # inside a caller's transaction (e.g. a digest read while writing)
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO bucket_digests VALUES (?, ?, ?, ?, ?)", rows
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            log.warning("bucket digests not kept in %s: %s", self.path, exc)
+            return
+        self._mark_committed()
 
     def peer_totals(self) -> dict[bytes, tuple[int, int, int]]:
         """{peer: (rows, first round, newest round)}: one scan of the run's rows."""
