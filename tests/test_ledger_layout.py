@@ -2,6 +2,7 @@
 distances. A file of the first layout converts in place on open, and every read of it
 (digests, canonical order, repair pages, rows_sha256, verify) equals a fresh ledger's."""
 
+import contextlib
 import hashlib
 import sqlite3
 
@@ -348,3 +349,23 @@ def test_a_newer_layout_is_refused(tmp_path):
         db.execute(f"PRAGMA user_version = {LAYOUT + 1}")
     with pytest.raises(UserError, match="written by a newer seedflood"):
         Ledger(path, RUN)
+
+
+def test_a_second_layout_file_gains_the_bucket_digest_table_and_keeps_its_rows(tmp_path):
+    """Layout 2 (before issue 46's kept bucket digests) -> 3: the table is added in place,
+    nothing else changes."""
+    path = tmp_path / "l.sqlite"
+    msgs = [UpdateMessage(t, bytes([p]) * 38, (0.5 * t,)) for t in range(130) for p in range(2)]
+    with Ledger(path, RUN) as ledger:
+        ledger.add(msgs)
+        digest, buckets = ledger.digest(), ledger.bucket_digests(64)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP TABLE bucket_digests")
+        db.execute("PRAGMA user_version = 2")
+    with Ledger(path, RUN) as ledger:
+        assert len(ledger) == len(msgs) and ledger.digest() == digest
+        assert ledger.bucket_digests(64) == buckets
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT == 3
+        kept = db.execute("SELECT bucket, count FROM bucket_digests ORDER BY bucket").fetchall()
+    assert kept == [(0, 128), (1, 128)]  # the buckets below the newest (2: rounds 128-129)
