@@ -377,19 +377,24 @@ def swap_states(
     A sender that trained before the winning copy reached it held the losing one (issue
     45: a twin flooded rounds late). The held-state digest names (peer, round) only, so
     it cannot say which copy; one recomputation per copy tells."""
-    rows: dict[Key, list[UpdateMessage]] = {}
-    for m in state:
-        rows.setdefault((m.peer, m.round), []).append(m)
     states: list[tuple[str, list[UpdateMessage]]] = []
-    for key in sorted((k for k in losing if k in rows), key=lambda k: (-k[1], k[0])):
-        held = held_copy(rows[key])
-        if held is None:
-            continue
+    for key, held in _held_copies(state, losing):
         for copy in losing[key]:
             if copy != held.scalars and len(states) < MAX_SWAP_STATES:
                 back = UpdateMessage(key[1], key[0], tuple(copy))
                 states.append(("swapped", [held.negated(), back]))
     return states
+
+
+def _held_copies(
+    state: list[UpdateMessage], losing: Mapping[Key, Sequence[tuple[float, ...]]]
+) -> list[tuple[Key, UpdateMessage]]:
+    """(key, the copy `state` holds) of each equivocated row it holds, newest rounds first."""
+    rows: dict[Key, list[UpdateMessage]] = {}
+    for m in state:
+        rows.setdefault((m.peer, m.round), []).append(m)
+    keys = sorted((k for k in losing if k in rows), key=lambda k: (-k[1], k[0]))
+    return [(key, held) for key in keys if (held := held_copy(rows[key])) is not None]
 
 
 def swap_sets(
@@ -407,13 +412,9 @@ def swap_sets(
     Updates and their twins spread to everyone in about the same order, so what reached
     us after the sender's update most likely reached the sender after it trained: the
     reading `late_states` makes of late rows, made of late winners."""
-    rows: dict[Key, list[UpdateMessage]] = {}
-    for m in state:
-        rows.setdefault((m.peer, m.round), []).append(m)
     swaps: list[tuple[tuple[int, int] | None, list[UpdateMessage]]] = []
-    for key in sorted((k for k in losing if k in rows), key=lambda k: (-k[1], k[0])):
-        held = held_copy(rows[key])
-        copy = next((c for c in losing[key] if held is not None and c != held.scalars), None)
+    for key, held in _held_copies(state, losing):
+        copy = next((c for c in losing[key] if c != held.scalars), None)
         if copy is not None:
             back = UpdateMessage(key[1], key[0], tuple(copy))
             swaps.append((winner_arrival(key), [held.negated(), back]))
