@@ -15,7 +15,13 @@ scalars a peer publishes, float16) in one subprocess per hardware setting:
                   ATen's, so ATen's variable alone does not change them)
 
 each at 1 and 2 torch threads, and the reference (native, 1 thread) again in a fresh
-process: the control, which says whether the step is deterministic at all. Every setting
+process: the control, which says whether the step is deterministic at all. With `--cuda`
+(a machine with a GPU) two more: a peer computing on the GPU among the CPU peers,
+
+    cuda          the model on CUDA, float32 matmuls at torch's default ("highest")
+    cuda-tf32     the same with TF32 matmuls (`torch.set_float32_matmul_precision("high")`,
+                  which some programs turn on for speed)
+ Every setting
 trains the same lockstep ledger: the reference computes rounds 0..R-1 for P peers and
 applies its own claims; every other setting recomputes each (peer, round) on base + the
 reference's claims of the earlier rounds (an auditor's settled state: the ledger holds
@@ -31,8 +37,10 @@ have to grow to accuse).
     taskset -c 0 nice -n 5 python bench/bench_audit_hardware.py --model smollm2-135m \\
         --rounds 4 --peers 4                                   # ~13 min on one core
     python bench/bench_audit_hardware.py --summarize   # audit-hardware.md: both side by side
-Writes bench/results/audit-hardware-<model>.json and .md (`--name`). A GPU peer is not
-measured: this machine has none.
+    python bench/bench_audit_hardware.py --model smollm2-135m --rounds 4 --peers 4 \
+        --cuda --only rerun-native-1t native-2t cuda cuda-tf32   # the GPU queue's row
+Writes bench/results/audit-hardware-<model>.json and .md (`--name`). The GPU rows run
+from `bench/gpu_rounds.sh audit` when a GPU machine is lent; none has run yet.
 """
 
 from __future__ import annotations
@@ -72,8 +80,9 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def settings(threads: list[int]) -> list[tuple[str, dict[str, str], int]]:
-    """(name, environment, threads) for every hardware setting this CPU can run."""
+def settings(threads: list[int], cuda: bool = False) -> list[tuple[str, dict[str, str], int, str]]:
+    """(name, environment, threads, device) for every hardware setting this machine can run
+    (device: "cpu", "cuda" or "cuda-tf32")."""
     flags = cpu_flags()
     envs: list[tuple[str, dict[str, str]]] = [
         ("native", {}),
@@ -83,9 +92,11 @@ def settings(threads: list[int]) -> list[tuple[str, dict[str, str], int]]:
         envs += [("aten-avx2", {"ATEN_CPU_CAPABILITY": "avx2"}), ("avx2-machine", AVX2_MACHINE)]
     if "avx512f" in flags:
         envs.append(("aten-avx512", {"ATEN_CPU_CAPABILITY": "avx512"}))
-    out = [(f"{name}-{n}t", env, n) for name, env in envs for n in threads]
+    out = [(f"{name}-{n}t", env, n, "cpu") for name, env in envs for n in threads]
+    if cuda:  # threads only matter for the CPU side of the step there
+        out += [("cuda", {}, threads[0], "cuda"), ("cuda-tf32", {}, threads[0], "cuda-tf32")]
     # The control: the reference again in a fresh process (is the step deterministic at all?)
-    return [out[0], (f"rerun-{out[0][0]}", out[0][1], out[0][2]), *out[1:]]
+    return [out[0], (f"rerun-{out[0][0]}", *out[0][1:]), *out[1:]]
 
 
 def run_config(model: str) -> Any:
@@ -124,6 +135,10 @@ def worker(args: argparse.Namespace) -> None:
 
     config = run_config(args.model)
     model, tokenizer = load_model(config.model)
+    device = args.device.split("-")[0]
+    if args.device == "cuda-tf32":
+        torch.set_float32_matmul_precision("high")
+    model = model.to(device)
     task = load_run_task(config)
     engine = SubCGE(model, config, basis_cache=args.rounds // config.refresh_period + 3)
     live = LiveModel(engine)
@@ -155,7 +170,10 @@ def worker(args: argparse.Namespace) -> None:
         live.apply(mine)
         print(f"round {t} done, {time.process_time() - started:.0f} CPU-s", flush=True)
     result = {
-        "capability": torch.backends.cpu.get_cpu_capability(),
+        "capability": torch.cuda.get_device_name()
+        if device == "cuda"
+        else torch.backends.cpu.get_cpu_capability(),
+        "device": args.device,
         "threads": torch.get_num_threads(),
         "env": {k: os.environ.get(k, "") for k in ARITH_VARS},
         "cpu_seconds": time.process_time() - started,
@@ -261,6 +279,7 @@ def launch(
     name: str,
     env: dict[str, str],
     threads: int,
+    device: str,
     rounds: int,
     peers: int,
     claims: Path | None,
@@ -279,6 +298,8 @@ def launch(
         model,
         "--threads",
         str(threads),
+        "--device",
+        device,
         "--rounds",
         str(rounds),
         "--peers",
@@ -288,7 +309,8 @@ def launch(
     ]
     if claims is not None:
         cmd += ["--claims", str(claims)]
-    print(f"{name}: {' '.join(f'{k}={v}' for k, v in env.items()) or '(no variables)'}", flush=True)
+    variables = " ".join(f"{k}={v}" for k, v in env.items()) or "(no variables)"
+    print(f"{name}: {variables}, device {device}", flush=True)
     subprocess.run(cmd, env=child, check=True)
     return json.loads(out.read_text())
 
@@ -312,13 +334,14 @@ def markdown(result: dict) -> str:
         "",
         "## Settings",
         "",
-        "| setting | variables | ATen capability | threads | CPU-s |",
-        "|---|---|---|---|---|",
+        "| setting | device | variables | ATen capability (CPU) or GPU | threads | CPU-s |",
+        "|---|---|---|---|---|---|",
     ]
     for name, info in s.items():
         env = ", ".join(f"{k}={v}" for k, v in info["env"].items() if v) or "-"
         lines.append(
-            f"| {name} | {env} | {info['capability']} | {info['threads']} | "
+            f"| {name} | {info.get('device', 'cpu')} | {env} | {info['capability']} | "
+            f"{info['threads']} | "
             f"{info['cpu_seconds']:.1f} |"
         )
     lines += [
@@ -440,6 +463,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--name", default="", help="results name (default audit-hardware-<model>)")
     p.add_argument("--only", nargs="*", default=[], help="settings to run (default: all)")
+    p.add_argument("--cuda", action="store_true", help="add the GPU settings (cuda, cuda-tf32)")
+    p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     p.add_argument(
         "--summarize", action="store_true", help="write audit-hardware.md from the models' runs"
     )
@@ -463,21 +488,34 @@ def main() -> None:
     if args.rejudge:
         rejudge(args.rejudge, args.name)
         return
-    plan = settings(args.threads)
+    if args.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("error: --cuda: torch sees no CUDA device here; run without --cuda")
+    plan = settings(args.threads, args.cuda)
     if args.only:
         plan = [s for s in plan if s[0] in args.only or s[0] == plan[0][0]]
-    ref_name, ref_env, ref_threads = plan[0]
+    ref_name, ref_env, ref_threads, ref_device = plan[0]
     with tempfile.TemporaryDirectory(prefix="audit-hardware-") as scratch:
         work = Path(scratch)  # each worker's output; every figure goes into the results
         results = {
             ref_name: launch(
-                args.model, ref_name, ref_env, ref_threads, args.rounds, args.peers, None, work
+                args.model,
+                ref_name,
+                ref_env,
+                ref_threads,
+                ref_device,
+                args.rounds,
+                args.peers,
+                None,
+                work,
             )
         }
         claims = work / f"{ref_name}.json"
-        for name, env, threads in plan[1:]:
+        for name, env, threads, device in plan[1:]:
             results[name] = launch(
-                args.model, name, env, threads, args.rounds, args.peers, claims, work
+                args.model, name, env, threads, device, args.rounds, args.peers, claims, work
             )
     report(results, args.model, args.rounds, args.peers, args.name, " ".join(sys.argv[1:]))
 
@@ -519,7 +557,10 @@ def report(results: dict, model: str, rounds: int, peers: int, name: str, argv: 
         "cpu": ", ".join(sorted(f for f in flags if f.startswith("avx"))) or "unknown",
         "command": "python bench/bench_audit_hardware.py " + argv,
         "settings": {
-            k: {kk: v[kk] for kk in ("capability", "threads", "env", "cpu_seconds")}
+            k: {
+                "device": v.get("device", "cpu"),  # runs before --cuda: all on the CPU
+                **{kk: v[kk] for kk in ("capability", "threads", "env", "cpu_seconds")},
+            }
             for k, v in results.items()
         },
         "pairs": pairs,

@@ -9,7 +9,7 @@
 #   bash bench/gpu_rounds.sh main    # joins .dev2/part2, converts, sweeps lr, runs the rows
 #   (or, instead of main: next, trainall, levers, kfac - later sessions' rows, no sweep;
 #   protocol - issue 47's validation-protocol rows and scaling curve: the next lent
-#   session runs part1 then protocol)
+#   session runs part1 then protocol; audit - issue 45's GPU peer among CPU auditors)
 # The machine goes back after 30 idle seconds: make the second call at once after the first.
 #
 # Prepared here by `bash bench/gpu_prepare.sh` (both folders are ignored by git):
@@ -299,8 +299,20 @@ scale)
   cp "$RES"/*.json "$RES"/*.md "$OUT"/ 2>/dev/null
   ls -la "$OUT"
   ;;
+audit)
+  # Issue 45 item 4: a peer on CUDA among CPU peers. The honest updates of a lockstep run
+  # computed on the CPU (native, 1 and 2 threads; the reference's rerun: the control) and
+  # on the GPU (float32 at torch's default, and TF32 matmuls), every pair judged by the
+  # run's default audit rule (bench/bench_audit_hardware.py). Tiny model first (seconds),
+  # then SmolLM2 at the demo's 16 scalars. Results: audit-hardware-*-cuda.{json,md}.
+  install_model
+  AH=(python3 bench/bench_audit_hardware.py --cuda --only rerun-native-1t native-2t cuda cuda-tf32)
+  "${AH[@]}" --model tiny-llama --rounds 12 --peers 4 --name audit-hardware-tiny-llama-cuda
+  "${AH[@]}" --model "$MODEL" --rounds 4 --peers 4 --name "audit-hardware-$MODEL-cuda"
+  cp bench/results/audit-hardware-*-cuda.* "$OUT"/ 2>/dev/null
+  ;;
 *)
-  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers|kfac|protocol|scale" >&2
+  echo "usage: bash bench/gpu_rounds.sh part1|main|next|trainall|levers|kfac|protocol|scale|audit" >&2
   exit 2
   ;;
 esac

@@ -11,7 +11,7 @@ are hashed on demand, uncached: digests and searches are the same either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
 
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
@@ -106,14 +106,21 @@ class HeldDigests:
         since: int,
         base: int = 0,
         older: frozenset[bytes] = frozenset(),
+        arrived: Sequence[tuple[bytes, int]] = (),
     ) -> list[UpdateMessage] | None:
         """The updates of `state` that the sender of `peer`'s update lacked by its digest
         `held` ([]: none), or None if no honest pattern explains it
         (`held_state.find_missing`; rows of rounds before `since` are not searched). The
         state also holds packed rows older than `since` (`base`: their hash sum; `older`:
-        their peers), none of them in `state`."""
+        their peers), none of them in `state`.
+
+        `arrived`: rows of the state in the order they reached us, oldest first. When no
+        pattern of `find_missing` fits, the rows that reached us last are tried: all those
+        after some point, with or without one other row (`arrived_last`)."""
         hashes = {(m.peer, m.round): self._row_hash((m.peer, m.round)) for m in state}
         keys = find_missing(hashes, held, peer, since, base, older)
+        if keys is None and arrived:
+            keys = arrived_last(hashes, held, peer, since, base, arrived)
         if keys is None:
             return None
         lacked = set(keys)
@@ -158,3 +165,41 @@ class HeldDigests:
             floor = r
         self._floor = max(self._floor, floor)
         self._hashes = {k: h for k, h in self._hashes.items() if k[1] >= self._floor}
+
+
+def arrived_last(
+    hashes: Mapping[tuple[bytes, int], int],
+    held: int,
+    sender: bytes,
+    since: int,
+    base: int,
+    arrived: Sequence[tuple[bytes, int]],
+) -> list[tuple[bytes, int]] | None:
+    """The rows a sender lacked if it trained before the rows that reached us last had
+    reached it: every row of `hashes` (rounds >= `since`, not the sender's) after some
+    point of `arrived` (our arrival order, oldest first), and perhaps one other row (one
+    lost on the way). None if no such set explains the digest `held`.
+
+    The pattern of slow established peers that nobody waits for (several of them, each
+    lacking a tail of many rounds: `find_missing` searches each peer's newest two only),
+    in O(rows): the sender trained at some moment, and what reached us after about that
+    moment had not reached it. A guess from our arrivals, so only the auditor's own: a
+    wrong one is a state tried for nothing, never a vote."""
+    delta = (sum(hashes.values()) + base - held) & MASK
+    if delta == 0:
+        return []
+    order = dict.fromkeys(k for k in arrived if k in hashes and k[0] != sender and k[1] >= since)
+    singles = {hashes[k]: k for k in hashes if k[0] != sender and k[1] >= since}
+    suffix: list[tuple[bytes, int]] = []
+    taken: set[tuple[bytes, int]] = set()
+    total = 0
+    for key in reversed(order):
+        suffix.append(key)
+        taken.add(key)
+        total = (total + hashes[key]) & MASK
+        if total == delta:
+            return suffix[::-1]
+        other = singles.get((delta - total) & MASK)
+        if other is not None and other not in taken:
+            return [*suffix[::-1], other]
+    return None

@@ -210,8 +210,15 @@ class StateRewind:
         digest `held` ([]: none), or None if no honest pattern explains it."""
         since = round_ - self.lag - HELD_WINDOW
         state = self.state(round_, applied, waiting)
+        stamped = [(self.arrival[k], k) for m in state if (k := (m.peer, m.round)) in self.arrival]
         return self.held.missing(
-            state, held, peer, since, applied.frozen_total, applied.frozen_peers()
+            state,
+            held,
+            peer,
+            since,
+            applied.frozen_total,
+            applied.frozen_peers(),
+            [k for _, k in sorted(stamped)],
         )
 
     def swap_states(

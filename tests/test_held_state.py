@@ -121,3 +121,55 @@ def test_the_held_digest_travels_in_the_update():
             assert exc.reason == "malformed", bad
         else:
             raise AssertionError(f"held {bad!r} was accepted")
+
+
+def _arrivals(keys: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    """Rows in the order an auditor heard them: by round, then by peer."""
+    return sorted(keys, key=lambda k: (k[1], k[0]))
+
+
+def test_several_slow_peers_nobody_waited_for_are_found_by_our_arrival_order():
+    """Issue 45: 8 freshly established keys, slow and not waited for (they start as
+    laggards), each lacking a tail of 3-6 rounds when a founder trained: more than the
+    newest two a peer that `find_missing` searches. What reached the auditor last (their
+    late rounds) is what the founder lacked."""
+    from peer.held_digests import HeldDigests, arrived_last
+    from seedflood_p2p.protocol.message import UpdateMessage
+
+    keys = [f"key{i}".encode() for i in range(8)]
+    honest = {A: range(30), B: range(30), S: range(30)}
+    state = _state({**honest, **{k: range(8, 14 + i % 4) for i, k in enumerate(keys)}})
+    arrived = _arrivals([k for k in state if k[0] in (A, B, S)])
+    # the slow keys' rows reached us later, all of them after the honest rows of round 29
+    late = _arrivals([k for k in state if k[0] in keys])
+    arrived += late
+    held_at = 20  # the founder had heard the keys' first 20 rows
+    lacked = late[held_at:]
+    digest = _held(state, lacked)
+    assert find_missing(state, digest, S) is None  # beyond the per-peer patterns
+    assert sorted(arrived_last(state, digest, S, 0, 0, arrived)) == sorted(lacked)
+    # ... with one more row lost on the way (an honest row of round 11)
+    digest = _held(state, [*lacked, (B, 11)])
+    assert sorted(arrived_last(state, digest, S, 0, 0, arrived)) == sorted([*lacked, (B, 11)])
+    # the daemon's search: find_missing first, then our arrivals
+    messages = [UpdateMessage(r, p, (0.5,)) for p, r in state]
+    found = HeldDigests().missing(messages, _held(state, lacked), S, 0, arrived=arrived)
+    assert sorted((m.peer, m.round) for m in found) == sorted(lacked)
+    assert HeldDigests().missing(messages, _held(state, lacked), S, 0) is None
+
+
+def test_the_arrival_pattern_does_not_explain_scattered_rows():
+    """Rows lacked out of our arrival order (and more than one besides the suffix) are not
+    found: the pattern is a suffix and at most one other row, O(rows)."""
+    from peer.held_digests import arrived_last
+
+    state = _state({A: range(20), B: range(20), C: range(20), S: range(20)})
+    arrived = _arrivals(list(state))
+    scattered = [(A, 2), (B, 11), (C, 6)]
+    assert arrived_last(state, _held(state, scattered), S, 0, 0, arrived) is None
+    assert arrived_last(state, state_digest(state), S, 0, 0, arrived) == []
+    # rows of rounds before `since`, and the sender's own, are never among the lacked
+    assert arrived_last(state, _held(state, [(S, 19)]), S, 0, 0, arrived) is None
+    suffix = [k for k in arrived if k[0] != S][-6:]  # rounds 18 and 19 of A, B, C
+    assert sorted(arrived_last(state, _held(state, suffix), S, 18, 0, arrived)) == sorted(suffix)
+    assert arrived_last(state, _held(state, suffix), S, 19, 0, arrived) is None
