@@ -159,7 +159,6 @@ class Pacing:
         self.banned = banned
         self.probationer = probationer
         self.laggards: set[bytes] = set()  # live peers not waited for (see wait_ready)
-        self.on_probation: set[bytes] = set()  # live probationers at the last check
         self.gapped: set[bytes] = set()  # peers whose holes are not waited for (wait_ready)
 
     def live(self, now: float) -> dict:
@@ -192,14 +191,7 @@ class Pacing:
 
         Bans: a peer banned meanwhile (`banned`) leaves `live` at the next check, so the
         round goes on at once instead of at the deadline (issue 45: every identity an
-        attacker minted cost every honest peer a 30 s deadline after its ban).
-
-        Establishment: a probationer is not waited for; one established while behind us (it
-        has not published our previous round) starts as a laggard, waited for once it is in
-        step. Otherwise keys vouched together while slow (an equivocator's honest-looking
-        rounds before its twins) hold every founder to their pace until convicted (issue 45:
-        one 25-28 s stall, 0.69x of the honest-only pace). An honest newcomer pays nothing:
-        it counts as before and is waited for from the round it catches up."""
+        attacker minted cost every honest peer a 30 s deadline after its ban)."""
         started = time.monotonic()
         deadline = started + self.s.round_deadline
         hole_deadline = started + min(self.hole_wait, self.s.round_deadline)
@@ -210,15 +202,8 @@ class Pacing:
             now = time.monotonic()
             alive = self.live(now)  # once per tick: the gauge counts probationers too
             self.metrics.peers.set(len(alive))
-            probation = {p for p in alive if self.probationer(p)}
-            live = {p: st for p, st in alive.items() if p not in probation}
+            live = {p: st for p, st in alive.items() if not self.probationer(p)}
             oldest = round_ - 1 - self.s.max_staleness  # a peer must have published this
-            # A key established while behind starts as a laggard: waited for once in step,
-            # so a batch of keys vouched at once cannot hold the round (see the docstring).
-            self.laggards |= {
-                p for p in live if p in self.on_probation and live[p].round < round_ - 1
-            }
-            self.on_probation = probation
             self.laggards = {p for p in self.laggards if p in live and live[p].round < round_ - 1}
             behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
             slowest = min((st.round for st in live.values()), default=round_)
