@@ -50,6 +50,7 @@ import random
 import shutil
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -382,6 +383,7 @@ async def step(
     before = daemon.snapshot()
     pub_before = cpu_seconds(publisher_p2pd)
     poller.start()
+    spy = start_profile(state.get("profile"), daemon.pid, f"{run_id[:8]}-r{int(rate)}", seconds)
     sent_at, send_s = await flood(stream, frames, rate, seconds * 1.5 + 5)
     sent = len(sent_at)
     # drain: until every row is in, or nothing new for 3 s (at most 60 s)
@@ -397,6 +399,7 @@ async def step(
         await asyncio.sleep(0.05)
     after = daemon.snapshot()
     pub_after = cpu_seconds(publisher_p2pd)
+    profile = finish_profile(spy)
     poller.stop_flag.set()
     poller.join(5)
     in_ledger = ledger_rows(daemon.ledger, run_id, base, last, own)
@@ -446,6 +449,8 @@ async def step(
         "p2pd_rss_mib": after["p2pd_mem"].get("VmRSS"),
         "sign_seconds": round(sign_s, 2),
     }
+    if profile is not None:
+        row["profile"] = profile
     print(
         f"  rate {rate:>6}/s  sent {sent:>6} in {send_s:5.1f} s  ledger {in_ledger:>6}  "
         f"lost {row['lost']:>5}  p50/p99 {row['latency_ms']['p50']}/{row['latency_ms']['p99']} ms"
@@ -454,6 +459,47 @@ async def step(
         flush=True,
     )
     return row
+
+
+# -- where the live daemon's CPU goes: py-spy, samples of the thread holding the GIL ------
+def start_profile(folder: Path | None, pid: int, name: str, seconds: float):
+    """py-spy recording the daemon for the flood's `seconds` (collapsed stacks, only
+    samples whose thread holds the GIL: Python CPU, not threads waiting in fsync or on
+    the GIL). None if no folder was asked for."""
+    if folder is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}.txt"
+    cmd = ["py-spy", "record", "--gil", "--rate", "250", "--format", "raw", "--nonblocking"]
+    cmd += ["--duration", str(int(seconds + 1)), "--pid", str(pid), "--output", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, out
+
+
+def finish_profile(spy) -> dict | None:
+    """The recording's top functions by self samples and by inclusive samples."""
+    if spy is None:
+        return None
+    proc, out = spy
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if not out.exists():
+        return {"error": "py-spy wrote nothing (is ptrace allowed?)"}
+    own, inclusive, total = Counter(), Counter(), 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") for f in stack.split(";")]
+        own[frames[-1]] += n
+        for f in set(frames):
+            inclusive[f] += n
+    share = lambda c: [[f, round(n / max(total, 1), 3)] for f, n in c.most_common(25)]  # noqa: E731
+    return {"samples": total, "file": str(out), "self": share(own), "inclusive": share(inclusive)}
 
 
 # -- stage costs: the daemon's own functions, CPU time in this process ----------------------
@@ -652,7 +698,7 @@ async def measure(args, model: str, k: int, ms: list[int], done: dict, out_json:
         )
         publisher_p2pd = publisher._child.pid
         stream = await rg.open_raw_stream(publisher, daemon.peer_id, topic_for(run_id))
-        state = {"next_round": 0, "seq": 1}
+        state = {"next_round": 0, "seq": 1, "profile": args.profile}
         # the idle rate of both processes (training at its interval, repair, status)
         await asyncio.sleep(2)
         a = daemon.snapshot()
@@ -941,6 +987,12 @@ def main() -> None:
     ap.add_argument("--out", default="ingest")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="record py-spy (GIL samples) on the daemon during each step into this folder",
+    )
     args = ap.parse_args()
     random.seed(0)
     out_json = OUT / f"{args.out}.json"

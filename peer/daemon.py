@@ -390,8 +390,8 @@ class PeerDaemon:
             """Rows the settled state of `round_` lacks (audited runs: see Pacing)."""
             high = round_ - audit_settings.lag - 1
             low = high - HOLE_WINDOW + 1
-            rows = [(m.peer, m.round) for m in ledger.messages(max(0, low - 1))]
-            found = holes(rows, low, high)
+            gapped = ledger.rounds_by_peer(max(0, low - 1), low, high, holes_only=True)
+            found = holes([(p, r) for p, rounds in gapped.items() for r in rounds], low, high)
             # a peer banned in that state has no row there: nothing of it to wait for; nor
             # a probationer's missing row: unvouched (we lack it), it does not count there
             standing = self.audits.audits.standing if self.audits else None

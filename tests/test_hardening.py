@@ -261,6 +261,39 @@ def test_holes_are_rounds_a_peer_published_around_but_we_lack():
     assert holes(rows, 0, 100) == {a: [5, 8]}  # never past a peer's newest row
 
 
+def test_the_ledger_finds_the_same_holes_reading_only_gapped_peers(tmp_path):
+    """The daemon asks the ledger for the rows of peers with a gap only (one aggregate
+    query, issue 46); `holes` over those equals `holes` over every row, on random ledgers
+    with late starters, early stoppers and dropped rows."""
+    import random
+
+    from peer.rounds import holes
+    from seedflood_p2p.protocol.message import UpdateMessage
+    from seedflood_p2p.storage.ledger import Ledger
+
+    rng = random.Random(3)
+    for trial in range(30):
+        with Ledger(tmp_path / f"l{trial}.sqlite", "run") as ledger:
+            rows = []
+            for p in range(rng.randint(1, 12)):
+                first, last = rng.randint(0, 20), rng.randint(0, 24)
+                rows += [
+                    (bytes([p]) * 38, r) for r in range(first, last + 1) if rng.random() > 0.15
+                ]
+            ledger.add([UpdateMessage(r, p, (1.0,)) for p, r in rows])
+            for _ in range(10):
+                low = rng.randint(-2, 22)
+                high = low + rng.randint(0, 8)
+                since = max(0, low - 1)
+                everyone = [(p, r) for p, r in rows if r >= since]
+                gapped = ledger.rounds_by_peer(since, low, high, holes_only=True)
+                mine = [(p, r) for p, rs in gapped.items() for r in rs]
+                assert holes(mine, low, high) == holes(everyone, low, high)
+                assert set(gapped) == set(holes(everyone, low, high))
+            full = ledger.rounds_by_peer(0, 0, 0)
+            assert {(p, r) for p, rs in full.items() for r in rs} == set(rows)
+
+
 async def test_a_round_waits_for_a_dropped_row_of_its_settled_state():
     """Audited runs: training on a state that lacks a row others hold makes our honest
     update look like a cheat to every auditor (seen: a peer dropping 30% of gossip)."""

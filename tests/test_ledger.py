@@ -59,11 +59,12 @@ def test_replace_swaps_an_update_and_its_digests(tmp_path):
             a.replace(UpdateMessage(99, b"nobody", (1.0,)), None)
 
 
-def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_path):
+def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_path, monkeypatch):
     """A daemon holding a long ledger reads its old buckets' digests instead of hashing
     every row at start (issue 46); a row changed in place (an equivocation's `replace`, a
     record's smaller `at`) drops them, so no stale digest survives a restart."""
     from seedflood_p2p.protocol.message import AuditRecord
+    from seedflood_p2p.storage import ledger as ledger_module
     from seedflood_p2p.storage.ledger import audit_set_digest, set_digest
 
     path = tmp_path / "l.sqlite"
@@ -77,10 +78,12 @@ def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_
     assert first[1] == (12, set_digest(m for m in msgs if 4 <= m.round < 8))
     with Ledger(path, "run") as b:
         hashed = []
-        real = b.messages
-        b.messages = lambda lo=0, hi=None: hashed.append((lo, hi)) or real(lo, hi)
+        real = ledger_module._row_member_hash
+        monkeypatch.setattr(
+            ledger_module, "_row_member_hash", lambda r, p, s: hashed.append(r) or real(r, p, s)
+        )
         assert b.bucket_digests(4) == first
-        assert hashed == [(8, 11)]  # only the newest bucket was read and hashed
+        assert sorted(set(hashed)) == [8, 9]  # only the newest bucket was read and hashed
         assert b.audit_bucket_digests(4) == first_audits
         # an equivocation replaces a row of the kept bucket 0: its digest is recomputed
         winner = UpdateMessage(1, msgs[3].peer, (-9.0, 0.0))
@@ -94,6 +97,55 @@ def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_
             1,
             audit_set_digest([dataclasses.replace(record, at=3)]),
         )
+
+
+def test_the_growing_bucket_hashes_only_its_new_rows(tmp_path, monkeypatch):
+    """The newest bucket grows every round, and a swarm of M peers puts 64 x M rows in it:
+    a digest call hashes only the rows it has not met (issue 46: rehashing the bucket on
+    every summary and repair exchange was a fifth of a flooded daemon's CPU), and its
+    digest is always the full set digest, through late rows, a new bucket and a replace."""
+    from seedflood_p2p.storage import ledger as ledger_module
+    from seedflood_p2p.storage.ledger import set_digest
+
+    hashed = []
+    real = ledger_module._row_member_hash
+    monkeypatch.setattr(
+        ledger_module, "_row_member_hash", lambda r, p, s: hashed.append((r, p)) or real(r, p, s)
+    )
+    msgs = _msgs(12, 5)
+    random.Random(1).shuffle(msgs)
+    held: list[UpdateMessage] = []
+
+    def expected(bucket: int) -> tuple[int, bytes]:
+        rows = [m for m in held if m.round // 8 == bucket]
+        return len(rows), set_digest(rows)
+
+    with Ledger(tmp_path / "l.sqlite", "run") as ledger:
+        newest = -1
+        for i in range(0, len(msgs), 7):  # rows of many rounds at a time, out of order
+            batch = msgs[i : i + 7]
+            ledger.add(batch)
+            held += batch
+            want = {b: expected(b) for b in {m.round // 8 for m in held}}
+            hashed.clear()
+            assert ledger.bucket_digests(8) == want
+            # each row hashed at most once, only in buckets that changed, and the growing
+            # bucket, once it is the newest, only its new rows
+            assert len(hashed) == len(set(hashed))
+            assert {r // 8 for r, _ in hashed} <= {m.round // 8 for m in batch}
+            if max(want) == newest:
+                new = {(m.round, m.peer) for m in batch}
+                assert {(r, p) for r, p in hashed if r // 8 == newest} <= new
+            newest = max(want)
+        want = {0: expected(0), 1: expected(1)}
+        hashed.clear()
+        assert ledger.bucket_digests(8) == want
+        assert hashed == []  # nothing new: nothing hashed
+        winner = UpdateMessage(9, held[0].peer, (-3.0, 2.0))
+        old = next(m for m in held if (m.round, m.peer) == (9, winner.peer))
+        ledger.replace(winner, None)
+        held = [winner if m is old else m for m in held]
+        assert ledger.bucket_digests(8) == {0: expected(0), 1: expected(1)}
 
 
 def test_runs_are_kept_apart(tmp_path):

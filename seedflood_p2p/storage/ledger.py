@@ -196,8 +196,32 @@ def _message_hash(m: UpdateMessage) -> bytes:
 
 def _set_member_hash(m: UpdateMessage) -> bytes:
     """Full SHA-256 of one message, as a member of a bucket's set digest."""
-    body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
-    return hashlib.sha256(body + pack_scalars(m.scalars)).digest()
+    return _row_member_hash(m.round, m.peer, pack_scalars(m.scalars))
+
+
+def _gapped(first: int, last: int, inside: int, low: int, high: int) -> bool:
+    """Does a peer whose rows span [first, last], `inside` of them in [low, high], miss a
+    round of [max(low, first + 1), min(high, last - 1)]? Its first and last rows lie
+    outside that range, and count in `inside` when they are in [low, high]."""
+    a, b = max(low, first + 1), min(high, last - 1)
+    if b < a:
+        return False
+    return inside - (low <= first <= high) - (low <= last <= high) < b - a + 1
+
+
+def _row_member_hash(round_: int, peer: bytes, scalars: bytes) -> bytes:
+    """`_set_member_hash` of a row as stored: its scalars are the wire's float16 bytes."""
+    body = round_.to_bytes(8, "little") + len(peer).to_bytes(2, "little") + peer
+    return hashlib.sha256(body + scalars).digest()
+
+
+@dataclass
+class _BucketMembers:
+    """A growing bucket's member hashes, sorted, and the rows (peer numbers by round)
+    they cover."""
+
+    peers: dict[int, set[int]] = field(default_factory=dict)
+    hashes: list[bytes] = field(default_factory=list)
 
 
 def set_digest(messages: Iterable[UpdateMessage]) -> bytes:
@@ -285,6 +309,7 @@ class Ledger:
         self._config: RunConfig | None = None  # the stored manifest, parsed: open_existing
         self._bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._audit_bucket_cache: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self._members: dict[tuple[int, int], _BucketMembers] = {}  # the newest bucket's
         self._count: tuple[str, int] | None = None  # (run_id, rows): kept current by add()
         self._syncer: _WalSyncer | None = None  # sync_in_background: fsyncs off the caller
         self._file_run: str | None = None  # the run the file's rows belong to (RUN_KEY)
@@ -768,6 +793,7 @@ class Ledger:
             raise
         self._mark_committed()
         self._bucket_cache.clear()  # same count, another set: cached hashes are stale
+        self._members.clear()
         return old
 
     def keep_losing(self, message: UpdateMessage) -> bool:
@@ -898,6 +924,38 @@ class Ledger:
         row = self._db.execute("SELECT MAX(round) FROM messages").fetchone()
         return -1 if row[0] is None or not self._mine() else row[0]
 
+    def rounds_by_peer(
+        self, min_round: int, low: int, high: int, holes_only: bool = False
+    ) -> dict[bytes, list[int]]:
+        """{peer: its rounds >= `min_round`, ascending}; with `holes_only`, only the peers
+        missing a round of [low, high] between their first and last rows there (a peer
+        publishes every round once started: peer/rounds.py `holes`). That choice is one
+        aggregate query over the rows, so a round's check of the settled state reads the
+        rows of the few peers with a gap, not of all M (issue 46)."""
+        if not self._mine():
+            return {}
+        numbers = None
+        if holes_only:
+            spans = self._db.execute(
+                "SELECT peer, MIN(round), MAX(round), SUM(round BETWEEN ? AND ?) FROM messages "
+                "WHERE round >= ? GROUP BY peer",
+                (low, high, min_round),
+            )
+            numbers = [
+                n for n, first, last, inside in spans if _gapped(first, last, inside, low, high)
+            ]
+            if not numbers:
+                return {}
+        query = f"SELECT p.peer, m.round FROM {_MESSAGES} WHERE m.round >= ?"
+        args: list = [min_round]
+        if numbers is not None:
+            query += f" AND m.peer IN ({','.join('?' * len(numbers))})"
+            args += numbers
+        out: dict[bytes, list[int]] = {}
+        for peer, round_ in self._db.execute(query + " ORDER BY m.round", args):
+            out.setdefault(bytes(peer), []).append(round_)
+        return out
+
     def peers(self) -> set[bytes]:
         """Every peer with at least one row: who the run is known to have."""
         if not self._mine():
@@ -926,14 +984,10 @@ class Ledger:
         (the XOR of 64-bit hashes it replaced could be collided with ~2^32 work, hiding a
         fork from repair for good). The ledger only grows and holds one message per
         (peer, round), so an unchanged count means an unchanged set (`replace` clears the
-        cache): hashes are cached per (bucket, count).
+        cache): hashes are cached per (bucket, count), and the newest bucket, which grows
+        every round, keeps its members' hashes, so a call hashes only the rows new to it.
         """
-        return self._bucket_digests(
-            "messages",
-            bucket_rounds,
-            self._bucket_cache,
-            lambda lo, hi: (_set_member_hash(m) for m in self.messages(lo, hi)),
-        )
+        return self._bucket_digests("messages", bucket_rounds, self._bucket_cache, self._grown)
 
     def audit_bucket_digests(self, bucket_rounds: int) -> dict[int, tuple[int, bytes]]:
         """`bucket_digests` of the audit records, bucketed by their accused update's round:
@@ -943,10 +997,12 @@ class Ledger:
             "audits",
             bucket_rounds,
             self._audit_bucket_cache,
-            lambda lo, hi: (_audit_member_hash(r) for r in self.audits(lo, hi)),
+            lambda key, lo, hi, growing: _set_digest(
+                _audit_member_hash(r) for r in self.audits(lo, hi)
+            ),
         )
 
-    def _bucket_digests(self, table: str, bucket_rounds: int, cache: dict, members) -> dict:
+    def _bucket_digests(self, table: str, bucket_rounds: int, cache: dict, digest_of) -> dict:
         if not self._mine():
             return {}
         rows = self._db.execute(
@@ -962,13 +1018,51 @@ class Ledger:
             cached = cache.get(key)
             if cached is None or cached[0] != count:
                 lo = bucket * bucket_rounds
-                cached = cache[key] = (count, _set_digest(members(lo, lo + bucket_rounds - 1)))
+                digest = digest_of(key, lo, lo + bucket_rounds - 1, bucket == newest)
+                cached = cache[key] = (count, digest)
                 if bucket < newest:  # the newest bucket still grows every round
                     computed.append((table, bucket_rounds, bucket, count, cached[1]))
             out[bucket] = cached
         if computed:
             self._keep_digests(computed)
         return out
+
+    def _grown(self, key: tuple[int, int], lo: int, hi: int, growing: bool) -> bytes:
+        """The set digest of the messages of rounds [lo, hi], bucket `key`, hashing only
+        the rows that its kept members lack (`_members`: the `growing` bucket's, the
+        newest, only): a round whose count moved is read again, its new rows hashed, the
+        sorted list merged (two sorted runs: linear). An older bucket's digest is kept,
+        not its members."""
+        members = self._members.pop(key, None) if not growing else self._members.get(key)
+        if members is None:
+            members = _BucketMembers()
+            if growing:
+                for other in [k for k in self._members if k[0] == key[0]]:
+                    del self._members[other]
+                self._members[key] = members
+        counts = self._db.execute(
+            "SELECT round, COUNT(*) FROM messages WHERE round BETWEEN ? AND ? GROUP BY round",
+            (lo, hi),
+        ).fetchall()
+        new: list[bytes] = []
+        for round_, count in counts:
+            known = members.peers.setdefault(round_, set())
+            if len(known) == count:
+                continue
+            rows = self._db.execute(
+                "SELECT m.peer, p.peer, m.scalars FROM messages m CROSS JOIN peers p "
+                "ON p.id = m.peer WHERE m.round = ?",
+                (round_,),
+            )
+            for number, peer, scalars in rows:
+                if number not in known:
+                    known.add(number)
+                    new.append(_row_member_hash(round_, bytes(peer), bytes(scalars)))
+        if new:
+            new.sort()
+            members.hashes.extend(new)
+            members.hashes.sort()
+        return hashlib.sha256(b"".join(members.hashes)).digest()
 
     def _kept_digests(self, table: str, bucket_rounds: int) -> dict:
         """The digests `_keep_digests` kept for `table` at this bucket size."""
