@@ -93,6 +93,9 @@ class Schedule:
 
 HOLE_WINDOW = 8  # rounds of the settled state checked for holes before a round trains
 HOLE_CHECK_SECONDS = 0.2  # how often a waiting round looks for holes again
+WAIT_TICK = 0.02  # how often a waiting round looks at its peers again, at least ...
+WAIT_TICK_MAX = 0.2  # ... and at most (a tick lengthens with the time a look takes)
+WAIT_SCAN_SHARE = 0.05  # the share of the event loop a waiting round's looks may take
 
 
 def holes(rows: list[tuple[bytes, int]], low: int, high: int) -> dict[bytes, list[int]]:
@@ -208,6 +211,7 @@ class Pacing:
             behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
             slowest = min((st.round for st in live.values()), default=round_)
             self.metrics.staleness.set(round_ - slowest)
+            scan = time.monotonic() - now
             missing = {}
             if self.holes is not None:
                 # A ledger query: not at every 20 ms tick, but always before the wait ends.
@@ -259,7 +263,11 @@ class Pacing:
                     },
                 )
                 return
-            await asyncio.sleep(0.02)
+            # A tick scans every live peer: with thousands of them the scan would take a
+            # core's tenth at 20 ms ticks, so the tick grows to keep the scan under
+            # WAIT_SCAN_SHARE of the loop (a round then starts up to a tick late).
+            tick = min(WAIT_TICK_MAX, max(WAIT_TICK, scan / WAIT_SCAN_SHARE))
+            await asyncio.sleep(tick)
 
 
 class Rounds:

@@ -488,3 +488,20 @@ def test_rows_a_checkpoint_covers_are_not_rechecked_while_unchanged(tmp_path):
     with pytest.raises(UserError, match="does not carry its sender's valid signature"):
         ledger.verify(check, "FIX", config.directions, own, unchanged_rows(ledger, tmp_path))
     assert unchanged_rows(ledger, tmp_path / "nowhere") is None
+
+
+def test_scalars_of_many_is_scalars_of_for_each_key(tmp_path):
+    """Admission reads a batch's held rows in one query (issue 46); it must answer as one
+    `scalars_of` a key, for known and unknown peers and rounds, across the IN-list bounds."""
+    msgs = [  # 700 peers: more than one IN list of peers
+        UpdateMessage(t, p.to_bytes(2, "big") * 2, (0.5 * t, float(p % 7)))
+        for t in range(6)
+        for p in range(700)
+    ]
+    with Ledger(tmp_path / "l.sqlite", "run") as ledger:
+        ledger.add(msgs[::2])
+        keys = [(m.peer, m.round) for m in msgs[::3]] + [(b"nobody", 1), (msgs[0].peer, 99)]
+        got = ledger.scalars_of_many(keys)
+        assert got == {k: s for k in keys if (s := ledger.scalars_of(*k)) is not None}
+        assert len(got) == len(msgs[::6])  # the rows of even index among every third
+        assert ledger.scalars_of_many([]) == {}

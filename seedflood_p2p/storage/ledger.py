@@ -1172,6 +1172,39 @@ class Ledger:
         row = self._db.execute(query, (round_, peer)).fetchone()
         return None if row is None or not self._mine() else unpack_scalars(row[0])
 
+    def scalars_of_many(
+        self, keys: Iterable[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], tuple[float, ...]]:
+        """`scalars_of` of many (peer, round) keys in one query (admission's batch):
+        {key: scalars} for the keys the ledger holds."""
+        keys = set(keys)
+        if not keys or not self._mine():
+            return {}
+        numbers = {p: self._peer_ids[p] for p, _ in keys if p in self._peer_ids}
+        unknown = list({p for p, _ in keys} - numbers.keys())
+        for lo in range(0, len(unknown), 500):  # SQLite's bound on variables
+            part = unknown[lo : lo + 500]
+            query = f"SELECT peer, id FROM peers WHERE peer IN ({','.join('?' * len(part))})"
+            numbers.update((bytes(p), n) for p, n in self._db.execute(query, part))
+        if not numbers:
+            return {}
+        peer_of = {n: p for p, n in numbers.items()}
+        rounds, ids = sorted({r for _, r in keys}), sorted(peer_of)
+        out = {}
+        for lo in range(0, len(rounds), 400):  # the pairs of two IN lists: point lookups
+            for i in range(0, len(ids), 500):
+                some_rounds, some_ids = rounds[lo : lo + 400], ids[i : i + 500]
+                query = (
+                    f"SELECT round, peer, scalars FROM messages WHERE round IN "
+                    f"({','.join('?' * len(some_rounds))}) "
+                    f"AND peer IN ({','.join('?' * len(some_ids))})"
+                )
+                for round_, number, scalars in self._db.execute(query, some_rounds + some_ids):
+                    key = (peer_of[number], round_)
+                    if key in keys:
+                        out[key] = unpack_scalars(scalars)
+        return out
+
     def digest(self) -> str:
         """SHA-256 over all messages in canonical order: equal digests, equal ledgers."""
         return digest_of(self.messages())

@@ -402,10 +402,13 @@ class Admission:
         new: dict[tuple[int, bytes], int] = {}  # (round, peer) -> index: not in the ledger
         winners: dict[tuple[int, bytes], int] = {}  # ... in the ledger, to be replaced
         losing: list[UpdateMessage] = []  # equivocations' copies that lost (never logged)
+        logged = self.ledger.scalars_of_many((m.peer, m.round) for m, _ in items)
         for i, (message, _) in enumerate(items):
             key = (message.round, message.peer)
             j = new.get(key, winners.get(key))  # an earlier row of this batch, same key
-            held = items[j][0].scalars if j is not None else self._held(message)
+            held = (
+                items[j][0].scalars if j is not None else logged.get((message.peer, message.round))
+            )
             try:
                 if len(message.scalars) != self.directions:
                     raise Rejected("malformed", f"{len(message.scalars)} scalars")
@@ -468,9 +471,6 @@ class Admission:
             self.metrics.ledger_size.set(len(self.ledger))
             self.deliver(handed)
         return verdicts
-
-    def _held(self, message: UpdateMessage) -> tuple[float, ...] | None:
-        return self.ledger.scalars_of(message.peer, message.round)
 
     # -- counting and logging --------------------------------------------------------------
     def _count(self, source: Source, verdicts: list[Verdict], knew_no_round: bool = False) -> None:
