@@ -94,8 +94,8 @@ class Schedule:
 HOLE_WINDOW = 8  # rounds of the settled state checked for holes before a round trains
 HOLE_CHECK_SECONDS = 0.2  # how often a waiting round looks for holes again
 WAIT_TICK = 0.02  # how often a waiting round looks at its peers again, at least ...
-WAIT_TICK_MAX = 0.2  # ... and at most (a tick lengthens with the time a look takes)
-WAIT_SCAN_SHARE = 0.05  # the share of the event loop a waiting round's looks may take
+WAIT_TICK_MAX = 0.5  # ... and at most (a tick lengthens with the time a look takes)
+WAIT_SCAN_SHARE = 0.03  # the share of the event loop a waiting round's looks may take
 
 
 def holes(rows: list[tuple[bytes, int]], low: int, high: int) -> dict[bytes, list[int]]:
@@ -222,7 +222,9 @@ class Pacing:
                 # a round holding 2 of the 4 rows of the last, with no wait logged).
                 due = now >= next_hole_check or (not behind and not checked_in_step)
                 if due:
-                    found, next_hole_check = self.holes(round_), now + HOLE_CHECK_SECONDS
+                    found = self.holes(round_)  # its cost grows with the peers: paced too
+                    took = time.monotonic() - now - scan
+                    next_hole_check = now + max(HOLE_CHECK_SECONDS, took / WAIT_SCAN_SHARE)
                 checked_in_step = not behind and (due or checked_in_step)
                 missing = {p: r for p, r in found.items() if p not in self.gapped}
             if not behind and not missing:

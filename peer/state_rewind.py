@@ -33,7 +33,8 @@ late states read arrival, come first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
 
@@ -162,29 +163,57 @@ class StateRewind:
         counted_too: list[UpdateMessage],
         compute: Callable[[], object],
     ) -> object:
-        """`compute()` on S_round (plus `counted_too`): take back the applied updates that
-        are not in S_round (of rounds >= round_ - lag, or counted from a later round), put
-        in the waiting ones that are (a peer banned since), compute, put the exact weights
-        back."""
+        """`compute()` on S_round (plus `counted_too`), the exact weights put back after."""
+        with self.settled(round_, applied, waiting) as on_state:
+            return on_state(counted_too, compute)
+
+    @contextlib.contextmanager
+    def settled(
+        self, round_: int, applied: AppliedRows, waiting: list[UpdateMessage]
+    ) -> Iterator[Callable[[list[UpdateMessage], Callable[[], object]], object]]:
+        """The weights as S_round while the block runs: the applied updates that are not
+        in S_round (of rounds >= round_ - lag, or counted from a later round) taken back,
+        the waiting ones that are (a peer banned since) put in. It yields
+        `on_state(counted_too, compute)`: `compute()` on S_round plus `counted_too`, S_round
+        back after. The exact weights come back when the block ends.
+
+        The rewind is made once for all of an audit's states: it takes back about lag x M
+        rows, while a retry's state differs from S_round by a few (a flood of 1,000
+        identities' cheats made each retry rewind thousands of rows again, starving the
+        event loop: issue 46)."""
         newer = [m for m in applied.recent if not self.holds(m, round_)]  # frozen: all hold
         older = [m for m in waiting if self.holds(m, round_)]
         limit = round_ - self.lag
-        moved = self.live.config.momentum and self.live.head != limit
-        if not newer and not older and not counted_too and not moved:
-            return compute()
-        saved = self.live.save_state()
+        momentum = self.live.config.momentum
+        rewind = bool(newer or older or (momentum and self.live.head != limit))
+        saved = self.live.save_state() if rewind else None
+        rewound = None  # S_round's own state, saved once a state with rows of its own needs it
+
+        def on_state(counted_too: list[UpdateMessage], compute: Callable[[], object]) -> object:
+            nonlocal rewound
+            if not counted_too:
+                return compute()
+            if rewound is None:
+                rewound = self.live.save_state()
+            try:
+                self.live.apply(counted_too)
+                return compute()
+            finally:
+                self.live.load_state(rewound)
+
         try:
-            if self.live.config.momentum:
+            if rewind and momentum:
                 # A row's weight depends on the state's round: take back the newer rows at
                 # ours, move the state to round_ - lag, then put rows in at that round.
                 self.live.apply([m.negated() for m in newer])
                 self.live.move_to(limit)
-                self.live.apply(older + counted_too)
-            else:
-                self.live.apply([m.negated() for m in newer] + older + counted_too)
-            return compute()
+                self.live.apply(older)
+            elif rewind:
+                self.live.apply([m.negated() for m in newer] + older)
+            yield on_state
         finally:
-            self.live.load_state(saved)
+            if saved is not None:
+                self.live.load_state(saved)
 
     # -- what a sender may have held instead -------------------------------------------
     def late_states(
@@ -276,28 +305,30 @@ class StateRewind:
         # reversed: an equivocation's rows (original, its negation, the replacement) come
         # out in the order applied, so a round-sized rule's sizes unwind cleanly
         first = [m.negated() for m in reversed(missing or [])]
-        recomputed = self.on_settled(round_, applied, waiting, first, compute)
         states = ([("settled", [])] if first else []) + self.late_states(
             peer, round_, applied, waiting
         )
-        if mismatches(claimed, recomputed):
-            # An equivocated row of S_t swapped back to a copy that lost, on the sender's
-            # state (`swap_states`): first, as only a state with an equivocation has any.
-            lacked = frozenset((m.peer, m.round) for m in missing or [])
-            states = self.swap_states(peer, round_, applied, waiting, lacked) + states
         retries, matched, swapped = 0, None, 0
-        for kind, rows in states if max_retries is None else states[:max_retries]:
-            if not mismatches(claimed, recomputed):
-                break
-            retries += 1
-            if kind == "swapped":
-                swapped += 1
-                counted = first + rows  # the sender's state, copies swapped
-            else:
-                counted = [m.negated() for m in rows]  # S_t without the late rows
-            without = self.on_settled(round_, applied, waiting, counted, compute)
-            if not mismatches(claimed, without):
-                recomputed, matched = without, kind
+        with self.settled(round_, applied, waiting) as on_state:  # one rewind for all
+            recomputed = on_state(first, compute)
+            if mismatches(claimed, recomputed):
+                # An equivocated row of S_t swapped back to a copy that lost, on the
+                # sender's state (`swap_states`): first, as only a state with an
+                # equivocation has any.
+                lacked = frozenset((m.peer, m.round) for m in missing or [])
+                states = self.swap_states(peer, round_, applied, waiting, lacked) + states
+            for kind, rows in states if max_retries is None else states[:max_retries]:
+                if not mismatches(claimed, recomputed):
+                    break
+                retries += 1
+                if kind == "swapped":
+                    swapped += 1
+                    counted = first + rows  # the sender's state, copies swapped
+                else:
+                    counted = [m.negated() for m in rows]  # S_t without the late rows
+                without = on_state(counted, compute)
+                if not mismatches(claimed, without):
+                    recomputed, matched = without, kind
         return Rebuilt(recomputed, found, retries, matched, swapped)
 
 
