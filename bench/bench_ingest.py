@@ -380,6 +380,7 @@ async def step(
     own = daemon.peer_id.to_bytes()
     expected = Counter(base + i // m for i in range(count))
     poller = LedgerPoller(daemon.ledger, run_id, base, last, own, expected)
+    load = os.getloadavg()[0]
     before = daemon.snapshot()
     pub_before = cpu_seconds(publisher_p2pd)
     poller.start()
@@ -448,6 +449,7 @@ async def step(
         "daemon_peak_rss_mib": after["daemon_mem"].get("VmHWM"),
         "p2pd_rss_mib": after["p2pd_mem"].get("VmRSS"),
         "sign_seconds": round(sign_s, 2),
+        "load": round(load, 2),
     }
     if profile is not None:
         row["profile"] = profile
@@ -476,6 +478,12 @@ def start_profile(folder: Path | None, pid: int, name: str, seconds: float):
     return proc, out
 
 
+def _frame(frame: str) -> str:
+    """py-spy's "function (path/file.py:line)" as "function file.py:line"."""
+    name, _, where = frame.partition(" (")
+    return f"{name.split(' ')[0]} {where.rstrip(')').rsplit('/', 1)[-1]}"
+
+
 def finish_profile(spy) -> dict | None:
     """The recording's top functions by self samples and by inclusive samples."""
     if spy is None:
@@ -494,7 +502,7 @@ def finish_profile(spy) -> dict | None:
             continue
         n = int(count)
         total += n
-        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") for f in stack.split(";")]
+        frames = [_frame(f) for f in stack.split(";")]
         own[frames[-1]] += n
         for f in set(frames):
             inclusive[f] += n
@@ -836,9 +844,13 @@ def write_md(done: dict, path: Path) -> None:
         "",
         *[f"    {c}" for c in done.get("commands", [])],
         "",
-        f"Machine: {done['machine']}, shared: other work ran beside it (load average 9-35 on "
-        "2 cores during these runs), so rates and latencies are pessimistic and noisy; CPU "
-        "per update is the steadier figure. One `seedflood peer` (audits on, open run, its "
+        f"Machine: {done['machine']}. Rows finished before 2026-12-04 shared it with other "
+        "work (load average 9-35 on 2 cores); the rows of 2026-12-04 ran with nothing else "
+        "on it but the bench (its publisher, the daemon and their two p2pd); each step's "
+        "1-minute load average at its start is in the JSON (`load`). Rates and latencies "
+        "stay noisy (an audit's recomputation or a round's apply can hold the GIL for a "
+        "while, so a step below the ceiling may lose a few updates); CPU per update is the "
+        "steadier figure. One `seedflood peer` (audits on, open run, its "
         "bootstrap node stopped once it was ready: no mesh peer to forward to) fed by a raw "
         "/meshsub/1.1.0 stream of pre-signed updates from M identities, one message per RPC, "
         "at rising rates, 8 s a step. CPU per update: /proc utime+stime of the daemon's "
@@ -884,6 +896,28 @@ def write_md(done: dict, path: Path) -> None:
             f"{c['latency_ms']['p50']} / {c['latency_ms']['p99']} | "
             f"{c['daemon_cpu_us_per_update']} + {c['p2pd_cpu_us_per_update']} |"
         )
+    profiled = [(row, s) for row in done["rows"].values() for s in row["steps"] if s.get("profile")]
+    if profiled:
+        lines += ["", "## Where the live daemon's CPU goes (py-spy, `--profile`)", ""]
+        lines += [
+            "Samples of the thread holding the GIL (`py-spy record --gil`, 250 Hz, over the "
+            "flood), at each row's first step past its ceiling (the last step if none): the "
+            "functions with the most samples of their own, as a share of all samples.",
+            "",
+            "| model | k | M | rate /s | lost | top functions (own samples) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in done["rows"].values():
+            steps = [s for s in row["steps"] if s.get("profile", {}).get("self")]
+            if not steps:
+                continue
+            rate = row["ceiling"]["rate"] if row["ceiling"] else -1
+            s = next((x for x in steps if x["rate"] > rate), steps[-1])
+            top = ", ".join(f"`{f}` {share:.0%}" for f, share in s["profile"]["self"][:6])
+            lines.append(
+                f"| {row['model']} | {row['k']} | {row['identities']:,} | {s['rate']:,.0f} | "
+                f"{s['lost']} | {top} |"
+            )
     if done.get("stages"):
         lines += ["", "## CPU per update by stage (this process, time.process_time)", ""]
         lines += [STAGE_NOTE, ""]
