@@ -227,3 +227,31 @@ def test_good_digest_reply_and_served_requests():
         (3, 63.0),
     ]:
         assert UPDATE_ROWS.decode_fetch_request(PACK([*good[:i], value, *good[i + 1 :]])) is None
+
+
+def test_scalars_pack_and_unpack_as_numpy_does():
+    """pack_scalars / unpack_scalars go through `struct` (issue 46: numpy's per-call cost
+    was several percent of a flooded daemon); their bytes and values must be numpy's float16
+    ones: every bit pattern, random doubles, ties between float16 neighbours, overflow."""
+    import random
+
+    import numpy as np
+
+    from seedflood_p2p.protocol.message import pack_scalars, unpack_scalars
+
+    data = np.arange(1 << 16, dtype=np.uint16).tobytes()
+    ref = np.frombuffer(data, dtype="<f2").astype(np.float64)
+    got = np.array(unpack_scalars(data))
+    assert np.array_equal(got, ref, equal_nan=True)
+    finite = tuple(float(v) for v in ref[np.isfinite(ref)])
+    assert pack_scalars(finite) == np.asarray(finite, dtype="<f2").tobytes()
+    positive = ref[:0x7C00]
+    ties = tuple(((positive[:-1] + positive[1:]) / 2).tolist())
+    assert pack_scalars(ties) == np.asarray(ties, dtype="<f2").tobytes()
+    rng = random.Random(0)
+    for _ in range(500):
+        x = tuple(rng.uniform(-1, 1) * 2.0 ** rng.randint(-30, 17) for _ in range(16))
+        with np.errstate(over="ignore"):
+            assert pack_scalars(x) == np.asarray(x, dtype="<f2").tobytes(), x
+    with pytest.raises(ValueError):
+        unpack_scalars(b"\x00\x01\x02")
