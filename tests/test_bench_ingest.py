@@ -88,3 +88,25 @@ def test_message_parts_add_up_to_the_encoded_size():
     frame = rg.rpc(publish=[rg.signed_message(identity, data, 1, TOPIC)])
     assert sum(parts.values()) == len(frame)
     assert parts["signature"] == 64 and parts["from (peer id)"] == 38 and parts["seqno"] == 8
+
+
+def test_the_profile_is_read_from_py_spy_collapsed_stacks(tmp_path):
+    """`--profile`: py-spy's raw output (one "frame;frame;... count" line per stack) becomes
+    each function's own and inclusive share of the samples, named "function file:line"."""
+    import subprocess
+
+    import bench_ingest
+
+    raw = tmp_path / "p.txt"
+    raw.write_text(
+        "run (/x/asyncio/runners.py:118);_receive (/y/flood.py:445);add (/y/ledger.py:589) 6\n"
+        "run (/x/asyncio/runners.py:118);_receive (/y/flood.py:445) 2\n"
+        "<module> (<frozen runpy>:88);wait (threading.py:327) 2\n"
+    )
+    done = subprocess.Popen(["true"])
+    got = bench_ingest.finish_profile((done, raw))
+    assert got["samples"] == 10
+    assert got["self"][0] == ["add ledger.py:589", 0.6]
+    assert dict(map(tuple, got["inclusive"]))["_receive flood.py:445"] == 0.8
+    assert "wait threading.py:327" in dict(map(tuple, got["self"]))
+    assert bench_ingest._frame("<module> (<frozen runpy>:88)") == "<module> <frozen runpy>:88"
