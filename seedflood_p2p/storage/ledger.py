@@ -209,6 +209,18 @@ def _gapped(first: int, last: int, inside: int, low: int, high: int) -> bool:
     return inside - (low <= first <= high) - (low <= last <= high) < b - a + 1
 
 
+def _parts(items: list, size: int = 450) -> Iterator[list]:
+    """`items` in lists of at most `size`: SQLite bounds a statement's variables (two
+    parts of 450 stay under the oldest bound, 999)."""
+    for lo in range(0, len(items), size):
+        yield items[lo : lo + size]
+
+
+def _marks(items: Sequence) -> str:
+    """The "?, ?, ..." of an IN list of `items`."""
+    return ",".join("?" * len(items))
+
+
 def _row_member_hash(round_: int, peer: bytes, scalars: bytes) -> bytes:
     """`_set_member_hash` of a row as stored: its scalars are the wire's float16 bytes."""
     body = round_.to_bytes(8, "little") + len(peer).to_bytes(2, "little") + peer
@@ -947,13 +959,13 @@ class Ledger:
             if not numbers:
                 return {}
         query = f"SELECT p.peer, m.round FROM {_MESSAGES} WHERE m.round >= ?"
-        args: list = [min_round]
-        if numbers is not None:
-            query += f" AND m.peer IN ({','.join('?' * len(numbers))})"
-            args += numbers
         out: dict[bytes, list[int]] = {}
-        for peer, round_ in self._db.execute(query + " ORDER BY m.round", args):
-            out.setdefault(bytes(peer), []).append(round_)
+        # a peer is in one part only, and each part comes in round order
+        for part in [None] if numbers is None else _parts(numbers):
+            where = "" if part is None else f" AND m.peer IN ({_marks(part)})"
+            args = [min_round, *(part or ())]
+            for peer, round_ in self._db.execute(query + where + " ORDER BY m.round", args):
+                out.setdefault(bytes(peer), []).append(round_)
         return out
 
     def peers(self) -> set[bytes]:
@@ -1181,23 +1193,19 @@ class Ledger:
         if not keys or not self._mine():
             return {}
         numbers = {p: self._peer_ids[p] for p, _ in keys if p in self._peer_ids}
-        unknown = list({p for p, _ in keys} - numbers.keys())
-        for lo in range(0, len(unknown), 500):  # SQLite's bound on variables
-            part = unknown[lo : lo + 500]
-            query = f"SELECT peer, id FROM peers WHERE peer IN ({','.join('?' * len(part))})"
+        for part in _parts(list({p for p, _ in keys} - numbers.keys())):
+            query = f"SELECT peer, id FROM peers WHERE peer IN ({_marks(part)})"
             numbers.update((bytes(p), n) for p, n in self._db.execute(query, part))
         if not numbers:
             return {}
         peer_of = {n: p for p, n in numbers.items()}
         rounds, ids = sorted({r for _, r in keys}), sorted(peer_of)
         out = {}
-        for lo in range(0, len(rounds), 400):  # the pairs of two IN lists: point lookups
-            for i in range(0, len(ids), 500):
-                some_rounds, some_ids = rounds[lo : lo + 400], ids[i : i + 500]
+        for some_rounds in _parts(rounds):  # the pairs of two IN lists: point lookups
+            for some_ids in _parts(ids):
                 query = (
                     f"SELECT round, peer, scalars FROM messages WHERE round IN "
-                    f"({','.join('?' * len(some_rounds))}) "
-                    f"AND peer IN ({','.join('?' * len(some_ids))})"
+                    f"({_marks(some_rounds)}) AND peer IN ({_marks(some_ids)})"
                 )
                 for round_, number, scalars in self._db.execute(query, some_rounds + some_ids):
                     key = (peer_of[number], round_)
