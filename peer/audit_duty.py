@@ -53,6 +53,7 @@ from peer.applied_rows import AppliedRows
 from peer.held_digests import HeldDigests
 from peer.probation_queue import ProbationQueue
 from peer.state_rewind import (
+    ARRIVAL_ROUNDS,
     ARRIVALS_KEPT,
     FROZEN_AFTER,
     HELD_WINDOW,
@@ -77,6 +78,7 @@ log = logging.getLogger("seedflood.audit")
 
 # Named here too: tests and callers read them from this module.
 __all__ = [
+    "ARRIVAL_ROUNDS",
     "ARRIVALS_KEPT",
     "HELD_WINDOW",
     "LIVE_COUNT_SECONDS",
@@ -206,7 +208,7 @@ class PeerAudits:
                 continue
             if selects(self.secret, self.live.config.run_key, m.peer, m.round, self.rate):
                 self.due.setdefault(key, "draw")
-        self.rewind.trim_arrivals()  # only the latest arrivals are ever asked for
+        self.rewind.trim_arrivals(self.round)  # only recent arrivals are asked for
 
     def take_settled(self, round_: int) -> list[UpdateMessage]:
         """The pending updates that belong to S_round, and the waiting ones whose vouch or

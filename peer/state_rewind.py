@@ -61,7 +61,13 @@ HELD_WINDOW = 2 * MAX_REWIND  # rounds of a state searched for the rows a sender
 # rebuilds (MAX_REWIND) or searches (HELD_WINDOW further), with a margin as large: the
 # peer keeps them packed (peer/applied_rows.py), out of every state's list of rows.
 FROZEN_AFTER = 2 * MAX_REWIND + HELD_WINDOW
-ARRIVALS_KEPT = 4096  # arrival order of this many latest updates (others count as old)
+# Arrival stamps kept: every stamp of our latest ARRIVAL_ROUNDS rounds (plus lag), which
+# covers every audit ever run (MAX_REWIND back, and a sender a round or two ahead of us),
+# and at least the ARRIVALS_KEPT latest; older ones count as old. A count alone was too few
+# for large swarms: 4,096 stamps are under 4 rounds of 1,000 peers, so an audit at round
+# t + lag + 3 found the late rows of S_t unstamped and tried no state without them.
+ARRIVALS_KEPT = 4096
+ARRIVAL_ROUNDS = MAX_REWIND + 3
 
 Key = tuple[bytes, int]  # (peer, round)
 # (lowest round, highest round) -> (peer, round) -> the losing copies of its equivocation
@@ -108,36 +114,40 @@ class StateRewind:
         # When a row's copy was replaced by one that won an equivocation (our round, order):
         # a sender that trained before then held the copy that lost (`swap_sets`).
         self.replaced_at: dict[Key, tuple[int, int]] = {}
+        # the keys stamped in each of our rounds (a re-stamped key stays in its old round's
+        # list too: trimming skips it there), so a trim drops whole old rounds, no sort
+        self._arrived_in: dict[int, list[Key]] = {}
+        self._replaced_in: dict[int, list[Key]] = {}
         self._clock = count()
         self.held = HeldDigests()  # the held-state digests of our weights and senders' states
 
     # -- arrivals ----------------------------------------------------------------------
     def arrived(self, key: Key, our_round: int) -> None:
         """An update reached us (the first arrival counts)."""
-        self.arrival.setdefault(key, (our_round, next(self._clock)))
+        if key not in self.arrival:
+            self.arrived_late(key, our_round)
 
     def arrived_late(self, key: Key, our_round: int) -> None:
         """An update starts to count only now (its record reached us late): its arrival is
         now, so audits know a sender may have lacked it."""
         self.arrival[key] = (our_round, next(self._clock))
+        self._arrived_in.setdefault(our_round, []).append(key)
 
     def replaced(self, key: Key, our_round: int) -> None:
         """The row `key` was replaced now: its winning copy reached us only now."""
         self.replaced_at[key] = (our_round, next(self._clock))
+        self._replaced_in.setdefault(our_round, []).append(key)
 
     def winner_arrival(self, key: Key) -> tuple[int, int] | None:
         """When the copy of `key` we hold reached us: at its replacement, else its arrival."""
         return self.replaced_at.get(key, self.arrival.get(key))
 
-    def trim_arrivals(self) -> None:
-        """Keep the ARRIVALS_KEPT latest arrivals once twice as many are held: only the
-        latest are ever asked for."""
-        if len(self.arrival) > 2 * ARRIVALS_KEPT:
-            newest = sorted(self.arrival.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
-            self.arrival = dict(newest)
-        if len(self.replaced_at) > 2 * ARRIVALS_KEPT:
-            newest = sorted(self.replaced_at.items(), key=lambda kv: kv[1])[-ARRIVALS_KEPT:]
-            self.replaced_at = dict(newest)
+    def trim_arrivals(self, our_round: int) -> None:
+        """Forget the stamps of our rounds before the last ARRIVAL_ROUNDS + lag, oldest
+        round first, while at least ARRIVALS_KEPT stay: no audit asks for them."""
+        floor = our_round - self.lag - ARRIVAL_ROUNDS
+        _trim(self.arrival, self._arrived_in, floor)
+        _trim(self.replaced_at, self._replaced_in, floor)
 
     # -- the settled state of a round --------------------------------------------------
     def holds(self, message: UpdateMessage, round_: int) -> bool:
@@ -330,6 +340,18 @@ class StateRewind:
                 if not mismatches(claimed, without):
                     recomputed, matched = without, kind
         return Rebuilt(recomputed, found, retries, matched, swapped)
+
+
+def _trim(stamps: dict[Key, tuple[int, int]], stamped_in: dict[int, list[Key]], floor: int) -> None:
+    """`StateRewind.trim_arrivals` for one kind of stamp (`stamped_in`: keys by round)."""
+    for round_ in sorted(r for r in stamped_in if r < floor):
+        keys = stamped_in[round_]
+        if len(stamps) - len(keys) < ARRIVALS_KEPT:
+            return
+        del stamped_in[round_]
+        for key in keys:
+            if stamps.get(key, (None,))[0] == round_:  # not stamped again since
+                del stamps[key]
 
 
 def late_states(

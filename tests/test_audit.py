@@ -563,7 +563,11 @@ def test_a_cheater_is_not_cleared_by_the_late_update_states(tmp_path):
     assert set(without) == {"newest"} and len(without) <= MAX_LATE_STATES
 
 
-def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
+def test_arrival_stamps_are_kept_for_every_round_an_audit_can_ask_about(tmp_path):
+    """A large swarm: more stamps a round than ARRIVALS_KEPT in all. Every stamp of our
+    last ARRIVAL_ROUNDS + lag rounds stays (an audit at round t + lag + 3 reads the late
+    rows of S_t); older rounds go, but never below ARRIVALS_KEPT stamps; a row stamped
+    again later (its record came late) keeps its new stamp."""
     from peer import audit_duty as module
     from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 
@@ -571,13 +575,43 @@ def test_arrival_order_is_kept_for_the_latest_updates_only(tmp_path):
     model, _ = load_model("tiny-llama")
     live = LiveModel(SubCGE(model, CONFIG), ledger)
     audits = module.PeerAudits(SETTINGS, b"s", C, ledger, live, AuditIntake(ledger, 1))
-    updates = _updates(3 * module.ARRIVALS_KEPT // 2 + 1, [B, D])
-    for m in updates:
-        audits.on_accept([m], 3)
-    assert len(audits.arrival) <= 2 * module.ARRIVALS_KEPT
+    per_round = module.ARRIVALS_KEPT // 8  # 8 of our rounds hold ARRIVALS_KEPT stamps
+    horizon = module.ARRIVAL_ROUNDS + SETTINGS.lag
+    last = horizon + 20
+    peers = [bytes([i % 256, i // 256]) * 19 for i in range(per_round)]
+    for our_round in range(last + 1):
+        audits.round = our_round  # the round we train (take_settled sets it)
+        audits.on_accept([UpdateMessage(our_round, p, (0.5,)) for p in peers], len(peers))
+        if our_round == 5:
+            audits.rewind.arrived_late((peers[0], 0), our_round)  # a late record: stamped now
+    kept_rounds = {stamp[0] for stamp in audits.arrival.values()}
+    assert kept_rounds == set(range(last - horizon, last + 1))  # the horizon, no more
+    assert len(audits.arrival) == (horizon + 1) * per_round > 2 * module.ARRIVALS_KEPT
+    assert (peers[0], 0) not in audits.arrival  # its new stamp (round 5) is old too by now
     newest = max(audits.arrival, key=audits.arrival.get)
-    assert newest == (updates[-1].peer, updates[-1].round)
-    assert (updates[0].peer, updates[0].round) not in audits.arrival
+    assert newest == (peers[-1], last)
+    ledger.close()
+
+
+def test_a_small_swarm_keeps_its_latest_arrival_stamps(tmp_path):
+    """Few peers: the latest ARRIVALS_KEPT stamps stay though older than the horizon, and
+    a re-stamped row is judged by its new stamp."""
+    from peer import audit_duty as module
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+
+    ledger = Ledger(tmp_path / "l.sqlite", RUN_ID)
+    model, _ = load_model("tiny-llama")
+    live = LiveModel(SubCGE(model, CONFIG), ledger)
+    audits = module.PeerAudits(SETTINGS, b"s", C, ledger, live, AuditIntake(ledger, 1))
+    rounds = 2 * module.ARRIVALS_KEPT  # two peers: 4 * ARRIVALS_KEPT updates
+    for our_round in range(rounds):
+        audits.round = our_round
+        audits.on_accept([UpdateMessage(our_round, p, (0.5,)) for p in (B, D)], 2)
+        if our_round == rounds - 10:
+            audits.rewind.arrived_late((B, 0), our_round)  # round 0's row, stamped late
+    assert module.ARRIVALS_KEPT <= len(audits.arrival) <= module.ARRIVALS_KEPT + 2
+    assert (D, 0) not in audits.arrival and (D, rounds - 1) in audits.arrival
+    assert audits.arrival[(B, 0)][0] == rounds - 10  # kept: its late stamp is recent
     ledger.close()
 
 
