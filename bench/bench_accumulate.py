@@ -17,9 +17,13 @@ best of --repeats, on the same inputs; every "after" is checked to give the same
 - quorum round, per gossip batch of B updates: B claims raised, then the reference round:
   a plain dict and `quorum_round` (sorting every identity's claim) before, a `RoundClaims`
   now, at M = 1,000 and 10,000 identities.
-- live peers, per admitted batch: `rounds.live_peers` over M peers per batch before;
+- live peers, per admitted batch: a pass over M peers per batch before;
   `DaemonAudits.live_count` (counted at most once per LIVE_COUNT_SECONDS) now, at 500
   batches/s of a simulated clock.
+- a waiting round's look (`Pacing.wait_ready`, every tick): which live peers, not banned
+  nor on probation, are behind, and the slowest round. A pass over every live peer before;
+  `Pacing.behind` on the flood node's `PeerTable` (an index of live peers by round) now;
+  at M = 1,000 and 10,000 with 1% of them behind, 20 banned and 1% on probation.
 - SQLite: `Ledger.add` per update (CPU and wall, fsync included) at the batch sizes the
   gossip group commit (GOSSIP_COALESCE) makes of a steady flow at 1,000 to 5,000 updates/s.
 
@@ -183,13 +187,18 @@ def quorum_row(m: int, batch: int, repeats: int) -> dict:
     return {"M": m, "B": batch, "us per batch": [per(t_old), per(t_new)]}
 
 
+def _live_pass(table: dict, timeout: float, now: float) -> dict:
+    """Before: the live peers by one pass over the whole table."""
+    return {p: st for p, st in table.items() if now - st.last_seen < timeout}
+
+
 def live_row(m: int, repeats: int) -> dict:
     from peer import audit_duty
-    from peer.rounds import live_peers
-    from seedflood_p2p.network.gossip.flood import PeerState
+    from seedflood_p2p.network.gossip.peer_table import PeerState
 
     now = time.monotonic()
     table = {i.to_bytes(38, "big"): PeerState(5, now) for i in range(m)}
+    live_peers = _live_pass
     calls = 1000  # 2 s of batches at 500/s
     clock = [now]
     daemon = audit_duty.DaemonAudits(
@@ -214,6 +223,59 @@ def live_row(m: int, repeats: int) -> dict:
     t_old, t_new = best_pair(old, new, repeats)
     per = lambda s: round(s / calls * 1e6, 2)  # noqa: E731
     return {"M": m, "us per batch": [per(t_old), per(t_new)]}
+
+
+def pacing_row(m: int, repeats: int) -> dict:
+    from peer.rounds import Pacing
+    from peer.settings import PeerSettings
+    from seedflood_p2p.network.gossip.peer_table import PeerTable
+    from seedflood_p2p.network.monitoring.metrics import NodeMetrics
+
+    now = time.monotonic()
+    ids = [i.to_bytes(38, "big") for i in range(m)]
+    behind_ids, probation = set(ids[: m // 100]), set(ids[m // 100 : m // 50])
+    banned = set(ids[m // 50 : m // 50 + 20])
+    table = PeerTable()
+    for p in ids:
+        table.heard(p, 3 if p in behind_ids or p in banned else 9, now - 1.0)
+    settings = PeerSettings(max_staleness=2)
+    pacing = Pacing(
+        settings,
+        NodeMetrics(),
+        lambda: table,
+        lambda: False,
+        banned=banned.__contains__,
+        probationer=probation.__contains__,
+    )
+    round_ = 10
+    oldest = round_ - 1 - settings.max_staleness
+    calls = 200
+
+    def old_look() -> tuple:
+        live = {
+            p: st
+            for p, st in _live_pass(table, settings.liveness_timeout, now).items()
+            if p not in banned and p not in probation
+        }
+        behind = [p for p, st in live.items() if st.round < oldest]
+        return behind, min((st.round for st in live.values()), default=round_)
+
+    answers = {}
+
+    def old() -> None:
+        for _ in range(calls):
+            answers["old"] = old_look()
+
+    def new() -> None:
+        for _ in range(calls):
+            answers["new"] = pacing.behind(now, oldest, round_ - 1)
+
+    t_old, t_new = best_pair(old, new, repeats)
+    (b_old, s_old), (b_new, s_new) = answers["old"], answers["new"]
+    if set(b_old) != set(b_new) or s_old != s_new or set(b_new) != behind_ids:
+        raise RuntimeError("the looks differ")
+    per = lambda s: round(s / calls * 1e6, 1)  # noqa: E731
+    return {"M": m, "behind": len(b_new), "us per look": [per(t_old), per(t_new)]}
 
 
 def sqlite_rows(repeats: int, k: int = 16) -> list[dict]:
@@ -302,6 +364,19 @@ def write_md(result: dict, path: Path) -> None:
     for row in result["live"]:
         b = row["us per batch"]
         lines.append(f"| {row['M']:,} | {b[0]} / {b[1]} |")
+    if result.get("pacing"):
+        lines += [
+            "",
+            "## Per tick of a waiting round: who is behind (live, not banned, not on probation)",
+            "",
+            "| M | behind | us per look before / after | speed-up |",
+            "|---|---|---|---|",
+        ]
+        for row in result["pacing"]:
+            b = row["us per look"]
+            lines.append(
+                f"| {row['M']:,} | {row['behind']} | {b[0]} / {b[1]} | {b[0] / b[1]:.0f}x |"
+            )
     lines += [
         "",
         "## SQLite: Ledger.add per update at the group commit's batch sizes",
@@ -318,7 +393,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--identities", type=int, default=1000, help="M: updates of the round")
+    ap.add_argument(
+        "--only-pacing",
+        action="store_true",
+        help="measure only the waiting round's look; keep the other rows of accumulate.json",
+    )
     args = ap.parse_args()
+    if args.only_pacing:
+        result = json.loads((OUT / "accumulate.json").read_text())
+        result["pacing"] = [pacing_row(m, args.repeats) for m in (1_000, 10_000)]
+        (OUT / "accumulate.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_md(result, OUT / "accumulate.md")
+        print((OUT / "accumulate.md").read_text())
+        return
     torch.set_num_threads(1)
     load = os.getloadavg()
     result = {
@@ -337,6 +424,7 @@ def main() -> None:
             quorum_row(m, batch, args.repeats) for m in (1_000, 10_000) for batch in (1, 16)
         ],
         "live": [live_row(m, args.repeats) for m in (1_000, 10_000)],
+        "pacing": [pacing_row(m, args.repeats) for m in (1_000, 10_000)],
         "sqlite": sqlite_rows(args.repeats),
     }
     OUT.mkdir(exist_ok=True)

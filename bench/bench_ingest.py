@@ -518,8 +518,8 @@ STAGE_NOTE = (
     "Subscription._convert, the queue and the Envelope; decode = decode_update; admission = "
     "Admission.gossip minus Ledger.add (sender rules, window, policy, counters); SQLite = "
     "Ledger.add (WAL, synchronous=FULL, one transaction per batch of B); audit draw = "
-    "audit_rules.selects (every accepted update), live peers = rounds.live_peers over M "
-    "peers (once per admitted batch, in DaemonAudits.accept); SubCGE = accumulate of one "
+    "audit_rules.selects (every accepted update), live peers = PeerTable.live_count over M "
+    "peers (its index; DaemonAudits counts at most once a second); SubCGE = accumulate of one "
     "round of M updates, apply = LiveModel.apply (accumulate + commit) of that round; "
     "signature = verify_pubsub_signature (for gossip p2pd makes this check in Go, inside "
     "its CPU; Python makes it for repair rows)."
@@ -630,18 +630,16 @@ def stage_micro(model: str, k: int, m: int, run_id: str, n: int = 4000) -> dict:
     for _ in range(reps):
         quorum_round(claims.values())
     out["quorum round, per batch"] = round((time.process_time() - c) / reps * 1e6, 1)
-    try:
-        from peer.rounds import live_peers
-        from seedflood_p2p.network.gossip.flood import PeerState
+    from seedflood_p2p.network.gossip.peer_table import PeerTable
 
-        table = {i.to_bytes(38, "big"): PeerState(5, time.monotonic()) for i in range(m)}
-        reps = 200
-        c = time.process_time()
-        for _ in range(reps):
-            len(live_peers(table, 60.0, time.monotonic()))
-        out["live peers, per batch"] = round((time.process_time() - c) / reps * 1e6, 1)
-    except ImportError as exc:  # peer/ is being cut into phases
-        out["live peers, per batch"] = f"n/a ({exc})"
+    table = PeerTable()
+    for i in range(m):
+        table.heard(i.to_bytes(38, "big"), 5, time.monotonic())
+    reps = 200
+    c = time.process_time()
+    for _ in range(reps):
+        table.live_count(time.monotonic(), 60.0)
+    out["live peers, per batch"] = round((time.process_time() - c) / reps * 1e6, 1)
 
     # SubCGE: one round of M updates into the cores, and apply (accumulate + commit)
     from seedflood_p2p.algorithm.live import LiveModel

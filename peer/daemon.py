@@ -57,6 +57,7 @@ from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.host import HostSettings, NetworkHost
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, value
 from seedflood_p2p.network.monitoring.runpage import Observed, RunPage, add_routes, run_sampler
@@ -401,7 +402,7 @@ class PeerDaemon:
         return Pacing(
             self.s,
             self.metrics,
-            lambda: host.node.peers if host.node else {},
+            lambda: host.node.peers if host.node else PeerTable(),
             self._is_stopping,
             settled_holes if audit_settings.enabled else None,
             hole_wait=3 * self.s.node.repair_interval,  # a dropped row comes by repair by then

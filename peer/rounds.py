@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,7 @@ from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.extra_settings import AuditSettings
 from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
 from seedflood_p2p.network.monitoring.runpage import RunPage
 from seedflood_p2p.protocol.update import quorum_round
@@ -48,11 +49,6 @@ class ModelThread:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)
-
-
-def live_peers(peers: dict, timeout: float, now: float) -> dict:
-    """The peers of `peers` (a flood node's: id -> PeerState) heard within `timeout` s."""
-    return {p: st for p, st in peers.items() if now - st.last_seen < timeout}
 
 
 @dataclass
@@ -96,6 +92,7 @@ HOLE_CHECK_SECONDS = 0.2  # how often a waiting round looks for holes again
 WAIT_TICK = 0.02  # how often a waiting round looks at its peers again, at least ...
 WAIT_TICK_MAX = 0.5  # ... and at most (a tick lengthens with the time a look takes)
 WAIT_SCAN_SHARE = 0.03  # the share of the event loop a waiting round's looks may take
+PEER_GAUGE_SECONDS = 1.0  # the live-peer gauge (a pass over every live peer) this often
 
 
 def holes(rows: list[tuple[bytes, int]], low: int, high: int) -> dict[bytes, list[int]]:
@@ -129,7 +126,7 @@ def audited_staleness(max_staleness: int, audit: AuditSettings) -> int:
 class Pacing:
     """Bounded staleness with a deadline: which live peers a round waits for.
 
-    `peers`: the flood node's peer table (id -> PeerState), read at each check.
+    `peers`: the flood node's peer table (`PeerTable`), read at each check.
     `holes(round_)`: in an audited run, the rows the state of `round_` lacks (`holes` on
     the ledger's settled rounds); a round waits for them too, at most `hole_wait` seconds
     (a few repair intervals: a row repair has not brought by then is most likely one its
@@ -146,7 +143,7 @@ class Pacing:
         self,
         settings: PeerSettings,
         metrics: NodeMetrics,
-        peers: Callable[[], dict],
+        peers: Callable[[], PeerTable],
         stopping: Callable[[], bool],
         holes: Callable[[int], dict[bytes, list[int]]] | None = None,
         hole_wait: float = float("inf"),
@@ -165,8 +162,9 @@ class Pacing:
         self.gapped: set[bytes] = set()  # peers whose holes are not waited for (wait_ready)
 
     def live(self, now: float) -> dict:
-        """Peers heard within the liveness timeout, but for banned ones."""
-        live = live_peers(self.peers(), self.s.liveness_timeout, now)
+        """Peers heard within the liveness timeout, but for banned ones (O(live peers):
+        the wait itself reads the table's index, `behind`)."""
+        live = self.peers().live(now, self.s.liveness_timeout)
         return {p: st for p, st in live.items() if not self.banned(p)}
 
     def waited(self, now: float) -> dict:
@@ -201,16 +199,15 @@ class Pacing:
         found: dict[bytes, list[int]] = {}
         next_hole_check = started
         checked_in_step = False  # holes queried since the last peer we wait for caught up
+        next_gauge = started
         while not self.stopping():
             now = time.monotonic()
-            alive = self.live(now)  # once per tick: the gauge counts probationers too
-            self.metrics.peers.set(len(alive))
-            live = {p: st for p, st in alive.items() if not self.probationer(p)}
+            if now >= next_gauge:  # the gauge counts probationers too
+                self.metrics.peers.set(len(self.live(now)))
+                next_gauge = now + PEER_GAUGE_SECONDS
             oldest = round_ - 1 - self.s.max_staleness  # a peer must have published this
-            self.laggards = {p for p in self.laggards if p in live and live[p].round < round_ - 1}
-            behind = [p for p, st in live.items() if st.round < oldest and p not in self.laggards]
-            slowest = min((st.round for st in live.values()), default=round_)
-            self.metrics.staleness.set(round_ - slowest)
+            behind, slowest = self.behind(now, oldest, round_ - 1)
+            self.metrics.staleness.set(round_ - slowest if slowest is not None else 0)
             scan = time.monotonic() - now
             missing = {}
             if self.holes is not None:
@@ -265,11 +262,46 @@ class Pacing:
                     },
                 )
                 return
-            # A tick scans every live peer: with thousands of them the scan would take a
-            # core's tenth at 20 ms ticks, so the tick grows to keep the scan under
-            # WAIT_SCAN_SHARE of the loop (a round then starts up to a tick late).
+            # A look reads the table's index of live rounds, so it costs the peers behind,
+            # not all; should it still grow (thousands behind), the tick grows to keep it
+            # under WAIT_SCAN_SHARE of the loop (a round then starts up to a tick late).
             tick = min(WAIT_TICK_MAX, max(WAIT_TICK, scan / WAIT_SCAN_SHARE))
             await asyncio.sleep(tick)
+
+    def behind(self, now: float, oldest: int, in_step: int) -> tuple[list[bytes], int | None]:
+        """The peers a round waits for (live, not banned, not on probation) that have not
+        published round `oldest`, but for laggards; and the lowest round of any of them,
+        laggards too (None: none). A laggard that published `in_step` (our previous round)
+        is waited for again. Reads the table's live rounds lowest first: the peers behind,
+        then one peer in step, not every live peer."""
+        table = self.peers()
+        timeout = self.s.liveness_timeout
+
+        def waited(peers: set[bytes]) -> Iterator[bytes]:
+            return (p for p in peers if not self.banned(p) and not self.probationer(p))
+
+        self.laggards = {
+            p
+            for p in self.laggards
+            if table.is_live(p, now, timeout)
+            and table[p].round < in_step
+            and not self.banned(p)
+            and not self.probationer(p)
+        }
+        behind: list[bytes] = []
+        slowest = None
+        for round_, peers in table.live_rounds(now, timeout):
+            if round_ >= oldest:
+                if slowest is None and any(True for _ in waited(peers)):
+                    slowest = round_
+                if slowest is not None:
+                    break
+                continue
+            here = list(waited(peers))
+            behind += [p for p in here if p not in self.laggards]
+            if here and slowest is None:
+                slowest = round_
+        return behind, slowest
 
 
 class Rounds:

@@ -12,16 +12,26 @@ from test_admission import RUN, Peer
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.extra_settings import AuditSettings
-from seedflood_p2p.network.gossip.flood import FloodNode, PeerState
+from seedflood_p2p.network.gossip.flood import FloodNode
+from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.ledger import Ledger
 
+
+def peer_table(states: dict) -> PeerTable:
+    """A flood node's peer table holding {peer: (newest round, last heard)}."""
+    table = PeerTable()
+    for peer, (round_, heard) in states.items():
+        table.heard(peer, round_, heard)
+    return table
+
+
 # -- Pacing ------------------------------------------------------------------------------
 
 
-def _pacing(peers: dict, banned: set):
+def _pacing(peers, banned: set):
     from peer.rounds import Pacing
     from peer.settings import PeerSettings
 
@@ -31,7 +41,7 @@ def _pacing(peers: dict, banned: set):
 
 async def test_a_banned_peer_is_never_waited_for():
     slow, ok = b"s" * 38, b"o" * 38
-    peers = {slow: PeerState(round=3, last_seen=time.monotonic()), ok: PeerState(9, 1e18)}
+    peers = peer_table({slow: (3, time.monotonic()), ok: (9, 1e18)})
     pacing = _pacing(peers, {slow})
     started = time.monotonic()
     await asyncio.wait_for(pacing.wait_ready(10), timeout=5)
@@ -43,7 +53,7 @@ async def test_a_banned_peer_is_never_waited_for():
 async def test_a_peer_banned_while_a_round_waits_for_it_ends_the_wait_at_once():
     """The issue: every honest peer waited the 30 s deadline for a peer banned 29 s in."""
     slow = b"s" * 38
-    peers = {slow: PeerState(round=3, last_seen=1e18)}
+    peers = peer_table({slow: (3, 1e18)})
     banned: set[bytes] = set()
     pacing = _pacing(peers, banned)
     waiting = asyncio.ensure_future(pacing.wait_ready(10))
@@ -180,7 +190,7 @@ async def test_a_probationer_is_live_but_never_waited_for_until_established():
     """A fresh key buys no time: a probationer far behind does not hold the round (it is
     still live, counted in the peers gauge); once established it is waited for."""
     slow, ok = b"n" * 38, b"o" * 38
-    peers = {slow: PeerState(round=3, last_seen=1e18), ok: PeerState(9, 1e18)}
+    peers = peer_table({slow: (3, 1e18), ok: (9, 1e18)})
     established: set[bytes] = {ok}
     pacing = _pacing(peers, set())
     pacing.probationer = lambda peer: peer not in established
@@ -191,7 +201,7 @@ async def test_a_probationer_is_live_but_never_waited_for_until_established():
     waiting = asyncio.ensure_future(pacing.wait_ready(10))
     await asyncio.sleep(0.2)
     assert not waiting.done()  # established and behind: waited for now
-    peers[slow] = PeerState(round=9, last_seen=1e18)
+    peers.heard(slow, 9, 1e18)
     await asyncio.wait_for(waiting, timeout=5)
 
 
@@ -250,7 +260,7 @@ async def test_a_revoked_ticket_holder_is_not_waited_for():
         setattr(daemon, name, types.MethodType(getattr(PeerDaemon, name), daemon))
     banned = types.MethodType(PeerDaemon._banned, daemon)
     assert banned(holder) and not banned(other)
-    peers = {holder: PeerState(round=3, last_seen=1e18), other: PeerState(9, 1e18)}
+    peers = peer_table({holder: (3, 1e18), other: (9, 1e18)})
     pacing = _pacing(peers, set())
     pacing.banned = banned
     await asyncio.wait_for(pacing.wait_ready(10), timeout=5)  # not the 3600 s deadline

@@ -14,7 +14,7 @@ from seedflood_p2p.apps.status import format_status
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.gossip.admission import Admission, Outcome
-from seedflood_p2p.network.gossip.flood import PeerState
+from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.peers.reputation import BAN_SCORE, LogLimiter, PeerBuckets, Reputation
 from seedflood_p2p.network.settings import NodeSettings
@@ -23,6 +23,14 @@ from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.update import SENDER_BURST, SENDER_RATE, WindowRule, quorum_round
 from seedflood_p2p.storage.bans import BanStore
 from seedflood_p2p.storage.ledger import Ledger
+
+
+def peer_table(states: dict) -> PeerTable:
+    """A flood node's peer table holding {peer: (newest round, last heard)}."""
+    table = PeerTable()
+    for peer, (round_, heard) in states.items():
+        table.heard(peer, round_, heard)
+    return table
 
 
 class Clock:
@@ -205,13 +213,13 @@ async def test_a_peer_that_made_us_wait_out_the_deadline_is_not_waited_for_again
 
     settings = PeerSettings(round_deadline=0.05, max_staleness=0)
     slow = b"s" * 38
-    peers = {slow: PeerState(round=3, last_seen=1e18)}
+    peers = peer_table({slow: (3, 1e18)})
     pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False)
     await pacing.wait_ready(10)  # waits the deadline once
     assert pacing.laggards == {slow}
     pacing.s = dataclasses.replace(settings, round_deadline=3600.0)  # waited again: a hang
     await asyncio.wait_for(pacing.wait_ready(11), timeout=60)
-    peers[slow].round = 11  # it caught up: waited for as before
+    peers.heard(slow, 11)  # it caught up: waited for as before
     await asyncio.wait_for(pacing.wait_ready(12), timeout=60)
     assert pacing.laggards == set()
 
@@ -224,16 +232,16 @@ async def test_a_laggard_back_at_the_bounds_edge_is_not_waited_for_again():
 
     settings = PeerSettings(round_deadline=0.05, max_staleness=2)
     slow = b"s" * 38
-    peers = {slow: PeerState(round=3, last_seen=1e18)}
+    peers = peer_table({slow: (3, 1e18)})
     pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False)
     await pacing.wait_ready(10)  # behind the bound (7): waits the deadline once
     assert pacing.laggards == {slow}
     pacing.s = dataclasses.replace(settings, round_deadline=3600.0)  # waited again: a hang
-    peers[slow].round = 8  # inside round 11's bound (8), not in step (10)
+    peers.heard(slow, 8)  # inside round 11's bound (8), not in step (10)
     await asyncio.wait_for(pacing.wait_ready(11), timeout=60)
     assert pacing.laggards == {slow}
     await asyncio.wait_for(pacing.wait_ready(12), timeout=60)  # behind the bound again
-    peers[slow].round = 12  # in step: waited for as before
+    peers.heard(slow, 12)  # in step: waited for as before
     await asyncio.wait_for(pacing.wait_ready(13), timeout=60)
     assert pacing.laggards == set()
 
@@ -302,7 +310,7 @@ async def test_a_round_waits_for_a_dropped_row_of_its_settled_state():
 
     settings = PeerSettings(round_deadline=3600.0, max_staleness=0)
     other = b"o" * 38
-    peers = {other: PeerState(round=11, last_seen=1e18)}
+    peers = peer_table({other: (11, 1e18)})
     missing = {other: [5]}
     pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False, lambda r: dict(missing))
     waiting = asyncio.ensure_future(pacing.wait_ready(12))
@@ -322,7 +330,7 @@ async def test_the_row_that_ends_the_wait_for_a_peer_is_checked_for_a_hole_behin
 
     settings = PeerSettings(round_deadline=3600.0, max_staleness=0)
     other = b"o" * 38
-    peers = {other: PeerState(round=10, last_seen=1e18)}  # we hold its rows up to 10
+    peers = peer_table({other: (10, 1e18)})  # we hold its rows up to 10
     ledger_rows = {10}
 
     def holes(round_: int) -> dict:
@@ -335,7 +343,7 @@ async def test_the_row_that_ends_the_wait_for_a_peer_is_checked_for_a_hole_behin
     await asyncio.sleep(0.3)
     assert not waiting.done()  # behind: its row of round 11 has not come
     ledger_rows.add(12)  # its round 12 arrives; round 11 was dropped on the way
-    peers[other].round = 12
+    peers.heard(other, 12)
     await asyncio.sleep(0.3)
     assert not waiting.done()  # in step, but the state of round 12 lacks its row of 11
     ledger_rows.add(11)  # repair brought it
@@ -349,13 +357,13 @@ async def test_a_peer_whose_hole_outlasts_the_hole_wait_is_not_waited_for_again(
 
     settings = PeerSettings(round_deadline=3600.0, max_staleness=0)
     skipper = b"k" * 38
-    peers = {skipper: PeerState(round=11, last_seen=1e18)}
+    peers = peer_table({skipper: (11, 1e18)})
     holes = lambda r: {skipper: [r - 5]}  # noqa: E731 - it skipped a round: never repaired
     pacing = Pacing(settings, NodeMetrics(), lambda: peers, lambda: False, holes, hole_wait=0.05)
     await asyncio.wait_for(pacing.wait_ready(12), timeout=60)  # waits hole_wait once
     assert pacing.gapped == {skipper}
     pacing.hole_wait = 3600.0  # were its holes waited for again, this would hang
-    peers[skipper].round = 12
+    peers.heard(skipper, 12)
     await asyncio.wait_for(pacing.wait_ready(13), timeout=60)
 
 

@@ -33,11 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
@@ -47,6 +45,7 @@ from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.gossip.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.gossip.repair import (
     MAX_SYNC_PASSES,
     AuditTable,
@@ -87,12 +86,6 @@ GOSSIP_COALESCE = 0.002
 LIVE_ROUNDS = 8  # a repaired update this close to our newest round shows its sender alive
 FORGET_AFTER = 3600.0  # seconds without gossip before a peer leaves the `peers` table
 STOP_SECONDS = 10.0  # a cancelled task still running after this is left behind by `stop`
-
-
-@dataclass
-class PeerState:
-    round: int
-    last_seen: float
 
 
 class FloodNode:
@@ -196,7 +189,7 @@ class FloodNode:
             peers=lambda: self.connected_peers(),  # late-bound: tools replace it
             avoids=lambda peer: self.avoids(peer),
         )
-        self.peers: dict[bytes, PeerState] = {}  # training peers, from their updates
+        self.peers = PeerTable()  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
         self.last_accept = time.monotonic()
@@ -343,18 +336,16 @@ class FloodNode:
             message = verdict.message
             self.last_accept = now
             if message.peer != self.peer_id:
-                state = self.peers.setdefault(message.peer, PeerState(message.round, -math.inf))
-                state.round = max(state.round, message.round)
                 recent = message.round >= self.newest_round - LIVE_ROUNDS
-                if heard or (in_step and recent):
-                    state.last_seen = now
+                alive = heard or (in_step and recent)
+                self.peers.heard(message.peer, message.round, now if alive else None)
 
     def _forget_silent_peers(self) -> None:
         """Peers not heard by gossip for FORGET_AFTER seconds leave the table: it would
         otherwise grow with every identity that ever sent an update."""
         cutoff = time.monotonic() - FORGET_AFTER
         for peer in [p for p, state in self.peers.items() if state.last_seen < cutoff]:
-            del self.peers[peer]
+            self.peers.forget(peer)
 
     # -- gossip -----------------------------------------------------------
     async def publish(self, message: UpdateMessage, held: int | None = None) -> None:
