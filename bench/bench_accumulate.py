@@ -369,6 +369,7 @@ def write_md(result: dict, path: Path) -> None:
             "",
             "## Per tick of a waiting round: who is behind (live, not banned, not on probation)",
             "",
+            *([result["pacing_note"] + ".", ""] if result.get("pacing_note") else []),
             "| M | behind | us per look before / after | speed-up |",
             "|---|---|---|---|",
         ]
@@ -402,6 +403,11 @@ def main() -> None:
     if args.only_pacing:
         result = json.loads((OUT / "accumulate.json").read_text())
         result["pacing"] = [pacing_row(m, args.repeats) for m in (1_000, 10_000)]
+        load = os.getloadavg()[0]
+        result["pacing_note"] = (
+            f"measured alone (--only-pacing) on {time.strftime('%Y-%m-%d')}, load average "
+            f"{load:.1f} at the start, best of {args.repeats}"
+        )
         (OUT / "accumulate.json").write_text(json.dumps(result, indent=1) + "\n")
         write_md(result, OUT / "accumulate.md")
         print((OUT / "accumulate.md").read_text())
