@@ -43,6 +43,28 @@ def test_inserts_are_idempotent_and_reads_are_canonical(tmp_path):
         assert a.digest() != b.digest()
 
 
+def test_a_batch_with_held_rows_keeps_only_the_new_ones_and_their_new_peers(tmp_path):
+    """A batch is one statement; when some of it is already held (or repeated in it), the
+    rows are inserted one by one instead: the new ones, in order, with the peers and
+    seqno bases first numbered in that batch kept."""
+    from seedflood_p2p.protocol.message import Envelope
+
+    def envelope(m: UpdateMessage) -> Envelope:
+        return Envelope(b"d" + m.peer, (1000 + m.round).to_bytes(8, "big"), b"s" * 64)
+
+    held = _msgs(2, 2)
+    fresh = [UpdateMessage(1, b"new-peer", (0.5, 1.0)), UpdateMessage(2, b"new-peer", (2.0, 0.0))]
+    batch = [held[0], fresh[0], held[0], fresh[1], held[3]]
+    with Ledger(tmp_path / "a.sqlite", "run") as a, Ledger(tmp_path / "b.sqlite", "run") as b:
+        a.add(held, [envelope(m) for m in held])
+        assert a.add(batch, [envelope(m) for m in batch]) == fresh
+        assert b.add(held + fresh, [envelope(m) for m in held + fresh]) == held + fresh
+        assert len(a) == 6 and a.digest() == b.digest()
+        signed = [x.signed_after(-1, b"", 10, 100) for x in (a, b)]
+        assert signed[0] == signed[1] and len(signed[0]) == 6  # peers, seqnos, envelopes
+        assert a.add(batch) == []  # all held: nothing new, nothing written
+
+
 def test_replace_swaps_an_update_and_its_digests(tmp_path):
     """The equivocation rule's write: same (peer, round), another scalar, fresh digests."""
     msgs = _msgs(3, 2)

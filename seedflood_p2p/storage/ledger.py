@@ -590,21 +590,26 @@ class Ledger:
         """
         messages = list(messages)
         envelopes = list(envelopes) if envelopes is not None else [None] * len(messages)
-        new = []
+        insert = "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?)"
         pending = _Pending()
         try:
             self._db.execute("BEGIN IMMEDIATE")
             if messages:
                 self._bind_run()
+            rows = []
             for m, env in zip(messages, envelopes, strict=True):
                 number = self._peer_id(m.peer, pending)
-                cur = self._db.execute(
-                    "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?)",
+                rows.append(
                     (m.round, number, pack_scalars(m.scalars))
-                    + self._envelope_columns(number, env, pending),
+                    + self._envelope_columns(number, env, pending)
                 )
-                if cur.rowcount:
-                    new.append(m)
+            # Admission has already dropped what the ledger holds, so all are new but for a
+            # race: one statement for the batch, and row by row only when one was ignored.
+            new = messages
+            self._db.execute("SAVEPOINT batch")  # the peers numbered above stay
+            if self._db.executemany(insert, rows).rowcount != len(rows):
+                self._db.execute("ROLLBACK TO batch")
+                new = [m for m, r in zip(messages, rows) if self._db.execute(insert, r).rowcount]
             self._db.execute("COMMIT")
             self._committed(pending)
             self._mark_committed()
