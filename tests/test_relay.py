@@ -1,4 +1,4 @@
-"""Circuit relays with the bundled p2pd: what we send the daemon, and that it relays.
+"""Circuit relays with our p2pd build: what we send the daemon, and that it relays.
 
 The multiaddr bytes of a dial are checked byte for byte (the Go daemon parses /p2p/ as a
 bare multihash; hivemind's Multiaddr writes a CID, which the daemon rejects). The daemon
@@ -19,6 +19,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.network.transport.p2pd import (
     RelayLimits,
+    bundled_p2pd,
     connect_peer,
     is_relayed,
     maddr_bytes,
@@ -71,6 +72,12 @@ def _argv(p2p) -> list[str]:
         return f.read().decode().split("\0")
 
 
+def _runs_our_build(p2p) -> bool:
+    argv = _argv(p2p)
+    ours = [a for a in argv if a.endswith("/p2pd") and "/seedflood/p2pd/" in a]
+    return str(bundled_p2pd()) not in argv and bool(ours)
+
+
 @pytest.mark.slow
 async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     limits = RelayLimits(time_limit=600, data_limit=1 << 30, max_circuits=4, max_reservations=8)
@@ -97,6 +104,7 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     ):
         assert flag in argv["behind"], (flag, argv["behind"])
     assert "-relayService=0" in argv["dialer"] and "-autoRelay=0" in argv["dialer"]
+    assert _runs_our_build(relay)  # so the metered relay is the only one (the next tests)
 
     circuit = relay_addr + "/p2p-circuit"
     started, error = time.monotonic(), None
@@ -129,43 +137,58 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
         if counters["circuits_opened"] and counters["bytes_relayed"]:
             break
         await asyncio.sleep(0.1)
-    if not any(counters.values()):
-        pytest.xfail(
-            "the relay's p2pd metrics endpoint answered but counted nothing: the bundled "
-            "p2pd also starts an unmetered relay with go-libp2p's defaults (EnableRelayV2) "
-            "and it served this circuit (docs/ROADMAP.md)"
-        )
     assert counters["reservations_opened"] >= 1 and counters["circuits_opened"] >= 1, counters
     assert counters["bytes_relayed"] > 0, counters
     assert await relay_counters(dialer) is None  # serves no relay
 
 
-@pytest.mark.slow
-async def test_known_defect_a_daemon_without_the_relay_service_still_relays(spawn):
-    """The bundled p2pd (learning-at-home's fork, p2pd/main.go) calls `EnableRelayV2` -
-    `relay.New(host)`, go-libp2p's relay with its default limits and no metrics - whenever
-    the relay transport is on, whatever -relayService says. So a peer that serves no relay
-    (`-relayService=0`) still takes a reservation and relays a circuit. When this test
-    fails, the daemon was fixed: update docs/ROADMAP.md and the relay docs."""
-    plain = await spawn()
-    assert "-relayService=0" in _argv(plain) and "-relay=1" in _argv(plain)
-    plain_addr = str((await plain.get_visible_maddrs())[0])
-    behind = await spawn(use_auto_relay=True, relays=[plain_addr], reachability="private")
-    dialer = await spawn()
+async def _circuit_through(spawn, relay, **kwargs) -> list[str] | Exception:
+    """Reserve on `relay` from a peer behind it and dial that peer through it, for up to
+    10 s: the dialer's links to the peer once connected, else the last error. The peer
+    announces an address nobody answers on, so the only way to it is the circuit (on
+    loopback the dialer would otherwise find its real address in the DHT and dial it)."""
+    relay_addr = str((await relay.get_visible_maddrs())[0])
+    behind = await spawn(
+        use_auto_relay=True,
+        relays=[relay_addr],
+        reachability="private",
+        announce_maddrs=["/ip4/127.0.0.2/tcp/9"],
+        **kwargs,
+    )
+    dialer = await spawn(**kwargs)
     started, error = time.monotonic(), None
     while time.monotonic() - started < 10:
         try:
-            await connect_peer(dialer, behind.peer_id, [plain_addr + "/p2p-circuit"], timeout=5)
-            error = None
-            break
+            await connect_peer(dialer, behind.peer_id, [relay_addr + "/p2p-circuit"], timeout=5)
+            return (await peer_connections(dialer))[behind.peer_id.to_base58()]
         except Exception as e:
             error = e
             await asyncio.sleep(0.1)
-    assert error is None, f"no circuit through a -relayService=0 daemon: {error}"
-    links = (await peer_connections(dialer))[behind.peer_id.to_base58()]
-    relayed = [a for a in links if is_relayed(a)]
-    # A hole punch on loopback may already have replaced the circuit by a direct link
-    assert not relayed or all(plain.peer_id.to_base58() in a for a in relayed), links
+    return error
+
+
+@pytest.mark.slow
+async def test_a_daemon_without_the_relay_service_relays_nothing(spawn):
+    """Our build: a peer that serves no relay (`-relayService=0`) refuses reservations, so
+    nobody relays through it (the bundled p2pd did: the test below)."""
+    plain = await spawn()
+    assert "-relayService=0" in _argv(plain) and "-relay=1" in _argv(plain)
+    assert _runs_our_build(plain)
+    got = await _circuit_through(spawn, plain)
+    assert isinstance(got, Exception), f"relayed through a -relayService=0 daemon: {got}"
+
+
+@pytest.mark.slow
+async def test_the_bundled_p2pd_relays_although_its_relay_service_is_off(spawn):
+    """Why our build exists: the bundled p2pd (learning-at-home's fork, p2pd/main.go) calls
+    `EnableRelayV2` - `relay.New(host)`, go-libp2p's relay with its default limits and no
+    metrics - whenever the relay transport is on, whatever -relayService says. So a peer
+    that serves no relay still takes a reservation and relays a circuit."""
+    plain = await spawn(mesh=None)
+    assert str(bundled_p2pd()) in _argv(plain) and "-relayService=0" in _argv(plain)
+    links = await _circuit_through(spawn, plain, mesh=None)
+    assert not isinstance(links, Exception), f"the bundled p2pd stopped relaying: {links}"
+    assert any(is_relayed(a) and plain.peer_id.to_base58() in a for a in links), links
 
 
 @pytest.mark.slow

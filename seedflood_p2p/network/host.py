@@ -104,6 +104,7 @@ class NetworkHost:
             nat_port_map=n.nat_port_map,
             startup_timeout=n.daemon_start_timeout,
             bootstrap_addrs=s.bootstrap,
+            mesh=n.mesh(),
         )
         try:
             if s.data_dir is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from seedflood_p2p.core.flags import MAX_INT, MAX_SECONDS, bounded
 from seedflood_p2p.network.transport.p2pd import RelayLimits
+from seedflood_p2p.network.transport.p2pd_build import MeshSettings
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,20 @@ class NodeSettings:
     relay_max_circuits: int = bounded(16, 1, 1 << 16, "circuits per peer")
     relay_max_reservations: int = bounded(128, 1, 1 << 20, "reservations")
 
+    def mesh(self) -> MeshSettings | None:
+        """Our p2pd build's settings (None: the bundled p2pd as it is)."""
+        if self.p2pd == "bundled":
+            return None
+        return MeshSettings(
+            degree=self.gossip_degree,
+            history=self.gossip_history,
+            seen_ttl=self.seen_ttl,
+            validation_queue=self.validation_queue,
+            subscription_buffer=self.subscription_buffer,
+            inbound_queue=self.inbound_queue,
+            outbound_queue=self.outbound_queue,
+        )
+
     def relay_limits(self, default_on: bool) -> RelayLimits | None:
         """The limits to serve a relay under, or None when this node serves none."""
         if self.relay_service == "off" or (self.relay_service == "auto" and not default_on):
@@ -56,6 +71,23 @@ class NodeSettings:
             max_reservations=self.relay_max_reservations,
         )
 
+    # Which p2pd runs: "ours" is hivemind's unpacked and patched (network/transport/
+    # p2pd_build.py): no second, unmetered relay, and the GossipSub settings below, which the
+    # bundled binary has no flags for; "bundled" runs hivemind's as it is (and ignores them).
+    p2pd: str = field(default="ours", metadata={"choices": ("ours", "bundled")})
+    # GossipSub's mesh degree D (Dlo = D - 1, Dhi = 2D, Dlazy = D: the spec's ratios)
+    gossip_degree: int = bounded(6, 3, 1000, "a number of peers")
+    # heartbeats of message ids kept for IWANT; 3 of them are gossiped in IHAVE
+    gossip_history: int = bounded(5, 3, 1000, "a number of heartbeats")
+    # how long a message id stays seen (a copy arriving later is a new message to GossipSub;
+    # the ledger still refuses it as a duplicate)
+    seen_ttl: float = bounded(120.0, 1, 86400, "seconds")
+    # p2pd's queues, each dropping a message when full: signature checks waiting, messages
+    # waiting for us to read them, RPCs from peers waiting, and messages waiting per peer
+    validation_queue: int = bounded(32, 1, 1 << 20, "a number of messages")
+    subscription_buffer: int = bounded(32, 1, 1 << 20, "a number of messages")
+    inbound_queue: int = bounded(32, 1, 1 << 20, "a number of RPCs")
+    outbound_queue: int = bounded(32, 1, 1 << 20, "a number of messages")
     # seconds for p2pd to start (slow disks, busy hosts)
     daemon_start_timeout: float = bounded(15.0, 0, MAX_SECONDS, "seconds", open_low=True)
     # an unreachable known peer is retried after redial_min s, doubling up to redial_max,

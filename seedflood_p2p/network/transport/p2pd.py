@@ -29,6 +29,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.network.transport.identity import load_or_create_identity
+from seedflood_p2p.network.transport.p2pd_build import BuildError, MeshSettings, build
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class PubSubP2P(P2P):
         kwargs.update(pubsub=True, pubsubRouter="gossipsub", pubsubSign=True, pubsubSignStrict=True)
         launch = _launch.get({})
         kwargs.update(launch.get("flags", {}))
+        if launch.get("binary") is not None:  # our build instead of the bundled p2pd
+            args = (str(launch["binary"]), *args[1:])
         launch["p2p"] = self  # lets create_p2p clean up if the daemon fails to start
         argv = P2P._make_process_args(*args, **kwargs)
         # If our process is SIGKILLed, take the daemon down too: an orphaned p2pd would keep
@@ -85,6 +88,36 @@ class PubSubP2P(P2P):
         if _SETPRIV is not None:
             argv = [_SETPRIV, "--pdeathsig", "TERM", *argv]
         return argv
+
+
+def bundled_p2pd() -> Path:
+    """hivemind's own p2pd binary."""
+    import hivemind
+
+    return Path(hivemind.__file__).parent / "hivemind_cli" / "p2pd"
+
+
+_builds: dict[MeshSettings, Path | None] = {}
+DEFAULT_MESH = MeshSettings()
+
+
+async def daemon_binary(mesh: MeshSettings | None) -> Path | None:
+    """Our p2pd build for `mesh` (network/transport/p2pd_build.py: the relay fix and the
+    GossipSub settings), made once per machine; None: run the bundled p2pd as it is (asked
+    for, or the build failed: said once, with why)."""
+    if mesh is None:
+        return None
+    if mesh not in _builds:
+        try:
+            _builds[mesh] = await asyncio.to_thread(build, bundled_p2pd(), mesh)
+        except (BuildError, OSError) as exc:
+            logger.warning(
+                "running hivemind's bundled p2pd as it is: every peer serves a relay with "
+                "go-libp2p's default limits and GossipSub runs at its defaults (%s)",
+                exc,
+            )
+            _builds[mesh] = None
+    return _builds[mesh]
 
 
 def probe_listen_addrs(host_maddrs: Sequence[str]) -> None:
@@ -154,6 +187,7 @@ async def create_p2p(
     relays: Sequence[str] = (),
     relay_service: RelayLimits | None = None,
     daemon_metrics: str | None = None,
+    mesh: MeshSettings | None = DEFAULT_MESH,
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -179,7 +213,9 @@ async def create_p2p(
     `daemon_metrics`: HOST:PORT where p2pd serves go-libp2p's own Prometheus metrics
     (`-metricsAddr`: relay service bytes and circuits, hole punches, resource manager).
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
-    the mesh faster. Other keyword arguments go to `hivemind.P2P.create`.
+    the mesh faster. `mesh`: run our p2pd build with these GossipSub settings (`daemon_binary`;
+    None: hivemind's bundled p2pd as it is). Other keyword arguments go to
+    `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
     """
     _check_ports([*initial_peers, *bootstrap_addrs], "bootstrap address", allow_any=False)
@@ -215,7 +251,7 @@ async def create_p2p(
         flags["metricsAddr"] = daemon_metrics
     if heartbeat_interval is not None:
         flags["gossipsubHeartbeatInterval"] = f"{max(1, round(heartbeat_interval * 1000))}ms"
-    launch = {"flags": flags}
+    launch = {"flags": flags, "binary": await daemon_binary(mesh)}
     token = _launch.set(launch)
     try:
         p2p = await PubSubP2P.create(
