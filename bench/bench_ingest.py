@@ -65,6 +65,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import raw_gossip as rg  # noqa: E402
 
+# p2pd's queues that drop a message when full (NodeSettings / MeshSettings field names)
+QUEUES = ("validation_queue", "subscription_buffer", "inbound_queue", "outbound_queue")
+
 from seedflood_p2p.apps.localnet import NodeProcess, start_bootstrap, start_peer  # noqa: E402
 from seedflood_p2p.core.config import RunConfig  # noqa: E402
 from seedflood_p2p.protocol.framing import topic_for  # noqa: E402
@@ -768,17 +771,21 @@ async def measure(args, model: str, k: int, ms: list[int], done: dict, out_json:
 
 
 # -- control: p2pd alone, its subscriber only counting ---------------------------------------
-async def bare_p2pd(rates: list[float], seconds: float, m: int, k: int = 1) -> list[dict]:
+async def bare_p2pd(
+    rates: list[float], seconds: float, m: int, k: int = 1, queues: int = 32
+) -> list[dict]:
     """The same flood into a p2pd whose only subscriber (our PubSubClient) counts arrivals
     and drops them: what p2pd delivers without a daemon behind it, and its CPU."""
     from hivemind.p2p import P2P
 
     from seedflood_p2p.network.transport.p2pd import create_p2p
+    from seedflood_p2p.network.transport.p2pd_build import MeshSettings
     from seedflood_p2p.network.transport.pubsub import PubSubClient
 
     run_id = "ab" * 32
     topic = topic_for(run_id)
-    target = await create_p2p(identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    mesh = MeshSettings(**{name: queues for name in QUEUES})
+    target = await create_p2p(identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"], mesh=mesh)
     publisher = None
     rows = []
     try:
@@ -859,8 +866,10 @@ def write_md(done: dict, path: Path) -> None:
         "`seedflood_admit_seconds{gossip}`, wall time (policy, SQLite commit with its fsync, "
         "hand-on), per update. Lost updates: the daemon's admission dropped none (its "
         "`dropped` counters stayed 0 in every row), so every loss is inside p2pd or between "
-        "p2pd and the daemon (GossipSub's 32-deep validation and subscription queues drop "
-        "when full); with no other peer holding them, repair cannot bring them back here.",
+        "p2pd and the daemon (GossipSub's validation and subscription queues drop when full: "
+        f"{done.get('p2pd_queues', 32)} deep in these rows, GossipSub's default 32 unless set "
+        "with --p2pd-queues in our p2pd build); with no other peer holding them, repair "
+        "cannot bring them back here.",
         "",
         "| model | k | M | offered /s | accepted /s | lost | p50 / p99 ms | daemon CPU us/upd "
         "(event loop) | p2pd CPU us/upd | admit wall us/upd | admit calls | RSS daemon (peak) / "
@@ -1025,21 +1034,32 @@ def main() -> None:
         default=None,
         help="record py-spy (GIL samples) on the daemon during each step into this folder",
     )
+    ap.add_argument(
+        "--p2pd-queues",
+        type=int,
+        default=None,
+        help="p2pd's validation queue, subscription buffer, inbound and outbound queues "
+        "(our p2pd build; the daemon gets them as SEEDFLOOD_* settings); default GossipSub's 32",
+    )
     args = ap.parse_args()
     random.seed(0)
     out_json = OUT / f"{args.out}.json"
+    if args.p2pd_queues is not None:
+        for name in QUEUES:
+            os.environ[f"SEEDFLOOD_{name.upper()}"] = str(args.p2pd_queues)
     done = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}
     command = "PYTHONPATH=. python bench/bench_ingest.py " + " ".join(sys.argv[1:])
     done.pop("command", None)
     if command not in done.setdefault("commands", []):
         done["commands"].append(command)
     done["machine"] = f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+    done["p2pd_queues"] = args.p2pd_queues or 32
     if done.get("verify_us") is None or args.stages_only:
         done["verify_us"] = verify_micro()
     if args.bare:
         for m in args.identities:
             done.setdefault("bare", {})[f"M{m}"] = asyncio.run(
-                bare_p2pd(args.rates, args.seconds, m)
+                bare_p2pd(args.rates, args.seconds, m, queues=args.p2pd_queues or 32)
             )
         out_json.write_text(json.dumps(done, indent=1))
         write_md(done, out_json.with_suffix(".md"))
