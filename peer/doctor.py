@@ -3,7 +3,8 @@
 Each check prints one line, `ok`, `warn` or `FAIL`, what it found, and for anything
 not ok the fix. The checks, in the order a peer's start would trip over them:
 
-    p2pd        the libp2p daemon bundled with hivemind exists and runs
+    p2pd        the libp2p daemon bundled with hivemind exists and runs, and our build of
+                it (network/transport/p2pd_build.py) can be made
     listen      each listen address can be bound (port free, address of this machine)
     data dir    exists or can be created, is writable, has free disk space
     identity    the key file, if present, is one `seedflood peer` accepts
@@ -146,7 +147,21 @@ def check_p2pd(timeout: float) -> Check:
         return Check(
             "p2pd", "fail", f"{path} ran but does not look like p2pd", "reinstall hivemind"
         )
-    return Check("p2pd", "ok", str(path))
+    from seedflood_p2p.network.transport.p2pd_build import BuildError, MeshSettings, build
+
+    try:
+        ours = build(path, MeshSettings())
+    except (BuildError, OSError) as exc:
+        return Check(
+            "p2pd",
+            "warn",
+            f"{path} runs, but our build of it could not be made ({exc}); the bundled "
+            "binary runs as it is: every peer serves a relay with go-libp2p's defaults and "
+            "GossipSub's settings stay at theirs",
+            "use the hivemind release this seedflood pins (pip install -e .) on x86_64 "
+            "Linux, where a process may ptrace its own child",
+        )
+    return Check("p2pd", "ok", f"{path}; our build: {ours}")
 
 
 def check_listen(maddr: str) -> Check:

@@ -34,6 +34,7 @@ def test_offline_checks_name_the_problem_and_the_fix(tmp_path, capsys):
         taken.close()
     assert code == 1
     assert checks["p2pd"][0]["status"] == "ok"
+    assert "our build: " in checks["p2pd"][0]["detail"]  # network/transport/p2pd_build.py
     assert checks["listen"][0]["status"] == "fail"
     assert "already in use" in checks["listen"][0]["detail"]
     assert checks["data dir"][0]["status"] == "fail"
