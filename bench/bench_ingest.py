@@ -772,10 +772,14 @@ async def measure(args, model: str, k: int, ms: list[int], done: dict, out_json:
 
 # -- control: p2pd alone, its subscriber only counting ---------------------------------------
 async def bare_p2pd(
-    rates: list[float], seconds: float, m: int, k: int = 1, queues: int = 32
+    rates: list[float], seconds: float, m: int, k: int = 1, queues: int = 32, profile: bool = False
 ) -> list[dict]:
     """The same flood into a p2pd whose only subscriber (our PubSubClient) counts arrivals
-    and drops them: what p2pd delivers without a daemon behind it, and its CPU."""
+    and drops them: what p2pd delivers without a daemon behind it, and its CPU; with
+    `profile`, p2pd's own CPU profile of each step (Go's pprof, bench/pprof.py)."""
+    import urllib.request
+
+    import pprof
     from hivemind.p2p import P2P
 
     from seedflood_p2p.network.transport.p2pd import create_p2p
@@ -785,7 +789,19 @@ async def bare_p2pd(
     run_id = "ab" * 32
     topic = topic_for(run_id)
     mesh = MeshSettings(**{name: queues for name in QUEUES})
-    target = await create_p2p(identity_path=None, host_maddrs=["/ip4/127.0.0.1/tcp/0"], mesh=mesh)
+    pprof_port = free_port() if profile else None
+    target = await create_p2p(
+        identity_path=None,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        mesh=mesh,
+        extra_flags={"pprof": True, "pprofPort": pprof_port} if profile else None,
+    )
+
+    def cpu_profile(span: float) -> bytes:
+        url = f"http://127.0.0.1:{pprof_port}/debug/pprof/profile?seconds={max(1, int(span))}"
+        with urllib.request.urlopen(url, timeout=span + 30) as reply:
+            return reply.read()
+
     publisher = None
     rows = []
     try:
@@ -809,6 +825,8 @@ async def bare_p2pd(
             frames = build_step(ids, run_id, k, base, count_, seq, np.random.default_rng(seq))
             base, seq = base + count_ // m + 1, seq + count_
             start, cpu0 = got["n"], cpu_seconds(target_pid)
+            profiling = asyncio.to_thread(cpu_profile, seconds) if profile else None
+            profiling = asyncio.ensure_future(profiling) if profiling else None
             sent_at, send_s = await flood(stream, frames, rate, seconds * 1.5 + 5)
             quiet = time.monotonic()
             last = got["n"]
@@ -827,6 +845,8 @@ async def bare_p2pd(
                     (cpu_seconds(target_pid) - cpu0) / max(arrived, 1) * 1e6, 1
                 ),
             }
+            if profiling is not None:
+                row["p2pd_profile"] = pprof.top(await profiling)
             print(f"  bare p2pd: {row}", flush=True)
             rows.append(row)
             await asyncio.sleep(2)
@@ -955,6 +975,28 @@ def write_md(done: dict, path: Path) -> None:
                 f"| {r['offered_rate']:,.0f} | {r['delivered']} | {r['lost']} | "
                 f"{r['p2pd_cpu_us_per_update']} |"
             )
+        profiled = [r for r in rows if r.get("p2pd_profile")]
+        if profiled:
+            lines += [
+                "",
+                "Where p2pd's CPU goes (Go's own CPU profile over each step, `-pprof`, "
+                "bench/pprof.py): the functions with the most samples of their own (self) and "
+                "on the stack (inclusive), as shares of the step's samples.",
+                "",
+                "| offered /s | samples | top self | top inclusive |",
+                "|---|---|---|---|",
+            ]
+            for r in profiled:
+                prof = r["p2pd_profile"]
+                cell = (
+                    lambda pairs: ", ".join(  # noqa: E731
+                        f"`{fn.rsplit('/', 1)[-1]}` {share:.0%}" for fn, share in pairs[:6]
+                    )
+                )
+                lines.append(
+                    f"| {r['offered_rate']:,.0f} | {prof['samples']} | {cell(prof['self'])} | "
+                    f"{cell(prof['inclusive'])} |"
+                )
     if done.get("bytes"):
         lines += ["", "## Bytes per hop by part", ""]
         lines += ["| part | " + " | ".join(done["bytes"]) + " |"]
@@ -1041,6 +1083,11 @@ def main() -> None:
         help="p2pd's validation queue, subscription buffer, inbound and outbound queues "
         "(our p2pd build; the daemon gets them as SEEDFLOOD_* settings); default GossipSub's 32",
     )
+    ap.add_argument(
+        "--p2pd-profile",
+        action="store_true",
+        help="with --bare: p2pd's own CPU profile of each step (-pprof; bench/pprof.py)",
+    )
     args = ap.parse_args()
     random.seed(0)
     out_json = OUT / f"{args.out}.json"
@@ -1059,7 +1106,13 @@ def main() -> None:
     if args.bare:
         for m in args.identities:
             done.setdefault("bare", {})[f"M{m}"] = asyncio.run(
-                bare_p2pd(args.rates, args.seconds, m, queues=args.p2pd_queues or 32)
+                bare_p2pd(
+                    args.rates,
+                    args.seconds,
+                    m,
+                    queues=args.p2pd_queues or 32,
+                    profile=args.p2pd_profile,
+                )
             )
         out_json.write_text(json.dumps(done, indent=1))
         write_md(done, out_json.with_suffix(".md"))

@@ -110,3 +110,36 @@ def test_the_profile_is_read_from_py_spy_collapsed_stacks(tmp_path):
     assert dict(map(tuple, got["inclusive"]))["_receive flood.py:445"] == 0.8
     assert "wait threading.py:327" in dict(map(tuple, got["self"]))
     assert bench_ingest._frame("<module> (<frozen runpy>:88)") == "<module> <frozen runpy>:88"
+
+
+def _pb(field: int, value) -> bytes:
+    """One protobuf field: an int (varint) or bytes (length-delimited)."""
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+
+    if isinstance(value, int):
+        return varint(field << 3) + varint(value)
+    return varint(field << 3 | 2) + varint(len(value)) + value
+
+
+def test_a_go_cpu_profile_is_read_into_self_and_inclusive_shares():
+    """bench/pprof.py on a profile.proto made here: two functions, main.b calling main.a;
+    3 samples in a (called from b), 1 in b itself."""
+    import gzip
+
+    import pprof
+
+    strings = b"".join(_pb(6, s) for s in (b"", b"samples", b"count", b"main.a", b"main.b"))
+    functions = _pb(5, _pb(1, 1) + _pb(2, 3)) + _pb(5, _pb(1, 2) + _pb(2, 4))
+    locations = _pb(4, _pb(1, 1) + _pb(4, _pb(1, 1))) + _pb(4, _pb(1, 2) + _pb(4, _pb(1, 2)))
+    samples = _pb(2, _pb(1, bytes([1, 2])) + _pb(2, 3)) + _pb(2, _pb(1, 2) + _pb(2, 1))
+    got = pprof.top(gzip.compress(strings + functions + locations + samples))
+    assert got["samples"] == 4
+    assert got["self"] == [("main.a", 0.75), ("main.b", 0.25)]
+    assert dict(got["inclusive"]) == {"main.b": 1.0, "main.a": 0.75}

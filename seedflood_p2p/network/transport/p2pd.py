@@ -188,6 +188,7 @@ async def create_p2p(
     relay_service: RelayLimits | None = None,
     daemon_metrics: str | None = None,
     mesh: MeshSettings | None = DEFAULT_MESH,
+    extra_flags: dict[str, object] | None = None,
     **p2p_kwargs,
 ) -> PubSubP2P:
     """Start a p2pd daemon with GossipSub (signed, strict) and return hivemind's P2P for it.
@@ -214,7 +215,8 @@ async def create_p2p(
     (`-metricsAddr`: relay service bytes and circuits, hole punches, resource manager).
     `heartbeat_interval`: GossipSub heartbeat in seconds (daemon default 1 s); shorter forms
     the mesh faster. `mesh`: run our p2pd build with these GossipSub settings (`daemon_binary`;
-    None: hivemind's bundled p2pd as it is). Other keyword arguments go to
+    None: hivemind's bundled p2pd as it is). `extra_flags`: more p2pd flags, name -> value
+    (benchmarks: `{"pprof": True, "pprofPort": 6060}`). Other keyword arguments go to
     `hivemind.P2P.create`.
     Failures a user can fix (port in use, unreachable bootstrap, bad key file) raise UserError.
     """
@@ -251,6 +253,7 @@ async def create_p2p(
         flags["metricsAddr"] = daemon_metrics
     if heartbeat_interval is not None:
         flags["gossipsubHeartbeatInterval"] = f"{max(1, round(heartbeat_interval * 1000))}ms"
+    flags.update(extra_flags or {})
     launch = {"flags": flags, "binary": await daemon_binary(mesh)}
     token = _launch.set(launch)
     try:
