@@ -76,3 +76,12 @@ def test_bytes_not_where_a_patch_expects_them_stop_the_build():
 def test_settings_outside_gossipsubs_bounds_are_refused(settings, why):
     with pytest.raises(ValueError, match=why):
         settings.check()
+
+
+def test_node_settings_name_the_build_a_daemon_runs():
+    from seedflood_p2p.network.settings import NodeSettings
+
+    settings = NodeSettings(gossip_degree=8, seen_ttl=60.0, subscription_buffer=4096)
+    assert settings.mesh() == MeshSettings(degree=8, seen_ttl=60.0, subscription_buffer=4096)
+    assert NodeSettings().mesh() == MeshSettings()  # GossipSub's defaults, the relay fix
+    assert NodeSettings(p2pd="bundled", gossip_degree=8).mesh() is None  # hivemind's as is
