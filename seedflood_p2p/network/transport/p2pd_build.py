@@ -12,7 +12,8 @@ makes the build from the binary itself, once per machine and setting:
              back; its own ELF headers, in the image, give the original file's layout
     patch    at addresses found in the binary's function table (pclntab) and disassembly,
              each checked against the bytes expected there before it is written
-    cache    `<cache>/p2pd/<source>-<patches>/p2pd`, written to a temporary name and renamed
+    cache    `$SEEDFLOOD_CACHE/p2pd/<source>-<patches>/p2pd` (default ~/.cache/seedflood),
+             written to a temporary name and renamed
 
 The patches (`MeshSettings`; every address is for the one known build, `KNOWN_SHA256`):
 
@@ -241,8 +242,13 @@ def file_offset(elf: bytes, vaddr: int) -> int:
 
 # -- the build ----------------------------------------------------------------------------
 def cache_dir() -> Path:
-    root = os.environ.get("SEEDFLOOD_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    return (Path(root) if root else Path.home() / ".cache") / "seedflood" / "p2pd"
+    """`$SEEDFLOOD_CACHE/p2pd`, or `~/.cache/seedflood/p2pd` (the assets' cache root)."""
+    env = os.environ.get("SEEDFLOOD_CACHE")
+    try:
+        root = Path(env).expanduser() if env else Path.home() / ".cache" / "seedflood"
+    except RuntimeError as exc:  # no HOME and no passwd entry
+        raise BuildError(f"no cache directory for our build ({exc}): set SEEDFLOOD_CACHE") from None
+    return root / "p2pd"
 
 
 def build(bundled: Path, mesh: MeshSettings, cache: Path | None = None) -> Path:
