@@ -152,6 +152,14 @@ def p2pd_of(pid: int) -> int:
     raise RuntimeError(f"no p2pd under process {pid}")
 
 
+def rss_mib(pid: int) -> float:
+    """VmRSS of `pid`, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -772,7 +780,13 @@ async def measure(args, model: str, k: int, ms: list[int], done: dict, out_json:
 
 # -- control: p2pd alone, its subscriber only counting ---------------------------------------
 async def bare_p2pd(
-    rates: list[float], seconds: float, m: int, k: int = 1, queues: int = 32, profile: bool = False
+    rates: list[float],
+    seconds: float,
+    m: int,
+    k: int = 1,
+    queues: int = 32,
+    profile: bool = False,
+    seen_ttl: float = 120.0,
 ) -> list[dict]:
     """The same flood into a p2pd whose only subscriber (our PubSubClient) counts arrivals
     and drops them: what p2pd delivers without a daemon behind it, and its CPU; with
@@ -788,7 +802,7 @@ async def bare_p2pd(
 
     run_id = "ab" * 32
     topic = topic_for(run_id)
-    mesh = MeshSettings(**{name: queues for name in QUEUES})
+    mesh = MeshSettings(seen_ttl=seen_ttl, **{name: queues for name in QUEUES})
     pprof_port = free_port() if profile else None
     target = await create_p2p(
         identity_path=None,
@@ -845,6 +859,7 @@ async def bare_p2pd(
                     (cpu_seconds(target_pid) - cpu0) / max(arrived, 1) * 1e6, 1
                 ),
             }
+            row["p2pd_rss_mib"] = rss_mib(target_pid)  # the seen cache holds seen_ttl s of ids
             if profiling is not None:
                 row["p2pd_profile"] = pprof.top(await profiling)
             print(f"  bare p2pd: {row}", flush=True)
@@ -965,15 +980,16 @@ def write_md(done: dict, path: Path) -> None:
     for m, rows in done.get("bare", {}).items():
         lines += [
             "",
-            f"## Control: p2pd alone (a subscriber that only counts), {m}, k = 1",
+            f"## Control: p2pd alone (a subscriber that only counts), {m}, k = 1, p2pd queues "
+            f"{done.get('p2pd_queues', 32)}, seen TTL {done.get('seen_ttl', 120.0):g} s",
             "",
-            "| offered /s | delivered | lost | p2pd CPU us/upd |",
-            "|---|---|---|---|",
+            "| offered /s | delivered | lost | p2pd CPU us/upd | p2pd RSS after MiB |",
+            "|---|---|---|---|---|",
         ]
         for r in rows:
             lines.append(
                 f"| {r['offered_rate']:,.0f} | {r['delivered']} | {r['lost']} | "
-                f"{r['p2pd_cpu_us_per_update']} |"
+                f"{r['p2pd_cpu_us_per_update']} | {r.get('p2pd_rss_mib', '-')} |"
             )
         profiled = [r for r in rows if r.get("p2pd_profile")]
         if profiled:
@@ -986,13 +1002,12 @@ def write_md(done: dict, path: Path) -> None:
                 "| offered /s | samples | top self | top inclusive |",
                 "|---|---|---|---|",
             ]
+
+            def cell(pairs: list) -> str:
+                return ", ".join(f"`{fn.rsplit('/', 1)[-1]}` {v:.0%}" for fn, v in pairs[:6])
+
             for r in profiled:
                 prof = r["p2pd_profile"]
-                cell = (
-                    lambda pairs: ", ".join(  # noqa: E731
-                        f"`{fn.rsplit('/', 1)[-1]}` {share:.0%}" for fn, share in pairs[:6]
-                    )
-                )
                 lines.append(
                     f"| {r['offered_rate']:,.0f} | {prof['samples']} | {cell(prof['self'])} | "
                     f"{cell(prof['inclusive'])} |"
@@ -1084,6 +1099,12 @@ def main() -> None:
         "(our p2pd build; the daemon gets them as SEEDFLOOD_* settings); default GossipSub's 32",
     )
     ap.add_argument(
+        "--seen-ttl",
+        type=float,
+        default=120.0,
+        help="s a message id stays seen in p2pd (our build; GossipSub's default 120)",
+    )
+    ap.add_argument(
         "--p2pd-profile",
         action="store_true",
         help="with --bare: p2pd's own CPU profile of each step (-pprof; bench/pprof.py)",
@@ -1101,6 +1122,8 @@ def main() -> None:
         done["commands"].append(command)
     done["machine"] = f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}"
     done["p2pd_queues"] = args.p2pd_queues or 32
+    done["seen_ttl"] = args.seen_ttl
+    os.environ["SEEDFLOOD_SEEN_TTL"] = str(args.seen_ttl)
     if done.get("verify_us") is None or args.stages_only:
         done["verify_us"] = verify_micro()
     if args.bare:
@@ -1111,6 +1134,7 @@ def main() -> None:
                     args.seconds,
                     m,
                     queues=args.p2pd_queues or 32,
+                    seen_ttl=args.seen_ttl,
                     profile=args.p2pd_profile,
                 )
             )
