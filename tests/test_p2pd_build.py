@@ -9,6 +9,7 @@ import pytest
 
 from seedflood_p2p.network.transport.p2pd import bundled_p2pd
 from seedflood_p2p.network.transport.p2pd_build import (
+    GOSSIPSUB_DEFAULTS,
     IMAGE,
     BuildError,
     MeshSettings,
@@ -30,7 +31,7 @@ ODD = MeshSettings(
 
 
 def test_a_build_holds_its_settings_at_each_patch_and_differs_nowhere_else(tmp_path):
-    plain = build(bundled_p2pd(), MeshSettings(), tmp_path).read_bytes()
+    plain = build(bundled_p2pd(), GOSSIPSUB_DEFAULTS, tmp_path).read_bytes()
     odd_path = build(bundled_p2pd(), ODD, tmp_path)
     odd = odd_path.read_bytes()
     assert odd_path.name == "p2pd" and len(odd) == len(plain) > 20_000_000
@@ -41,8 +42,8 @@ def test_a_build_holds_its_settings_at_each_patch_and_differs_nowhere_else(tmp_p
         patched.update(range(end - len(p.value), end))
     differ = {i for i in patched if odd[i] != plain[i]}
     assert differ and all(odd[i] == plain[i] for i in range(len(odd)) if i not in patched)
-    # the defaults' build differs from the unpacked binary only in the relay jump
-    relay = next(p for p in patches(MeshSettings()) if p.name.startswith("EnableRelayV2"))
+    # GossipSub's own settings' build differs from the unpacked binary in the relay jump
+    relay = next(p for p in patches(GOSSIPSUB_DEFAULTS) if p.name.startswith("EnableRelayV2"))
     at = file_offset(plain, relay.address) + len(relay.expected) - 1
     assert plain[at] == 0xEB and relay.expected[-1] == 0x74
     assert build(bundled_p2pd(), ODD, tmp_path) == odd_path  # cached: the same file
@@ -83,5 +84,5 @@ def test_node_settings_name_the_build_a_daemon_runs():
 
     settings = NodeSettings(gossip_degree=8, seen_ttl=60.0, subscription_buffer=4096)
     assert settings.mesh() == MeshSettings(degree=8, seen_ttl=60.0, subscription_buffer=4096)
-    assert NodeSettings().mesh() == MeshSettings()  # GossipSub's defaults, the relay fix
+    assert NodeSettings().mesh() == MeshSettings()  # the same defaults: larger queues
     assert NodeSettings(p2pd="bundled", gossip_degree=8).mesh() is None  # hivemind's as is
