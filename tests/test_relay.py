@@ -83,14 +83,7 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     limits = RelayLimits(time_limit=600, data_limit=1 << 30, max_circuits=4, max_reservations=8)
     relay = await spawn(relay_service=limits)
     relay_addr = str((await relay.get_visible_maddrs())[0])
-    # it announces an address nobody answers on: the dialer could otherwise find its real
-    # one in the DHT and dial it directly, past the relay (its circuit counter then 0)
-    behind = await spawn(
-        use_auto_relay=True,
-        relays=[relay_addr],
-        reachability="private",
-        announce_maddrs=["/ip4/127.0.0.2/tcp/9"],
-    )
+    behind = await _spawn_behind(spawn, relay_addr)
     dialer = await spawn()
     argv = {"relay": _argv(relay), "behind": _argv(behind), "dialer": _argv(dialer)}
     for flag in (
@@ -149,19 +142,25 @@ async def test_a_static_relay_is_reserved_at_once_and_relays(spawn):
     assert await relay_counters(dialer) is None  # serves no relay
 
 
-async def _circuit_through(spawn, relay, **kwargs) -> list[str] | Exception:
-    """Reserve on `relay` from a peer behind it and dial that peer through it, for up to
-    10 s: the dialer's links to the peer once connected, else the last error. The peer
-    announces an address nobody answers on, so the only way to it is the circuit (on
-    loopback the dialer would otherwise find its real address in the DHT and dial it)."""
-    relay_addr = str((await relay.get_visible_maddrs())[0])
-    behind = await spawn(
+async def _spawn_behind(spawn, relay_addr: str, **kwargs):
+    """A peer that reserves on the relay at `relay_addr` and announces an address nobody
+    answers on: the only way to it is the circuit (on loopback a dialer would otherwise
+    find its real address in the DHT and dial it directly, past the relay)."""
+    return await spawn(
         use_auto_relay=True,
         relays=[relay_addr],
         reachability="private",
         announce_maddrs=["/ip4/127.0.0.2/tcp/9"],
         **kwargs,
     )
+
+
+async def _circuit_through(spawn, relay, **kwargs) -> list[str] | Exception:
+    """Reserve on `relay` from a peer behind it (`_spawn_behind`) and dial that peer
+    through it, for up to 10 s: the dialer's links to the peer once connected, else the
+    last error."""
+    relay_addr = str((await relay.get_visible_maddrs())[0])
+    behind = await _spawn_behind(spawn, relay_addr, **kwargs)
     dialer = await spawn(**kwargs)
     started, error = time.monotonic(), None
     while time.monotonic() - started < 10:
