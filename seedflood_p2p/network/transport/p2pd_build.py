@@ -215,20 +215,21 @@ def _wait_stop(pid: int, where: str) -> None:
     raise BuildError(f"the unpacking p2pd did not reach {where} in {UNPACK_SECONDS:.0f} s")
 
 
+def _loads(elf: bytes) -> list[tuple[int, int, int]]:
+    """(file offset, address, size in the file) of each PT_LOAD segment in `elf`'s headers."""
+    phoff, phnum = struct.unpack_from("<Q", elf, 32)[0], struct.unpack_from("<H", elf, 56)[0]
+    headers = [struct.unpack_from("<IIQQQQQQ", elf, phoff + 56 * i) for i in range(phnum)]
+    return [(h[2], h[3], h[5]) for h in headers if h[0] == 1]
+
+
 def elf_from_image(image: bytes, base: int) -> bytes:
     """The executable file the image was loaded from: its PT_LOAD segments at their file
     offsets, from the ELF headers in the image's first page. No section headers: they lay
     past the loaded segments (nothing runs from them)."""
-    phoff, phnum = struct.unpack_from("<Q", image, 32)[0], struct.unpack_from("<H", image, 56)[0]
-    loads = []
-    for i in range(phnum):
-        kind, _, offset, vaddr, _, filesz, _, _ = struct.unpack_from(
-            "<IIQQQQQQ", image, phoff + 56 * i
-        )
-        if kind == 1:  # PT_LOAD
-            loads.append((offset, vaddr - base, filesz))
+    loads = _loads(image)
     out = bytearray(max(offset + filesz for offset, _, filesz in loads))
-    for offset, at, filesz in loads:
+    for offset, vaddr, filesz in loads:
+        at = vaddr - base
         if at < 0 or at + filesz > len(image):
             raise BuildError("a p2pd segment lies outside its unpacked image")
         out[offset : offset + filesz] = image[at : at + filesz]
@@ -239,11 +240,8 @@ def elf_from_image(image: bytes, base: int) -> bytes:
 
 def file_offset(elf: bytes, vaddr: int) -> int:
     """Where the byte loaded at `vaddr` lies in the executable `elf`."""
-    phoff, phnum = struct.unpack_from("<Q", elf, 32)[0], struct.unpack_from("<H", elf, 56)[0]
-    for i in range(phnum):
-        header = struct.unpack_from("<IIQQQQQQ", elf, phoff + 56 * i)
-        kind, offset, start, filesz = header[0], header[2], header[3], header[5]
-        if kind == 1 and start <= vaddr < start + filesz:
+    for offset, start, filesz in _loads(elf):
+        if start <= vaddr < start + filesz:
             return offset + vaddr - start
     raise ValueError(f"{vaddr:#x} is not in a loaded part of the file")
 
