@@ -3,10 +3,12 @@ weights hold, sent with each update we train, and the search for the rows a send
 digest says it lacked (peer/state_rewind.py rebuilds that state for an audit).
 
 Each row's 64-bit hash is a pure function of (peer, round), cached so a row is hashed
-once while it is recent. The cache is bounded (HASHES_KEPT rows): a run of hours meets
-rows without end, and only the newest rounds are hashed again and again (appended rows,
-the search window). When full, the oldest rounds' hashes are dropped and rows below them
-are hashed on demand, uncached: digests and searches are the same either way.
+once while it is recent. Only the newest rounds are hashed again and again (appended rows,
+the search window, a row frozen FROZEN_AFTER rounds after it was applied), so the cache
+keeps the rows of the newest ROUNDS_CACHED rounds, and at most HASHES_KEPT rows in all (a
+swarm of many peers): a run of hours meets rows without end, and a restart hashes every
+frozen row of the history once. Rows of older rounds are hashed on demand, uncached:
+digests and searches are the same either way.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from itertools import islice
 from seedflood_p2p.protocol.held_state import MASK, find_missing, row_hash
 from seedflood_p2p.protocol.message import UpdateMessage
 
-# Row hashes cached (~120 bytes each: about 16 MB). Rehashing a row costs ~1.2 us, so a
-# state of more rows than this pays that per older row in each `missing` search.
+# Row hashes cached (~140 bytes each: at most about 18 MB). Rehashing a row costs ~1.2 us,
+# so a state of more rows than this pays that per older row in each `missing` search.
 HASHES_KEPT = 1 << 17
+# Rounds whose rows are cached: every round a row is hashed in more than once (the search
+# window, peer/state_rewind.py HELD_WINDOW + MAX_REWIND = 90 rounds; a row frozen 120 + lag
+# rounds after it was applied, peer/applied_rows.py) and the digest's KEYS_WINDOW. Before,
+# by count alone, a 6-peer run cached its last 131,072 rows: ~9 MiB more an hour of a
+# soak's life, and a restarted peer hashed (and kept) every frozen row of the history.
+ROUNDS_CACHED = 256
 # Rounds whose keys a digest keeps to count a key once (`HeldDigests.of`), and the most
 # appended rows older than that checked one by one (more: the list is summed again).
 KEYS_WINDOW = 256
@@ -31,10 +39,14 @@ class HeldDigests:
     to date as rows are applied, and the search for the rows a sender's digest says it
     lacked. A recent row's hash is computed once (at most `kept` of them cached)."""
 
-    def __init__(self, kept: int = HASHES_KEPT) -> None:
+    def __init__(self, kept: int = HASHES_KEPT, rounds: int = ROUNDS_CACHED) -> None:
         self.kept = max(2, kept)
-        self._hashes: dict[tuple[bytes, int], int] = {}  # row_hash of recent rows met
+        self.rounds = max(1, rounds)
+        # row_hash of recent rows met, by round (oldest rounds dropped whole)
+        self._hashes: dict[int, dict[bytes, int]] = {}
+        self._count = 0  # rows in `_hashes`
         self._floor = -1  # rows of rounds below this are hashed on demand, not cached
+        self._top = -1  # the newest round met
         # (applied list, rows summed, keys of the newest rounds, digest, newest round)
         self._memo: tuple | None = None
         self._window_keys = 1024  # keys held after the last pruning
@@ -131,7 +143,11 @@ class HeldDigests:
         return len(self._memo[2]) if self._memo else 0
 
     def cached(self) -> int:
-        """Row hashes held in the cache (at most `kept`)."""
+        """Row hashes held in the cache (at most `kept`, of the newest `rounds` rounds)."""
+        return self._count
+
+    def rounds_cached(self) -> int:
+        """Rounds with a row hash in the cache (at most `rounds`)."""
         return len(self._hashes)
 
     def row_hash(self, key: tuple[bytes, int]) -> int:
@@ -139,32 +155,45 @@ class HeldDigests:
         return self._row_hash(key)
 
     def _row_hash(self, key: tuple[bytes, int]) -> int:
-        h = self._hashes.get(key)
-        if h is None:
-            h = row_hash(*key)
-            if key[1] >= self._floor:
-                if len(self._hashes) >= self.kept:
-                    self._prune()
-                if key[1] >= self._floor:
-                    self._hashes[key] = h
+        peer, round_ = key
+        bucket = self._hashes.get(round_)
+        h = None if bucket is None else bucket.get(peer)
+        if h is not None:
+            return h
+        h = row_hash(peer, round_)
+        if round_ > self._top:
+            self._top = round_
+            if round_ - self.rounds >= self._floor + max(1, self.rounds // 4):
+                self._drop_below(round_ - self.rounds + 1)  # the window slid a quarter
+        if round_ < self._floor or round_ <= self._top - self.rounds:
+            return h  # an old row: hashed on demand
+        if self._count >= self.kept:
+            self._prune()
+            if round_ < self._floor:
+                return h
+        self._hashes.setdefault(round_, {})[peer] = h
+        self._count += 1
         return h
 
+    def _drop_below(self, floor: int) -> None:
+        """Forget the rows of rounds below `floor`, and cache none of them again."""
+        self._floor = max(self._floor, floor)
+        for r in [r for r in self._hashes if r < self._floor]:
+            self._count -= len(self._hashes.pop(r))
+
     def _prune(self) -> None:
-        """Drop the oldest rounds' hashes, to half the bound or less (whole rounds, so a
-        round is cached all or nothing); rows below the new floor are not cached again."""
-        rounds = sorted({r for _, r in self._hashes}, reverse=True)
+        """The count bound: drop the oldest rounds' hashes, to half of it or less (whole
+        rounds, so a round is cached all or nothing); rows below the new floor are not
+        cached again."""
         room, kept = self.kept // 2, 0
-        per_round: dict[int, int] = {}
-        for _, r in self._hashes:
-            per_round[r] = per_round.get(r, 0) + 1
+        rounds = sorted(self._hashes, reverse=True)
         floor = rounds[0] + 1
         for r in rounds:  # newest first, while whole rounds fit in half the bound
-            if kept + per_round[r] > room:
+            if kept + len(self._hashes[r]) > room:
                 break
-            kept += per_round[r]
+            kept += len(self._hashes[r])
             floor = r
-        self._floor = max(self._floor, floor)
-        self._hashes = {k: h for k, h in self._hashes.items() if k[1] >= self._floor}
+        self._drop_below(floor)
 
 
 def arrived_last(
