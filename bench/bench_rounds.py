@@ -6,7 +6,11 @@ per round, the daemons' estimator, step and ledger rules; basis artifacts comput
 their due epochs as a run's publisher would), for each N in --peers and each seed, and
 scores the first --eval-examples held-out sentences at --eval-at rounds. The reference
 row `adam` is one machine with first-order Adam on the same weights, prompts and batch
-size (one step = one round; the same evaluation points).
+size (one step = one round; the same evaluation points). The diagnostic row `adam-core`
+is the same Adam restricted to the zeroth-order rows' own subspace: per matrix
+W = W0 + U C V^T with the run's basis (U, V: its rank r columns, computed at the base as
+a run's publisher does) and Adam on the r x r core C, whose gradient is U^T (dL/dW) V. It
+asks whether the subspace or the zeroth-order noise holds a row back.
 
 Cheaper forward passes, stated in every row: `--train-only` restricts training to the
 upper blocks, and the frozen blocks' hidden states are cached per example
@@ -58,7 +62,9 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE_DIR = Path(os.environ.get("SEEDFLOOD_BENCH_CACHE", "/tmp/seedflood-bench-cache"))
-# Method rows: RunConfig overrides. "adam" is the first-order reference.
+# Method rows: RunConfig overrides. "adam" is the first-order reference; "adam-core" is Adam
+# on the zeroth-order rows' subspace (its rank, basis and basis settings are the row's).
+FIRST_ORDER = ("adam", "adam-core")
 ROWS: dict[str, dict[str, Any]] = {
     "adam": dict(method="adam", lr=3e-4),
     "random": dict(rank=32, directions=16, step_rule="round_mean", n_ref=4, lr=6.4e-2),
@@ -252,6 +258,8 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
             opt.zero_grad()
             loss.backward()
             opt.step()
+    elif method == "adam-core":
+        extra = adam_core(args, config, model, tokenizer, task, curve, score)
     else:
         engine = make_estimator(model, config)
         cache = ExamplePrefixCache(model, engine.matrices) if args.cache_prefix else None
@@ -319,6 +327,82 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         "peers_per_pass": args.peers_per_pass,
         **({"correct": correct} if correct else {}),
         **extra,
+    }
+
+
+class CoreAdam:
+    """Adam on the r x r cores of W = W0 + U C V^T, one per matrix (`bases`: [(U, V)]):
+    after a backward pass, dL/dC = U^T (dL/dW) V (the full gradient, projected), one Adam
+    step on the cores, and the weights written as W0 + U C V^T. The weights never leave
+    W0 + span(U) x span(V), the subspace a zeroth-order row moves in."""
+
+    def __init__(self, matrices: list, bases: list[tuple[torch.Tensor, torch.Tensor]], lr: float):
+        self.matrices, self.bases = matrices, bases
+        self.start = [m.as_2d().detach().clone() for m in matrices]
+        self.cores = [
+            torch.zeros(u.shape[1], v.shape[1], dtype=u.dtype, device=u.device, requires_grad=True)
+            for u, v in bases
+        ]
+        self.opt = torch.optim.Adam(self.cores, lr=lr)
+        for m in matrices:
+            m.weight.requires_grad_(True)
+
+    def zero_grad(self) -> None:
+        for m in self.matrices:
+            m.weight.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for m, (u, v), core in zip(self.matrices, self.bases, self.cores):
+            core.grad = u.T @ m.weight.grad.view(m.shape) @ v
+        self.opt.step()
+        for m, (u, v), core, w0 in zip(self.matrices, self.bases, self.cores, self.start):
+            m.as_2d().copy_(w0 + u @ core @ v.T)
+
+
+def adam_core(args, config, model, tokenizer, task, curve: dict, score) -> dict:
+    """The `adam-core` row: `CoreAdam` in the basis the zeroth-order rows use (their
+    coordinates exactly: a message's direction is one column pair (u_a, v_b) of it, with
+    the basis computed at the base as the run's publisher computes it), on the Adam row's
+    batches, step for step."""
+    from seedflood_p2p.algorithm.objective import differentiable_example_losses, on_model_device
+    from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
+    from seedflood_p2p.algorithm.subcge import SubCGE, make_estimator
+    from seedflood_p2p.algorithm.trainer import basis_due, batch_seed, make_basis
+    from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
+
+    engine = make_estimator(model, config)
+    if not isinstance(engine, SubCGE):
+        raise SystemExit("error: the adam-core row needs the subcge estimator (its basis)")
+    if config.basis_refresh:
+        raise SystemExit("error: the adam-core row holds one basis: set basis_refresh:0")
+    cache = ExamplePrefixCache(model, engine.matrices) if args.cache_prefix else None
+    warm(args, cache, model, tokenizer, task, config)
+    if basis_due(config, 0) is not None and config.basis in ("activation", "kfac"):
+        engine.add_basis(0, make_basis(engine, tokenizer, task, 0))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adam = CoreAdam(engine.matrices, engine.basis(0), config.lr)
+    peer = b"adam"  # the Adam row's batches, step for step
+    for step in range(args.rounds + 1):
+        if step in args.eval_at:
+            with torch.no_grad():
+                curve[step] = score(step, cache)
+        if step == args.rounds:
+            break
+        examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
+        rows = calibrated(task, examples)
+        batch = on_model_device(model, make_batch(rows, tokenizer, task, config.max_length))
+        ctx = cache.batch(rows, batch) if cache else _null()
+        adam.zero_grad()
+        with ctx:
+            loss = differentiable_example_losses(model, batch, task.kind).mean()
+        loss.backward()
+        adam.step()
+    engine.close()
+    return {
+        "trainable_params": sum(c.numel() for c in adam.cores),
+        "core_norm": float(torch.sqrt(sum((c.detach() ** 2).sum() for c in adam.cores))),
     }
 
 
@@ -416,7 +500,7 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
     runs = data["runs"]
     groups: dict[tuple[str, int], list[dict]] = {}
     for run in runs:
-        key = (run["row"], run["peers"] if run["settings"]["method"] != "adam" else 1)
+        key = (run["row"], run["peers"] if run["settings"]["method"] not in FIRST_ORDER else 1)
         groups.setdefault(key, []).append(run)
     eval_at = sorted({int(r) for run in runs for r in run["curve"]})
     commands = list(dict.fromkeys(run.get("command", meta.get("command")) for run in runs))
@@ -452,7 +536,9 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
         + " | CPU-s/run |",
         "|---|---:|---|---|---:|" + "---:|" * len(eval_at) + "---:|",
     ]
-    for (row, peers), group in sorted(groups.items(), key=lambda kv: (kv[0][0] != "adam", kv[0])):
+    for (row, peers), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][0] not in FIRST_ORDER, kv[0])
+    ):
         cells = []
         for r in eval_at:
             accs = [g["curve"][str(r)]["accuracy"] for g in group if str(r) in g["curve"]]
@@ -513,11 +599,12 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
                 ys.append(statistics.fmean(accs))
                 es.append(statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else 0)
         settings = group[0]["settings"]
-        adam = settings["method"] == "adam"
+        adam = settings["method"] in FIRST_ORDER
         label = f"{row}, N={peers}"
         if adam:
             named = "" if row == "adam" else f", {row}"
-            label = f"Adam lr {settings['lr']:g} (1 machine){named}"
+            core = f", rank-{settings.get('rank', 0)} core" if settings["method"] != "adam" else ""
+            label = f"Adam lr {settings['lr']:g} (1 machine{core}){named}"
         ax.errorbar(
             xs,
             ys,
@@ -583,7 +670,9 @@ def chosen_rows(args: argparse.Namespace, peers: list[int]) -> list[tuple[str, d
     if adam:
         jobs.append((*adam, peers[0]))
     for n in peers:
-        zo = best([r for r in runs if r["settings"]["method"] != "adam" and r["peers"] == n])
+        zo = best(
+            [r for r in runs if r["settings"]["method"] not in FIRST_ORDER and r["peers"] == n]
+        )
         if zo:
             jobs.append((*zo, n))
     return jobs
@@ -682,7 +771,8 @@ def main() -> None:
             (name, spec, peers)
             for peers in peer_counts
             for name, spec in rows.items()
-            if spec.get("method") != "adam" or peers == peer_counts[0]  # one Adam run per seed
+            # one first-order run per seed
+            if spec.get("method") not in FIRST_ORDER or peers == peer_counts[0]
         ]
     meta.update(validation_digest(args))
     for seed in range(args.first_seed, args.seeds):
@@ -691,7 +781,7 @@ def main() -> None:
             if any(
                 r["row"] == name
                 and r["seed"] == seed
-                and (r["peers"] == peers or spec.get("method") == "adam")
+                and (r["peers"] == peers or spec.get("method") in FIRST_ORDER)
                 and (r.get("scored_on") or legacy_split(r, data.get("meta", {})))
                 == meta["scored_on"]
                 for r in data["runs"]

@@ -99,3 +99,39 @@ def test_a_validation_run_refuses_a_pool_that_meets_the_validation_split(tmp_pat
             bench, monkeypatch, *argv, "--eval-split", "validation", "--rows", "",
             "--row", f"lo={ROW},lr:0.001",
         )  # fmt: skip
+
+
+def test_core_adam_is_adam_on_the_subspace_core_and_stays_in_the_subspace():
+    """The `adam-core` row's step (bench_rounds.CoreAdam): the projected gradient
+    U^T (dL/dW) V is the gradient of the core C in W = W0 + U C V^T, so its steps are
+    Adam's on C by autograd, and the weights never leave W0 + span(U) x span(V)."""
+    import torch
+
+    from seedflood_p2p.algorithm.trainable import TrainableMatrix
+
+    bench = load_bench()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(6, 5, bias=False)
+    u, v = torch.randn(5, 2), torch.randn(6, 3)  # a basis need not be orthonormal
+    w0 = layer.weight.detach().clone()
+    x = torch.randn(8, 6)
+    target = torch.randn(8, 5)
+    core = torch.zeros(2, 3, requires_grad=True)  # the reference: Adam on C by autograd
+    reference = torch.optim.Adam([core], lr=0.05)
+    stepped = bench.CoreAdam(
+        [TrainableMatrix("w", layer.weight, [layer], "linear")], [(u, v)], lr=0.05
+    )
+    for _ in range(4):
+        reference.zero_grad()
+        ((x @ (w0 + u @ core @ v.T).T - target) ** 2).mean().backward()
+        reference.step()
+        stepped.zero_grad()
+        ((layer(x) - target) ** 2).mean().backward()
+        stepped.step()
+    delta = layer.weight.detach() - w0
+    assert delta.abs().max() > 1e-3  # it moved
+    torch.testing.assert_close(stepped.cores[0].detach(), core.detach())
+    torch.testing.assert_close(delta, (u @ core @ v.T).detach())
+    # in the subspace: projecting the move onto span(U) x span(V) leaves it as it is
+    pu, pv = u @ torch.linalg.pinv(u), v @ torch.linalg.pinv(v)
+    torch.testing.assert_close(pu @ delta @ pv, delta, atol=1e-5, rtol=1e-4)
