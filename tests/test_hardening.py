@@ -168,6 +168,63 @@ def test_peer_buckets_refill_at_their_rate():
     assert [buckets.allow(b"p") for _ in range(3)] == [True, True, False]
 
 
+def test_peer_buckets_forget_refilled_peers_and_a_flood_of_fresh_keys_costs_no_rescans(
+    monkeypatch,
+):
+    """A stream of fresh identities, each sending a little (a sybil's cheap keys): the
+    buckets that have refilled are forgotten (an untracked peer starts full, so nothing
+    changes for it), and while the refilling ones outnumber the bound the table is scanned
+    again only once it has doubled. Before, a stored bucket was always below `burst` and
+    the filter kept every one: the table grew without end, and each new key past the bound
+    copied the whole of it."""
+    from seedflood_p2p.network.peers import reputation
+
+    monkeypatch.setattr(reputation, "MAX_TRACKED", 100)
+    clock = Clock()
+    buckets = PeerBuckets(rate=1.0, burst=2.0, clock=clock)
+    scans = 0
+    forget = buckets._forget_full
+
+    def counted(now: float) -> None:
+        nonlocal scans
+        scans += 1
+        forget(now)
+
+    buckets._forget_full = counted
+    for i in range(5_000):  # 10 fresh keys a second, each one message; refilled in 1 s
+        clock.now += 0.1
+        assert buckets.allow(i.to_bytes(4, "big"))
+        assert buckets.tracked() <= 100
+    assert scans <= 5_000 // 90 + 1  # once per ~90 new keys, not once per key
+    # a forgotten peer is as an untracked one: a full bucket
+    assert [buckets.allow((0).to_bytes(4, "big")) for _ in range(3)] == [True, True, False]
+    # keys that all keep draining (none refills): the bound doubles instead of rescanning
+    scans = 0
+    for i in range(1_000):
+        assert buckets.allow(b"x" + i.to_bytes(4, "big"), cost=2.0)  # empties its bucket
+    assert buckets.tracked() >= 1_000
+    assert scans <= 6  # 100, 200, 400, 800, ... not once per key
+
+
+def test_reputation_forgets_recovered_scores_without_a_rescan_per_fresh_key(monkeypatch):
+    from seedflood_p2p.network.peers import reputation
+
+    monkeypatch.setattr(reputation, "MAX_TRACKED", 50)
+    rep = Reputation(BanStore(None), clock=Clock())
+    scans = 0
+    forget = rep._forget_recovered
+
+    def counted() -> None:
+        nonlocal scans
+        scans += 1
+        forget()
+
+    rep._forget_recovered = counted
+    for i in range(1_000):  # fresh keys with a penalty each, none recovered yet
+        rep.penalize(i.to_bytes(4, "big"), "bad_signature")
+    assert scans <= 6
+
+
 def test_drop_logs_are_thinned_while_counters_stay_exact(node, caplog):  # noqa: F811
     caplog.set_level(logging.WARNING, logger="seedflood.node")
     forger = Peer()

@@ -56,7 +56,10 @@ PENALTIES: dict[str, float] = {
     "bad_key": 1.0,
     "no_work": 1.0,  # a key without the run's identity work: a stranger's, or a sybil's
 }
-MAX_TRACKED = 10_000  # peers with a score or a bucket kept in memory (one identity each)
+# Peers with a score or a bucket past which the settled ones are forgotten (one identity
+# each); past it, forgetting runs again only once the table has doubled, so a flood of
+# fresh identities costs O(1) a new peer, not a pass over the table each.
+MAX_TRACKED = 10_000
 
 
 class Reputation:
@@ -74,6 +77,7 @@ class Reputation:
         self.on_ban = on_ban
         self.clock = clock
         self._scores: dict[bytes, tuple[float, float]] = {}  # peer -> (score, when)
+        self._forget_at = MAX_TRACKED
 
     def is_banned(self, peer: bytes) -> bool:
         return self.store.is_banned(peer)
@@ -90,7 +94,7 @@ class Reputation:
         if points == BAN_AT_ONCE:
             return self.ban(peer, reason)
         score = self.score(peer) - points
-        if len(self._scores) >= MAX_TRACKED and peer not in self._scores:
+        if len(self._scores) >= self._forget_at and peer not in self._scores:
             self._forget_recovered()
         self._scores[peer] = (score, self.clock())
         if score <= BAN_SCORE:
@@ -112,8 +116,10 @@ class Reputation:
         return True
 
     def _forget_recovered(self) -> None:
+        """Drop the scores back at 0 (what an untracked peer has)."""
         for peer in [p for p in self._scores if self.score(p) >= 0.0]:
             del self._scores[peer]
+        self._forget_at = max(MAX_TRACKED, 2 * len(self._scores))
 
 
 class PeerBuckets:
@@ -124,6 +130,7 @@ class PeerBuckets:
     ) -> None:
         self.rate, self.burst, self.clock = rate, burst, clock
         self._buckets: dict[bytes, tuple[float, float]] = {}  # peer -> (tokens, when)
+        self._forget_at = MAX_TRACKED
 
     def allow(self, peer: bytes, cost: float = 1.0) -> bool:
         now = self.clock()
@@ -132,10 +139,26 @@ class PeerBuckets:
         if tokens < cost:
             self._buckets[peer] = (tokens, now)
             return False
-        if len(self._buckets) >= MAX_TRACKED and peer not in self._buckets:
-            self._buckets = {p: b for p, b in self._buckets.items() if b[0] < self.burst}
+        if len(self._buckets) >= self._forget_at and peer not in self._buckets:
+            self._forget_full(now)
         self._buckets[peer] = (tokens - cost, now)
         return True
+
+    def tracked(self) -> int:
+        """Peers with a bucket in memory."""
+        return len(self._buckets)
+
+    def _forget_full(self, now: float) -> None:
+        """Drop the buckets that have refilled by `now`: a full bucket is what an untracked
+        peer gets. (A bucket is stored after a take, so below `burst`: testing the stored
+        tokens, as before, kept every bucket.)"""
+        rate, burst = self.rate, self.burst
+        self._buckets = {
+            p: (tokens, when)
+            for p, (tokens, when) in self._buckets.items()
+            if tokens + (now - when) * rate < burst
+        }
+        self._forget_at = max(MAX_TRACKED, 2 * len(self._buckets))
 
 
 class LogLimiter:
