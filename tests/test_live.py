@@ -306,12 +306,14 @@ def test_round_mean_trial_states_put_back_the_weights_and_what_they_hold(config)
     messages = _messages(6, 4)
     live = _round_mean_live(config)
     live.apply(messages)
-    saved = live.save_state()
+    saved = live.save_state()  # copies the rounds' table, not each round (never changed)
+    held = {t: dict(rows) for t, rows in live.held.items()}
     before = {n: w.clone() for n, w in live.weights().items()}
     live.apply([m.negated() for m in messages if m.round >= 3])  # an audit's S_3
-    assert sorted(live.held) == [0, 1, 2]
+    live.apply([messages[5].negated()])  # and one row of round 1: a round that stays
+    assert sorted(live.held) == [0, 1, 2] and len(live.held[1]) == 3
     live.load_state(saved)
-    assert sorted(live.held) == list(range(6))
+    assert live.held == held
     assert all(torch.equal(before[n], w) for n, w in live.weights().items())
     live.apply([messages[0].negated()])  # round 0 shrinks 4 -> 3: the rest re-scaled
     _assert_round_mean_replay(config, live, messages[1:])

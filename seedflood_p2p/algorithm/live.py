@@ -119,17 +119,22 @@ class LiveModel:
             count = self.engine.accumulate(messages)
             self.engine.commit()
             return count
-        before = {t: dict(self.held.get(t, {})) for t in {m.round for m in messages}}
+        # A round's rows are never changed in place: a changed round gets a new dict, so
+        # `save_state` copies the outer dict only, not every round the weights hold.
+        before = {t: self.held.get(t, {}) for t in {m.round for m in messages}}
+        after = {t: dict(rows) for t, rows in before.items()}
         for m in messages:
-            rows = self.held.setdefault(m.round, {})
+            rows = after[m.round]
             if rows.get(m.peer) == m.negated().scalars:
                 del rows[m.peer]  # taken back (a ban, an equivocation, an audit's trial)
             else:
                 rows[m.peer] = m.scalars
         for round_, old in sorted(before.items()):
-            new = self.held[round_]
-            if not new:
-                del self.held[round_]
+            new = after[round_]
+            if new:
+                self.held[round_] = new
+            else:
+                self.held.pop(round_, None)
             # Every row of the round moves from its old size to its new one: added at the
             # new size (if held now), taken back at the old one (if held before).
             added = [UpdateMessage(round_, p, g) for p, g in sorted(new.items())]
@@ -178,14 +183,14 @@ class LiveModel:
     def save_state(self) -> tuple[dict[str, torch.Tensor], dict, object]:
         """The weights, what they hold and the momentum state, for `load_state` (an
         audit's trial states)."""
-        held = {t: dict(rows) for t, rows in self.held.items()}
+        held = dict(self.held)  # its rounds' dicts are never changed in place (`apply`)
         weights = {name: w.clone() for name, w in self.weights().items()}
         return weights, held, self.engine.momentum_state()
 
     def load_state(self, state: tuple[dict[str, torch.Tensor], dict, object]) -> None:
         weights, held, momentum = state
         self.load_weights(weights)
-        self.held = {t: dict(rows) for t, rows in held.items()}
+        self.held = dict(held)
         self.engine.load_momentum_state(momentum)
 
     def weights(self) -> dict[str, torch.Tensor]:
