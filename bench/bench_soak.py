@@ -506,7 +506,8 @@ def plot(records: list[dict], summary: dict[str, Any], path: Path) -> Path:
             if (p2pd is not None and is_p2pd != p2pd) or s.get(key) is None:
                 continue
             lives.setdefault((s["name"], s["pid"]), []).append((s["t"] / 60, s[key] * scale))
-        for (name, _pid), points in sorted(lives.items()):
+        # a resumed chain's pids are tagged with their segment (strings): sort as text
+        for (name, _pid), points in sorted(lives.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
             label = None if name in seen else name
             seen.add(name)
             ax.plot(*zip(*points), color=colours[name], label=label, lw=1)
