@@ -177,14 +177,12 @@ class Partial:
 
 
 def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: int) -> dict:
-    from seedflood_p2p.algorithm.objective import differentiable_example_losses, on_model_device
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.algorithm.trainable import find_trainable_matrices
-    from seedflood_p2p.algorithm.trainer import batch_seed, evaluate_metrics, train_local
+    from seedflood_p2p.algorithm.trainer import evaluate_metrics, train_local
     from seedflood_p2p.core.config import RunConfig
     from seedflood_p2p.storage.artifacts import save_basis
-    from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
     from seedflood_p2p.workload.data import load_task, split_sha256
     from seedflood_p2p.workload.models import load_model
     from seedflood_p2p.workload.tasks import task_spec
@@ -243,21 +241,7 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         for p in params:
             p.requires_grad_(True)
         opt = torch.optim.Adam(params, lr=config.lr)
-        peer = b"adam"
-        for step in range(args.rounds + 1):
-            if step in args.eval_at:
-                curve[step] = score(step, cache)
-            if step == args.rounds:
-                break
-            examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
-            rows = calibrated(task, examples)
-            batch = on_model_device(model, make_batch(rows, tokenizer, task, config.max_length))
-            ctx = cache.batch(rows, batch) if cache else _null()
-            with ctx:  # the peers' objective, with autograd
-                loss = differentiable_example_losses(model, batch, task.kind).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        first_order_steps(args, config, model, tokenizer, task, cache, curve, score, opt)
     elif method == "adam-core":
         extra = adam_core(args, config, model, tokenizer, task, curve, score)
     else:
@@ -330,6 +314,31 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     }
 
 
+def first_order_steps(args, config, model, tokenizer, task, cache, curve: dict, score, opt):
+    """The first-order rows' loop: `opt` (zero_grad, step) on the peers' objective with
+    autograd, one batch of 16 a step (the same batches for every first-order row, step for
+    step), evaluated at --eval-at into `curve`."""
+    from seedflood_p2p.algorithm.objective import differentiable_example_losses, on_model_device
+    from seedflood_p2p.algorithm.trainer import batch_seed
+    from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
+
+    peer = b"adam"
+    for step in range(args.rounds + 1):
+        if step in args.eval_at:
+            curve[step] = score(step, cache)
+        if step == args.rounds:
+            break
+        examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
+        rows = calibrated(task, examples)
+        batch = on_model_device(model, make_batch(rows, tokenizer, task, config.max_length))
+        ctx = cache.batch(rows, batch) if cache else _null()
+        with ctx:  # the peers' objective, with autograd
+            loss = differentiable_example_losses(model, batch, task.kind).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 class CoreAdam:
     """Adam on the r x r cores of W = W0 + U C V^T, one per matrix (`bases`: [(U, V)]):
     after a backward pass, dL/dC = U^T (dL/dW) V (the full gradient, projected), one Adam
@@ -365,11 +374,9 @@ def adam_core(args, config, model, tokenizer, task, curve: dict, score) -> dict:
     coordinates exactly: a message's direction is one column pair (u_a, v_b) of it, with
     the basis computed at the base as the run's publisher computes it), on the Adam row's
     batches, step for step."""
-    from seedflood_p2p.algorithm.objective import differentiable_example_losses, on_model_device
     from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
     from seedflood_p2p.algorithm.subcge import SubCGE, make_estimator
-    from seedflood_p2p.algorithm.trainer import basis_due, batch_seed, make_basis
-    from seedflood_p2p.workload.batching import calibrated, make_batch, sample_batch
+    from seedflood_p2p.algorithm.trainer import basis_due, make_basis
 
     engine = make_estimator(model, config)
     if not isinstance(engine, SubCGE):
@@ -383,22 +390,7 @@ def adam_core(args, config, model, tokenizer, task, curve: dict, score) -> dict:
     for p in model.parameters():
         p.requires_grad_(False)
     adam = CoreAdam(engine.matrices, engine.basis(0), config.lr)
-    peer = b"adam"  # the Adam row's batches, step for step
-    for step in range(args.rounds + 1):
-        if step in args.eval_at:
-            with torch.no_grad():
-                curve[step] = score(step, cache)
-        if step == args.rounds:
-            break
-        examples = sample_batch(task, batch_seed(config.run_key, peer, step), 16)
-        rows = calibrated(task, examples)
-        batch = on_model_device(model, make_batch(rows, tokenizer, task, config.max_length))
-        ctx = cache.batch(rows, batch) if cache else _null()
-        adam.zero_grad()
-        with ctx:
-            loss = differentiable_example_losses(model, batch, task.kind).mean()
-        loss.backward()
-        adam.step()
+    first_order_steps(args, config, model, tokenizer, task, cache, curve, score, adam)
     engine.close()
     return {
         "trainable_params": sum(c.numel() for c in adam.cores),
