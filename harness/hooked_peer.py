@@ -22,7 +22,10 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
                              so `protocol.update.keeps_new` keeps it everywhere, and the
                              first one's sign flipped, so it moves the model another way
                              even under normalize "unit") and flood it L rounds after
-                             the honest one (0: at once, right behind it). p2pd's
+                             the honest one (0: at once, right behind it), counted in
+                             the run's rounds (the other peers' quorum round in our
+                             ledger), not our own: a lagging or hurried equivocator
+                             still floods it when the others train round R + L. p2pd's
                              pubsub has no send to one peer, so both copies reach every
                              peer; with L > 0 the peers hold, and train on, the first
                              copy for L rounds before the second replaces it
@@ -61,7 +64,7 @@ from peer.daemon import run_peer  # noqa: E402
 from seedflood_p2p.core.errors import UserError  # noqa: E402
 from seedflood_p2p.core.logs import setup_logging  # noqa: E402
 from seedflood_p2p.protocol.message import UpdateMessage  # noqa: E402
-from seedflood_p2p.protocol.update import encode_update  # noqa: E402
+from seedflood_p2p.protocol.update import encode_update, quorum_round  # noqa: E402
 from seedflood_p2p.sim.audit_sim import cheat  # noqa: E402
 from seedflood_p2p.storage.ledger import Ledger  # noqa: E402
 
@@ -148,7 +151,11 @@ def install_equivocation(round_: int, later: int) -> None:
     """Make this process's node sign and flood `twin` of its update of the first round
     >= `round_` whose first scalar is positive (with one scalar under normalize "unit" a
     twin of a negative one would only rescale it: no other model, nothing to see),
-    `later` rounds after the honest one. Logs event "equivocated" with the round.
+    `later` rounds after the honest one: at once for 0, else once the other peers train
+    round R + `later` (their quorum round in our ledger, + 1). The run's rounds, not our
+    own: an equivocator slowed by its machine would otherwise flood the twin after the
+    others had audited every update trained on the first copy. Logs event "equivocated"
+    with the round.
 
     The honest daemon refuses to sign a second update for a round (`FloodNode.publish`),
     so this wraps that method in this process only: the honest copy goes through it as
@@ -158,25 +165,35 @@ def install_equivocation(round_: int, later: int) -> None:
     from seedflood_p2p.network.gossip import flood
 
     honest_publish = flood.FloodNode.publish
-    # round -> (twin, held); one round only (every peer bans us once it has both copies)
-    held_back: dict[int, tuple[tuple[float, ...], int | None]] = {}
-    done: list[int] = []
+    done: list[int] = []  # one round only (every peer bans us once it has both copies)
+    tasks: set[asyncio.Task] = set()
+
+    async def flood_twin(node, r: int, scalars: tuple[float, ...], held: int | None) -> None:
+        while later:
+            rounds = node.ledger.peer_rounds()
+            rounds.pop(node.peer_id, None)
+            if quorum_round(rounds.values()) + 1 >= r + later:
+                break
+            await asyncio.sleep(0.05)
+        await node._pubsub.publish(node.topic, encode_update(node.run_id, r, scalars, held))
+        log.warning(
+            "equivocating: signed a second update for round %d, %r (first: %r)",
+            r,
+            scalars,
+            node.ledger.scalars_of(node.peer_id, r),
+            extra={"fields": {"event": "equivocated", "round": r, "at": node.ledger.max_round()}},
+        )
 
     async def publish(self, message: UpdateMessage, held: int | None = None) -> None:
         await honest_publish(self, message, held)
         if not done and message.round >= round_ and message.scalars[0] > 0:
-            held_back[message.round] = (twin(message.scalars), held)
             done.append(message.round)
-        for r in [r for r in held_back if message.round >= r + later]:
-            scalars, digest = held_back.pop(r)
-            await self._pubsub.publish(self.topic, encode_update(self.run_id, r, scalars, digest))
-            log.warning(
-                "equivocating: signed a second update for round %d, %r (first: %r)",
-                r,
-                scalars,
-                self.ledger.scalars_of(message.peer, r),
-                extra={"fields": {"event": "equivocated", "round": r, "at": message.round}},
+            task = asyncio.ensure_future(
+                flood_twin(self, message.round, twin(message.scalars), held)
             )
+            tasks.add(task)  # held: a task with no reference may be collected mid-run
+            if not later:
+                await task
 
     flood.FloodNode.publish = publish
 
