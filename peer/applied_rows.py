@@ -101,6 +101,7 @@ class AppliedRows:
         self._frozen: dict[bytes, _Packed] = {}
         self._frozen_rows = 0
         self.frozen_total = 0  # sum of the frozen keys' row hashes (each key once), & MASK
+        self._restoring = 0  # the round a restore (`reset`) holds its rows for
 
     # -- what it holds -----------------------------------------------------------------
     def __iter__(self) -> Iterator[UpdateMessage]:
@@ -147,13 +148,20 @@ class AppliedRows:
 
     def reset(self, rows: Iterable[UpdateMessage], our_round: int) -> None:
         """Hold exactly `rows` (a restore, a late join): those of rounds older than
-        `frozen_after` are frozen at once (restored rows have no arrival an audit reads)."""
+        `frozen_after` are frozen at once (restored rows have no arrival an audit reads).
+        Streamed: `rows` may be a restart's whole ledger (`restored` row by row)."""
         self.recent, self._at, self._frozen = [], [], {}
         self._frozen_rows = self.frozen_total = 0
-        floor = our_round - self.frozen_after
-        rows = list(rows)
-        self._freeze([m for m in rows if m.round < floor])
-        self.extend((m for m in rows if m.round >= floor), our_round)
+        self._restoring = our_round
+        for m in rows:
+            self.restored(m)
+
+    def restored(self, m: UpdateMessage) -> None:
+        """One more row of a restore (after `reset(..., our_round)`), in the order applied."""
+        if m.round < self._restoring - self.frozen_after:
+            self._freeze((m,))
+        else:
+            self.extend((m,), self._restoring)
 
     def freeze(self, our_round: int) -> int:
         """Pack the rows applied before round `our_round - frozen_after`; returns how many."""
@@ -169,7 +177,7 @@ class AppliedRows:
         self._freeze(old)
         return cut
 
-    def _freeze(self, rows: list[UpdateMessage]) -> None:
+    def _freeze(self, rows: Iterable[UpdateMessage]) -> None:
         for m in rows:
             packed = self._frozen.get(m.peer)
             if packed is None:

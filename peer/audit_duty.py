@@ -365,9 +365,21 @@ class PeerAudits:
         return self._applied
 
     @applied.setter
-    def applied(self, rows: Iterable[UpdateMessage]) -> None:
-        """Hold exactly `rows` (a restore, a late join: the weights were set to them)."""
-        self._applied.reset(rows, self.round)
+    def applied(self, rows: Iterable[UpdateMessage] | AppliedRows) -> None:
+        """Hold exactly `rows` (a restore, a late join: the weights were set to them), or
+        the account a restore filled (`restoring`)."""
+        if isinstance(rows, AppliedRows):
+            self._applied = rows
+        else:
+            self._applied.reset(rows, self.round)
+
+    def restoring(self) -> AppliedRows:
+        """An empty account of what the weights hold, for a restore to fill row by row in
+        the pass it makes anyway (`LiveModel.restore(observe=account.restored)`, on the
+        model thread); `applied = account` then puts it in place."""
+        account = AppliedRows(self.rewind.held.row_hash, FROZEN_AFTER + self.settings.lag)
+        account.reset((), self.round)
+        return account
 
     def held_digest(self) -> int:
         """The digest of the rows the weights hold (`applied`)."""

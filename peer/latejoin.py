@@ -15,11 +15,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from peer.applied_rows import AppliedRows
 from peer.audit_duty import PeerAudits
 from peer.behaviour import Behaviour
 from peer.settings import PeerSettings
 from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, link_round
-from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
+from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
@@ -29,8 +30,9 @@ from seedflood_p2p.network.transfer.checkpoints import (
     FetchFailed,
     fetch_checkpoint,
 )
+from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.update import quorum_round
-from seedflood_p2p.storage.ledger import Ledger, digest_of
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.peer")
 
@@ -211,7 +213,7 @@ class LateJoin:
         s = self.s
         own = (s.data_dir / "checkpoint.json").exists()
         if self.chain is None or own or s.checkpoint_fetch == "never" or not peers:
-            return await self.run(self.live.restore, self.live.cut(), s.data_dir)
+            return await self._restore_from(s.data_dir)
         chain_dir = s.data_dir / CHAIN_DIR
         try:
             result = await fetch_checkpoint(
@@ -229,7 +231,7 @@ class LateJoin:
                 exc,
                 extra={"fields": {"event": "checkpoint_fetch", "ok": False, "why": str(exc)}},
             )
-            return await self.run(self.live.restore, self.live.cut(), s.data_dir)
+            return await self._restore_from(s.data_dir)
         self._count_refused(result.refused)
         meta = result.offer.meta
         self.info["fetched"] = {
@@ -248,7 +250,7 @@ class LateJoin:
             result.seconds,
             extra={"fields": {"event": "checkpoint_fetch", "ok": True, **self.info["fetched"]}},
         )
-        how = await self.run(self.live.restore, self.live.cut(), chain_dir)
+        how = await self._restore_from(chain_dir)
         if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
             self._count_refused({"ledger": 1})
             log.warning(
@@ -260,28 +262,70 @@ class LateJoin:
             return how
         return f"fetched {how} from {len(result.peers)} peers"
 
+    async def _restore_from(self, directory: Path) -> str:
+        """`LiveModel.restore` of a start cut (a ledger snapshot, streamed) and the
+        checkpoint in `directory`, if it holds."""
+        cut = self.live.start_cut()
+        try:
+            return await self.run(self.live.restore, cut, directory)
+        finally:
+            cut.close()
+
     async def restore_settled(self, first_round: int) -> str:
         """Audited runs: weights = base + the counted updates of rounds < first_round - lag
-        (the state round `first_round` trains on); the later ones stay pending. From a
-        checkpoint of exactly that cut, else by replay."""
+        (the state round `first_round` trains on); the later ones stay pending. From our
+        checkpoint (written at stop, of every row then: the rows it holds that this state
+        does not are taken back), else by replay. The ledger is streamed from a snapshot in
+        one pass, which also fills the audits' account of what the weights hold
+        (`SettledState`): memory does not grow with the ledger's rows."""
         audits = self.audits
         judged = audits.judge()  # nothing applied yet: nothing to undo
         audits.standing, audits.banned = judged, dict(judged.banned)
         audits.round = first_round
-        cut = self.live.cut()
-        limit = first_round - audits.settings.lag
-        earlier = [m for m in cut.messages if m.round < limit]
-        # counted in S_first_round: vouches and establishments that took effect by then
-        settled = [m for m in earlier if judged.counts_in(m.peer, m.round, first_round)]
-        later = [m for m in cut.messages if m.round >= limit]
-        how = await self.run(
-            self.live.restore, LedgerCut(settled, digest_of(settled), []), self.s.data_dir
+        state = SettledState(
+            first_round - audits.settings.lag,
+            # counted in S_first_round: vouches and establishments that took effect by then
+            lambda m: judged.counts_in(m.peer, m.round, first_round),
+            audits.restoring(),
         )
-        await self.run(self.live.advance, limit)  # momentum: the state of round `limit`
-        audits.applied = list(settled)
-        audits.waiting = [m for m in earlier if not judged.counts_in(m.peer, m.round, first_round)]
-        self.live.receive(later)
+        cut = self.live.start_cut()
+        try:
+            how = await self.run(
+                self.live.restore, cut, self.s.data_dir, state.observe, state.holds
+            )
+        finally:
+            cut.close()
+        await self.run(self.live.advance, state.limit)  # momentum: the state of `limit`
+        audits.applied = state.account
+        audits.waiting = state.waiting
+        self.live.receive(state.later)
         return how + f" (settled state of round {first_round})"
+
+
+class SettledState:
+    """What the settled state of a round holds, sorted out of a start cut's rows as a
+    restore's pass shows them (`observe`, each row once): the rows of rounds < `limit`
+    that `counts` (`holds`; into `account`, the audits' `AppliedRows`), `waiting` (those
+    rounds, not counted there: a probationer's unvouched rows, a banned peer's) and
+    `later` (rounds >= `limit`: pending)."""
+
+    def __init__(
+        self, limit: int, counts: Callable[[UpdateMessage], bool], account: AppliedRows
+    ) -> None:
+        self.limit, self.counts, self.account = limit, counts, account
+        self.waiting: list[UpdateMessage] = []
+        self.later: list[UpdateMessage] = []
+
+    def holds(self, m: UpdateMessage) -> bool:
+        return m.round < self.limit and self.counts(m)
+
+    def observe(self, m: UpdateMessage) -> None:
+        if m.round >= self.limit:
+            self.later.append(m)
+        elif self.counts(m):
+            self.account.restored(m)
+        else:
+            self.waiting.append(m)
 
 
 def report_sources(check) -> None:

@@ -317,3 +317,95 @@ def test_round_mean_trial_states_put_back_the_weights_and_what_they_hold(config)
     assert all(torch.equal(before[n], w) for n, w in live.weights().items())
     live.apply([messages[0].negated()])  # round 0 shrinks 4 -> 3: the rest re-scaled
     _assert_round_mean_replay(config, live, messages[1:])
+
+
+# -- restarts that stream the ledger (`start_cut`) and restore part of it (`keep`) -------
+
+
+def test_a_start_cut_is_a_snapshot_read_again_on_each_pass(tmp_path):
+    """Rows committed after the cut are in neither pass (the daemon hands them on as
+    pending); the snapshot restores what a list cut restores."""
+    messages = _messages(6, 3)
+    ledger = Ledger(tmp_path / "ledger.sqlite", CONFIG.run_id)
+    ledger.add(messages[:12])
+    live = _live(ledger)
+    cut = live.start_cut()
+    ledger.add(messages[12:])  # accepted on the event loop while the model thread restores
+    assert len(cut.messages) == 12
+    assert list(cut.messages) == list(cut.messages) == messages[:12]  # canonical order
+    assert live.restore(cut) == "replay of 12 ledger messages"
+    cut.close()
+    with pytest.raises(ValueError, match="closed"):
+        list(cut.messages)
+    live.apply(messages[12:])
+    _assert_matches_replay(live, ledger)
+
+
+@pytest.mark.parametrize("late_rows", [False, True], ids=["no tail", "with a tail"])
+def test_a_restart_keeps_part_of_the_ledger_taking_back_what_its_checkpoint_holds_beyond_it(
+    tmp_path, late_rows
+):
+    """An audited restart keeps the settled state, lag rounds short of the checkpoint it
+    wrote at stop: the checkpoint is used, the rows it holds that the state does not are
+    taken back, the kept rows it lacks are added; every row is shown to `observe` once, in
+    one pass; the weights are a replay of the kept rows."""
+    messages = _messages(8, 3)
+    gap = [m for m in messages if m.peer == messages[1].peer and m.round == 2]
+    ledger = Ledger(tmp_path / "ledger.sqlite", CONFIG.run_id)
+    ledger.add([m for m in messages if m not in gap] if late_rows else messages)
+    live = _live(ledger)
+    live.restore(live.cut())
+    live.checkpoint(tmp_path, live.cut(), {"round": 8})
+    if late_rows:
+        ledger.add(gap)  # repaired after the checkpoint: kept, not covered
+    keep = lambda m: m.round < 6  # noqa: E731
+    seen: list[UpdateMessage] = []
+    restarted = _live(ledger)
+    cut = restarted.start_cut()
+    how = restarted.restore(cut, tmp_path, seen.append, keep)
+    cut.close()
+    tail = " + 1 ledger messages after it" if late_rows else ""
+    assert how == f"checkpoint of round 8{tail} - 6 it holds that this state does not"
+    assert seen == list(ledger.messages())
+    kept = Ledger(":memory:", CONFIG.run_id)
+    kept.add([m for m in ledger.messages() if keep(m)])
+    _assert_matches_replay(restarted, kept)
+    # no checkpoint: a replay of the kept rows, observed the same
+    seen.clear()
+    fresh = _live(ledger)
+    assert fresh.restore(fresh.cut(), None, seen.append, keep) == "replay of 18 ledger messages"
+    assert seen == list(ledger.messages())
+    _assert_matches_replay(fresh, kept)
+
+
+@round_sized
+def test_round_mean_restart_that_keeps_part_of_the_ledger_re_scales_its_rounds(config, tmp_path):
+    messages = _messages(6, 4)
+    ledger = Ledger(":memory:", config.run_id)
+    ledger.add(messages)
+    live = _round_mean_live(config, ledger)
+    live.restore(live.cut())
+    live.checkpoint(tmp_path, live.cut(), {"round": 6})
+    dropped = {messages[0], messages[5]}  # rows of rounds 0 and 1 that no longer count
+    keep = lambda m: m.round < 4 and m not in dropped  # noqa: E731
+    restarted = _round_mean_live(config, ledger)
+    how = restarted.restore(restarted.cut(), tmp_path, keep=keep)
+    assert how == "checkpoint of round 6 - 10 it holds that this state does not"
+    kept = [m for m in messages if keep(m)]
+    assert sum(len(rows) for rows in restarted.held.values()) == len(kept)
+    _assert_round_mean_replay(config, restarted, kept)
+
+
+def test_a_checkpoint_cut_is_asked_by_its_ranges_not_a_set_of_its_rows():
+    from seedflood_p2p.storage.checkpoint import cut_contains, encode_cut
+
+    a, b = b"\x01" * 38, b"\x02" * 38
+    rows = {(a, r) for r in [*range(0, 5000), *range(5003, 10_000)]} | {(b, 7), (b, 9)}
+    covered = cut_contains(json.loads(json.dumps(encode_cut(rows))))
+    assert len(covered) == len(rows)
+    probes = [(p, r) for p in (a, b, b"\x03" * 38) for r in range(-1, 10_002)]
+    assert [p in covered for p in probes] == [p in rows for p in probes]
+    with pytest.raises(ValueError, match="overlap or are unsorted"):
+        cut_contains({a.hex(): [[0, 5], [5, 9]]})
+    with pytest.raises(ValueError, match="bad round range"):
+        cut_contains({a.hex(): [[4, 2]]})

@@ -289,3 +289,28 @@ def test_a_trial_state_moves_to_its_round_even_without_rows_between():
     LiveModel(at8).advance(8)
     live.move_to(8)
     _close(_weights(engine), _weights(at8), atol=1e-5)
+
+
+def test_a_restart_that_would_take_rows_back_under_momentum_replays_instead(tmp_path):
+    """The checkpoint's velocity went on through the rows to take back: its state minus
+    them is not the kept rows' state, so the restore replays the kept rows."""
+    from seedflood_p2p.storage.ledger import Ledger
+
+    config = _config()
+    rounds = _rounds(6, 3)
+    ledger = Ledger(tmp_path / "ledger.sqlite", config.run_id)
+    ledger.claim(config, "")
+    live = LiveModel(_engine(config), ledger)
+    for messages in rounds:
+        ledger.add(messages)
+    live.restore(live.cut())
+    live.checkpoint(tmp_path, live.cut(), {"round": 6})
+    restarted = LiveModel(_engine(config), ledger)
+    how = restarted.restore(restarted.cut(), tmp_path, keep=lambda m: m.round < 4)
+    assert how == "replay of 12 ledger messages", how
+    reference = LiveModel(_engine(config), ledger)
+    reference.restore(reference.cut(), keep=lambda m: m.round < 4)
+    assert all(
+        torch.equal(w, _weights(reference.engine)[n]) for n, w in _weights(restarted.engine).items()
+    )
+    ledger.close()

@@ -33,7 +33,7 @@ to float32 rounding, as for any late row.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator, step_divisor
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
+    CutRanges,
     cut_contains,
     encode_cut,
     read_checkpoint_meta,
@@ -51,7 +52,7 @@ from seedflood_p2p.storage.checkpoint import (
     tensors_sha256,
     write_checkpoint,
 )
-from seedflood_p2p.storage.ledger import Ledger, digest_of
+from seedflood_p2p.storage.ledger import Ledger, RunningDigest, digest_of, row_digest
 
 log = logging.getLogger("seedflood.live")
 
@@ -62,9 +63,17 @@ VELOCITY = "momentum/velocity"  # a checkpoint's momentum velocity (float64), be
 class LedgerCut:
     """The ledger at one instant, and the accepted updates the model had not applied then."""
 
-    messages: list[UpdateMessage]  # canonical order
-    digest: str  # digest_of(messages): what a checkpoint of this cut is labelled with
+    # canonical order: a list (`cut`), or a snapshot read again on each pass (`start_cut`)
+    messages: Collection[UpdateMessage]
+    digest: str | None  # digest_of(messages), what a checkpoint of it is labelled with;
+    # None for a start cut (`restore` digests the rows in the pass it makes anyway)
     unapplied: list[UpdateMessage]
+
+    def close(self) -> None:
+        """End a start cut's snapshot (a list has nothing to end)."""
+        close = getattr(self.messages, "close", None)
+        if close is not None:
+            close()
 
 
 class LiveModel:
@@ -109,6 +118,15 @@ class LiveModel:
         unapplied = self.take()
         messages = list(self.ledger.messages())
         return LedgerCut(messages, digest_of(messages), unapplied)
+
+    def start_cut(self) -> LedgerCut:
+        """`cut` for a (re)start: the rows as a snapshot of the ledger, streamed on each
+        pass (`Ledger.snapshot`), so restoring 10M rows does not hold 10M objects; taken
+        where `cut` is, for the same reason. `cut.close()` once restored."""
+        if self.ledger is None:
+            raise ValueError("a LiveModel without a ledger has no cut")
+        unapplied = self.take()
+        return LedgerCut(self.ledger.snapshot(), None, unapplied)
 
     # -- where the model lives --------------------------------------------------------
     def apply(self, messages: list[UpdateMessage]) -> int:
@@ -224,48 +242,125 @@ class LiveModel:
         write_checkpoint(directory, weights, meta)
         return meta
 
-    def restore(self, cut: LedgerCut, directory: Path | None = None) -> str:
-        """Make the weights base + `cut.messages` (the model must hold the base weights).
+    def restore(
+        self,
+        cut: LedgerCut,
+        directory: Path | None = None,
+        observe: Callable[[UpdateMessage], None] | None = None,
+        keep: Callable[[UpdateMessage], bool] | None = None,
+    ) -> str:
+        """Make the weights base + the rows of `cut.messages` that `keep` (default: all;
+        the model must hold the base weights).
 
         From the checkpoint in `directory` when it is trustworthy for this cut: its tensors
         hash to its `weights_sha256`, and the ledger's rows inside its recorded cut digest
-        to its `ledger_digest` (same rows, same scalars); then only the rows outside its cut
-        are applied. Otherwise (no checkpoint, damaged, edited, of rows the ledger no longer
-        holds as such) by replay of the whole cut. The cut's unapplied updates are in its
-        messages already, so they are dropped here. Returns how, for the log."""
+        to its `ledger_digest` (same rows, same scalars); then only the difference is
+        applied: the kept rows outside its cut added, the rows inside it that are not kept
+        taken back (an audited restart keeps the settled state, lag rounds short of the
+        checkpoint written at stop). Otherwise (no checkpoint, damaged, edited, of rows
+        the ledger no longer holds as such, or rows to take back under momentum) by replay
+        of the kept rows. The cut's unapplied updates are in its messages already, so they
+        are dropped here. Returns how, for the log.
+
+        One pass over the cut when the checkpoint holds (digests, and the difference kept)
+        or when there is none (the replay); two when it is refused. `observe` sees every
+        row of the cut once, in order, in the first pass: a caller's account of what the
+        weights hold (the audits' `applied`) without a pass of its own."""
         if directory is not None:
-            try:
-                how = self._restore_from_checkpoint(cut, directory)
-                if how is not None:
-                    return how
-            except FileNotFoundError:
-                pass  # a fresh peer
-            except Exception as exc:  # unreadable: the ledger alone rebuilds the model
-                log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
+            found = self._checkpoint_in(directory)
+            if found is not None:
+                meta, covered = found
+                diff = self._difference(cut, meta, covered, observe, keep)
+                observe = None  # every row seen
+                if diff is not None:
+                    how = self._restore_from_checkpoint(cut, directory, meta, covered, *diff)
+                    if how is not None:
+                        return how
         # Under momentum into the live engine, which goes on from the velocity it rebuilds.
         engine = self.engine if self.config.momentum else None
-        count = replay(self.model, self.config, cut.messages, schedule=self.schedule, engine=engine)
-        self.hold(cut.messages)
+        rows = cut.messages if observe is None else _observed(cut.messages, observe)
+        if keep is not None:
+            rows = filter(keep, rows)
+        count = replay(self.model, self.config, rows, schedule=self.schedule, engine=engine)
+        self.hold(cut.messages if keep is None else filter(keep, cut.messages))
         return f"replay of {count} ledger messages"
 
-    def _restore_from_checkpoint(self, cut: LedgerCut, directory: Path) -> str | None:
-        meta = read_checkpoint_meta(directory)
-        if meta.get("ledger_digest") == cut.digest:
-            inside, tail = cut.messages, []
-        elif "ledger_cut" in meta:
-            covered = cut_contains(meta["ledger_cut"])
-            inside = [m for m in cut.messages if (m.peer, m.round) in covered]
-            tail = [m for m in cut.messages if (m.peer, m.round) not in covered]
-            if len(inside) != len(covered) or digest_of(inside) != meta["ledger_digest"]:
-                log.warning(
-                    "checkpoint of round %s does not match the ledger (its rows differ or are "
-                    "missing): refused, replaying the ledger instead",
-                    meta.get("round"),
-                )
-                return None
-        else:
+    def _checkpoint_in(self, directory: Path) -> tuple[dict, CutRanges | None] | None:
+        """The checkpoint's meta and the rows its cut covers (None: no `ledger_cut`), or
+        None when there is none or it cannot be read."""
+        try:
+            meta = read_checkpoint_meta(directory)
+            covered = cut_contains(meta["ledger_cut"]) if "ledger_cut" in meta else None
+        except FileNotFoundError:
+            return None  # a fresh peer
+        except Exception as exc:  # unreadable: the ledger alone rebuilds the model
+            log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
+            return None
+        return meta, covered
+
+    def _difference(
+        self,
+        cut: LedgerCut,
+        meta: dict,
+        covered: CutRanges | None,
+        observe: Callable[[UpdateMessage], None] | None,
+        keep: Callable[[UpdateMessage], bool] | None,
+    ) -> tuple[list[UpdateMessage], list[UpdateMessage]] | None:
+        """One pass over the cut: (the kept rows the checkpoint lacks, the rows it holds
+        that are not kept), or None when it does not match the ledger (replay instead)."""
+        kept, inside = RunningDigest(), RunningDigest()
+        tail: list[UpdateMessage] = []
+        extra: list[UpdateMessage] = []
+        for m in cut.messages:
+            if observe is not None:
+                observe(m)
+            wanted = keep is None or keep(m)
+            h = kept.add(m) if wanted else None
+            if covered is None:
+                continue
+            if (m.peer, m.round) in covered:
+                inside.add_hash(h or row_digest(m))
+                if not wanted:
+                    extra.append(m)
+            elif wanted:
+                tail.append(m)
+        if meta.get("ledger_digest") == kept.hexdigest():
+            return [], []  # a checkpoint of exactly the kept rows
+        if covered is None:
             return None  # an older checkpoint of another cut: replay
-        weights = read_checkpoint_weights(directory, self._device())
+        if inside.count != len(covered) or inside.hexdigest() != meta["ledger_digest"]:
+            log.warning(
+                "checkpoint of round %s does not match the ledger (its rows differ or are "
+                "missing): refused, replaying the ledger instead",
+                meta.get("round"),
+            )
+            return None
+        if extra and self.config.momentum:
+            log.info(
+                "checkpoint of round %s holds %d rows the state to restore does not: "
+                "under momentum they are not taken back, the ledger is replayed instead",
+                meta.get("round"),
+                len(extra),
+            )
+            return None
+        return tail, extra
+
+    def _restore_from_checkpoint(
+        self,
+        cut: LedgerCut,
+        directory: Path,
+        meta: dict,
+        covered: CutRanges | None,
+        tail: list[UpdateMessage],
+        extra: list[UpdateMessage],
+    ) -> str | None:
+        """Load the checkpoint that `_difference` matched, add `tail` and take back `extra`;
+        None if its weights are refused (replay instead)."""
+        try:
+            weights = read_checkpoint_weights(directory, self._device())
+        except Exception as exc:  # unreadable: the ledger alone rebuilds the model
+            log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
+            return None
         if "weights_sha256" in meta and tensors_sha256(weights) != meta["weights_sha256"]:
             log.warning(
                 "checkpoint of round %s: its weights do not hash as recorded (damaged or "
@@ -279,19 +374,32 @@ class LiveModel:
                 "checkpoint of round %s has no momentum state: replaying", meta.get("round")
             )
             return None
-        self.load_weights(weights)
+        try:
+            self.load_weights(weights)  # checks every shape before it writes any
+        except (KeyError, ValueError) as exc:
+            log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
+            return None
         if self.config.momentum:
             self.engine.load_momentum_state((meta["momentum_head"], velocity.double().numpy()))
-        if self.config.round_sized:  # the tail re-scales the rounds it joins
-            self.hold(inside)
-            self.apply(tail)
+        # the difference, in canonical order (its keys are distinct: outside and inside)
+        change = sorted([*tail, *(m.negated() for m in extra)], key=lambda m: (m.round, m.peer))
+        if self.config.round_sized:  # the difference re-scales the rounds it joins
+            if tail or extra:
+                self.hold(m for m in cut.messages if (m.peer, m.round) in covered)
+            else:
+                self.hold(cut.messages)
+            self.apply(change)
         else:
-            # The tail in canonical order with replay's grouped merges: one pass over the
-            # weights per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
+            # In canonical order with replay's grouped merges: one pass over the weights
+            # per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
             engine = self.engine if self.config.momentum else None
-            replay(self.model, self.config, tail, schedule=self.schedule, engine=engine)
+            replay(self.model, self.config, change, schedule=self.schedule, engine=engine)
         how = f"checkpoint of round {meta['round']}"
-        return how + (f" + {len(tail)} ledger messages after it" if tail else "")
+        if tail:
+            how += f" + {len(tail)} ledger messages after it"
+        if extra:
+            how += f" - {len(extra)} it holds that this state does not"
+        return how
 
     @property
     def schedule(self) -> BasisSchedule | None:
@@ -310,3 +418,12 @@ class LiveModel:
                 raise ValueError(f"{matrix.name} has shape {weights[matrix.name].shape}")
         for matrix in self.engine.matrices:
             matrix.weight.copy_(weights[matrix.name])
+
+
+def _observed(
+    rows: Iterable[UpdateMessage], observe: Callable[[UpdateMessage], None]
+) -> Iterator[UpdateMessage]:
+    """`rows`, each shown to `observe` as it passes."""
+    for m in rows:
+        observe(m)
+        yield m

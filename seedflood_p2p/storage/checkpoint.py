@@ -15,6 +15,7 @@ it (algorithm/live.py:LiveModel.restore), instead of replaying everything.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -88,23 +89,48 @@ def encode_cut(rows: Iterable[tuple[bytes, int]]) -> dict[str, list[list[int]]]:
     return out
 
 
-def cut_contains(cut: dict[str, list[list[int]]]) -> set[tuple[bytes, int]]:
+class CutRanges:
+    """The (peer, round) rows of an `encode_cut` value, kept as its ranges: `in` and `len`
+    as a set of the rows would give, in memory of the ranges (a peer's 10,000 rounds are
+    two ints, not 10,000 tuples: a restart at 10M rows would otherwise build a set of
+    10M tuples, ~1 GB, to ask which rows its checkpoint covers)."""
+
+    def __init__(self, cut: dict[str, list[list[int]]]) -> None:
+        if not isinstance(cut, dict):
+            raise ValueError("ledger_cut is not a table")
+        self._firsts: dict[bytes, list[int]] = {}
+        self._lasts: dict[bytes, list[int]] = {}
+        self._rows = 0
+        for peer_hex, ranges in cut.items():
+            peer = bytes.fromhex(peer_hex)
+            firsts, lasts = self._firsts.setdefault(peer, []), self._lasts.setdefault(peer, [])
+            for first, last in ranges:
+                if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last):
+                    raise ValueError(f"bad round range {first}..{last}")
+                if lasts and first <= lasts[-1]:
+                    raise ValueError(f"round ranges of {peer_hex[-8:]} overlap or are unsorted")
+                firsts.append(first)
+                lasts.append(last)
+                self._rows += last - first + 1
+
+    def __contains__(self, row: tuple[bytes, int]) -> bool:
+        peer, round_ = row
+        firsts = self._firsts.get(peer)
+        if not firsts:
+            return False
+        i = bisect.bisect_right(firsts, round_) - 1
+        return i >= 0 and round_ <= self._lasts[peer][i]
+
+    def __len__(self) -> int:
+        return self._rows
+
+
+def cut_contains(cut: dict[str, list[list[int]]]) -> CutRanges:
     """The (peer, round) rows of an `encode_cut` value; ValueError if it is malformed."""
-    rows: set[tuple[bytes, int]] = set()
-    if not isinstance(cut, dict):
-        raise ValueError("ledger_cut is not a table")
-    for peer_hex, ranges in cut.items():
-        peer = bytes.fromhex(peer_hex)
-        for first, last in ranges:
-            if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last):
-                raise ValueError(f"bad round range {first}..{last}")
-            if len(rows) + last - first > 100_000_000:
-                raise ValueError("ledger_cut too large")
-            rows.update((peer, r) for r in range(first, last + 1))
-    return rows
+    return CutRanges(cut)
 
 
-def unchanged_rows(ledger, directory: Path) -> set[tuple[bytes, int]] | None:
+def unchanged_rows(ledger, directory: Path) -> CutRanges | None:
     """The (peer, round) rows the checkpoint in `directory` covers, if `ledger` still holds
     them byte for byte as when it was written (its `ledger_rows_sha256`, recorded by the
     peer daemon beside the cut); else None. Those rows were checked when they were admitted

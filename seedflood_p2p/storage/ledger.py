@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,10 +183,37 @@ def _seqno_bytes(stored: object, base: object) -> object:
 
 def digest_of(messages: Iterable[UpdateMessage]) -> str:
     """The ledger digest of `messages` (canonical order): what `Ledger.digest` returns."""
-    h = hashlib.sha256()
+    digest = RunningDigest()
     for m in messages:
-        h.update(_message_hash(m))
-    return h.hexdigest()
+        digest.add(m)
+    return digest.hexdigest()
+
+
+class RunningDigest:
+    """`digest_of`, fed one message at a time (canonical order), for a pass that does
+    other work with each row too (a restart's, `LiveModel.restore`)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.count = 0
+
+    def add(self, message: UpdateMessage) -> bytes:
+        """Digest `message`; returns its own hash, for `add_hash` into another digest."""
+        h = _message_hash(message)
+        self.add_hash(h)
+        return h
+
+    def add_hash(self, h: bytes) -> None:
+        self._h.update(h)
+        self.count += 1
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def row_digest(m: UpdateMessage) -> bytes:
+    """A row's part of the ledger digest (`digest_of`: SHA-256 over these, in order)."""
+    return _message_hash(m)
 
 
 def _message_hash(m: UpdateMessage) -> bytes:
@@ -936,6 +963,14 @@ class Ledger:
         for row in rows:
             yield _message(*row)
 
+    def snapshot(self) -> LedgerRows | list[UpdateMessage]:
+        """The update rows as they are now, in canonical order, read again on each pass
+        (`LedgerRows`) instead of held as objects: what a restart streams. An in-memory
+        ledger has no second connection to read from: its rows, as a list."""
+        if str(self.path) == ":memory:":
+            return list(self.messages())
+        return LedgerRows(self)
+
     def max_round(self) -> int:
         """The highest round in the ledger, or -1 when empty."""
         row = self._db.execute("SELECT MAX(round) FROM messages").fetchone()
@@ -1229,7 +1264,7 @@ class Ledger:
         fix: str,
         directions: int | None = None,
         own_peer: bytes | None = None,
-        trusted: set[tuple[bytes, int]] | None = None,
+        trusted: Container[tuple[bytes, int]] | None = None,
         check_many: Callable[[list[tuple]], list[bool]] | None = None,
     ) -> LedgerCheck:
         """Check every row of a ledger file before it is replayed or restored; O(rows).
@@ -1382,7 +1417,7 @@ class Ledger:
             skipped,
         )
 
-    def rows_sha256(self, rows: set[tuple[bytes, int]]) -> str:
+    def rows_sha256(self, rows: Container[tuple[bytes, int]]) -> str:
         """SHA-256 over every column (update and envelope) of the given (peer, round) rows,
         in canonical order: equal iff those rows are byte for byte unchanged. A checkpoint
         records it: every commit is made durable first, so no checkpoint counts a row that
@@ -1400,6 +1435,58 @@ class Ledger:
                     h.update(b"|%d|" % (-1 if column is None else len(column)))
                     h.update(column or b"")
         return h.hexdigest()
+
+
+class LedgerRows:
+    """A ledger's update rows at one instant (`Ledger.snapshot`), in canonical order, read
+    from the file again on each iteration. A read transaction on a connection of its own
+    holds the instant: under WAL, rows committed later are invisible to it, as they are to
+    a list taken then. A restart streams the rows through it in memory of one row at a
+    time, where a list of 10M rows as objects is ~2 GB. `close()` (or the context
+    manager) ends the transaction, which otherwise keeps the WAL from being checkpointed."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._mine = ledger._mine()
+        self._len: int | None = None
+        # check_same_thread off: taken on the event loop, read on the model thread
+        self._db = sqlite3.connect(ledger.path, isolation_level=None, check_same_thread=False)
+        self._db.text_factory = _lenient_text
+        self._db.execute("BEGIN")
+        self._db.execute("SELECT COUNT(*) FROM meta").fetchone()  # the read that pins it
+
+    def __iter__(self) -> Iterator[UpdateMessage]:
+        if self._db is None:
+            raise ValueError("this ledger snapshot is closed")
+        if not self._mine:
+            return
+        for row in self._db.execute(
+            f"SELECT m.round, p.peer, m.scalars FROM {_MESSAGES} {_BY_PEER}"
+        ):
+            yield _message(*row)
+
+    def __len__(self) -> int:
+        if self._len is None:
+            if self._db is None:
+                raise ValueError("this ledger snapshot is closed")
+            n = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+            self._len = n if self._mine else 0
+        return self._len
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.execute("ROLLBACK")
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> LedgerRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 class _WalSyncer:
