@@ -265,7 +265,7 @@ class LateJoin:
     async def _restore_from(self, directory: Path) -> str:
         """`LiveModel.restore` of a start cut (a ledger snapshot, streamed) and the
         checkpoint in `directory`, if it holds."""
-        cut = self.live.start_cut()
+        cut = self.live.streamed_cut()
         try:
             return await self.run(self.live.restore, cut, directory)
         finally:
@@ -288,7 +288,7 @@ class LateJoin:
             lambda m: judged.counts_in(m.peer, m.round, first_round),
             audits.restoring(),
         )
-        cut = self.live.start_cut()
+        cut = self.live.streamed_cut()
         try:
             how = await self.run(
                 self.live.restore, cut, self.s.data_dir, state.observe, state.holds

@@ -33,7 +33,7 @@ from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics, timed
 from seedflood_p2p.network.monitoring.runpage import RunPage
 from seedflood_p2p.protocol.update import quorum_round
-from seedflood_p2p.storage.ledger import peer_name
+from seedflood_p2p.storage.ledger import LedgerRows, peer_name
 
 log = logging.getLogger("seedflood.peer")
 
@@ -585,20 +585,29 @@ class Rounds:
     async def checkpoint(self) -> dict:
         """Weights and the ledger cut they equal. The cut is taken here, on the event loop
         where every accept runs (see algorithm/live.py): an update arriving while the
-        weights are written stays pending, in neither."""
-        cut = self.live.cut()
+        weights are written stays pending, in neither. Its rows are a snapshot of the
+        ledger, streamed on the model thread (`LiveModel.streamed_cut`)."""
+        cut = self.live.streamed_cut()
         meta = {
-            # lets the next start skip re-checking these rows' signatures (unchanged_rows)
-            "ledger_rows_sha256": self.ledger.rows_sha256(
-                {(m.peer, m.round) for m in cut.messages}
-            ),
             "round": self.schedule.round,
             "run_id": self.config.run_id,
             "peer_id": self.node.p2p.peer_id.to_base58(),
         }
-        return await self.model_thread.run(self._write_checkpoint, cut, meta)
+        try:
+            return await self.model_thread.run(self._write_checkpoint, cut, meta)
+        finally:
+            cut.close()
 
     def _write_checkpoint(self, cut: LedgerCut, meta: dict) -> dict:
+        # every commit durable first: no checkpoint counts a row a power loss could take
+        self.ledger.flush()
+        rows = cut.messages
+        # lets the next start skip re-checking these rows' signatures (unchanged_rows)
+        meta["ledger_rows_sha256"] = (
+            rows.rows_sha256()
+            if isinstance(rows, LedgerRows)
+            else self.ledger.rows_sha256({(m.peer, m.round) for m in rows})
+        )
         meta = self.live.checkpoint(self.s.data_dir, cut, meta)
         self.set_model_hash(meta["model_sha256"])
         return meta

@@ -225,6 +225,67 @@ def test_reputation_forgets_recovered_scores_without_a_rescan_per_fresh_key(monk
     assert scans <= 6
 
 
+def test_summaries_of_peers_gone_are_forgotten_and_the_island_view_with_them():
+    """A run with churn: each peer is asked once and leaves. Summaries older than the island
+    view reads (`summary_fresh_for`) are forgotten once the table has doubled, so it holds
+    about the peers of the last minute, not every peer ever met; and the island view's
+    memory of who differed goes with them. Fresh summaries are never forgotten."""
+    from seedflood_p2p.network.peers import summaries
+    from seedflood_p2p.network.peers.islands import IslandWatch, summary_fresh_for
+    from seedflood_p2p.protocol.summary import Summary
+
+    settings = types.SimpleNamespace(summary_interval=5.0, island_after=0.0)
+    exchange = summaries.SummaryExchange(None, None, None, None, settings, set, None)
+    fresh_for = summary_fresh_for(settings)  # 50 s
+    digests = {0: (1, b"\1" * 32)}  # a settled bucket we do not share: every peer differs
+    now, sizes = 1000.0, []
+    for i in range(2_000):  # a new peer a second
+        now += 1.0
+        summary = Summary(round=1000, rows=1, live=1, digests=digests, addrs=[], peers={})
+        exchange.remember(f"peer{i}", summary, now)
+        sizes.append(len(exchange.summaries))
+    assert max(sizes) <= 2 * (fresh_for + 1) + summaries.FORGET_AT_LEAST
+    assert all(f"peer{i}" in exchange.summaries for i in range(2_000 - int(fresh_for), 2_000))
+    # the island view forgets whom it saw differ once their summaries are gone
+    ledger = types.SimpleNamespace(bucket_digests=lambda rounds: {}, max_round=lambda: 1000)
+    islands = IslandWatch(settings, NodeMetrics())
+    islands.differs_since = {f"old{i}": 0.0 for i in range(500)}
+    connected = set(exchange.summaries)
+    assert sorted(islands.diverged(now, ledger, exchange.summaries, connected)) == sorted(
+        p for p, (when, _) in exchange.summaries.items() if now - when <= fresh_for
+    )
+    assert set(islands.differs_since) <= set(exchange.summaries)
+
+
+def test_repair_back_offs_of_peers_long_gone_are_forgotten(monkeypatch):
+    """Every peer that failed a repair exchange gets a back-off; one whose back-off ended
+    more than MAX_BACKOFF ago is forgotten once the table has doubled (should it fail
+    again, it starts from the shortest wait), so a run that meets ever more peers does not
+    keep one entry per peer ever met. Back-offs that ended recently stay."""
+    from seedflood_p2p.network.gossip import repair
+
+    clock = Clock()
+    monkeypatch.setattr(repair.time, "monotonic", clock)
+    r = repair.Repair.__new__(repair.Repair)
+    r.metrics = NodeMetrics()
+    r.admission = types.SimpleNamespace(reputation=None)
+    r.settings = types.SimpleNamespace(repair_interval=1.0)
+    r._backoff, r._forget_at = {}, repair.FORGET_AT_LEAST
+    sizes = []
+    for i in range(3_000):  # a failing peer every 2 s, never seen again
+        clock.now += 2.0
+        r._abort(i.to_bytes(4, "big"), "timeout")
+        sizes.append(len(r._backoff))
+    ended_within = repair.MAX_BACKOFF / 2 + 1  # peers whose back-off may still matter
+    assert max(sizes) <= 2 * ended_within + repair.FORGET_AT_LEAST
+    recent = [i.to_bytes(4, "big") for i in range(3_000 - 300, 3_000)]  # ended < 600 s ago
+    assert all(peer in r._backoff for peer in recent)
+    # a peer failing again while its back-off is remembered waits twice as long
+    again = recent[-1]
+    r._abort(again, "timeout")
+    assert r._backoff[again][1] == 2
+
+
 def test_drop_logs_are_thinned_while_counters_stay_exact(node, caplog):  # noqa: F811
     caplog.set_level(logging.WARNING, logger="seedflood.node")
     forger = Peer()

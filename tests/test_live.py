@@ -319,17 +319,17 @@ def test_round_mean_trial_states_put_back_the_weights_and_what_they_hold(config)
     _assert_round_mean_replay(config, live, messages[1:])
 
 
-# -- restarts that stream the ledger (`start_cut`) and restore part of it (`keep`) -------
+# -- restarts that stream the ledger (`streamed_cut`) and restore part of it (`keep`) -------
 
 
-def test_a_start_cut_is_a_snapshot_read_again_on_each_pass(tmp_path):
+def test_a_streamed_cut_is_a_snapshot_read_again_on_each_pass(tmp_path):
     """Rows committed after the cut are in neither pass (the daemon hands them on as
     pending); the snapshot restores what a list cut restores."""
     messages = _messages(6, 3)
     ledger = Ledger(tmp_path / "ledger.sqlite", CONFIG.run_id)
     ledger.add(messages[:12])
     live = _live(ledger)
-    cut = live.start_cut()
+    cut = live.streamed_cut()
     ledger.add(messages[12:])  # accepted on the event loop while the model thread restores
     assert len(cut.messages) == 12
     assert list(cut.messages) == list(cut.messages) == messages[:12]  # canonical order
@@ -361,7 +361,7 @@ def test_a_restart_keeps_part_of_the_ledger_taking_back_what_its_checkpoint_hold
     keep = lambda m: m.round < 6  # noqa: E731
     seen: list[UpdateMessage] = []
     restarted = _live(ledger)
-    cut = restarted.start_cut()
+    cut = restarted.streamed_cut()
     how = restarted.restore(cut, tmp_path, seen.append, keep)
     cut.close()
     tail = " + 1 ledger messages after it" if late_rows else ""
@@ -409,3 +409,25 @@ def test_a_checkpoint_cut_is_asked_by_its_ranges_not_a_set_of_its_rows():
         cut_contains({a.hex(): [[0, 5], [5, 9]]})
     with pytest.raises(ValueError, match="bad round range"):
         cut_contains({a.hex(): [[4, 2]]})
+
+
+def test_a_checkpoint_of_a_streamed_cut_is_the_checkpoint_of_the_list(tmp_path):
+    """What the daemon writes at stop from a snapshot (one pass, the cut kept as ranges)
+    equals what the whole ledger as a list gives: count, digest, cut, the rows' hash."""
+    messages = _messages(6, 3)
+    gap = messages[7]  # a peer's round 2 missing: two ranges for it
+    ledger = Ledger(tmp_path / "ledger.sqlite", CONFIG.run_id)
+    ledger.add([m for m in messages if m is not gap])
+    live = _live(ledger)
+    live.restore(live.cut())
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    listed = live.checkpoint(tmp_path / "a", live.cut(), {"round": 6})
+    cut = live.streamed_cut()
+    assert cut.messages.rows_sha256() == ledger.rows_sha256(
+        {(m.peer, m.round) for m in ledger.messages()}
+    )
+    streamed = live.checkpoint(tmp_path / "b", cut, {"round": 6})
+    cut.close()
+    assert streamed == listed
+    assert len(streamed["ledger_cut"][gap.peer.hex()]) == 2

@@ -44,9 +44,9 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator, step_divisor
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
+    CutEncoder,
     CutRanges,
     cut_contains,
-    encode_cut,
     read_checkpoint_meta,
     read_checkpoint_weights,
     tensors_sha256,
@@ -63,7 +63,7 @@ VELOCITY = "momentum/velocity"  # a checkpoint's momentum velocity (float64), be
 class LedgerCut:
     """The ledger at one instant, and the accepted updates the model had not applied then."""
 
-    # canonical order: a list (`cut`), or a snapshot read again on each pass (`start_cut`)
+    # canonical order: a list (`cut`), or a snapshot read again on each pass (`streamed_cut`)
     messages: Collection[UpdateMessage]
     digest: str | None  # digest_of(messages), what a checkpoint of it is labelled with;
     # None for a start cut (`restore` digests the rows in the pass it makes anyway)
@@ -119,10 +119,10 @@ class LiveModel:
         messages = list(self.ledger.messages())
         return LedgerCut(messages, digest_of(messages), unapplied)
 
-    def start_cut(self) -> LedgerCut:
-        """`cut` for a (re)start: the rows as a snapshot of the ledger, streamed on each
-        pass (`Ledger.snapshot`), so restoring 10M rows does not hold 10M objects; taken
-        where `cut` is, for the same reason. `cut.close()` once restored."""
+    def streamed_cut(self) -> LedgerCut:
+        """`cut` with the rows as a snapshot of the ledger, read again on each pass
+        (`Ledger.snapshot`), so restoring (or checkpointing) 10M rows does not hold 10M
+        objects; taken where `cut` is, for the same reason. `cut.close()` when done."""
         if self.ledger is None:
             raise ValueError("a LiveModel without a ledger has no cut")
         unapplied = self.take()
@@ -224,18 +224,23 @@ class LiveModel:
         """Apply the cut's pending updates, then write weights = base + cut.messages.
 
         Returns `meta` with what the checkpoint holds: message count, digest, weights hash.
-        Updates accepted after the cut stay pending: they are in neither."""
+        Updates accepted after the cut stay pending: they are in neither. One pass over
+        the cut's rows, kept as ranges (a streamed cut at stop holds no row objects)."""
         self.apply(cut.unapplied)
         weights = self.weights()
         momentum = self.engine.momentum_state()
         if momentum is not None:  # the velocity and its round, hashed with the weights
             weights[VELOCITY] = torch.from_numpy(momentum[1].copy())
             meta = {**meta, "momentum_head": momentum[0]}
+        digest, ranges = RunningDigest(), CutEncoder()
+        for m in cut.messages:
+            digest.add(m)
+            ranges.add(m.peer, m.round)
         meta = {
             **meta,
-            "ledger_messages": len(cut.messages),
-            "ledger_digest": cut.digest,
-            "ledger_cut": encode_cut((m.peer, m.round) for m in cut.messages),
+            "ledger_messages": digest.count,
+            "ledger_digest": digest.hexdigest(),
+            "ledger_cut": ranges.encoded(),
             "weights_sha256": tensors_sha256(weights),
             "model_sha256": self.sha256(),
         }

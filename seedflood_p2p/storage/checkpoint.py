@@ -74,19 +74,30 @@ def tensors_sha256(weights: dict[str, torch.Tensor]) -> str:
 def encode_cut(rows: Iterable[tuple[bytes, int]]) -> dict[str, list[list[int]]]:
     """(peer, round) rows as {peer hex: [[first, last], ...]}: a peer that published
     every round from 0 to 10,000 is one range, so the cut stays small."""
-    by_peer: dict[bytes, list[int]] = {}
-    for peer, round_ in rows:
-        by_peer.setdefault(peer, []).append(round_)
-    out = {}
-    for peer, rounds in sorted(by_peer.items()):
-        ranges: list[list[int]] = []
-        for r in sorted(set(rounds)):
-            if ranges and ranges[-1][1] == r - 1:
-                ranges[-1][1] = r
-            else:
-                ranges.append([r, r])
-        out[peer.hex()] = ranges
-    return out
+    encoder = CutEncoder()
+    for peer, round_ in sorted(set(rows), key=lambda row: (row[1], row[0])):
+        encoder.add(peer, round_)
+    return encoder.encoded()
+
+
+class CutEncoder:
+    """`encode_cut`, fed rows in canonical order (each peer's rounds ascending) one at a
+    time: memory of the ranges, not of the rows (a checkpoint of 10M rows at stop)."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[bytes, list[list[int]]] = {}
+
+    def add(self, peer: bytes, round_: int) -> None:
+        ranges = self._ranges.setdefault(peer, [])
+        if ranges and round_ <= ranges[-1][1]:
+            raise ValueError(f"rounds of {peer.hex()[-8:]} out of order: {round_}")
+        if ranges and ranges[-1][1] == round_ - 1:
+            ranges[-1][1] = round_
+        else:
+            ranges.append([round_, round_])
+
+    def encoded(self) -> dict[str, list[list[int]]]:
+        return {peer.hex(): ranges for peer, ranges in sorted(self._ranges.items())}
 
 
 class CutRanges:

@@ -1423,18 +1423,28 @@ class Ledger:
         records it: every commit is made durable first, so no checkpoint counts a row that
         a power loss could take from the file (`sync_in_background`)."""
         self.flush()
-        h = hashlib.sha256()
-        cursor = self._db.execute(
-            "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
-            f"FROM {_MESSAGES} {_BY_PEER}"
-        )
-        for round_, peer, scalars, data, seqno, signature, base in cursor if self._mine() else ():
-            if (peer, round_) in rows:
-                h.update(str(round_).encode() + b"|" + peer)
-                for column in (scalars, data, _seqno_bytes(seqno, base), signature):
-                    h.update(b"|%d|" % (-1 if column is None else len(column)))
-                    h.update(column or b"")
-        return h.hexdigest()
+        return _rows_sha256(self._db, rows) if self._mine() else _rows_sha256(None, rows)
+
+
+_ROW_COLUMNS = (
+    "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
+    f"FROM {_MESSAGES} {_BY_PEER}"
+)
+
+
+def _rows_sha256(db: sqlite3.Connection | None, rows: Container[tuple[bytes, int]] | None) -> str:
+    """`Ledger.rows_sha256` of the rows `db` reads (None: none) that are in `rows` (None:
+    every row)."""
+    h = hashlib.sha256()
+    for round_, peer, scalars, data, seqno, signature, base in (
+        db.execute(_ROW_COLUMNS) if db is not None else ()
+    ):
+        if rows is None or (peer, round_) in rows:
+            h.update(str(round_).encode() + b"|" + peer)
+            for column in (scalars, data, _seqno_bytes(seqno, base), signature):
+                h.update(b"|%d|" % (-1 if column is None else len(column)))
+                h.update(column or b"")
+    return h.hexdigest()
 
 
 class LedgerRows:
@@ -1471,6 +1481,12 @@ class LedgerRows:
             n = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
             self._len = n if self._mine else 0
         return self._len
+
+    def rows_sha256(self) -> str:
+        """`Ledger.rows_sha256` of every row of the snapshot (the caller flushes first)."""
+        if self._db is None:
+            raise ValueError("this ledger snapshot is closed")
+        return _rows_sha256(self._db if self._mine else None, None)
 
     def close(self) -> None:
         if self._db is not None:

@@ -91,6 +91,7 @@ log = logging.getLogger("seedflood.node")
 Digests = dict[int, tuple[int, bytes]]  # {bucket: (rows, SHA-256 set digest)}
 
 MAX_BACKOFF = 600.0  # seconds a peer that failed repair at most waits to be asked again
+FORGET_AT_LEAST = 64  # back-offs kept before the ended ones are looked for
 MAX_SYNC_PASSES = 100  # a joiner's catch-up: anti-entropy passes at most before it starts
 BAD_PAGE_REASONS = ("bad_signature", "mismatch", "bad_key")  # a row no honest peer serves
 # Drops that the same row meets again whenever it is fetched: an equivocation's loser
@@ -453,6 +454,7 @@ class Repair:
         self.peers = peers
         self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
         self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
+        self._forget_at = FORGET_AT_LEAST  # `_forget_backoffs` looks past this size
         self._taken: dict[str, Taken] = {t.kind.name: {} for t in tables}
         self._connect_repair = asyncio.Lock()  # `repair_new_peer`: one at a time
         self.handlers: dict[str, Callable[[Any, bytes], Awaitable[bytes]]] = {}
@@ -671,7 +673,9 @@ class Repair:
             self.admission.reputation.penalize(server, penalty)
         failures = self._backoff.get(server, (0.0, 0))[1] + 1
         wait = min(MAX_BACKOFF, self.settings.repair_interval * 2**failures)
-        self._backoff[server] = (time.monotonic() + wait, failures)
+        now = time.monotonic()
+        self._backoff[server] = (now + wait, failures)
+        self._forget_backoffs(now)
         log.info(
             "repair with %s ended (%s): not asked again for %.0f s",
             short_id(server),
@@ -679,6 +683,16 @@ class Repair:
             wait,
             extra={"fields": {"event": "repair_abort", "why": why}},
         )
+
+    def _forget_backoffs(self, now: float) -> None:
+        """Forget the back-offs that ended more than MAX_BACKOFF ago (a peer that fails
+        after that starts again from the shortest wait), once the table has doubled: a
+        run with churn meets ever more peers, and most that failed never come back."""
+        if len(self._backoff) < self._forget_at:
+            return
+        for peer in [p for p, (until, _) in self._backoff.items() if now - until > MAX_BACKOFF]:
+            del self._backoff[peer]
+        self._forget_at = max(FORGET_AT_LEAST, 2 * len(self._backoff))
 
     # -- passes -------------------------------------------------------------------------
     def is_source(self, server: bytes) -> bool:

@@ -24,6 +24,12 @@ log = logging.getLogger("seedflood.reconnect")
 ISLAND_WINDOW = 600.0  # peers met this recently and now unreachable count as "cut off"
 
 
+def summary_fresh_for(settings) -> float:
+    """Seconds a peer's latest summary is read for: four exchange intervals and a call's
+    worth more (older ones are ignored here, and forgotten: summaries.py `remember`)."""
+    return 4 * settings.summary_interval + 30
+
+
 @dataclass
 class IslandView:
     """What this node knows about the others it cannot reach (the module docstring)."""
@@ -108,7 +114,7 @@ class IslandWatch:
         our_newest = ledger.max_round()
         diverged = []
         for peer, (when, summary) in list(summaries.items()):
-            if peer not in connected or now - when > 4 * self.s.summary_interval + 30:
+            if peer not in connected or now - when > summary_fresh_for(self.s):
                 self.differs_since.pop(peer, None)
                 continue
             settled = min(our_newest, summary.round) // BUCKET_ROUNDS - 1  # both past it
@@ -119,6 +125,8 @@ class IslandWatch:
                     diverged.append(peer)
             else:
                 self.differs_since.pop(peer, None)
+        for gone in [p for p in self.differs_since if p not in summaries]:
+            del self.differs_since[gone]  # its summary forgotten (summaries.py `remember`)
         return diverged
 
     def show(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from seedflood_p2p.core.checks import ED25519_PEER_ID_PREFIX
-from seedflood_p2p.network.peers.islands import ISLAND_WINDOW
+from seedflood_p2p.network.peers.islands import ISLAND_WINDOW, summary_fresh_for
 from seedflood_p2p.network.peers.links import Links
 from seedflood_p2p.network.peers.peer_book import Hints, PeerBook
 from seedflood_p2p.network.transport.rpc import RemoteCallError, call_bytes
@@ -43,6 +43,7 @@ PROTOCOL = "seedflood.summary"
 # once per SUMMARY_FRESH whatever the number of callers (the newest bucket changes with
 # every row, so its digest cache rarely helps).
 SUMMARY_FRESH = 1.0
+FORGET_AT_LEAST = 64  # summaries kept before `remember` first looks for stale ones
 
 
 class SummaryExchange:
@@ -73,6 +74,7 @@ class SummaryExchange:
         self.flood = None
         self.summaries: dict[str, tuple[float, Summary]] = {}  # peer -> (when, summary)
         self._own: tuple[float, bytes] | None = None  # (when made, our encoded summary)
+        self._forget_at = FORGET_AT_LEAST  # `remember` forgets stale summaries past this
 
     def own_summary(self) -> Summary:
         """Our summary: the ledger's newest round, size and bucket digests, our addresses
@@ -113,6 +115,23 @@ class SummaryExchange:
             self._own = (now, encode_summary(self.own_summary()))
         return self._own[1]
 
+    def fresh_for(self) -> float:
+        """Seconds a summary is read for (the island view ignores older ones)."""
+        return summary_fresh_for(self.s)
+
+    def remember(self, peer: str, summary: Summary, now: float) -> None:
+        """Keep `peer`'s latest summary. The stale ones are forgotten once the table has
+        doubled: a run with churn meets ever more peers, and a summary carries a digest
+        per ledger bucket (~5 KB at 10M rows), so keeping every peer ever asked grows
+        with the run."""
+        self.summaries[peer] = (now, summary)
+        if len(self.summaries) < self._forget_at:
+            return
+        horizon = self.fresh_for()
+        for stale in [p for p, (when, _) in self.summaries.items() if now - when > horizon]:
+            del self.summaries[stale]  # in place: the reconnector reads this dict
+        self._forget_at = max(FORGET_AT_LEAST, 2 * len(self.summaries))
+
     async def ask(self, peer: str) -> None:
         """Ask `peer` for its summary; learn its addresses and the peers it names."""
         from hivemind.p2p import PeerID
@@ -136,7 +155,7 @@ class SummaryExchange:
         except Rejected as exc:
             self.flood.admission.drop_reply(exc, peer_bytes(peer))
             return
-        self.summaries[peer] = (time.monotonic(), summary)
+        self.remember(peer, summary, time.monotonic())
         self.book.met(peer, summary.addrs)
         named_peers = {}
         for named, addrs in summary.peers.items():
