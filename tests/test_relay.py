@@ -234,6 +234,7 @@ def test_links_by_kind_and_a_hole_punch_are_tracked(tmp_path):
         {RELAY: ["/ip4/11.78.0.1/tcp/31337"], other: [circuit, "/ip4/11.78.0.102/tcp/4001"]}
     )
     assert links.kind[other] == "direct" and links.hole_punches == 1 and not links.relayed_via
+    assert not links._relayed_addr  # nothing kept of a peer no longer relayed-only
     assert value(metrics.hole_punches) == 1
     links.own_addrs = ["/ip4/192.168.1.2/tcp/4001", circuit]
     nat = links.nat_status()

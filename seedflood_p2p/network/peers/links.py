@@ -75,6 +75,7 @@ class Links:
                 )
         for peer in [p for p in self.relayed_via if reached.get(p) != "relayed"]:
             del self.relayed_via[peer]
+            self._relayed_addr.pop(peer, None)  # kept for a relayed-only peer's redial only
         self.kind = reached
         for kind in ("direct", "relayed"):
             self.metrics.links.labels(kind).set(sum(1 for k in reached.values() if k == kind))
