@@ -1,7 +1,8 @@
 """An audited peer's restart, by ledger size: memory and time of the old path (the whole
-ledger read into lists, then a replay: the checkpoint written at stop never matched the
-settled state) against the streamed one (`LateJoin.restore_settled`: a snapshot read in
-one pass, the checkpoint used and the rows past the settled state taken back).
+ledger read into lists, then a replay: a restart right after its stop restores the settled
+state, lag rounds short of the checkpoint written at stop, which the old path refused)
+against the streamed one (`LateJoin.restore_settled`: a snapshot read in one pass, the
+checkpoint used and the rows past the settled state taken back).
 
     python bench/bench_restart_memory.py [--rows 100000,300000,1000000] [--peers 100]
         [--directions 16] [--name restart-memory]
