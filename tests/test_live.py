@@ -431,3 +431,31 @@ def test_a_checkpoint_of_a_streamed_cut_is_the_checkpoint_of_the_list(tmp_path):
     cut.close()
     assert streamed == listed
     assert len(streamed["ledger_cut"][gap.peer.hex()]) == 2
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda meta: [meta],  # not a table
+        lambda meta: {k: v for k, v in meta.items() if k != "ledger_digest"},
+        lambda meta: {**meta, "ledger_cut": {"zz": [[0, 1]]}},  # not hex
+        lambda meta: {k: v for k, v in meta.items() if k != "round"},
+    ],
+    ids=["list", "no digest", "bad cut", "no round"],
+)
+def test_a_malformed_checkpoint_meta_is_refused_or_used_never_a_crash(tmp_path, edit):
+    """A fetched chain link's meta comes from peers: whatever it holds, the restore replays
+    (or, where the rows and tensors check out, uses it), and ends at base + ledger."""
+    ledger = _ledger(_messages(4, 2))
+    live = _live(ledger)
+    live.restore(live.cut())
+    meta = live.checkpoint(tmp_path, live.cut(), {"round": 4})
+    (tmp_path / "checkpoint.json").write_text(json.dumps(edit(meta)))
+    ledger.add([UpdateMessage(4, b"peer-0", (0.5, -0.5))])
+    again = _live(ledger)
+    how = again.restore(again.cut(), tmp_path)
+    assert how in (
+        "replay of 9 ledger messages",
+        "checkpoint of round None + 1 ledger messages after it",
+    )
+    _assert_matches_replay(again, ledger)

@@ -295,6 +295,8 @@ class LiveModel:
         None when there is none or it cannot be read."""
         try:
             meta = read_checkpoint_meta(directory)
+            if not isinstance(meta, dict) or not isinstance(meta.get("ledger_digest"), str):
+                raise ValueError("its meta has no ledger_digest")
             covered = cut_contains(meta["ledger_cut"]) if "ledger_cut" in meta else None
         except FileNotFoundError:
             return None  # a fresh peer
@@ -379,13 +381,21 @@ class LiveModel:
                 "checkpoint of round %s has no momentum state: replaying", meta.get("round")
             )
             return None
+        # Each checks every shape before it writes anything; a refusal leaves the base
+        # weights and the momentum state as they were, for the replay that follows.
+        before = self.engine.momentum_state()
         try:
-            self.load_weights(weights)  # checks every shape before it writes any
-        except (KeyError, ValueError) as exc:
+            if self.config.momentum:
+                head = int(meta["momentum_head"])
+                self.engine.load_momentum_state((head, velocity.double().numpy()))
+            try:
+                self.load_weights(weights)
+            except Exception:
+                self.engine.load_momentum_state(before)
+                raise
+        except (KeyError, TypeError, ValueError) as exc:
             log.warning("checkpoint unreadable (%r): replaying the ledger instead", exc)
             return None
-        if self.config.momentum:
-            self.engine.load_momentum_state((meta["momentum_head"], velocity.double().numpy()))
         # the difference, in canonical order (its keys are distinct: outside and inside)
         change = sorted([*tail, *(m.negated() for m in extra)], key=lambda m: (m.round, m.peer))
         if self.config.round_sized:  # the difference re-scales the rounds it joins
@@ -399,7 +409,7 @@ class LiveModel:
             # per MERGE_GROUP epochs, where `apply` would merge each epoch on its own.
             engine = self.engine if self.config.momentum else None
             replay(self.model, self.config, change, schedule=self.schedule, engine=engine)
-        how = f"checkpoint of round {meta['round']}"
+        how = f"checkpoint of round {meta.get('round')}"
         if tail:
             how += f" + {len(tail)} ledger messages after it"
         if extra:
