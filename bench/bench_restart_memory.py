@@ -200,8 +200,53 @@ def main() -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(out, indent=1))
         (RESULTS / f"{args.name}.md").write_text(markdown(out))
+        plot(out, RESULTS / f"{args.name}.png")
     print(markdown(out))
     return 0
+
+
+def plot(out: dict, path: Path) -> None:
+    """Peak and kept RSS, and seconds, against the ledger's rows, for both paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(out["sizes"].items(), key=lambda kv: int(kv[0]))
+    rows = [int(n) / 1e6 for n, _ in sizes]
+    fig, (mem, secs) = plt.subplots(1, 2, figsize=(10, 4))
+    for path_name, label, color in (
+        ("lists", "before: lists + replay", "tab:red"),
+        ("stream", "now: streamed", "tab:blue"),
+    ):
+        runs = [row[path_name] for _, row in sizes]
+        mem.plot(
+            rows,
+            [r["peak_mib"] - r["rss_before_mib"] for r in runs],
+            "o-",
+            color=color,
+            label=f"{label}, peak",
+        )
+        mem.plot(
+            rows,
+            [r["rss_after_mib"] - r["rss_before_mib"] for r in runs],
+            "o--",
+            color=color,
+            alpha=0.6,
+            label=f"{label}, kept after",
+        )
+        secs.plot(rows, [r["seconds"] for r in runs], "o-", color=color, label=label)
+    mem.set(
+        xlabel="ledger rows (millions)",
+        ylabel="RSS added by the restart (MiB)",
+        title="An audited restart's memory",
+    )
+    secs.set(xlabel="ledger rows (millions)", ylabel="seconds", title="... and its time")
+    mem.legend(fontsize=8)
+    secs.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown(out: dict) -> str:
