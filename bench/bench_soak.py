@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -345,7 +346,37 @@ def summarize(records: list[dict], segment: str | None = None) -> dict[str, Any]
             else None
         ),
         "interrupted": any(e["event"] == "interrupted" for e in events),
+        "restores": restore_sources(Path(head["work"])) if head.get("work") else None,
     }
+
+
+def restore_sources(work: Path) -> dict[str, int] | None:
+    """How the peers of a soak built their model at each start, from their logs' `ready`
+    lines (peer/daemon.py): replay, own checkpoint (+ rows after it, - rows it held past
+    the settled state), a fetched one. None when the logs are gone."""
+    logs = sorted(work.glob("peer*.log")) if work.is_dir() else []
+    if not logs:
+        return None
+    kinds: Counter[str] = Counter()
+    for log_path in logs:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if '"event": "ready"' not in line:
+                continue
+            try:
+                source = json.loads(line).get("source", "")
+            except json.JSONDecodeError:
+                continue
+            if source.startswith("replay of 0 "):
+                kinds["first start (nothing to restore)"] += 1
+            elif source.startswith("replay"):
+                kinds["replay of the ledger"] += 1
+            elif " it holds that this state does not" in source:
+                kinds["own checkpoint, rows past the settled state taken back"] += 1
+            elif source.startswith("checkpoint"):
+                kinds["own checkpoint (+ rows after it)"] += 1
+            else:
+                kinds[source.split(" of ")[0]] += 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def _num(value: float | None, digits: int = 1, sign: bool = False) -> str:
@@ -459,6 +490,16 @@ def markdown(summary: dict[str, Any]) -> str:
         f"{r['stops']} stops ({r['sigterm']} SIGTERM, {r['sigkill']} SIGKILL), "
         f"{r['restarted']} restarts from the data dir, {r['fresh_joiners']} fresh joiners, "
         f"{r['died_unasked']} peers died unasked, {r['orphaned_p2pd']} p2pd left orphaned.",
+        *(
+            [
+                "",
+                "How each (re)started peer built its model (its `ready` line): "
+                + ", ".join(f"{n} {how}" for how, n in summary["restores"].items())
+                + ".",
+            ]
+            if summary.get("restores")
+            else []
+        ),
         "",
         "## Ledgers at the end",
         "",

@@ -327,3 +327,25 @@ def test_resume_finds_the_soak_of_that_work_dir(tmp_path):
     assert soak.resumable(path, Path("/tmp/w")) == (SEGMENT, records[-1])
     assert soak.resumable(path, Path("/tmp/other")) == (None, None)
     assert soak.resumable(tmp_path / "missing.jsonl", Path("/tmp/w")) == (None, None)
+
+
+def test_the_page_says_how_each_restarted_peer_built_its_model(tmp_path):
+    """From the peers' `ready` lines: a first start, a replay, its own checkpoint (with
+    rows after it, or with rows past the settled state taken back)."""
+    sources = [
+        "replay of 0 ledger messages (settled state of round 0)",
+        "replay of 6148 ledger messages (settled state of round 1043)",
+        "checkpoint of round 507 + 178 ledger messages after it (settled state of round 547)",
+        "checkpoint of round 900 - 18 it holds that this state does not (settled state of 900)",
+        "checkpoint of round 950 + 3 ledger messages after it (settled state of round 990)",
+    ]
+    for i, source in enumerate(sources):
+        line = {"level": "info", "event": "ready", "round": 1, "source": source}
+        (tmp_path / f"peer{i}.log").write_text("not json\n" + json.dumps(line) + "\n")
+    assert soak.restore_sources(tmp_path) == {
+        "own checkpoint (+ rows after it)": 2,
+        "first start (nothing to restore)": 1,
+        "replay of the ledger": 1,
+        "own checkpoint, rows past the settled state taken back": 1,
+    }
+    assert soak.restore_sources(tmp_path / "gone") is None
