@@ -322,11 +322,13 @@ class LiveModel:
             if observe is not None:
                 observe(m)
             wanted = keep is None or keep(m)
-            h = kept.add(m) if wanted else None
+            h = row_digest(m)
+            if wanted:
+                kept.add_hash(h)
             if covered is None:
                 continue
             if (m.peer, m.round) in covered:
-                inside.add_hash(h or row_digest(m))
+                inside.add_hash(h)
                 if not wanted:
                     extra.append(m)
             elif wanted:

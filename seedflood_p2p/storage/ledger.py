@@ -197,13 +197,11 @@ class RunningDigest:
         self._h = hashlib.sha256()
         self.count = 0
 
-    def add(self, message: UpdateMessage) -> bytes:
-        """Digest `message`; returns its own hash, for `add_hash` into another digest."""
-        h = _message_hash(message)
-        self.add_hash(h)
-        return h
+    def add(self, message: UpdateMessage) -> None:
+        self.add_hash(_message_hash(message))
 
     def add_hash(self, h: bytes) -> None:
+        """Add a row by its `row_digest` (computed once for several digests)."""
         self._h.update(h)
         self.count += 1
 

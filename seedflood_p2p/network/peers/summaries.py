@@ -115,10 +115,6 @@ class SummaryExchange:
             self._own = (now, encode_summary(self.own_summary()))
         return self._own[1]
 
-    def fresh_for(self) -> float:
-        """Seconds a summary is read for (the island view ignores older ones)."""
-        return summary_fresh_for(self.s)
-
     def remember(self, peer: str, summary: Summary, now: float) -> None:
         """Keep `peer`'s latest summary. The stale ones are forgotten once the table has
         doubled: a run with churn meets ever more peers, and a summary carries a digest
@@ -127,7 +123,7 @@ class SummaryExchange:
         self.summaries[peer] = (now, summary)
         if len(self.summaries) < self._forget_at:
             return
-        horizon = self.fresh_for()
+        horizon = summary_fresh_for(self.s)  # the island view reads none older
         for stale in [p for p, (when, _) in self.summaries.items() if now - when > horizon]:
             del self.summaries[stale]  # in place: the reconnector reads this dict
         self._forget_at = max(FORGET_AT_LEAST, 2 * len(self.summaries))
