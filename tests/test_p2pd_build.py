@@ -22,6 +22,7 @@ from seedflood_p2p.network.transport.p2pd_build import (
 ODD = MeshSettings(
     degree=10,
     history=8,
+    gossip_factor=0.1,
     seen_ttl=30.0,
     validation_queue=1024,
     subscription_buffer=4096,
@@ -71,6 +72,7 @@ def test_bytes_not_where_a_patch_expects_them_stop_the_build():
         (MeshSettings(degree=2), "gossip degree 2"),
         (MeshSettings(history=2), "gossip history 2"),
         (MeshSettings(seen_ttl=0.5), "seen-message TTL"),
+        (MeshSettings(gossip_factor=1.5), "gossip factor 1.5"),
         (MeshSettings(subscription_buffer=0), "subscription_buffer 0"),
     ],
 )

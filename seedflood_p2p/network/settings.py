@@ -53,6 +53,7 @@ class NodeSettings:
         return MeshSettings(
             degree=self.gossip_degree,
             history=self.gossip_history,
+            gossip_factor=self.gossip_factor,
             seen_ttl=self.seen_ttl,
             validation_queue=self.validation_queue,
             subscription_buffer=self.subscription_buffer,
@@ -79,6 +80,11 @@ class NodeSettings:
     gossip_degree: int = bounded(6, 3, 1000, "a number of peers")
     # heartbeats of message ids kept for IWANT; 3 of them are gossiped in IHAVE
     gossip_history: int = bounded(5, 3, 1000, "a number of heartbeats")
+    # the share of a node's other topic peers (not in its mesh) each heartbeat's IHAVE
+    # names recent message ids to, at least gossip_degree of them. GossipSub's 0.25 made
+    # the bytes every message cost every node grow with its connections, which the
+    # DHTs' lookups make to most peers of a run (bench/results/mesh.md)
+    gossip_factor: float = bounded(0.25, 0.0, 1.0, "a share of peers")
     # how long a message id stays seen (a copy arriving later is a new message to GossipSub;
     # the ledger still refuses it as a duplicate)
     seen_ttl: float = bounded(120.0, 1, 86400, "seconds")
@@ -96,6 +102,11 @@ class NodeSettings:
     # for as long as the node runs
     redial_min: float = bounded(1.0, 0, MAX_SECONDS, "seconds", open_low=True)
     redial_max: float = bounded(30.0, 0, MAX_SECONDS, "seconds", open_low=True)
+    # peers this node dials and keeps a connection to (reconnect.choose_links), besides
+    # those that dial it: GossipSub gossips each message's id to a quarter of a node's
+    # connections, so a connection to every peer made each message cost every node bytes
+    # in proportion to the run's size (bench/results/mesh.md)
+    max_links: int = bounded(16, 2, MAX_INT, "a number of peers")
     # seconds between summary exchanges with connected peers
     summary_interval: float = bounded(5.0, 0, MAX_SECONDS, "seconds", open_low=True)
     # unreachable or diverged this long: say "partitioned"

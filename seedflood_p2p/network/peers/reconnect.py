@@ -9,9 +9,15 @@ So every node:
 - keeps the peers it has met (`PeerBook`, peer_book.py: peer id -> the addresses it
   dials them at, DATA_DIR/peers.json, written atomically), learnt from summaries
   (below), and those it has only heard of (`Hints`);
-- redials every known peer it is not connected to, and its bootstrap list, on a
-  backoff schedule (redial_min doubling to redial_max, jittered) for as long as it
-  runs, logging each failure with what it tried (`Reconnector.run`);
+- keeps links to `max_links` of the peers it knows (`choose_links`: its own stable
+  choice, so the links form a random graph), redialling them and, while it has fewer
+  connections than that, its bootstrap list, on a backoff schedule (redial_min doubling
+  to redial_max, jittered) for as long as it runs, logging each failure with what it
+  tried (`Reconnector.run`). A peer that fails to answer keeps being redialled, and the
+  next peer in the order takes its place meanwhile. Not every peer: GossipSub gossips
+  message ids to a quarter of a node's connections each heartbeat, so the bytes a message
+  costs each node grew with every connection (bench/results/mesh.md), and p2pd trims
+  connections past 512 anyway;
 - on every new connection, runs a repair pass with that peer at once, so a healed
   partition repairs by itself (the flood node's own anti-entropy would get there
   too, a random peer every few seconds);
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import re
@@ -115,6 +122,34 @@ class Backoff:
         self.next_try = now + delay
         self.last_error = error
         return delay
+
+
+def choose_links(
+    own_id: str,
+    candidates: Iterable[str],
+    connected: set[str],
+    failing: set[str],
+    bootstrap: Iterable[str],
+    budget: int,
+) -> list[str]:
+    """The candidates this node dials and keeps a connection to: the first `budget` in its
+    own order (a hash of both ids: stable across restarts, and a different order on every
+    node, so the links form a random graph), where one that is `failing` (its last dial
+    failed) is still included but leaves its place to the next; and the `bootstrap` peers
+    while fewer than `budget` peers are connected (first contact, or cut off again).
+    Connections others made to this node are kept whether chosen or not."""
+    wanted = set(candidates)
+    ranked = sorted(wanted, key=lambda p: hashlib.sha256(f"{own_id}/{p}".encode()).digest())
+    chosen, places = [], budget
+    for peer in ranked:
+        if places <= 0:
+            break
+        chosen.append(peer)
+        if peer in connected or peer not in failing:
+            places -= 1
+    if len(connected) < budget:
+        chosen += [p for p in bootstrap if p in wanted and p not in chosen]
+    return chosen
 
 
 def run_founders(config: RunConfig) -> frozenset[str]:
@@ -225,17 +260,27 @@ class Reconnector:
         return now_connected
 
     async def dial_due(self, force: bool = False) -> dict[str, str]:
-        """Dial every candidate that is not connected and whose backoff has passed (all of
-        them with `force`), at once. Returns {peer: error} of the dials that failed."""
+        """Dial every chosen candidate (`chosen`) that is not connected and whose backoff
+        has passed (all of them with `force`), at once. Returns {peer: error} of the dials
+        that failed."""
         async with self._dialling:
             return await self._dial_due(force)
+
+    def chosen(self, connected: set[str]) -> dict[str, list[str]]:
+        """The candidates to keep a connection to (`choose_links`, `max_links` of them)."""
+        candidates = self.candidates()
+        failing = {p for p, state in self.backoff.items() if state.failures}
+        chosen = choose_links(
+            self.own_id, candidates, connected, failing, self.bootstrap, self.s.max_links
+        )
+        return {p: candidates[p] for p in chosen}
 
     async def _dial_due(self, force: bool) -> dict[str, str]:
         connected = await self.refresh_connected()
         now = time.monotonic()
         due = {
             p: a
-            for p, a in self.candidates().items()
+            for p, a in self.chosen(connected).items()
             if p not in connected and (force or self.backoff.get(p, Backoff()).next_try <= now)
         }
         if not due:

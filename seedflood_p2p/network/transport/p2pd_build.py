@@ -22,6 +22,8 @@ The patches (`MeshSettings`; every address is for the one known build, `KNOWN_SH
     degree         GossipSub D, with Dlo = D - 1, Dhi = 2D, Dlazy = D, Dscore = 2D/3 and
                    Dout = D/3 (the spec's ratios at D = 6)
     history        mcache windows kept (HistoryLength) and gossiped (HistoryGossip)
+    gossip_factor  the share of a node's non-mesh topic peers each heartbeat's IHAVE goes
+                   to, at least Dlazy of them (GossipFactor)
     seen_ttl       how long a message id stays seen (TimeCacheDuration)
     queues         validation queue, subscription buffer, inbound RPC queue, outbound queue
                    per peer: each drops a message when full (the validation queue and the
@@ -64,6 +66,7 @@ class MeshSettings:
     degree: int = 6
     history: int = 5
     history_gossip: int = 3
+    gossip_factor: float = 0.25
     seen_ttl: float = 120.0
     validation_queue: int = 4096
     subscription_buffer: int = 4096
@@ -79,6 +82,8 @@ class MeshSettings:
                 f"gossip history {self.history} must be 1..1000 and at least the windows "
                 f"gossiped ({self.history_gossip})"
             )
+        if not 0.0 <= self.gossip_factor <= 1.0:
+            raise ValueError(f"gossip factor {self.gossip_factor} is outside 0..1")
         if not 1.0 <= self.seen_ttl <= 86400.0:
             raise ValueError(f"seen-message TTL {self.seen_ttl} s is outside 1..86400 s")
         for name in ("validation_queue", "subscription_buffer", "inbound_queue", "outbound_queue"):
@@ -126,6 +131,14 @@ def patches(mesh: MeshSettings) -> list[_Patch]:
         _Patch(name, address, _i64(old), _i64(new))
         for name, (address, old, new) in gossip_vars.items()
     ]
+    out.append(  # a float64, between GossipSubFanoutTTL and GossipSubGossipRetransmission
+        _Patch(
+            "GossipSubGossipFactor",
+            0x1C687C8,
+            struct.pack("<d", 0.25),
+            struct.pack("<d", mesh.gossip_factor),
+        )
+    )
     # `mov $32, %ebx` before runtime.makechan (the channel's size), and the field store
     # `movq $32, 0x50(%rdi)` of peerOutboundQueueSize, in NewPubSub / (*Topic).Subscribe
     mov32 = b"\xbb" + _imm32(32)
