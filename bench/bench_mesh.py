@@ -481,31 +481,48 @@ def write_md(rows: dict, path: Path, note: str) -> None:
 
 
 def plot(rows: dict, path: Path) -> None:
+    """p99 latency, hops taken in and p2pd CPU per message per node: against D (a line per
+    N and setting), and against N (a line per D and setting), where a series has 2+ rows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    series: dict[tuple, list] = {}
-    for row in rows.values():
-        s = row["setting"]
-        tag = (s["peers"], s["links"], s.get("gossip_factor", 0.25), s["heartbeat"], s["loss"])
-        series.setdefault(tag, []).append(row)
-    for (n, links, factor, hb, loss), group in sorted(series.items(), key=str):
-        group.sort(key=lambda r: r["setting"]["degree"])
-        d = [r["setting"]["degree"] for r in group]
-        label = f"N={n} links={links} gossip factor={factor:g} hb={hb:g} loss={loss:g}%"
-        axes[0].plot(d, [r["latency_ms"]["p99"] for r in group], "o-", label=label)
-        axes[1].plot(d, [r.get("hops_in_per_message_node") for r in group], "o-", label=label)
-        axes[2].plot(d, [r["cpu_us_per_message_node"] for r in group], "o-", label=label)
-    for ax, title in zip(
-        axes, ("p99 latency (ms)", "hops received per message per node", "p2pd CPU us/msg/node")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    measures = (
+        ("p99 latency (ms)", lambda r: r["latency_ms"]["p99"]),
+        ("hops taken in per message per node", lambda r: r.get("hops_in_per_message_node")),
+        ("p2pd CPU us per message per node", lambda r: r["cpu_us_per_message_node"]),
+    )
+    for line, (x_name, label_of) in enumerate(
+        (
+            ("degree", lambda s: f"N={s['peers']} links={s['links']}"),
+            ("peers", lambda s: f"D={s['degree']}"),
+        )
     ):
-        ax.set_xlabel("GossipSub degree D")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+        series: dict[str, list] = {}
+        for row in rows.values():
+            s = row["setting"]
+            if s["peers"] < 4:
+                continue  # the calibration
+            label = (
+                f"{label_of(s)} gossip factor={s.get('gossip_factor', 0.25):g} "
+                f"hb={s['heartbeat']:g}"
+            )
+            series.setdefault(label, []).append(row)
+        for label, group in sorted(series.items()):
+            if len(group) < 2:
+                continue
+            group.sort(key=lambda r: r["setting"][x_name])
+            x = [r["setting"][x_name] for r in group]
+            for ax, (_, value) in zip(axes[line], measures, strict=True):
+                ax.plot(x, [value(r) for r in group], "o-", label=label)
+        for ax, (title, _) in zip(axes[line], measures, strict=True):
+            ax.set_xlabel("GossipSub degree D" if x_name == "degree" else "nodes N")
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+        if axes[line][0].lines:
+            axes[line][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -552,6 +569,7 @@ def main() -> None:
     parser.add_argument("--ready-timeout", type=float, default=60.0)
     parser.add_argument("--setting-timeout", type=float, default=1200.0, help="s per setting")
     parser.add_argument("--out", default="mesh")
+    parser.add_argument("--results", type=Path, default=OUT, help="folder of OUT.*")
     parser.add_argument("--summarize", action="store_true", help="only redo .md/.png")
     args = parser.parse_args()
     for links in args.links:
@@ -563,7 +581,9 @@ def main() -> None:
         parser.error("--loss needs --netns (loopback drops nothing)")
     if args.netns and max(args.peers) > 200:
         parser.error("--netns: at most 200 hosts (deploy/netns-testnet.sh)")
-    out_json = OUT / f"{args.out}.json"
+    results = args.results
+    results.mkdir(parents=True, exist_ok=True)
+    out_json = results / f"{args.out}.json"
     data = json.loads(out_json.read_text()) if out_json.exists() else {"rows": {}}
     rows = data["rows"]
     note = (
@@ -612,9 +632,9 @@ def main() -> None:
                 if hosts:
                     netns("down", "--kill")
     add_hops(rows)
-    write_md(rows, OUT / f"{args.out}.md", note)
-    plot(rows, OUT / f"{args.out}.png")
-    print(f"wrote {OUT / args.out}.json, .md, .png")
+    write_md(rows, results / f"{args.out}.md", note)
+    plot(rows, results / f"{args.out}.png")
+    print(f"wrote {results / args.out}.json, .md, .png")
 
 
 if __name__ == "__main__":

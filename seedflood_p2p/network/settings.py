@@ -76,15 +76,22 @@ class NodeSettings:
     # p2pd_build.py): no second, unmetered relay, and the GossipSub settings below, which the
     # bundled binary has no flags for; "bundled" runs hivemind's as it is (and ignores them).
     p2pd: str = field(default="ours", metadata={"choices": ("ours", "bundled")})
-    # GossipSub's mesh degree D (Dlo = D - 1, Dhi = 2D, Dlazy = D: the spec's ratios)
-    gossip_degree: int = bounded(6, 3, 1000, "a number of peers")
+    # GossipSub's mesh degree D (Dlo = D - 1, Dhi = 2D, Dlazy = D: the spec's ratios).
+    # GossipSub's 6 made each message cost each node more bytes and p2pd CPU than 4 at
+    # every N measured (32-192), with every message delivered under 5% loss at both
+    # (bench/results/mesh*.md): a publisher floods its own message to every topic peer
+    # it is connected to, so the mesh only carries it on to the rest
+    gossip_degree: int = bounded(4, 3, 1000, "a number of peers")
     # heartbeats of message ids kept for IWANT; 3 of them are gossiped in IHAVE
     gossip_history: int = bounded(5, 3, 1000, "a number of heartbeats")
     # the share of a node's other topic peers (not in its mesh) each heartbeat's IHAVE
-    # names recent message ids to, at least gossip_degree of them. GossipSub's 0.25 made
-    # the bytes every message cost every node grow with its connections, which the
-    # DHTs' lookups make to most peers of a run (bench/results/mesh.md)
-    gossip_factor: float = bounded(0.25, 0.0, 1.0, "a share of peers")
+    # names recent message ids to, at least gossip_degree of them (0: gossip_degree, as
+    # GossipSub v1.0 did). GossipSub's 0.25 made the bytes every message cost every node
+    # grow with its connections, which the DHTs' lookups make to most peers of a run:
+    # 4.5, 7.3, 9.5 KB at N = 64, 128, 192 against 3.4, 4.1, 4.0 KB at 0, every message
+    # delivered at both (bench/results/mesh-gossip.md). A message gossip misses, repair
+    # fetches (anti-entropy with a random connected peer every repair_interval).
+    gossip_factor: float = bounded(0.0, 0.0, 1.0, "a share of peers")
     # how long a message id stays seen (a copy arriving later is a new message to GossipSub;
     # the ledger still refuses it as a duplicate)
     seen_ttl: float = bounded(120.0, 1, 86400, "seconds")
