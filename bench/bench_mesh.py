@@ -61,6 +61,7 @@ from hivemind.utils.multiaddr import Multiaddr  # noqa: E402
 
 from seedflood_p2p.network.transport.p2pd import bundled_p2pd, uvarint  # noqa: E402
 from seedflood_p2p.network.transport.p2pd_build import MeshSettings, build  # noqa: E402
+from seedflood_p2p.network.transport.pubsub import _read_frame as read_frame  # noqa: E402
 
 TOPIC = "sf/0123456789abcdef"  # a run's topic is sf/<16 hex>
 PAYLOAD = 40  # bytes: an update with a few scalars (13-52 B, DESIGN.md)
@@ -89,17 +90,6 @@ class Setting:
 
 
 # --- the control socket --------------------------------------------------------------------
-
-
-async def read_frame(reader: asyncio.StreamReader, kind):
-    size = shift = 0
-    while True:
-        byte = (await reader.readexactly(1))[0]
-        size |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return kind.FromString(await reader.readexactly(size))
 
 
 class Node:
