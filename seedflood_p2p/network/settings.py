@@ -110,9 +110,9 @@ class NodeSettings:
     redial_min: float = bounded(1.0, 0, MAX_SECONDS, "seconds", open_low=True)
     redial_max: float = bounded(30.0, 0, MAX_SECONDS, "seconds", open_low=True)
     # peers this node dials and keeps a connection to (reconnect.choose_links), besides
-    # those that dial it: GossipSub gossips each message's id to a quarter of a node's
-    # connections, so a connection to every peer made each message cost every node bytes
-    # in proportion to the run's size (bench/results/mesh.md)
+    # those that dial it: not every peer it hears of, which in a large run meant a dial
+    # and a repair pass per peer (the DHTs still connect most pairs at N <= 192, so the
+    # gossip factor, not this, bounds a message's bytes: bench/results/mesh.md)
     max_links: int = bounded(16, 2, MAX_INT, "a number of peers")
     # seconds between summary exchanges with connected peers
     summary_interval: float = bounded(5.0, 0, MAX_SECONDS, "seconds", open_low=True)

@@ -14,10 +14,11 @@ So every node:
   connections than that, its bootstrap list, on a backoff schedule (redial_min doubling
   to redial_max, jittered) for as long as it runs, logging each failure with what it
   tried (`Reconnector.run`). A peer that fails to answer keeps being redialled, and the
-  next peer in the order takes its place meanwhile. Not every peer: GossipSub gossips
-  message ids to a quarter of a node's connections each heartbeat, so the bytes a message
-  costs each node grew with every connection (bench/results/mesh.md), and p2pd trims
-  connections past 512 anyway;
+  next peer in the order takes its place meanwhile. Not every peer: in a run of a
+  thousand, a peer would dial, and run a repair pass with, every peer it hears of, and
+  p2pd trims connections past 512 anyway. (What bounds the bytes each message costs a
+  node is GossipSub's gossip factor: at N = 64-192 the DHTs' lookups connected most
+  pairs whatever the reconnector dialled, bench/results/mesh.md);
 - on every new connection, runs a repair pass with that peer at once, so a healed
   partition repairs by itself (the flood node's own anti-entropy would get there
   too, a random peer every few seconds);
