@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results"
 
+from bench_ingest import cpu_seconds, rss_mib  # noqa: E402 (this folder's /proc readers)
 from hivemind.proto import p2pd_pb2 as pb  # noqa: E402
 from hivemind.utils.multiaddr import Multiaddr  # noqa: E402
 
@@ -103,14 +104,18 @@ class Node:
         self._lock = asyncio.Lock()
         self._sub: asyncio.StreamWriter | None = None
 
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, request: pb.Request) -> None:
+        body = request.SerializeToString()
+        writer.write(uvarint(len(body)) + body)
+        await writer.drain()
+
     async def request(self, request: pb.Request, timeout: float = 30.0) -> pb.Response:
         async with self._lock:
             if self._conn is None:
                 self._conn = await asyncio.open_unix_connection(self.socket)
             reader, writer = self._conn
-            body = request.SerializeToString()
-            writer.write(uvarint(len(body)) + body)
-            await writer.drain()
+            await self._send(writer, request)
             response = await asyncio.wait_for(read_frame(reader, pb.Response), timeout)
         if response.type != pb.Response.OK:
             raise RuntimeError(f"node {self.index}: p2pd refused: {response.error.msg}")
@@ -148,9 +153,7 @@ class Node:
     async def subscribe(self, on_message) -> asyncio.Task:
         reader, writer = await asyncio.open_unix_connection(self.socket)
         ps = pb.PSRequest(type=pb.PSRequest.SUBSCRIBE, topic=TOPIC)
-        body = pb.Request(type=pb.Request.PUBSUB, pubsub=ps).SerializeToString()
-        writer.write(uvarint(len(body)) + body)
-        await writer.drain()
+        await self._send(writer, pb.Request(type=pb.Request.PUBSUB, pubsub=ps))
         response = await read_frame(reader, pb.Response)
         if response.type != pb.Response.OK:
             raise RuntimeError(f"node {self.index}: subscribe refused: {response.error.msg}")
@@ -170,18 +173,6 @@ class Node:
 
 
 # --- processes and hosts -------------------------------------------------------------------
-
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def host_rx_bytes(hosts: int) -> list[int] | None:
@@ -366,9 +357,9 @@ async def measure(setting: Setting, args, hosts: int) -> dict:
         await asyncio.sleep(max(2.0, 2 * setting.heartbeat))
 
         pids = [node.proc.pid for node in nodes]
-        cpu0, rx0, t0 = sum(map(proc_cpu, pids)), host_rx_bytes(hosts), time.monotonic()
+        cpu0, rx0, t0 = sum(map(cpu_seconds, pids)), host_rx_bytes(hosts), time.monotonic()
         await asyncio.sleep(args.idle)
-        cpu1, rx1, t1 = sum(map(proc_cpu, pids)), host_rx_bytes(hosts), time.monotonic()
+        cpu1, rx1, t1 = sum(map(cpu_seconds, pids)), host_rx_bytes(hosts), time.monotonic()
         idle_cpu_per_s = (cpu1 - cpu0) / (t1 - t0)  # all nodes
         idle_rx_per_s = None if rx0 is None else (sum(rx1) - sum(rx0)) / (t1 - t0)
 
@@ -387,8 +378,8 @@ async def measure(setting: Setting, args, hosts: int) -> dict:
             publishes.append(asyncio.create_task(nodes[publisher].publish(data)))
         await asyncio.gather(*publishes)
         await asyncio.sleep(args.drain)
-        cpu2, rx2, t2 = sum(map(proc_cpu, pids)), host_rx_bytes(hosts), time.monotonic()
-        rss = [proc_rss_mib(p) for p in pids]
+        cpu2, rx2, t2 = sum(map(cpu_seconds, pids)), host_rx_bytes(hosts), time.monotonic()
+        rss = [rss_mib(p) for p in pids]
         conns = [await node.connections() for node in nodes]
 
         lat, reached = [], []

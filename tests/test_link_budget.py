@@ -1,10 +1,9 @@
 """A node keeps links to `max_links` peers it chose, not to every peer it hears of.
 
-GossipSub gossips each message's id to a quarter of a node's connections every heartbeat,
-so with a connection to every peer the bytes a message cost each node grew with the run
-(bench/results/mesh.md), and p2pd's connection manager trims past 512 connections, which
-the reconnect loop would redial. `choose_links` is the rule; the last test runs it on real
-p2pd daemons on 127.0.0.1 and floods a message over the sparse links it made.
+In a run of a thousand, dialling every peer heard of meant a dial and a repair pass per
+peer, and p2pd's connection manager trims past 512 connections, which the reconnect loop
+would redial. `choose_links` is the rule; the last test runs it on real p2pd daemons on
+127.0.0.1 and floods a message over the sparse links it made.
 """
 
 from __future__ import annotations
