@@ -221,7 +221,16 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
     curve: dict[int, tuple[float, float]] = {}
     correct: dict[str, str] = {}  # each evaluation's "1"/"0" per sentence (paired SEs)
 
+    eval_cpu = [0.0]  # CPU-s spent scoring, so a row's training CPU can be read apart
+
     def score(r: int, cache) -> tuple[float, float]:
+        cpu = time.process_time()
+        try:
+            return _score(r, cache)
+        finally:
+            eval_cpu[0] += time.process_time() - cpu
+
+    def _score(r: int, cache) -> tuple[float, float]:
         metrics = evaluate_metrics(
             model, tokenizer, task, config, args.eval_examples, cache, per_example=True
         )
@@ -300,6 +309,13 @@ def run_one(args: argparse.Namespace, name: str, spec: dict, peers: int, seed: i
         "curve": {str(r): {"loss": v[0], "accuracy": v[1]} for r, v in sorted(curve.items())},
         "wall_s": round(time.time() - wall0, 1),
         "cpu_s": round(time.process_time() - cpu0, 1),
+        # this session's CPU outside scoring (cache warm-up included); a resumed run's
+        # earlier sessions are not split, so it is absent there
+        **(
+            {}
+            if extra.get("resumed_at")
+            else {"train_cpu_s": round(time.process_time() - cpu0 - eval_cpu[0], 1)}
+        ),
         "prefix_cache": bool(args.cache_prefix),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "eval_split": args.eval_split,
@@ -525,7 +541,7 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
         "",
         "| row | N peers/round | chosen on | scored on | seeds | "
         + " | ".join(f"round {r}" for r in eval_at)
-        + " | CPU-s/run |",
+        + " | CPU-s/run (of it training) |",
         "|---|---:|---|---|---:|" + "---:|" * len(eval_at) + "---:|",
     ]
     for (row, peers), group in sorted(
@@ -545,7 +561,11 @@ def render(path: Path, meta: dict, plot: str = "", plot_name: str = "") -> None:
         cpu = statistics.fmean(g["cpu_s"] for g in group)
         copied = {g["copied_from"] for g in group if g.get("copied_from")}  # a reference row
         name = f"{row} (from {', '.join(sorted(copied))}; CPU-s of its runs)" if copied else row
-        cells.append(f"{cpu:.0f}")
+        train = [g["train_cpu_s"] for g in group if "train_cpu_s" in g]
+        # training CPU apart from scoring, where every run recorded it
+        cells.append(
+            f"{cpu:.0f}" + (f" ({statistics.fmean(train):.0f})" if len(train) == len(group) else "")
+        )
         chosen = "/".join(sorted({g.get("chosen_on", "unrecorded") for g in group}))
         scored = "/".join(sorted({g.get("scored_on") or legacy_split(g, meta) for g in group}))
         lines.append(

@@ -30,6 +30,7 @@ RULE_MODULES = [
     "algorithm/subcge.py",  # base + ledger -> the model
     "algorithm/replay.py",
     "algorithm/momentum.py",  # momentum: a row's weight by the state's round
+    "algorithm/curvature.py",  # curvature: a row's scale by the earlier rounds
     "core/config.py",  # run ids, defaults, bounds
     "core/extra_settings.py",
     "core/rng.py",  # directions from derived seeds
@@ -50,7 +51,9 @@ PINNED = {
     # and for ingest cost, not rules: admission reads a batch's held rows in one query and
     # counts verdicts per batch, scalars are packed with struct (numpy's bytes: tests/
     # test_protocol.py test_scalars_pack_and_unpack_as_numpy_does); same verdicts
-    "0.2": "7210691d6ce797a2f3bdc92db02d4012b629e545d9fcbda118ef6945455cbe8c",
+    # and for `one_sided_passes` and `curvature`: new settings that 0.2.0 peers refuse as
+    # unknown (and daemons refuse curvature), so runs without them keep their code and ids
+    "0.2": "ac618c621c796c3bd1d9340e25f4ef3d2e146079b684fd84b06bf5a172c84e99",
 }
 
 

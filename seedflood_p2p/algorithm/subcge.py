@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from seedflood_p2p.algorithm.basis import BasisArtifact, BasisSchedule, check
+from seedflood_p2p.algorithm.curvature import Curvature
 from seedflood_p2p.algorithm.momentum import Velocity
 from seedflood_p2p.algorithm.trainable import (
     Perturbation,
@@ -329,8 +330,19 @@ class ZerothOrderEstimator:
         (g_1..g_k, mean loss). With k > 1, `loss_fn` returns per-example losses [B] and
         direction j is estimated on the j-th of k equal groups of the batch, all in the same
         two forward passes; with k == 1 it may return the mean loss."""
-        g, losses = self.two_point(loss_fn, direction, batch_size)
+        g, losses = self.estimates(loss_fn, direction, batch_size)
         return tuple(g.tolist()), float(losses.mean())
+
+    def estimates(
+        self,
+        loss_fn: Callable[[], float | torch.Tensor],
+        direction: Direction,
+        batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The run's estimator (`RunConfig.one_sided_passes`): `two_point` or `one_sided`."""
+        if self.config.one_sided_passes:
+            return self.one_sided(loss_fn, direction, batch_size)
+        return self.two_point(loss_fn, direction, batch_size)
 
     @torch.no_grad()
     def two_point(
@@ -350,6 +362,50 @@ class ZerothOrderEstimator:
         if k > 1 and plus.numel() % k:
             raise ValueError(f"{plus.numel()} losses do not split into {k} directions")
         return ((plus - minus) / (2 * eps)).reshape(k, -1).mean(dim=1), 0.5 * (plus + minus)
+
+    @torch.no_grad()
+    def one_sided(
+        self,
+        loss_fn: Callable[[], float | torch.Tensor],
+        direction: Direction,
+        batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One-sided estimates (L_j(+eps) - L_j(0)) / eps sharing one unperturbed pass:
+        the k directions in m = `one_sided_passes` sets of g = k/m, the batch in g groups,
+        direction p*g + j on group j in perturbed pass p. Returns (g [k] float64, the
+        unperturbed losses [B]). `direction` may stack several peers' k directions (their
+        batches stacked in the same order, as `zo_steps` does): each peer's set p is
+        estimated in pass p, on its own groups."""
+        eps, k, m = self.config.eps, self.config.directions, self.config.one_sided_passes
+        total = direction.count
+        if total % k:
+            raise ValueError(f"{total} directions are not whole messages of {k}")
+        g = k // m
+        # pass p perturbs, for every stacked peer i, its directions i*k + p*g ... + g - 1
+        sets = [
+            np.concatenate(
+                [np.arange(i * k + p * g, i * k + (p + 1) * g) for i in range(total // k)]
+            )
+            for p in range(m)
+        ]
+        with self.prefix.record():
+            base = torch.as_tensor(loss_fn(), dtype=torch.float64).reshape(-1)
+        if len(sets[0]) > 1 and base.numel() % len(sets[0]):
+            raise ValueError(f"{base.numel()} losses do not split into {len(sets[0])} groups")
+        out = torch.empty(total, dtype=torch.float64)
+        for chosen in sets:
+            part = Direction(
+                direction.peer,
+                direction.round,
+                direction.epoch,
+                direction.a[chosen],
+                direction.b[chosen],
+                direction.sign[chosen],
+            )
+            with self.perturbed(part, eps, batch_size), self.prefix.reuse():
+                plus = torch.as_tensor(loss_fn(), dtype=torch.float64).reshape(-1)
+            out[torch.from_numpy(chosen)] = ((plus - base) / eps).reshape(len(chosen), -1).mean(1)
+        return out, base
 
 
 def _rank_limit(matrix: TrainableMatrix) -> int:
@@ -377,6 +433,9 @@ class SubCGE(ZerothOrderEstimator):
         # momentum > 0 (a fixed basis): the round the weights are of, and the velocity core
         shape = (len(self.matrices), rank * rank)
         self.velocity = Velocity(config.momentum, shape) if config.momentum else None
+        # curvature > 0 (a fixed basis, rows in round order): a diagonal scale of the core
+        # coordinates, learned from the rows (algorithm/curvature.py)
+        self.curvature = Curvature(config.curvature, shape) if config.curvature else None
         self._hooks = install_perturbation_hooks(self.matrices)
         self.schedule = BasisSchedule()  # curvature-aware V sides by epoch (basis.py)
 
@@ -456,7 +515,14 @@ class SubCGE(ZerothOrderEstimator):
         device, dtype = bases[0][0].device, bases[0][0].dtype
         a_all = torch.from_numpy(direction.a).to(device)
         b_all = torch.from_numpy(direction.b).to(device)
-        s_all = torch.from_numpy(scale * direction.sign).to(device, dtype)
+        signs = scale * direction.sign
+        if self.curvature is not None and direction.a.size:
+            self.curvature.advance(direction.round)  # the scale of this round
+            r, L = self.config.rank, len(self.matrices)
+            signs = signs * self.curvature.factors(
+                direction.a * r + direction.b + np.arange(L) * r * r
+            )
+        s_all = torch.from_numpy(signs).to(device, dtype)
         try:
             for i, matrix in enumerate(self.matrices):
                 u_all, v_all = bases[i]
@@ -530,6 +596,9 @@ class SubCGE(ZerothOrderEstimator):
                 if self.velocity is not None:
                     self._fold_with_momentum(messages[lo : lo + step], index, value)
                     continue
+                if self.curvature is not None:
+                    self._fold_with_curvature(messages[lo : lo + step], index, value)
+                    continue
                 present = np.unique(epochs)
                 for epoch in present:
                     # one epoch in the chunk (the usual: a round's updates): no copy
@@ -559,6 +628,25 @@ class SubCGE(ZerothOrderEstimator):
             np.add.at(core.reshape(-1), where, entries if weight == 1.0 else entries * weight)
             moving = entries if decay == 1.0 else entries * decay
             np.add.at(velocity.core.reshape(-1), where, moving)
+
+    def _fold_with_curvature(
+        self, messages: list[UpdateMessage], index: np.ndarray, value: np.ndarray
+    ) -> None:
+        """Fold rows under the curvature scale (algorithm/curvature.py), a run of equal
+        rounds at a time: each row's entries times its round's s at their coordinates, into
+        the pending core and into the round's D."""
+        curvature, L, r = self.curvature, len(self.matrices), self.config.rank
+        rounds = np.array([m.round for m in messages], dtype=np.int64)
+        starts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(messages)]
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            round_ = int(rounds[lo])
+            curvature.advance(round_)
+            where = index[lo:hi].ravel()
+            entries = value[lo:hi].ravel() * curvature.factors(where)
+            epoch = self.config.epoch_of(round_)
+            core = self._pending.setdefault(epoch, np.zeros((L, r * r), dtype=np.float64))
+            np.add.at(core.reshape(-1), where, entries)
+            np.add.at(curvature.delta.reshape(-1), where, entries)
 
     def _add_pending(self, round_: int, core: np.ndarray | None) -> None:
         if core is not None:

@@ -102,7 +102,7 @@ def zo_steps(
         np.concatenate([d.sign for d in own]),
     )
     with _cached(prefix_cache, rows, batch):
-        g, losses = engine.two_point(
+        g, losses = engine.estimates(
             lambda: example_losses(engine.model, batch, task.kind), stacked, len(rows)
         )
     k = config.directions

@@ -74,6 +74,8 @@ OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "calibration": "",
     "train_examples": 0,
     "momentum": 0.0,
+    "one_sided_passes": 0,
+    "curvature": 0.0,
 }
 MOMENTUM_MAX = 0.99  # a round's update is carried on at most 1 / (1 - 0.99) = 100 times
 MAX_ALLOW_PEERS = 1000  # peer ids in a closed run's allow-list (~53 bytes each in JSON)
@@ -94,6 +96,7 @@ INT_RANGES = {
     "basis_refresh": (0, MAX_ROUND),
     "basis_examples": (1, 1 << 16),
     "train_examples": (0, 1 << 40),
+    "one_sided_passes": (0, MAX_DIRECTIONS),
 }
 
 
@@ -199,6 +202,25 @@ class RunConfig:
         default=0.0,
         metadata={"help": f"heavy-ball momentum in the core coordinates, 0..{MOMENTUM_MAX}"},
     )
+    # One-sided estimates sharing one unperturbed pass (FZOO's arithmetic, issue 47 (b)):
+    # m > 0 perturbed passes (+eps) after one unperturbed pass; the k directions split into
+    # m sets of k/m, the batch into k/m groups, and direction (p, j) is estimated on group j
+    # in pass p. So 1 + m passes give k estimates on batch_size * m / k examples each, where
+    # the two-point step (0) needs 2 passes for k estimates on batch_size / k each.
+    one_sided_passes: int = field(
+        default=0,
+        metadata={"help": "m perturbed passes sharing one unperturbed pass (0: two-point)"},
+    )
+    # A diagonal curvature in the fixed basis's core coordinates, learned from the rows
+    # themselves (HiSo's idea, issue 47 (c); algorithm/curvature.py): v = b v + (1 - b) D^2
+    # over each round's core update D, and every coordinate's perturbation and step scaled
+    # by v^(-1/4) (normalised per matrix), so a step moves v^(-1/2) x its derivative. Not
+    # linear in the ledger (a late row changes every later round's scale): `seedflood
+    # train` and the benches only (daemon_problem). 0: none.
+    curvature: float = field(
+        default=0.0,
+        metadata={"help": f"decay of the diagonal curvature estimate, 0..{MOMENTUM_MAX}"},
+    )
 
     def __post_init__(self) -> None:
         problems = _type_problems(self)
@@ -227,7 +249,25 @@ class RunConfig:
             problems.append("lr_schedule 'cosine' needs total_rounds >= 1")
         if not 0 < self.clip <= FLOAT16_MAX:
             problems.append(f"clip must be in (0, {FLOAT16_MAX:g}] (got {short_repr(self.clip)})")
-        if 1 <= self.directions <= MAX_DIRECTIONS and self.batch_size % self.directions:
+        passes = self.one_sided_passes
+        if 1 <= passes <= MAX_DIRECTIONS and 1 <= self.directions <= MAX_DIRECTIONS:
+            if self.directions % passes:
+                problems.append(
+                    f"one_sided_passes {passes} must divide directions {self.directions} "
+                    "(each perturbed pass estimates an equal share of the directions)"
+                )
+            elif self.batch_size % (self.directions // passes):
+                problems.append(
+                    f"batch_size {self.batch_size} must be a multiple of directions / "
+                    f"one_sided_passes = {self.directions // passes} (the groups of a pass)"
+                )
+            if self.calibration:
+                problems.append(
+                    "one_sided_passes with calibration is not built: set calibration ''"
+                )
+            if self.estimator != "subcge":
+                problems.append("one_sided_passes needs the subcge estimator")
+        elif 1 <= self.directions <= MAX_DIRECTIONS and self.batch_size % self.directions:
             problems.append(
                 f"batch_size {self.batch_size} must be a multiple of directions "
                 f"{self.directions} (each direction gets an equal share of the batch)"
@@ -281,6 +321,18 @@ class RunConfig:
                 "momentum needs a basis that never changes: basis 'kfac' with basis_refresh 0 "
                 "(a round's core coordinates mean the same directions in every later round)"
             )
+        if not (is_finite(self.curvature) and 0 <= self.curvature <= MOMENTUM_MAX):
+            problems.append(
+                f"curvature must be a number in [0, {MOMENTUM_MAX:g}] "
+                f"(got {short_repr(self.curvature)})"
+            )
+        elif self.curvature and not self.fixed_basis:
+            problems.append(
+                "curvature needs a basis that never changes: basis 'kfac' with basis_refresh 0 "
+                "(its estimate lives in the core coordinates of one basis)"
+            )
+        elif self.curvature and self.momentum:
+            problems.append("curvature with momentum is not built: set one of them to 0")
         if self.calibration not in CALIBRATION_CHOICES:
             problems.append(
                 f"calibration must be 'content-free' or empty (got {short_repr(self.calibration)})"
@@ -462,6 +514,12 @@ class RunConfig:
                 f"basis_refresh {self.basis_refresh} runs in `seedflood train` only: a network "
                 "run carries one basis artifact, computed by its bootstrap node at the base "
                 "weights; set basis_refresh = 0"
+            )
+        if self.curvature:
+            return (
+                f"curvature {self.curvature:g} runs in `seedflood train` and the benches only: "
+                "its state is not linear in the ledger (a late row changes the scale of "
+                "every later round); set curvature = 0"
             )
         if self.momentum and self.checkpoint_every and not self.audit.enabled:
             return (

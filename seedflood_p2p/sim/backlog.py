@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from seedflood_p2p.algorithm.subcge import NaiveSeedReplay, SubCGE
+from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.sim.network import Deliveries
 
@@ -27,6 +28,13 @@ class CoreBacklog:
     """
 
     def __init__(self, engine: SubCGE, n: int) -> None:
+        if engine.velocity is not None or engine.curvature is not None:
+            # their rows' weights depend on the round they are folded in, which a
+            # per-peer backlog of late rows does not model
+            raise UserError(
+                "the network simulator's backlog does not model momentum or curvature: "
+                "set both to 0"
+            )
         self.engine = engine
         self.n = n
         self.layers = len(engine.matrices)

@@ -1,0 +1,45 @@
+# Shared by the lever screens on the scaling curve's two-block rows (fzoo_rounds.sh,
+# curvature_rounds.sh): the demo's prompt, K-FAC fixed at the base, rank 32, 16 directions,
+# round_mean, n_ref 16, the first 512 training sentences; 40 rounds, scored at 0, 20, 40.
+# Source it from the repository root.
+P='template:Review: {text}\nSentiment:,label_words: negative| positive,calibration:'
+ROW="rank:32,directions:16,step_rule:round_mean,n_ref:16,basis:kfac,basis_refresh:0,$P"
+COMMON=(--train-examples 512 --rounds 40 --eval-at 0,20,40 --eval-examples 1000 --threads 1)
+
+# lever_val OUT N CPU NAME=SETTINGS...: one seed of each row on validation, on core CPU
+lever_val() {
+    local out=$1 n=$2 cpu=$3
+    shift 3
+    local rows=()
+    for r in "$@"; do rows+=(--row "${r%%=*}=$ROW,${r#*=}"); done
+    taskset -c "$cpu" python bench/bench_rounds.py "${COMMON[@]}" --eval-split validation \
+        --peers "$n" --seeds 1 --rows "" "${rows[@]}" --out "$out"
+}
+
+# lever_test VAL TEST N CPU: the best row of VAL at N whose name does not start with
+# "plain", scored on test with 5 seeds, if it reached the plain row's validation accuracy
+# at round 40 (each seed scored once); its settings are the ones VAL recorded
+lever_test() {
+    local val=$1 test=$2 n=$3 cpu=$4 chosen
+    chosen=$(python - "$val" "$n" <<'PY'
+import json, sys
+path, n = f"bench/results/{sys.argv[1]}.json", int(sys.argv[2])
+runs = [r for r in json.load(open(path))["runs"] if r["peers"] == n]
+acc = {r["row"]: r["curve"]["40"]["accuracy"] for r in runs}
+plain = max(v for k, v in acc.items() if k.startswith("plain"))
+lever = {k: v for k, v in acc.items() if not k.startswith("plain")}
+best = max(lever, key=lever.get)
+if lever[best] >= plain:
+    settings = next(r["settings"] for r in runs if r["row"] == best)
+    skip = {"method", "train_only", "template", "label_words", "calibration"}
+    print(best + "=" + ",".join(f"{k}:{v}" for k, v in settings.items() if k not in skip))
+PY
+)
+    if [ -z "$chosen" ]; then
+        echo "N=$n: no row of $val reached the plain row on validation at round 40"
+        return
+    fi
+    taskset -c "$cpu" python bench/bench_rounds.py "${COMMON[@]}" --eval-split test \
+        --peers "$n" --seeds 5 --chosen-on "validation (bench/results/$val.json)" \
+        --rows "" --row "${chosen%%=*}=$ROW,${chosen#*=}" --out "$test"
+}
