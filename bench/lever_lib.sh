@@ -6,26 +6,31 @@ P='template:Review: {text}\nSentiment:,label_words: negative| positive,calibrati
 ROW="rank:32,directions:16,step_rule:round_mean,n_ref:16,basis:kfac,basis_refresh:0,$P"
 COMMON=(--train-examples 512 --rounds 40 --eval-at 0,20,40 --eval-examples 1000 --threads 1)
 
-# lever_val OUT N CPU NAME=SETTINGS...: one seed of each row on validation, on core CPU
+# lever_val OUT N CPU NAME=SETTINGS...: $SEEDS seeds (default 1, a screen) of each row on
+# validation, on core CPU
 lever_val() {
     local out=$1 n=$2 cpu=$3
     shift 3
     local rows=()
     for r in "$@"; do rows+=(--row "${r%%=*}=$ROW,${r#*=}"); done
     taskset -c "$cpu" python bench/bench_rounds.py "${COMMON[@]}" --eval-split validation \
-        --peers "$n" --seeds 1 --rows "" "${rows[@]}" --out "$out"
+        --peers "$n" --seeds "${SEEDS:-1}" --rows "" "${rows[@]}" --out "$out"
 }
 
 # lever_test VAL TEST N CPU: the best row of VAL at N whose name does not start with
-# "plain", scored on test with 5 seeds, if it reached the plain row's validation accuracy
-# at round 40 (each seed scored once); its settings are the ones VAL recorded
+# "plain" (mean over its validation seeds at round 40), scored on test with 5 seeds, if it
+# reached the plain row's mean (each seed scored once); its settings are the ones VAL
+# recorded
 lever_test() {
     local val=$1 test=$2 n=$3 cpu=$4 chosen
     chosen=$(python - "$val" "$n" <<'PY'
 import json, sys
 path, n = f"bench/results/{sys.argv[1]}.json", int(sys.argv[2])
 runs = [r for r in json.load(open(path))["runs"] if r["peers"] == n]
-acc = {r["row"]: r["curve"]["40"]["accuracy"] for r in runs}
+seeds = {}
+for r in runs:
+    seeds.setdefault(r["row"], []).append(r["curve"]["40"]["accuracy"])
+acc = {row: sum(a) / len(a) for row, a in seeds.items()}
 plain = max(v for k, v in acc.items() if k.startswith("plain"))
 lever = {k: v for k, v in acc.items() if not k.startswith("plain")}
 best = max(lever, key=lever.get)
