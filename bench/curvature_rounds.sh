@@ -17,16 +17,4 @@ rows() {  # rows LR
     echo "plain-lr$lr=lr:$lr" "c0.9-lr$lr=lr:$lr,curvature:0.9" \
         "c0.99-lr$lr=lr:$lr,curvature:0.99" "c0.9-lr$half=lr:$half,curvature:0.9"
 }
-phase=${1:-all}
-if [ "$phase" = all ] || [ "$phase" = val ]; then
-    # shellcheck disable=SC2046
-    lever_val curvature-val 4 0 $(rows 0.032) & a=$!
-    # shellcheck disable=SC2046
-    lever_val curvature-val 16 1 $(rows 0.064) & b=$!
-    wait $a $b
-fi
-if [ "$phase" = all ] || [ "$phase" = test ]; then
-    lever_test curvature-val curvature-test 4 0 & a=$!
-    lever_test curvature-val curvature-test 16 1 & b=$!
-    wait $a $b
-fi
+lever_run curvature rows "${1:-all}"

@@ -27,16 +27,4 @@ rows() {  # rows LR
         "os1-eps1e-4-lr$lr=lr:$lr,one_sided_passes:1,eps:0.0001" \
         "os4-b4-eps1e-4-lr$lr=lr:$lr,one_sided_passes:4,batch_size:4,eps:0.0001"
 }
-phase=${1:-all}
-if [ "$phase" = all ] || [ "$phase" = val ]; then
-    # shellcheck disable=SC2046
-    lever_val fzoo-val 4 0 $(rows 0.032) & a=$!
-    # shellcheck disable=SC2046
-    lever_val fzoo-val 16 1 $(rows 0.064) & b=$!
-    wait $a $b
-fi
-if [ "$phase" = all ] || [ "$phase" = test ]; then
-    lever_test fzoo-val fzoo-test 4 0 & a=$!
-    lever_test fzoo-val fzoo-test 16 1 & b=$!
-    wait $a $b
-fi
+lever_run fzoo rows "${1:-all}"

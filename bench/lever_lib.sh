@@ -18,9 +18,9 @@ lever_val() {
 }
 
 # lever_test VAL TEST N CPU: the best row of VAL at N whose name does not start with
-# "plain" (mean over its validation seeds at round 40), scored on test with 5 seeds, if it
-# reached the plain row's mean (each seed scored once); its settings are the ones VAL
-# recorded
+# "plain" (mean over its validation seeds at round 40, among rows with as many seeds as the
+# plain row), scored on test with 5 seeds, if it reached the plain row's mean (each seed
+# scored once); its settings are the ones VAL recorded
 lever_test() {
     local val=$1 test=$2 n=$3 cpu=$4 chosen
     chosen=$(python - "$val" "$n" <<'PY'
@@ -31,10 +31,15 @@ seeds = {}
 for r in runs:
     seeds.setdefault(r["row"], []).append(r["curve"]["40"]["accuracy"])
 acc = {row: sum(a) / len(a) for row, a in seeds.items()}
-plain = max(v for k, v in acc.items() if k.startswith("plain"))
-lever = {k: v for k, v in acc.items() if not k.startswith("plain")}
-best = max(lever, key=lever.get)
-if lever[best] >= plain:
+plain_row = max((k for k in acc if k.startswith("plain")), key=acc.get)
+plain = acc[plain_row]
+# only rows with as many validation seeds as the plain row: one lucky seed must not pass
+lever = {
+    k: v for k, v in acc.items()
+    if not k.startswith("plain") and len(seeds[k]) >= len(seeds[plain_row])
+}
+best = max(lever, key=lever.get) if lever else None
+if best is not None and lever[best] >= plain:
     settings = next(r["settings"] for r in runs if r["row"] == best)
     skip = {"method", "train_only", "template", "label_words", "calibration"}
     print(best + "=" + ",".join(f"{k}:{v}" for k, v in settings.items() if k not in skip))
@@ -47,4 +52,24 @@ PY
     taskset -c "$cpu" python bench/bench_rounds.py "${COMMON[@]}" --eval-split test \
         --peers "$n" --seeds 5 --chosen-on "validation (bench/results/$val.json)" \
         --rows "" --row "${chosen%%=*}=$ROW,${chosen#*=}" --out "$test"
+}
+
+# lever_run NAME ROWS PHASE: the screen of one lever. ROWS is a function that prints the
+# rows (NAME=SETTINGS) for an lr; N=4 at lr 0.032 on core 0 and N=16 at lr 0.064 on core 1
+# (the scaling curve's steps), side by side. PHASE: val (NAME-val), test (NAME-test from
+# NAME-val, lever_test), or all.
+lever_run() {
+    local name=$1 rows=$2 phase=${3:-all} a b
+    if [ "$phase" = all ] || [ "$phase" = val ]; then
+        # shellcheck disable=SC2046
+        lever_val "$name-val" 4 0 $("$rows" 0.032) & a=$!
+        # shellcheck disable=SC2046
+        lever_val "$name-val" 16 1 $("$rows" 0.064) & b=$!
+        wait "$a" "$b"
+    fi
+    if [ "$phase" = all ] || [ "$phase" = test ]; then
+        lever_test "$name-val" "$name-test" 4 0 & a=$!
+        lever_test "$name-val" "$name-test" 16 1 & b=$!
+        wait "$a" "$b"
+    fi
 }

@@ -6,8 +6,8 @@
 #      1/10 and 1/4 of that lr (0.9 carries a row on up to 10 times) and 0.5 at 1/2 of it;
 #   2. test (5 seeds, each scored once): per N the best momentum row, if it beat the plain
 #      row on validation; the plain rows' test seeds are scaling-test's (same seeds).
-# One core (`taskset -c 1`); resumable: the same command skips finished seeds.
-# Cost on one core: N=4 ~2 min a seed, N=16 ~5 min.
+# N=4 and N=16 side by side, one core each; resumable: the same command skips finished
+# seeds. Cost on one core: N=4 ~2 min a seed, N=16 ~5 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lever_lib.sh
@@ -18,8 +18,4 @@ rows() {  # rows LR: the plain row and three momentum rows
     echo "plain-lr$lr=lr:$lr" "m0.9-lr$tenth=momentum:0.9,lr:$tenth" \
         "m0.9-lr$quarter=momentum:0.9,lr:$quarter" "m0.5-lr$half=momentum:0.5,lr:$half"
 }
-# shellcheck disable=SC2046
-lever_val momentum-val 4 1 $(rows 0.032)
-# shellcheck disable=SC2046
-lever_val momentum-val 16 1 $(rows 0.064)
-for n in 4 16; do lever_test momentum-val momentum-test "$n" 1; done
+lever_run momentum rows "${1:-all}"
