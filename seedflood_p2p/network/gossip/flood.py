@@ -43,6 +43,7 @@ import msgpack
 from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.tasks import BackgroundTasks
 from seedflood_p2p.network.gossip.admission import Admission, Outcome, Verdict
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.network.gossip.peer_table import PeerTable
@@ -192,6 +193,7 @@ class FloodNode:
         self.peers = PeerTable()  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)
         self._tasks: list[asyncio.Task] = []
+        self._background = BackgroundTasks()  # started and not awaited: disconnects of bans
         self.last_accept = time.monotonic()
         self.fatal: Exception | None = None  # e.g. disk full: the owner must stop
         # Why joiners are not served the manifest yet (None: they are): a node that knows
@@ -264,6 +266,7 @@ class FloodNode:
         """Cancel the node's tasks and close its pubsub client. A task that does not end
         within STOP_SECONDS of its cancellation is named in a warning and left behind:
         stopping (and the checkpoint after it) must not wait on one stuck call."""
+        self._background.cancel_all()
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -294,7 +297,7 @@ class FloodNode:
                 log.debug("disconnecting %s failed: %r", short_id(peer), exc)
 
         with contextlib.suppress(RuntimeError):  # no running loop (tools, tests)
-            asyncio.get_running_loop().create_task(disconnect())
+            self._background.spawn(disconnect(), name=f"disconnect:{short_id(peer)}")
 
     def is_source(self, peer: bytes) -> bool:
         """May `peer` be asked for repair: not banned here (reputation), not judged out by

@@ -58,6 +58,7 @@ from pathlib import Path
 
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
+from seedflood_p2p.core.tasks import BackgroundTasks
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
 from seedflood_p2p.network.peers.islands import ISLAND_WINDOW, IslandWatch
 from seedflood_p2p.network.peers.links import Links
@@ -189,6 +190,7 @@ class Reconnector:
         self.flood = None
         self._on_connect: list[Callable[[str], None]] = []
         self._task: asyncio.Task | None = None
+        self._repairs = BackgroundTasks()  # repair passes with new connections, not awaited
         self._dialling = asyncio.Lock()  # one dial pass at a time (the loop, first contact)
         self._last_summary = 0.0
         self._last_island_log = 0.0
@@ -341,6 +343,7 @@ class Reconnector:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        self._repairs.cancel_all()
         self.book.save(force=True)
 
     def _repair_new_connection(self, peer: str) -> None:
@@ -359,8 +362,9 @@ class Reconnector:
                 )
             await self.exchange.ask(peer)
 
-        task = asyncio.create_task(repair(), name=f"repair-on-connect:{peer[-8:]}")
-        task.add_done_callback(_log_task_failure)
+        self._repairs.spawn(
+            repair(), name=f"repair-on-connect:{peer[-8:]}", on_done=_log_task_failure
+        )
 
     def add_hints(self, peers: dict[str, list[str]], source: str) -> None:
         """Peers heard of (base58 id -> addresses) from `source` ("summary": a connected
