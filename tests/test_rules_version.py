@@ -52,8 +52,9 @@ PINNED = {
     # counts verdicts per batch, scalars are packed with struct (numpy's bytes: tests/
     # test_protocol.py test_scalars_pack_and_unpack_as_numpy_does); same verdicts
     # and for `one_sided_passes` and `curvature`: new settings that 0.2.0 peers refuse as
-    # unknown (and daemons refuse curvature), so runs without them keep their code and ids
-    "0.2": "ac618c621c796c3bd1d9340e25f4ef3d2e146079b684fd84b06bf5a172c84e99",
+    # unknown (and daemons refuse curvature), so runs without them keep their code and ids;
+    # one_sided keeps its estimates on the losses' device (a GPU peer), not a rule change
+    "0.2": "c0da9f32cc3a16b8c20470b52e0a054f03529c937256b9b644777c5fdfd63cc6",
 }
 
 

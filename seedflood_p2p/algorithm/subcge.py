@@ -392,7 +392,7 @@ class ZerothOrderEstimator:
             base = torch.as_tensor(loss_fn(), dtype=torch.float64).reshape(-1)
         if len(sets[0]) > 1 and base.numel() % len(sets[0]):
             raise ValueError(f"{base.numel()} losses do not split into {len(sets[0])} groups")
-        out = torch.empty(total, dtype=torch.float64)
+        out = torch.empty(total, dtype=torch.float64, device=base.device)
         for chosen in sets:
             part = Direction(
                 direction.peer,
@@ -404,7 +404,8 @@ class ZerothOrderEstimator:
             )
             with self.perturbed(part, eps, batch_size), self.prefix.reuse():
                 plus = torch.as_tensor(loss_fn(), dtype=torch.float64).reshape(-1)
-            out[torch.from_numpy(chosen)] = ((plus - base) / eps).reshape(len(chosen), -1).mean(1)
+            where = torch.from_numpy(chosen).to(base.device)
+            out[where] = ((plus - base) / eps).reshape(len(chosen), -1).mean(1)
         return out, base
 
 
