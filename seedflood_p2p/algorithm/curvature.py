@@ -40,10 +40,6 @@ class Curvature:
         self.delta = np.zeros(shape, dtype=np.float64)
         self.scale = np.ones(shape, dtype=np.float64)
 
-    @property
-    def nbytes(self) -> int:
-        return self.second.nbytes + self.delta.nbytes + self.scale.nbytes
-
     def advance(self, round_: int) -> None:
         """Make `round_` (>= head) the round being folded: earlier rounds' D go into v."""
         if round_ < self.head:

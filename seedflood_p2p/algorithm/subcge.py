@@ -409,6 +409,13 @@ class ZerothOrderEstimator:
         return out, base
 
 
+def _round_runs(messages: list[UpdateMessage]) -> list[tuple[int, int, int]]:
+    """(round, lo, hi) for each run of consecutive messages of one round."""
+    rounds = np.array([m.round for m in messages], dtype=np.int64)
+    starts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(messages)]
+    return [(int(rounds[lo]), lo, hi) for lo, hi in zip(starts[:-1], starts[1:])]
+
+
 def _rank_limit(matrix: TrainableMatrix) -> int:
     # A norm's scale vector is an m x 1 matrix whose V is one +-1 sign per basis column.
     return matrix.shape[0] if matrix.kind == "norm" else min(matrix.shape)
@@ -617,10 +624,7 @@ class SubCGE(ZerothOrderEstimator):
         before the head adds w(lag) x its entries to the pending core and b^(lag-1) x them
         to the velocity (both 1 for a row of the round just passed)."""
         velocity, L, r = self.velocity, len(self.matrices), self.config.rank
-        rounds = np.array([m.round for m in messages], dtype=np.int64)
-        starts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(messages)]
-        for lo, hi in zip(starts[:-1], starts[1:]):
-            round_ = int(rounds[lo])
+        for round_, lo, hi in _round_runs(messages):
             self._add_pending(round_, velocity.advance(round_ + 1))
             epoch = self.config.epoch_of(round_)
             core = self._pending.setdefault(epoch, np.zeros((L, r * r), dtype=np.float64))
@@ -637,10 +641,7 @@ class SubCGE(ZerothOrderEstimator):
         rounds at a time: each row's entries times its round's s at their coordinates, into
         the pending core and into the round's D."""
         curvature, L, r = self.curvature, len(self.matrices), self.config.rank
-        rounds = np.array([m.round for m in messages], dtype=np.int64)
-        starts = [0, *(np.flatnonzero(np.diff(rounds)) + 1).tolist(), len(messages)]
-        for lo, hi in zip(starts[:-1], starts[1:]):
-            round_ = int(rounds[lo])
+        for round_, lo, hi in _round_runs(messages):
             curvature.advance(round_)
             where = index[lo:hi].ravel()
             entries = value[lo:hi].ravel() * curvature.factors(where)
