@@ -17,13 +17,15 @@ joiner ends with the others' audit table and verdicts.
 from __future__ import annotations
 
 import json
+import time
 
 import base58
 import pytest
 
 from harness.cluster import AUDITED_RUN, audited_peer_flags, start_hooked_peer, start_peer
 from harness.replay_check import replay_equals_live
-from harness.scenario import STATUS_PORT, audits_of, finish_when, run_to_the_end
+from harness.scenario import STATUS_PORT, audits_of, finish_when, peer_status, run_to_the_end
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
 from seedflood_p2p.storage.ledger import Ledger
 
@@ -44,6 +46,13 @@ def scenario(tmp_path_factory):
 
     def join_late(peers, address):
         peers["a"].wait_round(JOIN_AFTER, timeout=600)
+        # At least one record exists before d starts, and GossipSub's message cache (the
+        # IHAVE window, `gossip_history` heartbeats of 1 s) has let it go: only repair can
+        # bring it to d.
+        deadline = time.monotonic() + 600
+        while not _records_seen(peer_status(work, "a")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(NodeSettings().gossip_history + 3)
         peers["d"] = start_peer(work, "d", address, PEER_FLAGS)
 
         def shown(statuses):
@@ -59,6 +68,11 @@ def scenario(tmp_path_factory):
     result["final_round"] = finished.get("round")  # None: ran to ROUNDS
     print(json.dumps({n: f.get("audits") for n, f in result["finals"].items()}, indent=1))
     return result
+
+
+def _records_seen(status: dict | None) -> bool:
+    records = audits_of(status or {}).get("records", {})
+    return records.get("own", 0) + records.get("accepted", 0) > 0
 
 
 def _cheater(scenario) -> str:

@@ -49,3 +49,20 @@ def test_done_tasks_are_forgotten_and_their_callback_runs():
 
     left, seen = asyncio.run(scenario())
     assert left == 0 and seen == ["ok"]
+
+
+def test_without_a_running_loop_the_coroutine_is_closed_and_the_error_raised():
+    ran: list[str] = []
+
+    async def body() -> None:
+        ran.append("ran")
+
+    coro = body()
+    try:
+        BackgroundTasks().spawn(coro, name="no loop")
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("spawn without a running loop must raise")
+    # closed, not left pending: awaiting it now fails, and it never ran
+    assert coro.cr_frame is None and ran == []

@@ -27,8 +27,15 @@ class BackgroundTasks:
         name: str | None = None,
         on_done: Callable[[asyncio.Task], None] | None = None,
     ) -> asyncio.Task:
-        """Start `coro` on the running loop; `on_done(task)` runs when it finishes."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+        """Start `coro` on the running loop; `on_done(task)` runs when it finishes. Without
+        a running loop (a tool, a synchronous test) `coro` is closed and RuntimeError
+        raised, so no coroutine is left never awaited."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            coro.close()
+            raise
+        task = loop.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if on_done is not None:
