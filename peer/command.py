@@ -45,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
             "no bootstrap address: pass --bootstrap /ip4/HOST/tcp/PORT/p2p/PEER_ID "
             "(the address a bootstrap node prints when it starts)"
         )
+    if settings.history_sync == "background" and settings.checkpoint_fetch == "never":
+        raise UserError(
+            "--history-sync background trusts a fetched checkpoint link: it needs "
+            "--checkpoint-fetch auto or always, not never"
+        )
     from seedflood_p2p.workload.models import check_device  # imports torch: not for --help
 
     check_device(settings.device)

@@ -463,6 +463,7 @@ class PeerDaemon:
             self.behaviour,
         )
         services = await late_join.make_chain()
+        late_join.hold_history()
         node.not_ready = "starting: syncing with the run first"
         self.page = RunPage(
             joined.ledger,
@@ -562,9 +563,12 @@ class PeerDaemon:
                     "device": device,
                     "source": how,
                     "fetched": synced,
+                    "ledger_rows": len(ledger),
                 }
             },
         )
+        if late_join.trusted_round is not None:  # the history behind it, checked as it comes
+            host.spawn(late_join.check_history(self.s.node.repair_interval), "history-check")
         await late_join.extend_chain(self.schedule.round)
 
     # -- 5. rounds, then leave with a checkpoint --------------------------------------------

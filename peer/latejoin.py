@@ -7,11 +7,20 @@ and the chain itself, built and served to later joiners.
     restore    own checkpoint + later rows | fetched chain link + later rows | replay
                (audited runs: the settled state of the first round, `restore_settled`)
     chain      link R built once the own round is R + checkpoint_settle, then served
+
+With `--history-sync background` (a run with a chain, no audits) a joiner without its
+own checkpoint fetches the quorum's link first, syncs only the rows after it, and is
+ready: it trusts the link's rows, as a restart trusts its own checkpoint's. Repair then
+brings the history while it trains, and `check_history` compares it with the link's
+digest: a match ends the trust; a difference rebuilds the model by replay of the ledger.
+Until then it builds no link of its own and writes no checkpoint at stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -32,9 +41,11 @@ from seedflood_p2p.network.transfer.checkpoints import (
 )
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.update import quorum_round
+from seedflood_p2p.storage.checkpoint import read_checkpoint_meta
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.peer")
+NO_HISTORY = 1 << 62  # a repair floor above every round: no bucket is fetched
 
 
 def start_round(ledger: Ledger, peer_id: bytes) -> int:
@@ -78,7 +89,9 @@ class LateJoin:
         self.chain: CheckpointChain | None = None  # the run's checkpoint chain (if it has one)
         self.server: CheckpointServer | None = None
         self.chain_round = 0  # the newest link built and served
-        self.info: dict = {"fetched": None, "refused": {}}
+        self.info: dict = {"fetched": None, "refused": {}, "history": None}
+        self.trusting = False  # will this join trust a link (`hold_history`)?
+        self.trusted_round: int | None = None  # the link trusted at join, until checked
 
     # -- the chain ---------------------------------------------------------------------
     async def make_chain(self) -> list[CheckpointServer]:
@@ -114,8 +127,8 @@ class LateJoin:
     async def extend_chain(self, round_: int) -> None:
         """Build and serve the newest settled link of the run's checkpoint chain, if due
         (`round_`: the peer's round)."""
-        if self.chain is None:
-            return
+        if self.chain is None or self.trusted_round is not None:
+            return  # no link built on history not yet held and checked
         target = link_round(round_, self.chain.period, self.s.checkpoint_settle)
         if target <= self.chain_round:
             return
@@ -160,11 +173,49 @@ class LateJoin:
         # 2 cores (bench/results/latejoin_overlap.md). Each pass asks only the peers that
         # neither we nor the ledger synced so far ban (the audit records fetched are judged
         # as they come, DaemonAudits.on_records; repair.Repair.sources).
+        if self.trusting and peers:
+            # only the rows after a trusted link, until ready (`restore` lifts the floor)
+            self.node.repair.floor_round = await self._fetch_link(peers) or 0
+        else:
+            self.node.repair.floor_round = 0
         synced = await self.node.sync_until_complete(peers)
         peers = [p for p in peers if self.node.is_source(p.to_bytes())]
-        if len(peers) > 1:  # what one source served, checked against the others
+        if len(peers) > 1 and self.trusted_round is None:  # checked against the others
             report_sources(await self.node.cross_check(peers))
         return peers, synced
+
+    def hold_history(self) -> None:
+        """Before the node goes online: a joiner that will trust a link fetches no history
+        (repair's floor above every round) until it knows the link's round (`sync`)."""
+        self.trusting = self.trusts_history()
+        if self.trusting:
+            self.node.repair.floor_round = NO_HISTORY
+
+    def trusts_history(self) -> bool:
+        """Does this join trust a fetched link's rows (`--history-sync background`)? Only
+        with a chain, no own checkpoint and a step rule the trust holds for."""
+        s = self.s
+        if s.history_sync != "background" or self.chain is None:
+            return False
+        if (s.data_dir / "checkpoint.json").exists() or s.checkpoint_fetch == "never":
+            return False
+        if self.config.round_sized or self.config.momentum:
+            log.warning(
+                "--history-sync background is ignored: under this run's %s a late row "
+                "changes rows a trusted link holds; the whole history is synced first",
+                "momentum" if self.config.momentum else f"step_rule {self.config.step_rule}",
+            )
+            return False
+        return True
+
+    async def _fetch_link(self, peers: list) -> int | None:
+        """Fetch the link a quorum offers, to trust (`trusts_history`); its round, or None
+        (nothing fetched: the whole history is synced first, as without the setting)."""
+        result = await self._fetch(peers, lambda offer: None)
+        if result is None:
+            return None
+        self.trusted_round = result.offer.meta["round"]
+        return self.trusted_round
 
     # -- restore -----------------------------------------------------------------------
     async def restore(self, peers: list, first_round: int) -> str:
@@ -173,7 +224,10 @@ class LateJoin:
         # The cut is taken here, on the event loop (see algorithm/live.py); updates
         # accepted while the model thread restores it stay pending for round one.
         if self.audits is None:
-            return await self.restore_model(peers)
+            try:
+                return await self.restore_model(peers)
+            finally:
+                self.node.repair.floor_round = 0  # the history now comes by repair
         return await self.restore_settled(first_round)
 
     def choose_checkpoint(self, offer) -> str | None:
@@ -211,17 +265,40 @@ class LateJoin:
         rows after it. Whatever is refused on the way is counted and logged; the fallback is
         always the replay of the ledger."""
         s = self.s
+        chain_dir = s.data_dir / CHAIN_DIR
+        if self.trusted_round is not None:
+            how = await self._restore_trusting(chain_dir)
+            if how is not None:
+                return how
         own = (s.data_dir / "checkpoint.json").exists()
         if self.chain is None or own or s.checkpoint_fetch == "never" or not peers:
             return await self._restore_from(s.data_dir)
-        chain_dir = s.data_dir / CHAIN_DIR
+        result = await self._fetch(peers, self.choose_checkpoint)
+        if result is None:
+            return await self._restore_from(s.data_dir)
+        how = await self._restore_from(chain_dir)
+        if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
+            self._count_refused({"ledger": 1})
+            log.warning(
+                "the fetched checkpoint of round %d does not match this ledger: refused, "
+                "the ledger was replayed instead",
+                result.offer.meta["round"],
+                extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
+            )
+            return how
+        return f"fetched {how} from {len(result.peers)} peers"
+
+    async def _fetch(self, peers: list, choose: Callable):
+        """`fetch_checkpoint` of the quorum's link into the chain dir, logged and counted;
+        its FetchResult, or None when nothing was fetched."""
+        s = self.s
         try:
             result = await fetch_checkpoint(
                 self.node,
                 peers,
-                chain_dir,
+                s.data_dir / CHAIN_DIR,
                 s.node.call_timeout,
-                self.choose_checkpoint,
+                choose,
                 retry_wait=OFFER_RETRY_SECONDS,
             )
         except FetchFailed as exc:
@@ -231,7 +308,7 @@ class LateJoin:
                 exc,
                 extra={"fields": {"event": "checkpoint_fetch", "ok": False, "why": str(exc)}},
             )
-            return await self._restore_from(s.data_dir)
+            return None
         self._count_refused(result.refused)
         meta = result.offer.meta
         self.info["fetched"] = {
@@ -250,17 +327,119 @@ class LateJoin:
             result.seconds,
             extra={"fields": {"event": "checkpoint_fetch", "ok": True, **self.info["fetched"]}},
         )
-        how = await self._restore_from(chain_dir)
-        if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
-            self._count_refused({"ledger": 1})
-            log.warning(
-                "the fetched checkpoint of round %d does not match this ledger: refused, "
-                "the ledger was replayed instead",
-                meta["round"],
-                extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
-            )
-            return how
-        return f"fetched {how} from {len(result.peers)} peers"
+        return result
+
+    async def _restore_trusting(self, chain_dir: Path) -> str | None:
+        """The fetched link, trusted, + the rows after it; None when its weights are
+        refused: then the whole history is synced and the ledger replayed."""
+        try:
+            self.live.trust(read_checkpoint_meta(chain_dir))  # the file the quorum offered
+        except (OSError, TypeError, ValueError, KeyError) as exc:
+            log.warning("the fetched link cannot be trusted (%s): syncing its history", exc)
+            how = None
+        else:
+            cut = self.live.streamed_cut()  # right after `trust`, on the event loop
+            try:
+                how = await self.run(self.live.restore_trusting, cut, chain_dir)
+            finally:
+                cut.close()
+        if how is None:
+            self.trusted_round = None
+            self._count_refused({"weights": 1})
+            self.node.repair.floor_round = 0
+            await self.node.sync_until_complete(await self.node.connected_peers())
+            return None
+        self.info["history"] = {
+            "trusted_round": self.trusted_round,
+            "held_at_ready": self.live.trusted_held,  # of the link's rows, in the ledger
+            "checked": False,
+        }
+        return f"fetched {how} from {len(self.info['fetched']['peers'])} peers"
+
+    async def check_history(self, interval: float) -> None:
+        """While a fetched link is trusted: every `interval` seconds, once the ledger may
+        hold all of its rows, check them against its digest (a pass over the ledger, off
+        the event loop). A match ends the trust; a difference rebuilds the model by replay
+        of the ledger. Logged either way."""
+        live, meta = self.live, self.live.trusted_meta
+        started, seen = time.monotonic(), -1
+        while live.trusted is not None:
+            await asyncio.sleep(interval)
+            held = len(self.ledger)
+            if held < meta["ledger_messages"] or held == seen:
+                continue  # cannot hold them all yet, or nothing new since the last pass
+            seen = held
+            rows = self.ledger.snapshot()
+            try:
+                verdict = await asyncio.to_thread(live.check_history, rows)
+            finally:
+                close = getattr(rows, "close", None)
+                if close is not None:
+                    close()
+            if verdict is None:
+                continue
+            fields = {
+                "event": "history_checked",
+                "trusted_round": self.trusted_round,
+                "rows": meta["ledger_messages"],
+                "seconds": round(time.monotonic() - started, 1),
+                "match": verdict,
+            }
+            if verdict:
+                log.info(
+                    "history checked: the %d rows of the trusted link of round %d are in "
+                    "the ledger and digest as it recorded (%.0f s after ready)",
+                    meta["ledger_messages"],
+                    self.trusted_round,
+                    fields["seconds"],
+                    extra={"fields": fields},
+                )
+            else:
+                log.error(
+                    "the history differs from the trusted link of round %d (the peers that "
+                    "offered it served other rows than they hold, or lost some): rebuilding "
+                    "the model by replay of the ledger",
+                    self.trusted_round,
+                    extra={"fields": fields},
+                )
+                await self._rebuild()
+            live.end_trust()
+            self.info["history"] = {
+                **self.info["history"],
+                "checked": True,
+                "match": verdict,
+                "seconds": fields["seconds"],
+            }
+            self.trusted_round = None
+
+    async def _rebuild(self) -> None:
+        """The model = base + the ledger, by replay: the trusted link was not what its rows
+        make. The base weights come from the run's model source again."""
+        base = await self.run(self._base_weights)
+        live = self.live
+        live.end_trust()  # from here, every row the ledger takes is applied
+        cut = live.streamed_cut()
+        try:
+
+            def replay_from_base() -> str:
+                live.load_weights(base)
+                return live.restore(cut)
+
+            how = await self.run(replay_from_base)
+        finally:
+            cut.close()
+        log.info("model rebuilt: %s", how, extra={"fields": {"event": "rebuilt", "how": how}})
+
+    def _base_weights(self) -> dict:
+        """The base model's trainable tensors (model thread)."""
+        from seedflood_p2p.algorithm.subcge import trainable_tensors
+        from seedflood_p2p.workload.models import load_model
+        from seedflood_p2p.workload.tasks import run_sources
+
+        base, _ = load_model(
+            run_sources(self.config, self.asset_paths.get("model", self.s.model_dir))[0]
+        )
+        return {m.name: m.weight.detach() for m in trainable_tensors(base, self.config)}
 
     async def _restore_from(self, directory: Path) -> str:
         """`LiveModel.restore` of a start cut (a ledger snapshot, streamed) and the

@@ -63,6 +63,11 @@ class PeerSettings:
     # replaying the rows it covers: "auto" when the download (at checkpoint_bandwidth Mbit/s)
     # is estimated faster than the replay, "always", or "never".
     checkpoint_fetch: str = field(default="auto", metadata={"choices": ("auto", "always", "never")})
+    # Late join in a run with a checkpoint chain: "first" syncs and checks the whole
+    # history before training; "background" trusts the rows of the link a quorum of peers
+    # offers, is ready once it holds the rows after it, and fetches and checks the history
+    # while it trains (peer/latejoin.py)
+    history_sync: str = field(default="first", metadata={"choices": ("first", "background")})
     # Mbit/s this peer expects to download at
     checkpoint_bandwidth: float = bounded(100.0, 0, 1e9, "Mbit/s", open_low=True)
     # build chain link R once the own round is R + this

@@ -25,8 +25,8 @@ import pytest
 from harness.cluster import AUDITED_RUN, audited_peer_flags, start_hooked_peer, start_peer
 from harness.replay_check import replay_equals_live
 from harness.scenario import STATUS_PORT, audits_of, finish_when, peer_status, run_to_the_end
-from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.algorithm.audit_rules import judge_ledger
+from seedflood_p2p.network.settings import NodeSettings
 from seedflood_p2p.storage.ledger import Ledger
 
 pytestmark = pytest.mark.slow

@@ -54,9 +54,10 @@ PEER_FLAGS = peer_flags(
 LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another order
 
 
-def _run(work, run, servers: dict[str, list[str]], links: int) -> dict:
+def _run(work, run, servers: dict[str, list[str]], links: int, joiner: list[str] = ()) -> dict:
     """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none; the
-    run finishes once the joiner is ready and logged `links` chain links (two rounds on)."""
+    run finishes once the joiner is ready and logged `links` chain links (two rounds on),
+    and, with `--history-sync background` among its `joiner` flags, checked its history."""
     procs = []
     try:
         boot, address = start_bootstrap(work, run)
@@ -68,9 +69,12 @@ def _run(work, run, servers: dict[str, list[str]], links: int) -> dict:
             procs.append(peers[name])
         first = next(iter(peers.values()))
         first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
-        peers["j"] = start_peer(work, "j", address, PEER_FLAGS + ["--checkpoint-fetch", "always"])
+        flags = [*PEER_FLAGS, "--checkpoint-fetch", "always", *joiner]
+        peers["j"] = start_peer(work, "j", address, flags)
         procs.append(peers["j"])
         ready = wait_event(peers["j"], "ready", timeout=600)
+        if "background" in joiner:
+            wait_event(peers["j"], "history_checked", timeout=300)
         shown = wait_events(peers["j"], "chain_link", links, timeout=300)
         peers["j"].wait_round(max(e["round"] for e in [ready, *shown]) + 2, timeout=120)
         finish_all(peers, work)
@@ -86,7 +90,7 @@ def runs(tmp_path_factory):
     """The honest and the hostile run at once (each mostly waits for its round clock), as
     two runs (salts) on their own bootstrap nodes: {name: its finished future}."""
     hooks = {"a": "corrupt", "b": "corrupt", "c": "forge"}
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         return {
             # 2 links: the one it fetched, then one of its own (it serves the chain too)
             "honest": pool.submit(
@@ -99,6 +103,15 @@ def runs(tmp_path_factory):
                 {n: ["--checkpoint", h] for n, h in hooks.items()},
                 0,
             ),
+            # 1 link: one it built itself, after its history was checked
+            "background": pool.submit(
+                _run,
+                tmp_path_factory.mktemp("ckpt-background"),
+                dataclasses.replace(CHAIN_RUN, salt="checkpoint-fetch-background"),
+                {"a": [], "b": []},
+                1,
+                ["--history-sync", "background"],
+            ),
         }
 
 
@@ -110,6 +123,11 @@ def honest(runs):
 @pytest.fixture(scope="module")
 def hostile(runs):
     return runs["hostile"].result()
+
+
+@pytest.fixture(scope="module")
+def background(runs):
+    return runs["background"].result()
 
 
 def _final(run, name) -> dict:
@@ -174,3 +192,28 @@ def test_corrupt_chunks_and_a_forged_offer_are_refused_and_the_joiner_replays(ho
     logs = hostile["peers"]["j"].events()
     assert any(e.get("event") == "checkpoint_refused" and e.get("why") == "bad_chunk" for e in logs)
     _ends_equal(hostile, ["a", "b", "c", "j"])
+
+
+def test_a_joiner_trusting_the_link_is_ready_before_it_holds_the_history(background):
+    ready = _ready(background, "j")
+    assert ready["source"].startswith("fetched trusted checkpoint of round"), ready
+    fetched = _final(background, "j")["checkpoint"]["fetched"]
+    # ready holding none of the link's rows: only the rows after it, not the history
+    assert fetched["round"] >= 8 and fetched["rows"] > 0, fetched
+    history = _final(background, "j")["checkpoint"]["history"]
+    assert history["held_at_ready"] == 0 and ready["ledger_rows"] > 0, (history, ready)
+    logs = background["peers"]["j"].events()
+    checked = next(e for e in logs if e.get("event") == "history_checked")
+    assert checked["match"] is True and checked["trusted_round"] == fetched["round"]
+    # no link of its own before the check; one after it, equal to the founders' link
+    kinds = [e["event"] for e in logs if e.get("event") in ("history_checked", "chain_link")]
+    assert kinds[0] == "history_checked" and "chain_link" in kinds, kinds
+    theirs = {
+        e["round"]: e["file_sha256"]
+        for e in background["peers"]["a"].events()
+        if e.get("event") == "chain_link"
+    }
+    own = [e for e in logs if e.get("event") == "chain_link"]
+    assert all(theirs.get(e["round"], e["file_sha256"]) == e["file_sha256"] for e in own)
+    assert history["checked"] and history["match"] and history["trusted_round"] == fetched["round"]
+    _ends_equal(background, ["a", "b", "j"])

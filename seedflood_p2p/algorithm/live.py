@@ -28,6 +28,13 @@ that round's applied rows: each is added again at the new size and taken back at
 one (two more additions each, O(n_t) for the round).
 A replay applies each row once at the ledger's final size; the live weights agree with it
 to float32 rounding, as for any late row.
+
+A joiner may trust a checkpoint link a quorum of peers offers without holding the rows it
+covers (`restore_trusting`: the peer's `--history-sync background`): the weights are then
+base + those rows through the link, `trusted` names them, and `receive` drops them when
+repair brings them later (they are in the weights already). `check_history` says when the
+ledger holds them all and whether they digest as the link recorded; until then the
+invariant reads model + pending = base + trusted rows + the ledger's other rows.
 """
 
 from __future__ import annotations
@@ -83,6 +90,11 @@ class LiveModel:
         self.pending: list[UpdateMessage] = []
         # round-sized step rules only: round -> peer -> the scalars applied for it
         self.held: dict[int, dict[bytes, tuple[float, ...]]] = {}
+        # the rows of a link trusted before the ledger held them (`restore_trusting`),
+        # with the link's meta; None once the history is checked (`check_history`)
+        self.trusted: CutRanges | None = None
+        self.trusted_meta: dict | None = None
+        self.trusted_held = 0  # how many of its rows the ledger held at `restore_trusting`
 
     @property
     def model(self) -> torch.nn.Module:
@@ -94,8 +106,13 @@ class LiveModel:
 
     # -- where updates are accepted ------------------------------------------------
     def receive(self, messages: Iterable[UpdateMessage]) -> None:
-        """Updates just logged to the ledger; applied at the next `apply(take())`."""
-        self.pending.extend(messages)
+        """Updates just logged to the ledger; applied at the next `apply(take())`. Rows of
+        a trusted link (history arriving after the join) are in the weights already."""
+        trusted = self.trusted
+        if trusted is None:
+            self.pending.extend(messages)
+        else:
+            self.pending.extend(m for m in messages if (m.peer, m.round) not in trusted)
 
     def take(self) -> list[UpdateMessage]:
         """Everything received since the last take, to be applied by the caller."""
@@ -289,6 +306,64 @@ class LiveModel:
         count = replay(self.model, self.config, rows, schedule=self.schedule, engine=engine)
         self.hold(cut.messages if keep is None else filter(keep, cut.messages))
         return f"replay of {count} ledger messages"
+
+    def trust(self, meta: dict) -> None:
+        """From now on, rows of the link `meta` describes are taken as in the weights
+        (`receive` drops them). Called where accepts run, just before the start cut is
+        taken, so no row of the link is applied twice; `restore_trusting` then loads it.
+        ValueError if the meta has no usable cut."""
+        if self.config.round_sized or self.config.momentum:
+            raise ValueError(
+                "a link cannot be trusted before its rows are held under a round-sized "
+                "step rule or momentum (late rows re-scale or re-run the rows it covers)"
+            )
+        covered = cut_contains(meta["ledger_cut"])
+        if len(covered) != meta.get("ledger_messages"):
+            raise ValueError("its cut does not hold as many rows as it says")
+        self.trusted, self.trusted_meta = covered, meta
+
+    def restore_trusting(self, cut: LedgerCut, directory: Path) -> str | None:
+        """Weights = the link in `directory` (trusted: `trust` was called with its meta)
+        + the cut's rows it does not cover. The link's own rows are not checked here; the
+        ledger may lack them (`check_history` checks them once they arrive). None, the
+        weights untouched and `trusted` cleared, if its tensors are refused: the caller
+        then syncs the whole history and replays."""
+        meta, covered = self.trusted_meta, self.trusted
+        if meta is None or covered is None:
+            raise ValueError("restore_trusting without a trusted link (call trust first)")
+        tail, self.trusted_held = [], 0
+        for m in cut.messages:
+            if (m.peer, m.round) in covered:
+                self.trusted_held += 1
+            else:
+                tail.append(m)
+        how = self._restore_from_checkpoint(cut, directory, meta, covered, tail, [])
+        if how is None:
+            self.trusted = self.trusted_meta = None
+            return None
+        return how.replace("checkpoint of round", "trusted checkpoint of round", 1)
+
+    def check_history(self, rows: Iterable[UpdateMessage]) -> bool | None:
+        """With the ledger's rows (`rows`, canonical order): None while it lacks some row
+        of the trusted link; True once it holds them all and they digest to the link's
+        `ledger_digest` (the trust is then lifted: the model is base + ledger again);
+        False when they differ from what the link holds (the caller rebuilds by replay).
+        One pass; no trusted link: True."""
+        covered, meta = self.trusted, self.trusted_meta
+        if covered is None or meta is None:
+            return True
+        inside = RunningDigest()
+        for m in rows:
+            if (m.peer, m.round) in covered:
+                inside.add(m)
+        if inside.count < len(covered):
+            return None
+        return inside.hexdigest() == meta["ledger_digest"]
+
+    def end_trust(self) -> None:
+        """The trusted link's rows are in the ledger and checked (or the model was rebuilt
+        without it): the model is base + ledger again."""
+        self.trusted = self.trusted_meta = None
 
     def _checkpoint_in(self, directory: Path) -> tuple[dict, CutRanges | None] | None:
         """The checkpoint's meta and the rows its cut covers (None: no `ledger_cut`), or

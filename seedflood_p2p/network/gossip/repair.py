@@ -338,11 +338,13 @@ def plan(
     server: bytes,
     sole_server: bool,
     page_rows: int,
+    floor_round: int = 0,
 ) -> list[list[tuple[int, int]]]:
     """The buckets to fetch, as runs of consecutive buckets [(bucket, rows claimed)], each
     run fetched as one round range, `page_rows` rows a page across its buckets.
 
-    Wanted: buckets whose (count, hash) differ from ours, start by `last_round`, and are
+    Wanted: buckets whose (count, hash) differ from ours, start by `last_round`, end
+    after `floor_round` (a joiner trusting a checkpoint asks for its tail first), and are
     not a set already taken in (`Taken`). Taken oldest first while the pages the runs need
     (their claimed rows, `page_rows` a page, one at least a run) fit MAX_EXCHANGE_PAGES
     (at least one bucket is taken). The deadline grows by PAGE_SECONDS per page counted
@@ -356,6 +358,8 @@ def plan(
     wanted = []
     for bucket, (count, digest) in sorted(theirs.items()):
         if mine.get(bucket) == (count, digest) or bucket * BUCKET_ROUNDS > last_round:
+            continue
+        if (bucket + 1) * BUCKET_ROUNDS <= floor_round:
             continue
         if _already_taken(taken, bucket, (count, digest), server, sole_server):
             continue
@@ -453,6 +457,9 @@ class Repair:
         self.avoids = avoids  # peers judged out (ledger bans): never asked, like refused ones
         self.peers = peers
         self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
+        # Buckets wholly below this round are not fetched: a joiner that trusts a link of
+        # this round syncs the rows after it first, and sets it back to 0 once ready.
+        self.floor_round = 0
         self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
         self._forget_at = FORGET_AT_LEAST  # `_forget_backoffs` looks past this size
         self._taken: dict[str, Taken] = {t.kind.name: {} for t in tables}
@@ -563,6 +570,7 @@ class Repair:
                 server,
                 sole_server,
                 table.page_rows,
+                self.floor_round,
             )
             pages = 0
             for run in runs:
@@ -603,7 +611,7 @@ class Repair:
         settled = dict.fromkeys(claims, True)  # every row in our table or refused for good
         received: dict[int, list] = {b: [] for b in claims}
         backfill = dict.fromkeys(claims, False)
-        lo = run[0][0] * BUCKET_ROUNDS
+        lo = max(run[0][0] * BUCKET_ROUNDS, self.floor_round)  # a floor inside the bucket
         hi = min(run[-1][0] * BUCKET_ROUNDS + BUCKET_ROUNDS - 1, last_round)
         cursor = kind.first_cursor(lo)
         while pages < MAX_EXCHANGE_PAGES:
