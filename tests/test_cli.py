@@ -91,6 +91,11 @@ def test_invalid_settings_and_config_files(capsys, tmp_path):
     assert "does not exist" in _error_line(capsys, ["eval", "--config", str(tmp_path / "x")])
     assert "cannot read config file" in _error_line(capsys, ["eval", "--config", str(tmp_path)])
     assert "no bootstrap address" in _error_line(capsys, ["peer"])
+    boot = ["--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/QmX"]
+    line = _error_line(
+        capsys, ["peer", *boot, "--history-sync", "background", "--checkpoint-fetch", "never"]
+    )
+    assert "--history-sync background" in line and "--checkpoint-fetch auto or always" in line
     line = _error_line(capsys, ["eval", "--examples", "0"])
     assert "nothing to evaluate" in line and ">= 1" in line
 
