@@ -40,6 +40,7 @@ from seedflood_p2p.network.transfer.checkpoints import (
     fetch_checkpoint,
 )
 from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.checkpoint import read_checkpoint_meta
 from seedflood_p2p.storage.ledger import Ledger
@@ -365,9 +366,15 @@ class LateJoin:
         started, seen = time.monotonic(), -1
         while live.trusted is not None:
             await asyncio.sleep(interval)
-            held = len(self.ledger)
+            # rows in the buckets that start below the link's round (repair's cached
+            # counts): at least the link's rows before a pass over the ledger can find them
+            held = sum(
+                count
+                for bucket, (count, _) in self.ledger.bucket_digests(BUCKET_ROUNDS).items()
+                if bucket * BUCKET_ROUNDS < self.trusted_round
+            )
             if held < meta["ledger_messages"] or held == seen:
-                continue  # cannot hold them all yet, or nothing new since the last pass
+                continue  # cannot hold them all yet, or nothing new there since the last pass
             seen = held
             rows = self.ledger.snapshot()
             try:
