@@ -567,8 +567,8 @@ class PeerDaemon:
                 }
             },
         )
-        if late_join.trusted_round is not None:  # the history behind it, checked as it comes
-            host.spawn(late_join.check_history(self.s.node.repair_interval), "history-check")
+        if late_join.fetched_meta is not None:  # its history (if trusted), then its weights
+            host.spawn(late_join.check_link(self.s.node.repair_interval), "link-check")
         await late_join.extend_chain(self.schedule.round)
 
     # -- 5. rounds, then leave with a checkpoint --------------------------------------------

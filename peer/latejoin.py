@@ -42,7 +42,12 @@ from seedflood_p2p.network.transfer.checkpoints import (
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.protocol.update import quorum_round
-from seedflood_p2p.storage.checkpoint import read_checkpoint_meta
+from seedflood_p2p.storage.checkpoint import (
+    cut_contains,
+    read_checkpoint_meta,
+    tensors_sha256,
+    write_checkpoint,
+)
 from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.peer")
@@ -90,8 +95,10 @@ class LateJoin:
         self.chain: CheckpointChain | None = None  # the run's checkpoint chain (if it has one)
         self.server: CheckpointServer | None = None
         self.chain_round = 0  # the newest link built and served
-        self.info: dict = {"fetched": None, "refused": {}, "history": None}
+        self.info: dict = {"fetched": None, "refused": {}, "history": None, "link_check": None}
         self.trusting = False  # will this join trust a link (`hold_history`)?
+        # the link the model was restored from, until `check_link` has rebuilt it
+        self.fetched_meta: dict | None = None
         self.trusted_round: int | None = None  # the link trusted at join, until checked
 
     # -- the chain ---------------------------------------------------------------------
@@ -128,8 +135,8 @@ class LateJoin:
     async def extend_chain(self, round_: int) -> None:
         """Build and serve the newest settled link of the run's checkpoint chain, if due
         (`round_`: the peer's round)."""
-        if self.chain is None or self.trusted_round is not None:
-            return  # no link built on history not yet held and checked
+        if self.chain is None or self.fetched_meta is not None:
+            return  # no link built on a fetched link not yet checked (`check_link`)
         target = link_round(round_, self.chain.period, self.s.checkpoint_settle)
         if target <= self.chain_round:
             return
@@ -278,6 +285,7 @@ class LateJoin:
         if result is None:
             return await self._restore_from(s.data_dir)
         how = await self._restore_from(chain_dir)
+        self.fetched_meta = None if how.startswith("replay") else read_checkpoint_meta(chain_dir)
         if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
             self._count_refused({"ledger": 1})
             log.warning(
@@ -334,7 +342,8 @@ class LateJoin:
         """The fetched link, trusted, + the rows after it; None when its weights are
         refused: then the whole history is synced and the ledger replayed."""
         try:
-            self.live.trust(read_checkpoint_meta(chain_dir))  # the file the quorum offered
+            self.fetched_meta = read_checkpoint_meta(chain_dir)  # the file the quorum offered
+            self.live.trust(self.fetched_meta)
         except (OSError, TypeError, ValueError, KeyError) as exc:
             log.warning("the fetched link cannot be trusted (%s): syncing its history", exc)
             how = None
@@ -345,7 +354,7 @@ class LateJoin:
             finally:
                 cut.close()
         if how is None:
-            self.trusted_round = None
+            self.trusted_round = self.fetched_meta = None
             self._count_refused({"weights": 1})
             self.node.repair.floor_round = 0
             await self.node.sync_until_complete(await self.node.connected_peers())
@@ -357,11 +366,72 @@ class LateJoin:
         }
         return f"fetched {how} from {len(self.info['fetched']['peers'])} peers"
 
-    async def check_history(self, interval: float) -> None:
+    async def check_link(self, interval: float) -> None:
+        """After ready from a fetched link: if it was trusted, its rows as repair brings
+        them (`check_history`); then its weights, rebuilt from those rows on the chain's
+        scratch model (`check_weights`). Until then this peer builds no link of its own."""
+        if self.live.trusted is not None and not await self.check_history(interval):
+            self.fetched_meta = None  # the model was rebuilt; the chain rebuilds itself
+            return
+        if self.fetched_meta is not None:
+            await self.check_weights()
+        self.fetched_meta = None
+
+    async def check_weights(self) -> bool:
+        """Rebuild the fetched link from the ledger's rows it covers, one period a model
+        thread call (rounds go on between), as `CheckpointChain.build` makes every link: an
+        honest link's tensors come out bit for bit. A difference means the peers that
+        offered it served weights its rows do not make: logged as an error, the rebuilt link
+        replaces it in the chain dir (this peer then serves the right one), and the live
+        model is rebuilt by replay. True if they matched."""
+        meta, chain = self.fetched_meta, self.chain
+        covered = cut_contains(meta["ledger_cut"])
+        started = time.monotonic()
+        await self.run(chain.reset)
+        for low in range(0, meta["round"], chain.period):
+            rows = self.ledger.messages(low, low + chain.period - 1)
+            await self.run(chain.add, [m for m in rows if (m.peer, m.round) in covered])
+        weights = await self.run(chain.weights)
+        rebuilt = await asyncio.to_thread(tensors_sha256, weights)
+        match = rebuilt == meta["weights_sha256"]
+        offerers = (self.info["fetched"] or {}).get("peers", [])
+        fields = {
+            "event": "link_checked",
+            "round": meta["round"],
+            "match": match,
+            "seconds": round(time.monotonic() - started, 1),
+            "offered_by": offerers,
+        }
+        self.info["link_check"] = {k: v for k, v in fields.items() if k != "event"}
+        if match:
+            log.info(
+                "fetched link of round %d checked: rebuilt from its %d rows, the same "
+                "tensors (%.0f s)",
+                meta["round"],
+                meta["ledger_messages"],
+                fields["seconds"],
+                extra={"fields": fields},
+            )
+            return True
+        self._count_refused({"forged_weights": 1})
+        log.error(
+            "the fetched link of round %d is not base + its rows: %s offered weights its "
+            "rows do not make (forged, or another float arithmetic); the link is rebuilt "
+            "and the model rebuilt by replay of the ledger",
+            meta["round"],
+            ", ".join(offerers) or "its offerers",
+            extra={"fields": fields},
+        )
+        link = {**meta, "weights_sha256": rebuilt}  # the JSON `write_link` makes for them
+        await self.run(write_checkpoint, chain.directory, weights, link)
+        await self._rebuild()
+        return False
+
+    async def check_history(self, interval: float) -> bool:
         """While a fetched link is trusted: every `interval` seconds, once the ledger may
         hold all of its rows, check them against its digest (a pass over the ledger, off
         the event loop). A match ends the trust; a difference rebuilds the model by replay
-        of the ledger. Logged either way."""
+        of the ledger. Logged either way; True on a match."""
         live, meta = self.live, self.live.trusted_meta
         started, seen = time.monotonic(), -1
         while live.trusted is not None:
@@ -418,6 +488,8 @@ class LateJoin:
                 "seconds": fields["seconds"],
             }
             self.trusted_round = None
+            return verdict
+        return True  # (the trust ended elsewhere: nothing left to check)
 
     async def _rebuild(self) -> None:
         """The model = base + the ledger, by replay: the trusted link was not what its rows

@@ -34,7 +34,7 @@ from seedflood_p2p.protocol.checkpoint import (
 from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
-from seedflood_p2p.storage.checkpoint import read_checkpoint_meta
+from seedflood_p2p.storage.checkpoint import read_checkpoint_meta, tensors_sha256
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
@@ -76,6 +76,19 @@ def test_equal_rows_give_byte_equal_links_however_reached(tmp_path):
     assert _files(tmp_path / "step") == _files(tmp_path / "direct")
     assert file_offer(tmp_path / "step") == file_offer(tmp_path / "direct")
     assert json.loads(_files(tmp_path / "step")[1])["ledger_messages"] == 24
+
+
+def test_a_check_rebuilds_a_link_bit_for_bit_a_period_at_a_time(tmp_path):
+    rows = _messages(12, 3)
+    chain = _chain(tmp_path)
+    meta = chain.build([m for m in rows if m.round < 8], 8)
+    chain.build([m for m in rows if m.round < 4], 4)  # the scratch holds something else now
+    chain.reset()
+    for low in (0, 4):
+        chain.add([m for m in rows if low <= m.round < low + 4])
+    assert tensors_sha256(chain.weights()) == meta["weights_sha256"]
+    chain.add(rows[:1])  # one row more: other tensors
+    assert tensors_sha256(chain.weights()) != meta["weights_sha256"]
 
 
 def test_a_late_row_rebuilds_the_chain_from_the_base(tmp_path):

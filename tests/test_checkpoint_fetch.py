@@ -9,6 +9,11 @@ bootstrap and peer daemons on 127.0.0.1 (tiny model), each with its own p2pd.
              --checkpoint corrupt or forge: J refuses the chunks (bad_chunk, counted, the
              senders penalized) and the forged offer (no quorum), becomes ready by replay,
              and still ends with the same ledger and replay hash.
+    background: A and B collude, both offering the same forged link (a quorum); C is honest.
+             J joins with --history-sync background: ready with only the rows after the
+             link, it fetches and checks the history (rows as the link recorded), then
+             rebuilds the link from them, finds the weights forged, names A and B, replaces
+             the link and rebuilds its model; it ends with the same ledger and replay hash.
 
 Both joiners decode real nodes' offer and chunk replies (checkpoint.decode_checkpoint_offer,
 checkpoint.check_chunk, protocol/checkpoint.py): the honest one uses them, the hostile one
@@ -103,12 +108,12 @@ def runs(tmp_path_factory):
                 {n: ["--checkpoint", h] for n, h in hooks.items()},
                 0,
             ),
-            # 1 link: one it built itself, after its history was checked
+            # 1 link: one it built itself, after its history and the link were checked
             "background": pool.submit(
                 _run,
                 tmp_path_factory.mktemp("ckpt-background"),
                 dataclasses.replace(CHAIN_RUN, salt="checkpoint-fetch-background"),
-                {"a": [], "b": []},
+                {"a": ["--checkpoint", "forge"], "b": ["--checkpoint", "forge"], "c": []},
                 1,
                 ["--history-sync", "background"],
             ),
@@ -169,6 +174,9 @@ def test_late_joiner_takes_the_checkpoint_two_peers_offer(honest):
     a, b = (_final(honest, n)["peer_id"] for n in ("a", "b"))
     assert set(fetched["peers"]) == {a, b}
     assert _final(honest, "j")["checkpoint"]["refused"] == {}
+    # rebuilt from its rows after ready: the same tensors
+    check = _final(honest, "j")["checkpoint"]["link_check"]
+    assert check["match"] is True and check["round"] == fetched["round"], check
     _ends_equal(honest, ["a", "b", "j"])
 
 
@@ -205,15 +213,33 @@ def test_a_joiner_trusting_the_link_is_ready_before_it_holds_the_history(backgro
     logs = background["peers"]["j"].events()
     checked = next(e for e in logs if e.get("event") == "history_checked")
     assert checked["match"] is True and checked["trusted_round"] == fetched["round"]
-    # no link of its own before the check; one after it, equal to the founders' link
-    kinds = [e["event"] for e in logs if e.get("event") in ("history_checked", "chain_link")]
-    assert kinds[0] == "history_checked" and "chain_link" in kinds, kinds
-    theirs = {
+    assert history["checked"] and history["match"] and history["trusted_round"] == fetched["round"]
+
+
+def test_colluding_offerers_forged_weights_are_found_and_the_model_rebuilt(background):
+    fetched = _final(background, "j")["checkpoint"]["fetched"]
+    a, b = (_final(background, n)["peer_id"] for n in ("a", "b"))
+    assert set(fetched["peers"]) == {a, b}  # the forged link had the quorum
+    logs = background["peers"]["j"].events()
+    kinds = [
+        e["event"]
+        for e in logs
+        if e.get("event") in ("history_checked", "link_checked", "rebuilt", "chain_link")
+    ]
+    # rows first, then the weights (forged), the rebuild, and only then links of its own
+    assert kinds[:3] == ["history_checked", "link_checked", "rebuilt"], kinds
+    assert "chain_link" in kinds[3:], kinds
+    check = next(e for e in logs if e.get("event") == "link_checked")
+    assert check["match"] is False and set(check["offered_by"]) == {a, b}, check
+    refused = _final(background, "j")["checkpoint"]["refused"]
+    assert refused.get("forged_weights") == 1, refused  # (and C's lone honest offer: no_quorum)
+    # its links are the honest peer's, not the forgers'
+    honest = {
         e["round"]: e["file_sha256"]
-        for e in background["peers"]["a"].events()
+        for e in background["peers"]["c"].events()
         if e.get("event") == "chain_link"
     }
     own = [e for e in logs if e.get("event") == "chain_link"]
-    assert all(theirs.get(e["round"], e["file_sha256"]) == e["file_sha256"] for e in own)
-    assert history["checked"] and history["match"] and history["trusted_round"] == fetched["round"]
-    _ends_equal(background, ["a", "b", "j"])
+    assert own and all(honest.get(e["round"], e["file_sha256"]) == e["file_sha256"] for e in own)
+    assert any(e["round"] in honest for e in own), (own, honest)
+    _ends_equal(background, ["a", "b", "c", "j"])

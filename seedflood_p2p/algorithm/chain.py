@@ -117,10 +117,8 @@ class CheckpointChain:
                 )
             self._load(self.base)
         for low in range(start, target, self.period):
-            rows_of = [m for m in rows if low <= m.round < low + self.period]
-            replay(self.model, self.config, rows_of, schedule=self.schedule)
-        weights = {m.name: m.weight.detach().cpu().contiguous() for m in self.matrices}
-        return write_link(self.directory, weights, self.config, rows, target)
+            self.add([m for m in rows if low <= m.round < low + self.period])
+        return write_link(self.directory, self.weights(), self.config, rows, target)
 
     def _holds(self, meta: dict, rows: list[UpdateMessage]) -> bool:
         """The link on disk is the chain's for these rows: same rows below its round, and
@@ -135,6 +133,21 @@ class CheckpointChain:
         except Exception:
             return False
         return tensors_sha256(weights) == meta.get("weights_sha256")
+
+    # -- rebuilding a fetched link from its rows, a step at a time (a joiner's check) ------
+    def reset(self) -> None:
+        """The scratch model back to the base weights."""
+        self._load(self.base)
+
+    def add(self, rows: list[UpdateMessage]) -> None:
+        """Replay `rows` (canonical order) onto the scratch model, as a link step does: a
+        check calls it once per period, in order, from `reset`, so it makes the same float32
+        operations as `build` and ends with the same tensors."""
+        replay(self.model, self.config, rows, schedule=self.schedule)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The scratch model's trainable tensors, as a link holds them."""
+        return {m.name: m.weight.detach().cpu().contiguous() for m in self.matrices}
 
     @torch.no_grad()
     def _load(self, weights: dict) -> None:
