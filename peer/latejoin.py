@@ -19,6 +19,7 @@ Until then it builds no link of its own and writes no checkpoint at stop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -387,11 +388,28 @@ class LateJoin:
         meta, chain = self.fetched_meta, self.chain
         covered = cut_contains(meta["ledger_cut"])
         started = time.monotonic()
-        await self.run(chain.reset)
-        for low in range(0, meta["round"], chain.period):
-            rows = self.ledger.messages(low, low + chain.period - 1)
-            await self.run(chain.add, [m for m in rows if (m.peer, m.round) in covered])
-        weights = await self.run(chain.weights)
+        # The rows are read on the model thread from a snapshot (10M rows are not read on
+        # the event loop), one period per call; periods without rows replay nothing.
+        rows = self.ledger.snapshot()
+        periods = itertools.groupby(rows, key=lambda m: m.round // chain.period)
+
+        def step() -> bool:
+            for period, group in periods:
+                if period * chain.period >= meta["round"]:
+                    return False
+                chain.add([m for m in group if (m.peer, m.round) in covered])
+                return True
+            return False
+
+        try:
+            await self.run(chain.reset)
+            while await self.run(step):
+                pass
+            weights = await self.run(chain.weights)
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()
         rebuilt = await asyncio.to_thread(tensors_sha256, weights)
         match = rebuilt == meta["weights_sha256"]
         offerers = (self.info["fetched"] or {}).get("peers", [])
