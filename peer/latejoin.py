@@ -98,6 +98,7 @@ class LateJoin:
         self.chain_round = 0  # the newest link built and served
         self.info: dict = {"fetched": None, "refused": {}, "history": None, "link_check": None}
         self.trusting = False  # will this join trust a link (`hold_history`)?
+        self.fetch_failed = False  # a trusting join found no link to trust
         # the link the model was restored from, until `check_link` has rebuilt it
         self.fetched_meta: dict | None = None
         self.trusted_round: int | None = None  # the link trusted at join, until checked
@@ -222,6 +223,7 @@ class LateJoin:
         (nothing fetched: the whole history is synced first, as without the setting)."""
         result = await self._fetch(peers, lambda offer: None)
         if result is None:
+            self.fetch_failed = True  # not asked again after the sync (`restore_model`)
             return None
         self.trusted_round = result.offer.meta["round"]
         return self.trusted_round
@@ -281,6 +283,8 @@ class LateJoin:
                 return how
         own = (s.data_dir / "checkpoint.json").exists()
         if self.chain is None or own or s.checkpoint_fetch == "never" or not peers:
+            return await self._restore_from(s.data_dir)
+        if self.fetch_failed:  # no quorum's link a moment ago, before the sync: replay
             return await self._restore_from(s.data_dir)
         result = await self._fetch(peers, self.choose_checkpoint)
         if result is None:

@@ -8,7 +8,8 @@ bootstrap and peer daemons on 127.0.0.1 (tiny model), each with its own p2pd.
              weights, consistent hashes), each harness/hooked_peer.py with
              --checkpoint corrupt or forge: J refuses the chunks (bad_chunk, counted, the
              senders penalized) and the forged offer (no quorum), becomes ready by replay,
-             and still ends with the same ledger and replay hash.
+             and still ends with the same ledger and replay hash. (It asks with
+             --history-sync background: with nothing to trust it syncs everything first.)
     background: A and B collude, both offering the same forged link (a quorum); C is honest.
              J joins with --history-sync background: ready with only the rows after the
              link, it fetches and checks the history (rows as the link recorded), then
@@ -78,7 +79,7 @@ def _run(work, run, servers: dict[str, list[str]], links: int, joiner: list[str]
         peers["j"] = start_peer(work, "j", address, flags)
         procs.append(peers["j"])
         ready = wait_event(peers["j"], "ready", timeout=600)
-        if "background" in joiner:
+        if "background" in joiner and links:  # (a link fetched: its history checked)
             wait_event(peers["j"], "history_checked", timeout=300)
         shown = wait_events(peers["j"], "chain_link", links, timeout=300)
         peers["j"].wait_round(max(e["round"] for e in [ready, *shown]) + 2, timeout=120)
@@ -92,8 +93,8 @@ def _run(work, run, servers: dict[str, list[str]], links: int, joiner: list[str]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The honest and the hostile run at once (each mostly waits for its round clock), as
-    two runs (salts) on their own bootstrap nodes: {name: its finished future}."""
+    """The honest, hostile and background runs at once (each mostly waits for its round
+    clock), as three runs (salts) on their own bootstrap nodes: {name: its future}."""
     hooks = {"a": "corrupt", "b": "corrupt", "c": "forge"}
     with ThreadPoolExecutor(3) as pool:
         return {
@@ -107,6 +108,8 @@ def runs(tmp_path_factory):
                 dataclasses.replace(CHAIN_RUN, salt="checkpoint-fetch-hostile"),
                 {n: ["--checkpoint", h] for n, h in hooks.items()},
                 0,
+                # nothing to trust: the fallback syncs the whole history, then replays
+                ["--history-sync", "background"],
             ),
             # 1 link: one it built itself, after its history and the link were checked
             "background": pool.submit(
@@ -199,6 +202,9 @@ def test_corrupt_chunks_and_a_forged_offer_are_refused_and_the_joiner_replays(ho
     assert status["dropped"].get("bad_reply", 0) >= 2  # counted like any bad reply
     logs = hostile["peers"]["j"].events()
     assert any(e.get("event") == "checkpoint_refused" and e.get("why") == "bad_chunk" for e in logs)
+    # nothing trusted: the history was synced before ready, and the offers asked for once
+    assert status["checkpoint"]["history"] is None
+    assert len([e for e in logs if e.get("event") == "checkpoint_fetch"]) == 1
     _ends_equal(hostile, ["a", "b", "c", "j"])
 
 
