@@ -58,11 +58,19 @@ CHUNK_ROWS = 20_000  # rows per committed chunk (whole rounds)
 LATE_ROUNDS = 20  # rounds `disk_late_rounds` writes
 
 
-def run_config(k: int):
-    from seedflood_p2p.core.config import RunConfig
+def run_config(k: int, **changes):
+    """The synthesised run (`changes`: other RunConfig fields, another run id)."""
+    import dataclasses
+
     from seedflood_p2p.workload.models import load_model, weights_sha256
 
     model, _ = load_model("tiny-llama")
+    return dataclasses.replace(_base_run(k, weights_sha256(model)), **changes)
+
+
+def _base_run(k: int, base_sha256: str):
+    from seedflood_p2p.core.config import RunConfig
+
     return RunConfig(
         model="tiny-llama",
         dataset="synthetic-sentiment",
@@ -72,7 +80,7 @@ def run_config(k: int):
         n_ref=4,
         directions=k,
         salt="bench-ledger-scale",
-        base_sha256=weights_sha256(model),
+        base_sha256=base_sha256,
     )
 
 
@@ -84,8 +92,11 @@ def _seqno(j: int, round_: int) -> bytes:
     return (1_764_300_000_000_000_000 + j * 1_000_000_007 + 2 * round_ + 1).to_bytes(8, "big")
 
 
-def synthesise(path: Path, peers: int, rounds: int, k: int, first: int = 0) -> dict:
-    """Write rounds [max(done, first), rounds) of the run, CHUNK_ROWS rows a transaction."""
+def synthesise(
+    path: Path, peers: int, rounds: int, k: int, first: int = 0, config=None
+) -> dict:
+    """Write rounds [max(done, first), rounds) of the run (default `run_config(k)`),
+    CHUNK_ROWS rows a transaction."""
     import numpy as np
     import raw_gossip as rg
 
@@ -95,7 +106,7 @@ def synthesise(path: Path, peers: int, rounds: int, k: int, first: int = 0) -> d
     from seedflood_p2p.protocol.update import encode_update
     from seedflood_p2p.storage.ledger import Ledger
 
-    config = run_config(k)
+    config = config or run_config(k)
     ledger = Ledger(path, config.run_id)
     ledger.claim(config, "a ledger of another bench run: pass another --work-dir")
     ids = rg.make_identities(peers, seed="bench-ledger-scale")
