@@ -92,9 +92,7 @@ def _seqno(j: int, round_: int) -> bytes:
     return (1_764_300_000_000_000_000 + j * 1_000_000_007 + 2 * round_ + 1).to_bytes(8, "big")
 
 
-def synthesise(
-    path: Path, peers: int, rounds: int, k: int, first: int = 0, config=None
-) -> dict:
+def synthesise(path: Path, peers: int, rounds: int, k: int, first: int = 0, config=None) -> dict:
     """Write rounds [max(done, first), rounds) of the run (default `run_config(k)`),
     CHUNK_ROWS rows a transaction."""
     import numpy as np

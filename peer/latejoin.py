@@ -366,7 +366,9 @@ class LateJoin:
             return None
         self.info["history"] = {
             "trusted_round": self.trusted_round,
+            "rows": self.live.trusted_meta["ledger_messages"],
             "held_at_ready": self.live.trusted_held,  # of the link's rows, in the ledger
+            "held": self.live.trusted_held,  # (rows below its round: `check_history`)
             "checked": False,
         }
         return f"fetched {how} from {len(self.info['fetched']['peers'])} peers"
@@ -465,6 +467,7 @@ class LateJoin:
                 for bucket, (count, _) in self.ledger.bucket_digests(BUCKET_ROUNDS).items()
                 if bucket * BUCKET_ROUNDS < self.trusted_round
             )
+            self.info["history"]["held"] = min(held, meta["ledger_messages"])
             if held < meta["ledger_messages"] or held == seen:
                 continue  # cannot hold them all yet, or nothing new there since the last pass
             seen = held

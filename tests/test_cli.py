@@ -332,6 +332,20 @@ def test_status_shows_audits():
     assert "audits" not in format_status({"audits": None})
 
 
+def test_status_shows_a_late_joiners_trusted_link_and_its_checks():
+    from seedflood_p2p.apps.status import format_status
+
+    history = {"trusted_round": 900, "rows": 90_000, "held": 1_200, "checked": False}
+    text = format_status({"checkpoint": {"history": history}})
+    assert "history     trusted link of round 900: fetching, 1,200 of its 90,000 rows" in text
+    history.update(checked=True, match=True)
+    check = {"round": 900, "match": False, "offered_by": ["12D3KooWAAAAxxxxyyyy"]}
+    text = format_status({"checkpoint": {"history": history, "link_check": check}})
+    assert "all 90,000 rows in, as it recorded" in text
+    assert "FORGED weights (offered by ..xxxxyyyy): model rebuilt" in text
+    assert "history" not in format_status({"checkpoint": {"fetched": None}})
+
+
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cuda:99"])
 def test_a_device_this_machine_cannot_use_is_one_line(capsys, device):
     import torch

@@ -108,6 +108,7 @@ def format_status(status: dict[str, Any]) -> str:
             if diverged:
                 line += "; ledger differs from: " + ", ".join(f"..{p[-8:]}" for p in diverged)
         lines.append(line)
+    lines += describe_join(status.get("checkpoint") or {})
     nat = status.get("nat")
     if nat:
         lines.append("reachable   " + describe_nat(nat))
@@ -130,6 +131,30 @@ def format_run_line(run: dict[str, Any]) -> str:
         f"round {run.get('round')}, {run.get('peers_alive')} peers alive of "
         f"{run.get('peers_known')} in the ledger, {score}"
     )
+
+
+def describe_join(checkpoint: dict) -> list[str]:
+    """A late joiner's fetched link: its history (when trusted) and its rebuild."""
+    lines = []
+    history = checkpoint.get("history")
+    if history:
+        head = f"history     trusted link of round {history['trusted_round']}: "
+        if not history.get("checked"):
+            held = history.get("held", history.get("held_at_ready", 0))
+            lines.append(head + f"fetching, {held:,} of its {history['rows']:,} rows held")
+        elif history.get("match"):
+            lines.append(head + f"all {history['rows']:,} rows in, as it recorded")
+        else:
+            lines.append(head + "its rows DIFFER from what it recorded: model rebuilt")
+    check = checkpoint.get("link_check")
+    if check:
+        head = f"link        fetched link of round {check['round']} rebuilt from its rows: "
+        if check.get("match"):
+            lines.append(head + "the same tensors")
+        else:
+            by = ", ".join(f"..{p[-8:]}" for p in check.get("offered_by") or []) or "?"
+            lines.append(head + f"FORGED weights (offered by {by}): model rebuilt")
+    return lines
 
 
 def describe_nat(nat: dict) -> str:
