@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--name", default="join-history")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
+    # SIGTERM stops the daemons too (the finally below), as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from bench_ledger_scale import run_config, synthesise
 

@@ -145,7 +145,18 @@ class LateJoin:
         rows = list(self.ledger.messages(0, target - 1))
         await self.run(self.chain.build, rows, target)
         self.chain_round = target
-        offer = await self.server.publish(await self.behaviour.served_link(self.chain.directory))
+        try:
+            offer = await self.server.publish(
+                await self.behaviour.served_link(self.chain.directory)
+            )
+        except ValueError as exc:  # no honest joiner could take it: not offered
+            log.warning(
+                "checkpoint chain: link of round %d built but not served: %s",
+                target,
+                exc,
+                extra={"fields": {"event": "chain_link_unserved", "round": target}},
+            )
+            return
         log.info(
             "checkpoint chain: link of round %d (%d rows, %.1f MiB) served to joiners",
             target,

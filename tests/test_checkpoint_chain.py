@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from seedflood_p2p.algorithm.chain import CheckpointChain, link_round
+from seedflood_p2p.algorithm.chain import CheckpointChain, link_round, write_link
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.replay import estimate_replay_seconds, replay
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -150,6 +150,25 @@ def _offer(size: int = CHECKPOINT_CHUNK_BYTES + 5) -> tuple[CheckpointOffer, byt
         json.dumps(meta, sort_keys=True), size, hashlib.sha256(data).digest(), chunks
     )
     return offer, data
+
+
+def test_the_offer_of_a_thousand_peer_run_is_served_and_taken(tmp_path):
+    # its cut alone is ~92 KB: 64 KiB, the old bound, refused it (bench_join_history.py)
+    peers = [ED25519_ID + i.to_bytes(32, "big") for i in range(1, 1001)]
+    rows = [UpdateMessage(t, p, (0.0,)) for t in range(3) for p in peers]
+    model = load_model(CONFIG.model)[0]
+    weights = {m.name: m.weight.detach().clone() for m in make_estimator(model, CONFIG).matrices}
+    write_link(tmp_path, weights, CONFIG, rows, 4)
+    offer = file_offer(tmp_path)
+    assert len(offer.meta_json) > 64 << 10
+    reply = encode_checkpoint_offer(offer)
+    assert len(reply) < 1 << 20  # serve_bytes' reply limit
+    assert decode_checkpoint_offer(reply, CONFIG.run_id) == offer
+    # a meta past the bound is not offered at all (no honest server sends a bad reply)
+    many = [ED25519_ID + i.to_bytes(32, "big") for i in range(1, 9001)]
+    write_link(tmp_path, weights, CONFIG, [UpdateMessage(0, p, (0.0,)) for p in many], 4)
+    with pytest.raises(ValueError, match="over an offer's"):
+        file_offer(tmp_path)
 
 
 def test_offer_and_chunk_codecs_round_trip_and_refuse_garbage():

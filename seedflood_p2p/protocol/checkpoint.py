@@ -35,7 +35,11 @@ from seedflood_p2p.protocol.update import QUORUM_PEERS
 
 CHECKPOINT_CHUNK_BYTES = 512 << 10
 MAX_CHECKPOINT_CHUNKS = 4096  # files up to 2 GiB (SmolLM2-135M's trainable fp32: ~405 MiB)
-MAX_CHECKPOINT_META_BYTES = 64 << 10
+# The meta carries the link's cut, ~92 bytes a peer (its base58 id and its rounds as
+# ranges): 64 KiB refused the offers of a 1,000-peer run (92 KB, bench_join_history.py).
+# 768 KiB, with up to 128 KiB of chunk hashes, stays under serve_bytes' 1 MiB reply:
+# about 8,000 peers whose rounds have no gaps.
+MAX_CHECKPOINT_META_BYTES = 768 << 10
 CHECKPOINT_SERVE_RATE = 16 << 20  # checkpoint bytes per second to one requester ...
 CHECKPOINT_SERVE_BURST = 64 << 20  # ... in bursts of this
 CHECKPOINT_QUORUM = QUORUM_PEERS  # distinct peers that must offer the very same checkpoint

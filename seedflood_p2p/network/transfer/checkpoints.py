@@ -41,6 +41,7 @@ from seedflood_p2p.protocol.checkpoint import (
     CHECKPOINT_SERVE_BURST,
     CHECKPOINT_SERVE_RATE,
     MAX_CHECKPOINT_CHUNKS,
+    MAX_CHECKPOINT_META_BYTES,
     CheckpointOffer,
     decode_checkpoint_offer,
     decode_checkpoint_offer_request,
@@ -71,7 +72,14 @@ def file_offer(directory: Path) -> CheckpointOffer:
             size += len(block)
     if not 0 < len(chunks) <= MAX_CHECKPOINT_CHUNKS:
         raise ValueError(f"checkpoint of {size} bytes cannot be served")
-    return CheckpointOffer(json.dumps(meta, sort_keys=True), size, whole.digest(), tuple(chunks))
+    meta_json = json.dumps(meta, sort_keys=True)
+    if len(meta_json.encode()) > MAX_CHECKPOINT_META_BYTES:
+        raise ValueError(
+            f"its meta is {len(meta_json.encode()):,} bytes (the cut of "
+            f"{len(meta.get('ledger_cut', {})):,} peers), over an offer's "
+            f"{MAX_CHECKPOINT_META_BYTES:,}"
+        )
+    return CheckpointOffer(meta_json, size, whole.digest(), tuple(chunks))
 
 
 class CheckpointServer:
