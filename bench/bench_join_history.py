@@ -131,8 +131,9 @@ def main() -> None:
     }
     procs = []
     try:
-        for name in ("bootstrap", "a", "b", "first", "background"):
+        for name in ("bootstrap", "a", "b", "first", "background"):  # a fresh run each time
             shutil.rmtree(work / name, ignore_errors=True)
+            (work / f"{name}.log").unlink(missing_ok=True)
         boot, address = start_bootstrap(work, run)
         procs.append(boot)
         founders = {}
