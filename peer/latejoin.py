@@ -388,11 +388,17 @@ class LateJoin:
         """After ready from a fetched link: if it was trusted, its rows as repair brings
         them (`check_history`); then its weights, rebuilt from those rows on the chain's
         scratch model (`check_weights`). Until then this peer builds no link of its own."""
-        if self.live.trusted is not None and not await self.check_history(interval):
-            self.fetched_meta = None  # the model was rebuilt; the chain rebuilds itself
+        try:
+            if self.live.trusted is not None and not await self.check_history(interval):
+                self.fetched_meta = None  # the model was rebuilt; the chain rebuilds itself
+                return
+            if self.fetched_meta is not None:
+                await self.check_weights()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the link stays unchecked: no link of ours is built on it
+            log.error("checking the fetched link failed: %r", exc, exc_info=exc)
             return
-        if self.fetched_meta is not None:
-            await self.check_weights()
         self.fetched_meta = None
 
     async def check_weights(self) -> bool:
@@ -424,9 +430,7 @@ class LateJoin:
                 pass
             weights = await self.run(chain.weights)
         finally:
-            close = getattr(rows, "close", None)
-            if close is not None:
-                close()
+            _close(rows)
         rebuilt = await asyncio.to_thread(tensors_sha256, weights)
         match = rebuilt == meta["weights_sha256"]
         offerers = (self.info["fetched"] or {}).get("peers", [])
@@ -486,9 +490,7 @@ class LateJoin:
             try:
                 verdict = await asyncio.to_thread(live.check_history, rows)
             finally:
-                close = getattr(rows, "close", None)
-                if close is not None:
-                    close()
+                _close(rows)
             if verdict is None:
                 continue
             fields = {
@@ -653,6 +655,13 @@ def report_sources(check) -> None:
             check.compared,
             extra={"fields": fields},
         )
+
+
+def _close(rows) -> None:
+    """End a ledger snapshot (`Ledger.snapshot`; an in-memory ledger's is a list)."""
+    close = getattr(rows, "close", None)
+    if close is not None:
+        close()
 
 
 def _b58(peer: bytes) -> str:
