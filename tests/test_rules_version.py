@@ -55,7 +55,10 @@ PINNED = {
     # unknown (and daemons refuse curvature), so runs without them keep their code and ids;
     # one_sided keeps its estimates on the losses' device (a GPU peer), and momentum and
     # curvature share one split of rows into rounds (`_round_runs`): not rule changes
-    "0.2": "1346cf1f2cad5846bd7dc94d0554e279154d40b0890ddbcbf1be6209320b79e1",
+    # and for a checkpoint offer's meta bound (64 -> 768 KiB, protocol/checkpoint.py): which
+    # links a joiner takes, not what the ledger holds; a 0.2.0 joiner refuses a large
+    # offer and replays, ending with the same model
+    "0.2": "9ffaf12530cead39069b8ddb7e2ee955118db761b9ebd849cf8a22f156c1a697",
 }
 
 
