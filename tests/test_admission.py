@@ -117,6 +117,18 @@ def test_every_gossip_rule_drops_with_its_reason_and_nothing_reaches_the_ledger(
     assert node.metrics.admission_counts()["gossip"]["dropped"] == len(arrivals)
 
 
+def test_gossip_ahead_of_a_syncing_node_is_its_lag_not_held_against_the_sender(node):
+    alice, bob = Peer(), Peer()
+    node.gossip([Peer().gossip(0, (0.5,)), Peer().gossip(0, (0.5,))])  # it knows round 0
+    node.catching_up = True  # still syncing a long history: the run is far ahead
+    ahead = [alice.gossip(r, (0.5,)) for r in range(100, 110)]  # (within its rate limit)
+    assert {v.reason for v in node.gossip(ahead)} == {"out_of_window"}
+    assert node.reputation.score(alice.id) == 0.0  # dropped, not penalized
+    node.catching_up = False  # in step: the same is the sender's doing again
+    node.gossip([bob.gossip(r, (0.5,)) for r in range(100, 110)])
+    assert node.reputation.score(bob.id) < 0.0
+
+
 def test_window_is_centred_on_the_own_round_with_both_bounds(node):
     alice = Peer()
     node.own_round = 40

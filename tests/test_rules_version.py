@@ -58,7 +58,9 @@ PINNED = {
     # and for a checkpoint offer's meta bound (64 -> 768 KiB, protocol/checkpoint.py): which
     # links a joiner takes, not what the ledger holds; a 0.2.0 joiner refuses a large
     # offer and replays, ending with the same model
-    "0.2": "9ffaf12530cead39069b8ddb7e2ee955118db761b9ebd849cf8a22f156c1a697",
+    # and for penalties, not acceptance: gossip ahead of a syncing node's window is dropped
+    # as before but not held against its sender (`Admission.catching_up`)
+    "0.2": "fb2c0e8f1f39826dabd04a18a10d589c742c74ae734aa29ab41ee2197ba979f5",
 }
 
 

@@ -161,6 +161,11 @@ class Admission:
         self._verifying: dict[tuple, asyncio.Future] = {}
         self.log_limit = LogLimiter()
         self.newest_round = ledger.max_round()  # the highest round held: shown, not trusted
+        # Set by the owner while it syncs before training (FloodNode.not_ready): gossip
+        # ahead of the window is then our lag, not the sender's doing (a joiner syncing a
+        # long history for minutes would otherwise ban honest peers that publish faster
+        # than their score recovers)
+        self.catching_up = False
         self.own_round = -1  # the round this peer trains (set by the peer daemon)
         # Each other peer's newest round in our ledger: one vote per identity (see
         # `reference_round`). Only admitted rows count: a round refused as out of window
@@ -174,6 +179,12 @@ class Admission:
         # for repair (a late joiner that heard no gossip yet must not refuse the run's
         # newest rows), never the window's centre (it over-claims by up to 63 rounds).
         self.bucket_claims: dict[bytes, int] = RoundClaims()
+
+    def behind(self) -> bool:
+        """Is this node behind the run through no fault of its senders: it knew no round
+        yet, or it is still syncing (`catching_up`)? Gossip out of its window is then
+        expected: not penalized, logged at debug."""
+        return self.newest_round < 0 or self.catching_up
 
     def reference_round(self) -> int:
         """The round the window is centred on: our own training round, or the round a
@@ -222,7 +233,7 @@ class Admission:
         """Admit a batch of gossip payloads, each (sender, signed envelope), in one ledger
         transaction (per-message commits kept the event loop in fsync: arrival p50 86 ms
         at 16 peers, 35 ms grouped). Verdicts in arrival order."""
-        knew_no_round = self.newest_round < 0
+        knew_no_round = self.behind()
         verdicts: list[Verdict | None] = [None] * len(arrivals)
         rows, where, echoes = [], [], []
         for i, (sender, envelope) in enumerate(arrivals):
@@ -317,7 +328,7 @@ class Admission:
         """A repair reply that failed its checks is dropped whole, before any row, and
         held against the peer that sent it."""
         self.metrics.dropped.labels(exc.reason).inc()
-        self._log_drop(exc.reason, str(exc), sender, self.newest_round < 0)
+        self._log_drop(exc.reason, str(exc), sender, self.behind())
         self.reputation.penalize(sender, exc.reason)
 
     # -- policy, ledger, apply -----------------------------------------------------------

@@ -68,7 +68,8 @@ class AuditIntake:
                 if self.admission is not None and signer != self.peer_id:  # as for updates
                     self.admission.window.check_ahead(record, self.admission.reference_round())
             except Rejected as exc:
-                self._drop(exc.reason, str(exc), signer, penalize=True)
+                ours = exc.reason == "out_of_window" and self.admission.behind()  # our lag
+                self._drop(exc.reason, str(exc), signer, penalize=not ours)
                 continue
             except Exception as exc:  # never let a hostile payload out
                 self._drop("malformed", repr(exc), signer, penalize=True)

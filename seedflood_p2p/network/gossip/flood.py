@@ -196,9 +196,19 @@ class FloodNode:
         self._background = BackgroundTasks()  # started and not awaited: disconnects of bans
         self.last_accept = time.monotonic()
         self.fatal: Exception | None = None  # e.g. disk full: the owner must stop
-        # Why joiners are not served the manifest yet (None: they are): a node that knows
-        # others exist syncs with them first, so a joiner never starts from its stale copy.
-        self.not_ready: str | None = None
+        self._not_ready: str | None = None
+
+    @property
+    def not_ready(self) -> str | None:
+        """Why joiners are not served the manifest yet (None: they are): a node that knows
+        others exist syncs with them first, so a joiner never starts from its stale copy.
+        While it is set, gossip ahead of our window is our lag (`Admission.catching_up`)."""
+        return self._not_ready
+
+    @not_ready.setter
+    def not_ready(self, why: str | None) -> None:
+        self._not_ready = why
+        self.admission.catching_up = why is not None
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
