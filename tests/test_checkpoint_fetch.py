@@ -202,8 +202,12 @@ def test_corrupt_chunks_and_a_forged_offer_are_refused_and_the_joiner_replays(ho
     assert status["dropped"].get("bad_reply", 0) >= 2  # counted like any bad reply
     logs = hostile["peers"]["j"].events()
     assert any(e.get("event") == "checkpoint_refused" and e.get("why") == "bad_chunk" for e in logs)
-    # nothing trusted: the history was synced before ready, and the offers asked for once
+    # nothing trusted: the history was synced before ready (its progress logged), and the
+    # offers asked for once
     assert status["checkpoint"]["history"] is None
+    progress = [e for e in logs if e.get("event") == "sync_progress"]
+    ready_at = next(e["time"] for e in logs if e.get("event") == "ready")
+    assert progress and all(e["time"] <= ready_at and e["rows"] > 0 for e in progress)
     assert len([e for e in logs if e.get("event") == "checkpoint_fetch"]) == 1
     _ends_equal(hostile, ["a", "b", "c", "j"])
 

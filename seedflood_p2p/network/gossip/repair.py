@@ -712,9 +712,11 @@ class Repair:
         """`peers` (PeerIDs) that may be asked (`is_source`), in their order."""
         return [p for p in peers if self.is_source(p.to_bytes())]
 
-    async def sync_round(self, peers: list | None = None) -> int:
+    async def sync_round(self, peers: list | None = None, so_far: int | None = None) -> int:
         """One anti-entropy pass with the given (default: all topic) peers; banned ones are
-        skipped (`sources`), and do not count as servers we could ask."""
+        skipped (`sources`), and do not count as servers we could ask. `so_far`: rows a
+        joiner's catch-up fetched before this pass; each exchange that brings rows is then
+        logged (a long history takes minutes, and shows its progress)."""
         new = 0
         given = peers if peers is not None else await self.peers()
         peers = self.sources(given)
@@ -722,7 +724,16 @@ class Repair:
             self.behind.discard(skipped.to_bytes())  # not a reason for another pass
         for peer_id in peers:
             try:
-                new += await self.sync_with(peer_id, sole_server=len(peers) <= 1)
+                fetched = await self.sync_with(peer_id, sole_server=len(peers) <= 1)
+                new += fetched
+                if so_far is not None and fetched:
+                    log.info(
+                        "syncing: %d rows from %s (%d in all so far)",
+                        fetched,
+                        short_id(peer_id.to_bytes()),
+                        so_far + new,
+                        extra={"fields": {"event": "sync_progress", "rows": so_far + new}},
+                    )
             except RemoteCallError as exc:
                 log.debug("sync with %s failed: %s", peer_id, exc)
             except UserError:
@@ -737,7 +748,7 @@ class Repair:
         `max_passes`; returns the new rows. Each pass is bounded as `sync_with` is."""
         total = 0
         for _ in range(max_passes):
-            new = await self.sync_round(peers)
+            new = await self.sync_round(peers, so_far=total)
             total += new
             if not new or not self.behind:
                 break
