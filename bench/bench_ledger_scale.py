@@ -307,29 +307,32 @@ def replay_all(path: Path) -> dict:
     }
 
 
-def repair_paging(path: Path, work: Path, max_rows: int = 0) -> dict:
-    """Every page of the whole history, served and taken in (signatures in the pool); with
-    `max_rows`, the pages of the first max_rows rows only (a sample: every stage is a
-    per-row cost, and the whole history at 10M rows takes most of an hour on one core)."""
-    from seedflood_p2p.network.transport.sigcheck import SignaturePool, default_workers
-    from seedflood_p2p.protocol.framing import topic_for
-    from seedflood_p2p.protocol.repair import UPDATE_ROWS
+def _fresh_ledger(path: Path, run_id: str):
+    """An empty ledger file at `path` (any earlier one removed), written as a FloodNode's."""
     from seedflood_p2p.storage.ledger import Ledger
 
-    server = Ledger.open_existing(path)
-    joiner_path = work / "joiner.sqlite"
-    for f in (joiner_path, Path(f"{joiner_path}-wal"), Path(f"{joiner_path}-shm")):
+    for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         f.unlink(missing_ok=True)
-    joiner = Ledger(joiner_path, server.run_id)
-    joiner.sync_in_background()  # as a FloodNode's ledger
+    ledger = Ledger(path, run_id)
+    ledger.sync_in_background()  # as a FloodNode's ledger
+    return ledger
+
+
+def _page_into(server, joiner, first_round: int = 0, max_rows: int = 0) -> dict:
+    """Repair pages of `server`'s rows from `first_round` on (the first `max_rows` only,
+    with it), each served, decoded, signature-checked in the pool and added to `joiner`:
+    seconds per stage, pages, rows and reply bytes."""
+    from seedflood_p2p.network.transport.sigcheck import SignaturePool
+    from seedflood_p2p.protocol.framing import topic_for
+    from seedflood_p2p.protocol.repair import UPDATE_ROWS
+
     topic = topic_for(server.run_id)
     kind, limit = UPDATE_ROWS, UPDATE_ROWS.page_rows
     hi = server.max_round()
-    cursor = kind.first_cursor(0)
+    cursor = kind.first_cursor(first_round)
     times = dict.fromkeys(("serve", "decode", "signatures", "insert"), 0.0)
     pages = rows_in = reply_bytes = 0
     pool = SignaturePool()
-    t0 = time.perf_counter()
     while True:
         t = time.perf_counter()
         data = kind.encode_rows(server.signed_after(cursor[0], cursor[1], hi, limit))
@@ -354,8 +357,25 @@ def repair_paging(path: Path, work: Path, max_rows: int = 0) -> dict:
         if len(rows) < limit or (max_rows and rows_in >= max_rows):
             break
     joiner.flush()
-    total = time.perf_counter() - t0
     pool.close()
+    return {"times": times, "pages": pages, "rows": rows_in, "reply_bytes": reply_bytes}
+
+
+def repair_paging(path: Path, work: Path, max_rows: int = 0) -> dict:
+    """Every page of the whole history, served and taken in (signatures in the pool); with
+    `max_rows`, the pages of the first max_rows rows only (a sample: every stage is a
+    per-row cost, and the whole history at 10M rows takes most of an hour on one core)."""
+    from seedflood_p2p.network.transport.sigcheck import default_workers
+    from seedflood_p2p.protocol.repair import UPDATE_ROWS
+    from seedflood_p2p.storage.ledger import Ledger
+
+    server = Ledger.open_existing(path)
+    joiner = _fresh_ledger(work / "joiner.sqlite", server.run_id)
+    limit = UPDATE_ROWS.page_rows
+    t0 = time.perf_counter()
+    paged = _page_into(server, joiner, 0, max_rows)
+    total = time.perf_counter() - t0
+    times, rows_in = paged["times"], paged["rows"]
     sampled = bool(max_rows) and rows_in < len(server)
     same = None if sampled else joiner.digest() == server.digest()
     joiner.close()
@@ -363,9 +383,9 @@ def repair_paging(path: Path, work: Path, max_rows: int = 0) -> dict:
     out = {k: round(v, 2) for k, v in times.items()}
     out.update(
         total_s=round(total, 2),
-        pages=pages,
+        pages=paged["pages"],
         rows=rows_in,
-        reply_bytes_per_row=round(reply_bytes / max(1, rows_in), 1),
+        reply_bytes_per_row=round(paged["reply_bytes"] / max(1, rows_in), 1),
         us_per_row={k: round(1e6 * v / max(1, rows_in), 1) for k, v in times.items()},
         signature_workers=default_workers(),
         page_rows=limit,
@@ -384,9 +404,6 @@ def trusting_join(path: Path, work: Path, behind: int) -> dict:
     from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.network.transport.sigcheck import SignaturePool
-    from seedflood_p2p.protocol.framing import topic_for
-    from seedflood_p2p.protocol.repair import UPDATE_ROWS
     from seedflood_p2p.storage.checkpoint import read_checkpoint_meta
     from seedflood_p2p.storage.ledger import Ledger, digest_of
     from seedflood_p2p.workload.models import load_model
@@ -407,31 +424,10 @@ def trusting_join(path: Path, work: Path, behind: int) -> dict:
     del model, older
 
     stages = {}
-    joiner_path = work / "trusting.sqlite"
-    for f in (joiner_path, Path(f"{joiner_path}-wal"), Path(f"{joiner_path}-shm")):
-        f.unlink(missing_ok=True)
     t0 = t = time.perf_counter()
-    joiner = Ledger(joiner_path, server.run_id)
-    joiner.sync_in_background()
-    topic, kind = topic_for(server.run_id), UPDATE_ROWS
-    hi, cursor, tail_rows = server.max_round(), kind.first_cursor(link_round), 0
-    pool = SignaturePool()
-    while True:  # the sync with the floor at the link's round (Repair.floor_round)
-        rows = kind.decode_rows(
-            kind.encode_rows(server.signed_after(cursor[0], cursor[1], hi, kind.page_rows)),
-            kind.page_rows,
-        )
-        kind.check_rows_follow(rows, cursor, hi)
-        if not rows:
-            break
-        assert all(pool.check([(m.peer, e.data, e.seqno, topic, e.signature) for m, e in rows]))
-        joiner.add([m for m, _ in rows], [e for _, e in rows])
-        tail_rows += len(rows)
-        cursor = kind.key(rows[-1][0])
-        if len(rows) < kind.page_rows:
-            break
-    joiner.flush()
-    pool.close()
+    joiner = _fresh_ledger(work / "trusting.sqlite", server.run_id)
+    # the sync with the floor at the link's round (Repair.floor_round)
+    tail_rows = _page_into(server, joiner, link_round)["rows"]
     stages["tail_sync_s"] = time.perf_counter() - t
     t = time.perf_counter()
     model, _ = load_model(config.model)

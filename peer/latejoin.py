@@ -293,15 +293,13 @@ class LateJoin:
             if how is not None:
                 return how
         own = (s.data_dir / "checkpoint.json").exists()
+        # (fetch_failed: a trusting join found no quorum's link a moment ago, before the sync)
         if self.chain is None or own or s.checkpoint_fetch == "never" or not peers:
             return await self._restore_from(s.data_dir)
-        if self.fetch_failed:  # no quorum's link a moment ago, before the sync: replay
-            return await self._restore_from(s.data_dir)
-        result = await self._fetch(peers, self.choose_checkpoint)
+        result = None if self.fetch_failed else await self._fetch(peers, self.choose_checkpoint)
         if result is None:
             return await self._restore_from(s.data_dir)
         how = await self._restore_from(chain_dir)
-        self.fetched_meta = None if how.startswith("replay") else read_checkpoint_meta(chain_dir)
         if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
             self._count_refused({"ledger": 1})
             log.warning(
@@ -311,6 +309,7 @@ class LateJoin:
                 extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
             )
             return how
+        self.fetched_meta = read_checkpoint_meta(chain_dir)  # rebuilt after ready
         return f"fetched {how} from {len(result.peers)} peers"
 
     async def _fetch(self, peers: list, choose: Callable):
