@@ -55,18 +55,62 @@ def _event(proc, name: str, timeout: float) -> dict:
     return wait_event(proc, name, timeout=timeout)
 
 
-def join(work: Path, address: str, name: str, mode: str, timeout: float) -> dict:
-    """One joiner, timed from its start to `ready` (and, trusting, to both checks)."""
+def _tree_cpu(pids: list[int]) -> dict[str, float]:
+    """CPU seconds of each process and its descendants, by command name ("daemon" for the
+    processes themselves; p2pd, python (signature workers), ...); a process gone since is
+    simply not counted."""
+    from bench_ingest import cpu_seconds, descendants
+
+    out: dict[str, float] = {}
+    for root in pids:
+        for pid in [root, *descendants(root)]:
+            try:
+                comm = "daemon" if pid == root else Path(f"/proc/{pid}/comm").read_text().strip()
+                out[comm] = out.get(comm, 0.0) + cpu_seconds(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def _cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(v - before.get(k, 0.0), 1) for k, v in after.items() if v > before.get(k, 0.0)}
+
+
+def join(
+    work: Path,
+    address: str,
+    name: str,
+    mode: str,
+    timeout: float,
+    founders: list[int] = (),
+    profile: Path | None = None,
+) -> dict:
+    """One joiner, timed from its start to `ready` (and, trusting, to both checks); the CPU
+    seconds the joiner and the founders spent until ready; with `profile`, py-spy's GIL
+    samples of the joiner until ready (bench_ingest's summary: top functions)."""
+    from bench_ingest import finish_profile, start_profile
+
     from harness.cluster import peer_flags
     from seedflood_p2p.apps.localnet import start_peer
 
     flags = peer_flags(
         "--checkpoint-fetch", "always", "--history-sync", mode, **FLAGS, metrics_port=0
     )
+    founders_before = _tree_cpu(list(founders))
     started = time.time()
     proc = start_peer(work, name, address, flags)
+    spy = start_profile(profile, proc.proc.pid, f"{name}-until-ready", timeout)
+    founder_spies = [
+        start_profile(profile, pid, f"{name}-founder{i}-until-ready", timeout)
+        for i, pid in enumerate(founders)
+    ]
     try:
         ready = _event(proc, "ready", timeout)
+        joiner_cpu = _tree_cpu([proc.proc.pid])
+        founders_cpu = _cpu_between(founders_before, _tree_cpu(list(founders)))
+        for each in [spy, *founder_spies]:
+            if each is not None:
+                each[0].send_signal(signal.SIGINT)  # py-spy writes what it has and exits
         out = {
             "mode": mode,
             "ready_s": round(ready["time"] - started, 1),
@@ -74,7 +118,14 @@ def join(work: Path, address: str, name: str, mode: str, timeout: float) -> dict
             "source": ready["source"],
             "rows_fetched_before_ready": ready["fetched"],
             "ledger_rows_at_ready": ready["ledger_rows"],
+            "cpu_s_until_ready": {
+                "joiner": {k: round(v, 1) for k, v in joiner_cpu.items()},
+                "founders": founders_cpu,
+            },
         }
+        if spy is not None:
+            out["profile_until_ready"] = finish_profile(spy)
+            out["founder_profiles_until_ready"] = [finish_profile(f) for f in founder_spies]
         print(name, out, flush=True)
         if mode == "background":
             for event in ("history_checked", "link_checked"):
@@ -108,6 +159,12 @@ def main() -> None:
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "join-history"))
     parser.add_argument("--name", default="join-history")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--modes", default="first,background", help="the joiners to run, in this order"
+    )
+    parser.add_argument(
+        "--profile", default=None, help="record py-spy (GIL samples) on each joiner into this folder"
+    )
     args = parser.parse_args()
     # SIGTERM stops the daemons too (the finally below), as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -149,9 +206,11 @@ def main() -> None:
             link = _event(proc, "chain_link", args.timeout)
             print(name, "serves link", link["round"], flush=True)
         res["founders_serving_s"] = round(time.time() - t, 1)
+        pids = [p.proc.pid for p in founders.values()]
+        profile = Path(args.profile) if args.profile else None
         res["joiners"] = [
-            join(work, address, "first", "first", args.timeout),
-            join(work, address, "background", "background", args.timeout),
+            join(work, address, mode, mode, args.timeout, pids, profile)
+            for mode in args.modes.split(",")
         ]
     finally:
         for proc in procs:

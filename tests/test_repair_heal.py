@@ -129,10 +129,11 @@ def test_rows_refused_from_their_author_are_fetched_again_when_it_is_the_only_se
     assert client.ledger.digest() == server.ledger.digest()
 
 
-def test_exchanges_side_by_side_check_each_signature_once(tmp_path, monkeypatch):
-    """Newly connected peers serving the same rows at once: each row's signature is
-    checked once (it was checked by every exchange that brought it), and every row is
-    admitted once."""
+def test_exchanges_started_side_by_side_fetch_and_check_each_row_once(tmp_path, monkeypatch):
+    """Peers serving the same rows, asked at once (a joiner's catch-up, newly connected
+    peers after a partition): the exchanges run one after another, so the rows are fetched
+    from one server only and each signature is checked once; the other exchange finds its
+    buckets equal after one digest call. Anti-entropy is not held behind them."""
     alice, bob, one, two, client_id = Peer(), Peer(), Peer(), Peer(), Peer()
     nodes = {p.id: _node(tmp_path, p, name) for p, name in ((one, "one"), (two, "two"))}
     rows = [p.row(r, (0.5,)) for r in range(2 * BUCKET_ROUNDS) for p in (alice, bob)]
@@ -142,14 +143,27 @@ def test_exchanges_side_by_side_check_each_signature_once(tmp_path, monkeypatch)
     checked = []
     verify = client.admission.verify
     client.admission.verify = lambda *args: checked.append(args[0]) or verify(*args)
-    _route(monkeypatch, nodes, [])
+    calls = []
+    _route(monkeypatch, nodes, calls)
 
     async def side_by_side() -> list[int]:
         return await asyncio.gather(client.sync_with(_Id(one.id)), client.sync_with(_Id(two.id)))
 
     assert sorted(asyncio.run(side_by_side())) == [0, len(rows)]
     assert len(checked) == len(rows)
+    fetched_from = {server for server, name in calls if name == "fetch"}
+    assert len(fetched_from) == 1
+    assert [name for server, name in calls if server not in fetched_from] == ["digest"]
     assert client.ledger.digest() == nodes[one.id].ledger.digest()
+
+    # The lock is the exchanges' only: anti-entropy runs while one holds it.
+    async def anti_entropy_beside_a_held_exchange() -> int:
+        async with client.repair._one_at_a_time:
+            _add(nodes[two.id], [alice.row(2 * BUCKET_ROUNDS, (0.5,))])
+            client.repair.peers = lambda: asyncio.sleep(0, [_Id(two.id)])
+            return await asyncio.wait_for(client.repair.anti_entropy_pass(), 10)
+
+    assert asyncio.run(anti_entropy_beside_a_held_exchange()) == 1
 
 
 def test_a_bad_row_in_a_multi_bucket_page_still_bans_its_server(tmp_path, monkeypatch):

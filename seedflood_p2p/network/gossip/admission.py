@@ -290,11 +290,12 @@ class Admission:
         equivocation is held against the rows' author, who signed both."""
         verdicts: list[Verdict | None] = [None] * len(rows)
         unseen, where = [], []
+        logged = self.ledger.scalars_of_many((m.peer, m.round) for m, _ in rows)
         for i, (message, envelope) in enumerate(rows):
             if (problem := self.sender_problem(message.peer, message.round)) is not None:
                 verdicts[i] = _rejected(problem, message.peer, message)
                 continue
-            held = self.ledger.scalars_of(message.peer, message.round)
+            held = logged.get((message.peer, message.round))
             if same_scalars(held, message.scalars):
                 verdicts[i] = Verdict(Outcome.DUPLICATE, message.peer, message, "duplicate")
             else:  # our own rows too, when missing (a lost ledger): their signature is ours

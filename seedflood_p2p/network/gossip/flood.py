@@ -556,4 +556,5 @@ class FloodNode:
         while True:
             await asyncio.sleep(self.settings.repair_interval * (0.5 + random.random()))
             self._forget_silent_peers()
-            await self.repair.anti_entropy_pass()
+            if self.not_ready is None:  # while syncing, its catch-up passes are the repair
+                await self.repair.anti_entropy_pass()

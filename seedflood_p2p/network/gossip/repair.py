@@ -210,10 +210,11 @@ class UpdateTable:
     def _unheld(self, rows: list[Row]) -> list[tuple]:
         """The signature checks admission will make for `rows`: those not held as they are
         (a duplicate skips its check, `Admission.repair`)."""
+        held = self.ledger.scalars_of_many((m.peer, m.round) for m, _ in rows)
         return [
             (m.peer, e.data, e.seqno, self.topic, e.signature)
             for m, e in rows
-            if not same_scalars(self.ledger.scalars_of(m.peer, m.round), m.scalars)
+            if not same_scalars(held.get((m.peer, m.round)), m.scalars)
         ]
 
     def digests(self) -> Digests:
@@ -463,7 +464,14 @@ class Repair:
         self._backoff: dict[bytes, tuple[float, int]] = {}  # peer -> (not before, failures)
         self._forget_at = FORGET_AT_LEAST  # `_forget_backoffs` looks past this size
         self._taken: dict[str, Taken] = {t.kind.name: {} for t in tables}
-        self._connect_repair = asyncio.Lock()  # `repair_new_peer`: one at a time
+        # `sync_with` runs one exchange at a time: side by side (a joiner's catch-up with
+        # every connected peer, each new connection's repair) they fetched, decoded and
+        # checked the same rows from each server, before any of them was written (a joiner
+        # of 100,000 rows and 3 servers: 3x the work). One after another, the first brings
+        # the rows and the next ones find their buckets equal. Anti-entropy's exchanges
+        # are not held by it, so a slow server holds up no more than the exchanges queued
+        # behind it (each within its deadline).
+        self._one_at_a_time = asyncio.Lock()
         self.handlers: dict[str, Callable[[Any, bytes], Awaitable[bytes]]] = {}
         for table in tables:
             self.handlers[table.kind.digest_rpc] = self._digest_handler(table)
@@ -510,7 +518,12 @@ class Repair:
         """Pull every row `peer_id` has in buckets that differ from ours, table by table;
         returns the primary table's new rows. Bounded as the module docstring says; a bad
         reply or page ends the exchange (counted, penalized, backed off). `sole_server`:
-        the peer is the only one we could ask (repair's old-row rule)."""
+        the peer is the only one we could ask (repair's old-row rule). One such exchange
+        at a time (`_one_at_a_time`)."""
+        async with self._one_at_a_time:
+            return await self._sync_with(peer_id, sole_server)
+
+    async def _sync_with(self, peer_id, sole_server: bool) -> int:
         server = peer_id.to_bytes()
         self.behind.discard(server)
         if not self.is_source(server) or time.monotonic() < self._backoff.get(server, (0.0, 0))[0]:
@@ -755,15 +768,12 @@ class Repair:
         return total
 
     async def repair_new_peer(self, peer_id) -> int:
-        """Repair from a newly connected peer (network/peers/reconnect.py), one such exchange at a
-        time: when a partition heals, every peer across it connects at once, and exchanges
-        run side by side fetched the same rows from each (the set memo `Taken` only knows
-        a set once an exchange took it in whole). One after another, the first brings the
-        other side's rows and the next ones skip the sets it took. A slow peer delays the
-        next new connection's repair by at most its exchange deadline (74 s, then backoff);
-        anti-entropy goes on meanwhile."""
-        async with self._connect_repair:
-            return await self.sync_round([peer_id])
+        """Repair from a newly connected peer (network/peers/reconnect.py). When a partition
+        heals, every peer across it connects at once; their exchanges run one after another
+        (`sync_with`), so the first brings the other side's rows and the next ones skip the
+        sets it took (the memo `Taken`). A slow peer delays the next exchange by at most its
+        deadline (74 s, then backoff); anti-entropy goes on meanwhile."""
+        return await self.sync_round([peer_id])
 
     async def anti_entropy_pass(self) -> int:
         """One exchange with a random topic peer; failures are logged, never raised (but a
@@ -772,7 +782,7 @@ class Repair:
         if not peers:
             return 0
         try:
-            new = await self.sync_with(random.choice(peers), sole_server=len(peers) <= 1)
+            new = await self._sync_with(random.choice(peers), sole_server=len(peers) <= 1)
         except RemoteCallError as exc:
             log.debug("anti-entropy failed: %s", exc)
             return 0

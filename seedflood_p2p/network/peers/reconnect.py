@@ -437,35 +437,31 @@ async def catch_up(
     waited_since = time.monotonic()
     last_log: float | None = None
     while not stopping():
-        # The reconnector's loop dials and keeps `connected`; all of them at once, so
-        # a peer that is leaving (a 10 s call timeout) does not hold up the others.
-        # ... but for banned ones (here, or by the ledger's verdicts: `flood.is_source`):
-        # a 0 from an exchange that never happened is no catch-up
+        # The reconnector's loop dials and keeps `connected`. One at a time, until one
+        # answers a whole pass: side by side each fetched (and checked) the whole history
+        # again; one after another, a peer that is leaving holds the next up by one call
+        # timeout (10 s). Banned ones (here, or by the ledger's verdicts: `flood.is_source`)
+        # are not asked: a 0 from an exchange that never happened is no catch-up.
         connected = [
             p
             for p in sorted(reconnector.connected)
             if flood.is_source(PeerID.from_base58(p).to_bytes())
         ]
-        results = await asyncio.gather(
-            *(flood.sync_with(PeerID.from_base58(p)) for p in connected), return_exceptions=True
-        )
-        fetched, synced = 0, []
-        for peer, result in zip(connected, results, strict=True):
-            if isinstance(result, UserError):
-                raise result  # our own ledger cannot be written: stop
-            if isinstance(result, BaseException):
-                if not isinstance(result, RemoteCallError):
-                    log.warning("catch-up sync with %s failed: %r", peer, result)
+        for peer in connected:
+            try:
+                fetched = await flood.sync_with(PeerID.from_base58(peer))
+            except UserError:
+                raise  # our own ledger cannot be written: stop
+            except RemoteCallError:
                 continue
-            fetched += result
-            synced.append(peer)
-        if synced:
+            except Exception as exc:  # whatever a peer sends, we go on with the others
+                log.warning("catch-up sync with %s failed: %r", peer, exc)
+                continue
             log.info(
-                "caught up with %d peer(s) (%s): fetched %d missing messages",
-                len(synced),
-                ", ".join(p[-8:] for p in synced),
+                "caught up with %s: fetched %d missing messages",
+                peer[-8:],
                 fetched,
-                extra={"fields": {"event": "caught_up", "peers": len(synced), "count": fetched}},
+                extra={"fields": {"event": "caught_up", "peers": 1, "count": fetched}},
             )
             return fetched
         tried = reconnector.candidates()
