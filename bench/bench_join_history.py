@@ -163,7 +163,9 @@ def main() -> None:
         "--modes", default="first,background", help="the joiners to run, in this order"
     )
     parser.add_argument(
-        "--profile", default=None, help="record py-spy (GIL samples) on each joiner into this folder"
+        "--profile",
+        default=None,
+        help="record py-spy (GIL samples) on each joiner into this folder",
     )
     args = parser.parse_args()
     # SIGTERM stops the daemons too (the finally below), as Ctrl-C does
