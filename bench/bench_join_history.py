@@ -8,8 +8,8 @@ first (`--history-sync first`, the default) against the quorum's link trusted
 A signed, replayable history of PEERS x ROUNDS rows (bench/bench_ledger_scale.py's
 synthesis, resumable) of a run with a checkpoint chain every PERIOD rounds and no
 audits; a bootstrap node and two founders on 127.0.0.1, each holding a copy of it (their
-start checks every row's signature once), training on from round ROUNDS and building and
-serving the chain's links. Then two joiners, one after the other, each a new `seedflood
+start checks every row's signature once), the founders training on from round ROUNDS and
+building and serving the chain's links. Then two joiners, one after the other, each a new `seedflood
 peer` process with an empty data dir and `--checkpoint-fetch always`:
 
 - first: syncs the whole history (signatures checked), then fetches the link and restores;
@@ -193,6 +193,10 @@ def main() -> None:
         for name in ("bootstrap", "a", "b", "first", "background"):  # a fresh run each time
             shutil.rmtree(work / name, ignore_errors=True)
             (work / f"{name}.log").unlink(missing_ok=True)
+        # The bootstrap node holds the history too, as a node in the run all along does:
+        # starting empty, it synced the whole history itself while the joiners were timed.
+        (work / "bootstrap").mkdir()
+        shutil.copy(history, work / "bootstrap" / "ledger.sqlite")
         boot, address = start_bootstrap(work, run)
         procs.append(boot)
         founders = {}
@@ -233,8 +237,9 @@ def markdown(res: dict) -> str:
         f"`{res['command'].strip()}`",
         "",
         f"{res['peers']:,} synthetic peers x {res['rounds']:,} rounds (signed, replayable), a "
-        f"checkpoint chain every {res['period']} rounds, no audits; two founders on "
-        "127.0.0.1 hold the history and serve the links; each joiner is a new `seedflood "
+        f"checkpoint chain every {res['period']} rounds, no audits; a bootstrap node and two "
+        "founders on 127.0.0.1 hold the history, the founders serve the links; each joiner is "
+        "a new `seedflood "
         "peer` process with its own p2pd, timed from its start (interpreter, imports, p2pd, "
         f"join included). Load average {res['loadavg_start']} at start, "
         f"{res['loadavg_end']} at the end; 2 cores shared by everything.",
@@ -258,6 +263,22 @@ def markdown(res: dict) -> str:
             f"| `--history-sync {j['mode']}` | **{j['ready_s']} s** | "
             f"{j['ledger_rows_at_ready']:,} | {j['source']} | {checked} | {link} |"
         )
+    cpu = [j for j in res["joiners"] if "cpu_s_until_ready" in j]
+    if cpu:
+        lines += [
+            "",
+            "CPU seconds until ready (`/proc`; the joiner's daemon, its signature workers and "
+            "its p2pd; both founders with their p2pd):",
+            "",
+            "| joiner | daemon | signature workers | p2pd | founders |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for j in cpu:
+            mine, theirs = j["cpu_s_until_ready"]["joiner"], j["cpu_s_until_ready"]["founders"]
+            lines.append(
+                f"| `{j['mode']}` | {mine.get('daemon', 0)} | {mine.get('python', 0)} | "
+                f"{mine.get('p2pd', 0)} | {round(sum(theirs.values()), 1)} |"
+            )
     lines += [
         "",
         "The synthetic peers stop at round ROUNDS, so here the rows after the link are the "

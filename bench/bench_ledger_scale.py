@@ -31,7 +31,10 @@
      trusts a link of round R - BEHIND and is ready after the rows after it (repair paging
      from that round into an empty ledger, signatures checked) and `restore_trusting`;
      then, in the background, the history (the paging stage's per-row cost) and one
-     `check_history` pass over the whole ledger.
+     `check_history` pass over the whole ledger;
+   - stage `chain` (`--period P`): a peer's next checkpoint-chain link, built as every
+     link was before (the rows below it read, digested and cut in full) against extended
+     from the last link by its period's rows (`CheckpointChain.extend`); same bytes.
    Every figure is also given per row, and extrapolated linearly to 10,000,000 rows.
 
 Writes bench/results/NAME.json and NAME.md, naming the size measured.
@@ -43,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -466,6 +470,70 @@ def trusting_join(path: Path, work: Path, behind: int) -> dict:
     return out
 
 
+def chain_links(path: Path, work: Path, period: int) -> dict:
+    """What a peer's next checkpoint-chain link costs at this history's length: built as
+    every link was before (the ledger's rows below it read, digested and cut in full: a
+    pass over all rows each period) against extended from the last link by its period's
+    rows (`CheckpointChain.extend`, `ChainTail`); both write the same bytes."""
+    from seedflood_p2p.algorithm.chain import CheckpointChain
+    from seedflood_p2p.storage.ledger import Ledger
+    from seedflood_p2p.workload.models import load_model
+
+    server = Ledger.open_existing(path)
+    config = server.config.replace(extra={**server.config.extra, "checkpoint_every": period})
+    target = (server.max_round() + 1) // period * period
+    previous = target - period
+
+    def chain(name: str) -> CheckpointChain:
+        directory = work / name
+        shutil.rmtree(directory, ignore_errors=True)
+        return CheckpointChain(load_model(config.model)[0], config, directory)
+
+    t = time.perf_counter()
+    whole = chain("chain-whole")
+    whole.build(list(server.messages(0, previous - 1)), previous)  # the link before
+    setup_s = time.perf_counter() - t
+    t = time.perf_counter()
+    rows = list(server.messages(0, target - 1))
+    read_all_s = time.perf_counter() - t
+    t = time.perf_counter()
+    whole.tail = None  # as every link was built before: from all the rows below it
+    whole.build(rows, target)
+    build_all_s = time.perf_counter() - t
+    del rows
+    step = chain("chain-step")
+    step.build(list(server.messages(0, previous - 1)), previous)
+    t = time.perf_counter()
+    new_rows = list(server.messages(previous, target - 1))
+    below = server.count_below(previous)
+    read_period_s = time.perf_counter() - t
+    t = time.perf_counter()
+    meta = step.extend(new_rows, target, below, server.replacements)
+    extend_s = time.perf_counter() - t
+    assert meta is not None
+    same = all(
+        (work / "chain-whole" / f).read_bytes() == (work / "chain-step" / f).read_bytes()
+        for f in ("checkpoint.safetensors", "checkpoint.json")
+    )
+    rows_total = len(server)
+    server.close()
+    return {
+        "period": period,
+        "link_round": target,
+        "rows_below_link": meta["ledger_messages"],
+        "period_rows": len(new_rows),
+        "rows": rows_total,
+        "setup_s": round(setup_s, 1),
+        "whole_read_s": round(read_all_s, 2),
+        "whole_build_s": round(build_all_s, 2),
+        "whole_s": round(read_all_s + build_all_s, 2),
+        "extend_read_s": round(read_period_s, 3),
+        "extend_s": round(extend_s, 3),
+        "extended_s": round(read_period_s + extend_s, 3),
+        "same_bytes": same,
+    }
+
+
 def trusting_markdown(res: dict) -> str:
     """The trusting joiner's table (`--stages trusting`, with `paging` for the history)."""
     tr = res["trusting"]
@@ -762,6 +830,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10_000)
     parser.add_argument("--directions", type=int, default=1)
     parser.add_argument("--behind", type=int, default=10, help="rounds after the checkpoint")
+    parser.add_argument("--period", type=int, default=50, help="the chain stage's link period")
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "ledger-scale"))
     parser.add_argument("--name", default="ledger-scale")
     parser.add_argument("--synth-only", action="store_true")
@@ -769,8 +838,8 @@ def main() -> None:
         "--stages",
         default="",
         help="comma-separated stages to run (disk, disk_late, start, replay, paging, "
-        "checkpoint, trusting; default all); a partial run writes the JSON and a list of its "
-        "stages (trusting, alone or with paging: its own table)",
+        "checkpoint, trusting, chain; default all); a partial run writes the JSON and a list "
+        "of its stages (trusting, alone or with paging: its own table)",
     )
     parser.add_argument(
         "--paging-rows",
@@ -806,6 +875,7 @@ def main() -> None:
         ("paging", lambda: repair_paging(path, work, args.paging_rows)),
         ("checkpoint", lambda: checkpoint_and_tail(path, work, args.behind)),
         ("trusting", lambda: trusting_join(path, work, args.behind)),
+        ("chain", lambda: chain_links(path, work, args.period)),
     ):
         if stages and key not in stages:
             continue

@@ -142,8 +142,15 @@ class LateJoin:
         target = link_round(round_, self.chain.period, self.s.checkpoint_settle)
         if target <= self.chain_round:
             return
-        rows = list(self.ledger.messages(0, target - 1))
-        await self.run(self.chain.build, rows, target)
+        ledger, tail, meta = self.ledger, self.chain.tail, None
+        if tail is not None and tail.round < target:  # its period's rows onto the last link
+            rows = list(ledger.messages(tail.round, target - 1))
+            below = ledger.count_below(tail.round)
+            meta = await self.run(self.chain.extend, rows, target, below, ledger.replacements)
+        if meta is None:  # the first link of this process, or rows below the last changed
+            replaced = ledger.replacements
+            rows = list(ledger.messages(0, target - 1))
+            meta = await self.run(self.chain.build, rows, target, replaced)
         self.chain_round = target
         try:
             offer = await self.server.publish(
@@ -160,13 +167,13 @@ class LateJoin:
         log.info(
             "checkpoint chain: link of round %d (%d rows, %.1f MiB) served to joiners",
             target,
-            len(rows),
+            meta["ledger_messages"],
             offer.size / 2**20,
             extra={
                 "fields": {
                     "event": "chain_link",
                     "round": target,
-                    "rows": len(rows),
+                    "rows": meta["ledger_messages"],
                     "file_sha256": offer.file_sha256.hex(),
                 }
             },

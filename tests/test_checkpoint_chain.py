@@ -103,6 +103,54 @@ def test_a_late_row_rebuilds_the_chain_from_the_base(tmp_path):
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
 
+def test_a_link_extended_by_its_period_s_rows_is_the_link_built_from_all_rows(tmp_path):
+    """`extend` (the newest link built here + the rows after it, what a peer does each
+    period) writes the same bytes as `build` of every row, and reads no row below it."""
+    rows = _messages(16, 3)
+    step = _chain(tmp_path / "step")
+    step.build([m for m in rows if m.round < 4], 4)
+    for target in (8, 12):
+        new = [m for m in rows if step.tail.round <= m.round < target]
+        assert step.extend(new, target, rows_below=step.tail.rows, replaced=0) is not None
+        direct = _chain(tmp_path / f"direct{target}")
+        direct.build([m for m in rows if m.round < target], target)
+        assert _files(tmp_path / "step") == _files(tmp_path / f"direct{target}")
+    assert step.tail.round == 12 and step.tail.rows == 36
+
+
+def test_a_link_is_not_extended_over_rows_below_it_that_changed(tmp_path):
+    """A late row below the newest link (the count differs), a replaced row (the ledger's
+    replacement count moved) or a scratch model used for a check: `extend` declines, and
+    `build` of all rows makes the link."""
+    rows = _messages(12, 3)
+    chain = _chain(tmp_path)
+    chain.build([m for m in rows if m.round < 4], 4, replaced=2)
+    new = [m for m in rows if 4 <= m.round < 8]
+    assert chain.extend(new, 8, rows_below=13, replaced=2) is None  # a late row came
+    assert chain.extend(new, 8, rows_below=12, replaced=3) is None  # a row was replaced
+    assert chain.extend(new, 10, rows_below=12, replaced=2) is None  # not a link round
+    chain.reset()
+    assert chain.tail is None and chain.extend(new, 8, rows_below=12, replaced=2) is None
+    chain.build([m for m in rows if m.round < 8], 8)
+    assert chain.tail is not None
+    chain.add(new)  # a fetched link's check uses the scratch model
+    assert chain.tail is None
+
+
+def test_the_ledger_counts_rows_below_a_round_and_its_replacements(tmp_path):
+    from test_admission import RUN, Peer
+
+    alice, bob = Peer(), Peer()
+    ledger = Ledger(tmp_path / "ledger.sqlite", RUN)
+    rows = [p.row(r, (0.5,)) for r in range(6) for p in (alice, bob)]
+    ledger.add([m for m, _ in rows], [e for _, e in rows])
+    assert [ledger.count_below(r) for r in (0, 1, 3, 6, 99)] == [0, 2, 6, 12, 12]
+    assert ledger.replacements == 0
+    twin, envelope = alice.row(2, (0.25,))
+    ledger.replace(twin, envelope)
+    assert ledger.replacements == 1 and ledger.count_below(6) == 12
+
+
 def test_a_link_plus_the_rows_after_it_restores_base_plus_ledger(tmp_path):
     rows = _messages(12, 3)
     _chain(tmp_path).build([m for m in rows if m.round < 8], 8)

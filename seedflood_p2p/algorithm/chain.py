@@ -18,11 +18,18 @@ j-1, the ledger's rows of rounds < (j-1)P must still digest to link j-1's digest
 not, the chain is rebuilt from the base (the same replays, so again the same bytes as any
 peer with those rows). The builder works on a second copy of the model (memory: the
 trainable weights twice more, base and scratch), on the model thread, between rounds.
+
+Each link after the first a process builds costs its period's rows, not the whole ledger
+(`ChainTail`): the builder keeps what its newest link stands on (the count, running digest
+and cut of the rows below it) and extends that while the ledger still holds exactly those
+rows. At ten million rows a link built from all of them took a pass over the ledger
+(reading, digesting and cutting every row) every period.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,13 +40,13 @@ from seedflood_p2p.algorithm.subcge import trainable_tensors
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
-    encode_cut,
+    CutEncoder,
     read_checkpoint_meta,
     read_checkpoint_weights,
     tensors_sha256,
     write_checkpoint,
 )
-from seedflood_p2p.storage.ledger import digest_of
+from seedflood_p2p.storage.ledger import RunningDigest, digest_of
 
 log = logging.getLogger("seedflood.chain")
 
@@ -57,17 +64,54 @@ def link_round(round_: int, period: int, settle: int) -> int:
 def write_link(directory: Path, weights: dict, config: RunConfig, rows: list, round_: int) -> dict:
     """Write link `round_` (the base + `rows`, every row of rounds < round_): its JSON holds
     nothing peer-specific, so equal rows give equal files."""
+    return _write(directory, weights, config, round_, ChainTail.of(rows, round_))
+
+
+def _write(
+    directory: Path, weights: dict, config: RunConfig, round_: int, below: ChainTail
+) -> dict:
+    """Link `round_`'s files: its weights and the JSON of the rows `below` it."""
     meta = {
         "run_id": config.run_id,
         "round": round_,
         "checkpoint_every": config.checkpoint_every,
-        "ledger_messages": len(rows),
-        "ledger_digest": digest_of(rows),
-        "ledger_cut": encode_cut((m.peer, m.round) for m in rows),
+        "ledger_messages": below.rows,
+        "ledger_digest": below.digest.hexdigest(),
+        "ledger_cut": below.cut.encoded(),
         "weights_sha256": tensors_sha256(weights),
     }
     write_checkpoint(directory, weights, meta)
     return meta
+
+
+@dataclass
+class ChainTail:
+    """What a link stands on: the rows of rounds < `round` (their count, running digest
+    and cut) and the ledger's replacement count when they were read (`Ledger.replacements`).
+    The ledger only adds rows, or replaces one by the equivocation rule, so while it holds
+    as many rows below `round` as then and has replaced none since, it holds these rows."""
+
+    round: int
+    rows: int
+    digest: RunningDigest
+    cut: CutEncoder
+    replaced: int = 0
+
+    @classmethod
+    def of(cls, rows: list[UpdateMessage], round_: int, replaced: int = 0) -> ChainTail:
+        """The tail of `rows` (canonical order, all of rounds < round_)."""
+        tail = cls(round_, 0, RunningDigest(), CutEncoder(), replaced)
+        tail.extend(rows)
+        return tail
+
+    def extend(self, rows: list[UpdateMessage]) -> None:
+        for m in rows:
+            self.digest.add(m)
+            self.cut.add(m.peer, m.round)
+        self.rows += len(rows)
+
+    def copy(self) -> ChainTail:
+        return ChainTail(self.round, self.rows, self.digest.copy(), self.cut.copy(), self.replaced)
 
 
 class CheckpointChain:
@@ -88,6 +132,9 @@ class CheckpointChain:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.matrices = trainable_tensors(scratch, config)
         self.base = {m.name: m.weight.detach().clone() for m in self.matrices}
+        # The newest link built here, while the scratch model holds its weights (None:
+        # the next link is built from all rows, `build`).
+        self.tail: ChainTail | None = None
 
     def current(self) -> dict | None:
         """The JSON of the link on disk, or None."""
@@ -96,17 +143,20 @@ class CheckpointChain:
         except (FileNotFoundError, ValueError):
             return None
 
-    def build(self, rows: list[UpdateMessage], target: int) -> dict | None:
+    def build(self, rows: list[UpdateMessage], target: int, replaced: int = 0) -> dict | None:
         """Make the link on disk link `target`; `rows` = the ledger's rows of rounds < target
-        (canonical order). Returns its JSON (None for target 0: the base is no link)."""
+        (canonical order), read when the ledger's replacement count was `replaced`. Returns
+        its JSON (None for target 0: the base is no link)."""
         if target <= 0 or target % self.period:
             return None
+        self.tail = None
         meta = self.current()
         start = 0
         if meta is not None and meta.get("round", 0) <= target and self._holds(meta, rows):
-            if meta["round"] == target:
-                return meta
             self._load(read_checkpoint_weights(self.directory, "cpu"))
+            if meta["round"] == target:
+                self.tail = ChainTail.of(rows, target, replaced)
+                return meta
             start = meta["round"]
         else:
             if meta is not None:
@@ -117,8 +167,39 @@ class CheckpointChain:
                 )
             self._load(self.base)
         for low in range(start, target, self.period):
-            self.add([m for m in rows if low <= m.round < low + self.period])
-        return write_link(self.directory, self.weights(), self.config, rows, target)
+            self._replay([m for m in rows if low <= m.round < low + self.period])
+        tail = ChainTail.of(rows, target, replaced)
+        meta = _write(self.directory, self.weights(), self.config, target, tail)
+        self.tail = tail
+        return meta
+
+    def extend(
+        self, rows: list[UpdateMessage], target: int, rows_below: int, replaced: int
+    ) -> dict | None:
+        """Make link `target` from the newest link built here (`tail`) and `rows`, the
+        ledger's rows of rounds in [tail round, target); `rows_below`: the ledger's rows of
+        rounds < tail round now, `replaced`: its replacement count now. The same tensors and
+        JSON as `build` of all rows (the same replays, in the same order, onto the same
+        weights). None when it cannot (no tail, or the rows below it changed: a late row or
+        a replacement): then `build`."""
+        tail = self.tail
+        if (
+            tail is None
+            or target <= tail.round
+            or target % self.period
+            or rows_below != tail.rows
+            or replaced != tail.replaced
+        ):
+            return None
+        self.tail = None  # the scratch leaves the tail's weights
+        for low in range(tail.round, target, self.period):
+            self._replay([m for m in rows if low <= m.round < low + self.period])
+        extended = tail.copy()
+        extended.round = target
+        extended.extend(rows)
+        meta = _write(self.directory, self.weights(), self.config, target, extended)
+        self.tail = extended
+        return meta
 
     def _holds(self, meta: dict, rows: list[UpdateMessage]) -> bool:
         """The link on disk is the chain's for these rows: same rows below its round, and
@@ -137,12 +218,17 @@ class CheckpointChain:
     # -- rebuilding a fetched link from its rows, a step at a time (a joiner's check) ------
     def reset(self) -> None:
         """The scratch model back to the base weights."""
+        self.tail = None
         self._load(self.base)
 
     def add(self, rows: list[UpdateMessage]) -> None:
         """Replay `rows` (canonical order) onto the scratch model, as a link step does: a
         check calls it once per period, in order, from `reset`, so it makes the same float32
         operations as `build` and ends with the same tensors."""
+        self.tail = None
+        self._replay(rows)
+
+    def _replay(self, rows: list[UpdateMessage]) -> None:
         replay(self.model, self.config, rows, schedule=self.schedule)
 
     def weights(self) -> dict[str, torch.Tensor]:

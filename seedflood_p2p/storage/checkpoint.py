@@ -99,6 +99,11 @@ class CutEncoder:
     def encoded(self) -> dict[str, list[list[int]]]:
         return {peer.hex(): ranges for peer, ranges in sorted(self._ranges.items())}
 
+    def copy(self) -> CutEncoder:
+        other = CutEncoder()
+        other._ranges = {peer: [list(r) for r in ranges] for peer, ranges in self._ranges.items()}
+        return other
+
 
 class CutRanges:
     """The (peer, round) rows of an `encode_cut` value, kept as its ranges: `in` and `len`

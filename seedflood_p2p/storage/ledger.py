@@ -205,6 +205,12 @@ class RunningDigest:
         self._h.update(h)
         self.count += 1
 
+    def copy(self) -> RunningDigest:
+        """This digest so far, to be fed on apart (a chain link's, `ChainTail`)."""
+        other = RunningDigest()
+        other._h, other.count = self._h.copy(), self.count
+        return other
+
     def hexdigest(self) -> str:
         return self._h.hexdigest()
 
@@ -352,6 +358,9 @@ class Ledger:
         self._file_run: str | None = None  # the run the file's rows belong to (RUN_KEY)
         self._peer_ids: dict[bytes, int] = {}  # peers.id of peers committed (`_peer_id`)
         self._seqno_bases: dict[int, int] = {}  # peers.seqno_base committed
+        # Rows this object replaced (`replace`): with a count of the rows below a round,
+        # whether those rows are still the ones read before (chain.ChainTail).
+        self.replacements = 0
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             # A damaged cell may hold text that is not UTF-8 (e.g. a blob turned text by
@@ -836,6 +845,7 @@ class Ledger:
         self._mark_committed()
         self._bucket_cache.clear()  # same count, another set: cached hashes are stale
         self._members.clear()
+        self.replacements += 1
         return old
 
     def keep_losing(self, message: UpdateMessage) -> bool:
@@ -960,6 +970,13 @@ class Ledger:
         )
         for row in rows:
             yield _message(*row)
+
+    def count_below(self, round_: int) -> int:
+        """The rows of rounds < `round_` (one range count over the key)."""
+        if not self._mine():
+            return 0
+        query = "SELECT COUNT(*) FROM messages WHERE round < ?"
+        return self._db.execute(query, (round_,)).fetchone()[0]
 
     def snapshot(self) -> LedgerRows | list[UpdateMessage]:
         """The update rows as they are now, in canonical order, read again on each pass
