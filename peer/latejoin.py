@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -44,12 +46,12 @@ from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.checkpoint import (
-    cut_contains,
     read_checkpoint_meta,
     tensors_sha256,
     write_checkpoint,
 )
-from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.storage.cut import cut_contains
+from seedflood_p2p.storage.ledger import Ledger, digest_within
 
 log = logging.getLogger("seedflood.peer")
 NO_HISTORY = 1 << 62  # a repair floor above every round: no bucket is fetched
@@ -472,11 +474,26 @@ class LateJoin:
         await self._rebuild()
         return False
 
+    async def _digest_history(self) -> tuple[int, str]:
+        """(count, digest) of the ledger's rows inside the trusted cut, in a child process
+        (`storage.ledger.digest_within_main`): a pass over ten million rows takes about a
+        minute, and in a thread it held this process's GIL, slowing its rounds. In a thread
+        only if the child fails."""
+        try:
+            return await _digest_in_child(self.ledger.path, self.live.trusted_meta["ledger_cut"])
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("history check in a child process failed (%s): checking it here", exc)
+        rows = self.ledger.snapshot()
+        try:
+            return await asyncio.to_thread(digest_within, rows, self.live.trusted)
+        finally:
+            _close(rows)
+
     async def check_history(self, interval: float) -> bool:
         """While a fetched link is trusted: every `interval` seconds, once the ledger may
-        hold all of its rows, check them against its digest (a pass over the ledger, off
-        the event loop). A match ends the trust; a difference rebuilds the model by replay
-        of the ledger. Logged either way; True on a match."""
+        hold all of its rows, check them against its digest (a pass over the ledger in a
+        child process: `_digest_history`). A match ends the trust; a difference rebuilds
+        the model by replay of the ledger. Logged either way; True on a match."""
         live, meta = self.live, self.live.trusted_meta
         started, seen = time.monotonic(), -1
         while live.trusted is not None:
@@ -492,11 +509,7 @@ class LateJoin:
             if held < meta["ledger_messages"] or held == seen:
                 continue  # cannot hold them all yet, or nothing new there since the last pass
             seen = held
-            rows = self.ledger.snapshot()
-            try:
-                verdict = await asyncio.to_thread(live.check_history, rows)
-            finally:
-                _close(rows)
+            verdict = live.history_verdict(*await self._digest_history())
             if verdict is None:
                 continue
             fields = {
@@ -661,6 +674,30 @@ def report_sources(check) -> None:
             check.compared,
             extra={"fields": fields},
         )
+
+
+async def _digest_in_child(path: Path, cut: dict) -> tuple[int, str]:
+    """`digest_within_file(path, cut)` in a bare `python -c` child (the ledger module and
+    the cut only: no torch), killed if this task is cancelled. RuntimeError if it fails."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from seedflood_p2p.storage.ledger import digest_within_main; digest_within_main()",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await proc.communicate(json.dumps({"path": str(path), "cut": cut}).encode())
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"exit {proc.returncode}: {last[0]}")
+    count, digest = json.loads(out)
+    return int(count), str(digest)
 
 
 def _close(rows) -> None:

@@ -35,7 +35,7 @@ from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.storage.checkpoint import read_checkpoint_meta, tensors_sha256
-from seedflood_p2p.storage.ledger import Ledger
+from seedflood_p2p.storage.ledger import Ledger, digest_of
 from seedflood_p2p.workload.models import load_model
 
 CONFIG = RunConfig(
@@ -427,6 +427,38 @@ def test_a_history_other_than_the_links_is_found(tmp_path):
     forged = dataclasses.replace(history[7], scalars=quantize_scalars(np.array([9.0])))
     ledger.add([*history[:7], forged, *history[8:]])
     assert live.check_history(ledger.messages()) is False
+
+
+def test_the_history_check_runs_in_a_child_process_with_the_same_answers(tmp_path):
+    """The daemon checks the history in a bare child process (peer/latejoin.py
+    `_digest_in_child`: a pass over 10M rows held its GIL for a minute): the same (count,
+    digest) as in process, for a ledger that lacks rows, holds them, or holds other ones;
+    a child that fails is a RuntimeError naming why (the daemon then checks in a thread)."""
+    import asyncio
+
+    from peer.latejoin import _digest_in_child
+    from seedflood_p2p.storage.cut import cut_contains, encode_cut
+    from seedflood_p2p.storage.ledger import digest_within
+
+    rows = _messages(12, 3)
+    link_rows = [m for m in rows if m.round < LINK]
+    cut = encode_cut((m.peer, m.round) for m in link_rows)
+    forged = dataclasses.replace(link_rows[7], scalars=quantize_scalars(np.array([9.0])))
+    for name, held in (
+        ("lacking", rows[len(rows) // 2 :]),
+        ("holding", rows),
+        ("other", [*link_rows[:7], forged, *rows[8:]]),
+    ):
+        ledger = Ledger(tmp_path / f"{name}.sqlite", CONFIG.run_id)
+        ledger.add(held)
+        ledger.flush()
+        in_child = asyncio.run(_digest_in_child(ledger.path, cut))
+        assert in_child == digest_within(ledger.messages(), cut_contains(cut))
+        if name == "holding":
+            assert in_child == (len(link_rows), digest_of(link_rows))
+        ledger.close()
+    with pytest.raises(RuntimeError, match="exit 1"):
+        asyncio.run(_digest_in_child(tmp_path / "none" / "ledger.sqlite", cut))
 
 
 def test_a_link_with_tampered_weights_is_refused_and_the_trust_lifted(tmp_path):

@@ -486,7 +486,8 @@ def test_rows_a_checkpoint_covers_are_not_rechecked_while_unchanged(tmp_path):
     import json
 
     from seedflood_p2p.network.transport.identity import verify_pubsub_signature as check
-    from seedflood_p2p.storage.checkpoint import encode_cut, unchanged_rows
+    from seedflood_p2p.storage.checkpoint import unchanged_rows
+    from seedflood_p2p.storage.cut import encode_cut
 
     ledger, config, own, peers = _network_ledger(tmp_path / "l.sqlite")
     covered = {(m.peer, m.round) for m in ledger.messages() if m.round < 4}

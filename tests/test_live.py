@@ -110,7 +110,7 @@ def test_checkpoint_and_restore_round_trip(tmp_path):
 def test_restart_from_checkpoint_plus_tail_equals_a_full_replay(tmp_path):
     """Rows outside the checkpoint's cut, also rows of rounds inside its span (a late
     repair), are applied on top of it: same ledger digest, same weights as a replay."""
-    from seedflood_p2p.storage.checkpoint import cut_contains
+    from seedflood_p2p.storage.cut import cut_contains
 
     messages = _messages(12, 3)
     third_peer = messages[2].peer
@@ -397,7 +397,7 @@ def test_round_mean_restart_that_keeps_part_of_the_ledger_re_scales_its_rounds(c
 
 
 def test_a_checkpoint_cut_is_asked_by_its_ranges_not_a_set_of_its_rows():
-    from seedflood_p2p.storage.checkpoint import cut_contains, encode_cut
+    from seedflood_p2p.storage.cut import cut_contains, encode_cut
 
     a, b = b"\x01" * 38, b"\x02" * 38
     rows = {(a, r) for r in [*range(0, 5000), *range(5003, 10_000)]} | {(b, 7), (b, 9)}

@@ -40,12 +40,12 @@ from seedflood_p2p.algorithm.subcge import trainable_tensors
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
-    CutEncoder,
     read_checkpoint_meta,
     read_checkpoint_weights,
     tensors_sha256,
     write_checkpoint,
 )
+from seedflood_p2p.storage.cut import CutEncoder
 from seedflood_p2p.storage.ledger import RunningDigest, digest_of
 
 log = logging.getLogger("seedflood.chain")

@@ -51,15 +51,19 @@ from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import ZerothOrderEstimator, step_divisor
 from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
-    CutEncoder,
-    CutRanges,
-    cut_contains,
     read_checkpoint_meta,
     read_checkpoint_weights,
     tensors_sha256,
     write_checkpoint,
 )
-from seedflood_p2p.storage.ledger import Ledger, RunningDigest, digest_of, row_digest
+from seedflood_p2p.storage.cut import CutEncoder, CutRanges, cut_contains
+from seedflood_p2p.storage.ledger import (
+    Ledger,
+    RunningDigest,
+    digest_of,
+    digest_within,
+    row_digest,
+)
 
 log = logging.getLogger("seedflood.live")
 
@@ -349,16 +353,19 @@ class LiveModel:
         `ledger_digest` (the trust is then lifted: the model is base + ledger again);
         False when they differ from what the link holds (the caller rebuilds by replay).
         One pass; no trusted link: True."""
+        if self.trusted is None or self.trusted_meta is None:
+            return True
+        return self.history_verdict(*digest_within(rows, self.trusted))
+
+    def history_verdict(self, count: int, digest: str) -> bool | None:
+        """`check_history`'s answer from the (count, digest) of the ledger's rows inside
+        the trusted cut (`storage.ledger.digest_within`, which a child process may run)."""
         covered, meta = self.trusted, self.trusted_meta
         if covered is None or meta is None:
             return True
-        inside = RunningDigest()
-        for m in rows:
-            if (m.peer, m.round) in covered:
-                inside.add(m)
-        if inside.count < len(covered):
+        if count < len(covered):
             return None
-        return inside.hexdigest() == meta["ledger_digest"]
+        return digest == meta["ledger_digest"]
 
     def end_trust(self) -> None:
         """The trusted link's rows are in the ledger and checked (or the model was rebuilt

@@ -189,6 +189,43 @@ def digest_of(messages: Iterable[UpdateMessage]) -> str:
     return digest.hexdigest()
 
 
+def digest_within(
+    messages: Iterable[UpdateMessage], covered: Container[tuple[bytes, int]]
+) -> tuple[int, str]:
+    """(count, `digest_of`) of the messages (canonical order) whose (peer, round) is in
+    `covered` (a cut): what a trusted link's rows are checked against."""
+    inside = RunningDigest()
+    for m in messages:
+        if (m.peer, m.round) in covered:
+            inside.add(m)
+    return inside.count, inside.hexdigest()
+
+
+def digest_within_file(path: str | Path, cut: dict[str, list[list[int]]]) -> tuple[int, str]:
+    """`digest_within` of a ledger file's update rows, read on a read-only connection of
+    its own (committed rows: under WAL, what a writer in another process committed)."""
+    from seedflood_p2p.storage.cut import cut_contains
+
+    covered = cut_contains(cut)
+    db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = db.execute(f"SELECT m.round, p.peer, m.scalars FROM {_MESSAGES} {_BY_PEER}")
+        return digest_within((_message(*row) for row in rows), covered)
+    finally:
+        db.close()
+
+
+def digest_within_main() -> None:
+    """A child process's `digest_within_file` (peer/latejoin.py runs the history check in
+    one, so that a pass over ten million rows does not hold the daemon's GIL): JSON
+    {"path", "cut"} on stdin, JSON [count, digest] on stdout."""
+    import json
+    import sys
+
+    asked = json.load(sys.stdin)
+    json.dump(list(digest_within_file(asked["path"], asked["cut"])), sys.stdout)
+
+
 class RunningDigest:
     """`digest_of`, fed one message at a time (canonical order), for a pass that does
     other work with each row too (a restart's, `LiveModel.restore`)."""
