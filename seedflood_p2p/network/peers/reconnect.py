@@ -440,7 +440,8 @@ async def catch_up(
         # The reconnector's loop dials and keeps `connected`. One at a time, until one
         # answers a whole pass: side by side each fetched (and checked) the whole history
         # again; one after another, a peer that is leaving holds the next up by one call
-        # timeout (10 s). Banned ones (here, or by the ledger's verdicts: `flood.is_source`)
+        # timeout (10 s), a slow one by its exchange's deadline (side by side, the slowest
+        # held up the whole catch-up as long). Banned ones (here, or by the ledger's verdicts: `flood.is_source`)
         # are not asked: a 0 from an exchange that never happened is no catch-up.
         connected = [
             p
