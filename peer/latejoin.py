@@ -150,9 +150,13 @@ class LateJoin:
             below = ledger.count_below(tail.round)
             meta = await self.run(self.chain.extend, rows, target, below, ledger.replacements)
         if meta is None:  # the first link of this process, or rows below the last changed
-            replaced = ledger.replacements
-            rows = list(ledger.messages(0, target - 1))
-            meta = await self.run(self.chain.build, rows, target, replaced)
+            # all rows below it, read on the model thread from a snapshot: at ten million
+            # rows the read alone takes ~36 s, which on the event loop stalled the rounds
+            replaced, snapshot = ledger.replacements, ledger.snapshot()
+            try:
+                meta = await self.run(_build_from_all, self.chain, snapshot, target, replaced)
+            finally:
+                _close(snapshot)
         self.chain_round = target
         try:
             offer = await self.server.publish(
@@ -698,6 +702,14 @@ async def _digest_in_child(path: Path, cut: dict) -> tuple[int, str]:
         raise RuntimeError(f"exit {proc.returncode}: {last[0]}")
     count, digest = json.loads(out)
     return int(count), str(digest)
+
+
+def _build_from_all(chain: CheckpointChain, rows, target: int, replaced: int) -> dict | None:
+    """`chain.build` of the snapshot's rows of rounds < target (canonical order: they end
+    where the first row of round `target` begins)."""
+    return chain.build(
+        list(itertools.takewhile(lambda m: m.round < target, rows)), target, replaced
+    )
 
 
 def _close(rows) -> None:
