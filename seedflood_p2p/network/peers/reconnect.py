@@ -441,8 +441,9 @@ async def catch_up(
         # answers a whole pass: side by side each fetched (and checked) the whole history
         # again; one after another, a peer that is leaving holds the next up by one call
         # timeout (10 s), a slow one by its exchange's deadline (side by side, the slowest
-        # held up the whole catch-up as long). Banned ones (here, or by the ledger's verdicts: `flood.is_source`)
-        # are not asked: a 0 from an exchange that never happened is no catch-up.
+        # held up the whole catch-up as long). Banned ones (here, or by the ledger's
+        # verdicts: `flood.is_source`) are not asked: a 0 from an exchange that never
+        # happened is no catch-up.
         connected = [
             p
             for p in sorted(reconnector.connected)
