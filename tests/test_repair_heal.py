@@ -215,6 +215,29 @@ def test_a_joiner_s_catch_up_fetches_the_history_from_one_peer_and_skips_a_gone_
     assert client.ledger.digest() == nodes[one.id].ledger.digest()
 
 
+def test_a_node_still_syncing_answers_no_digest_so_nobody_fetches_its_partial_copy(
+    tmp_path, monkeypatch
+):
+    """A joiner's ledger, while it syncs, is a partial copy of the others': its buckets
+    differ from theirs, and their anti-entropy fetched their own rows back from it (a
+    third of each founder's CPU while a joiner synced a million rows). Until it is ready it
+    answers digests with no buckets; then it serves as any node."""
+    alice, bob, founder_id, joiner_id = Peer(), Peer(), Peer(), Peer()
+    founder = _node(tmp_path, founder_id, "founder")
+    joiner = _node(tmp_path, joiner_id, "joiner")
+    rows = [alice.row(r, (0.5,)) for r in range(2 * BUCKET_ROUNDS)]
+    _add(founder, rows)
+    _add(joiner, [*rows[: BUCKET_ROUNDS // 2], bob.row(3, (0.25,))])  # and a row of its own
+    calls = []
+    _route(monkeypatch, {founder_id.id: founder, joiner_id.id: joiner}, calls)
+    joiner.not_ready = "starting: syncing with the run first"
+    assert asyncio.run(founder.sync_with(_Id(joiner_id.id), sole_server=False)) == 0
+    assert [name for _, name in calls] == ["digest"]
+    joiner.not_ready = None
+    assert asyncio.run(founder.sync_with(_Id(joiner_id.id), sole_server=False)) == 1
+    assert founder.ledger.scalars_of(bob.id, 3) == (0.25,)
+
+
 def test_a_bad_row_in_a_multi_bucket_page_still_bans_its_server(tmp_path, monkeypatch):
     """The page budget and penalties hold for pages across buckets: one row whose
     signature does not verify ends the exchange, bans the server, admits nothing more."""

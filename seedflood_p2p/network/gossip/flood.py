@@ -189,6 +189,7 @@ class FloodNode:
             refuses=self.refuses,
             peers=lambda: self.connected_peers(),  # late-bound: tools replace it
             avoids=lambda peer: self.avoids(peer),
+            syncing=lambda: self.not_ready is not None,
         )
         self.peers = PeerTable()  # training peers, from their updates
         self._pubsub = PubSubClient(p2p, max_rate=settings.publish_rate, burst=10)

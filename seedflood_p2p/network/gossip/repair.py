@@ -35,7 +35,8 @@ Validation and hostile-input bounds, all here:
   past the window's upper bound are not asked for.
 - Serving: a request that fails its checks, or comes from a banned or (closed run)
   unlisted peer, is answered empty; each requester is served at most SERVE_BYTES_RATE
-  bytes a second (the node's `may_serve`).
+  bytes a second (the node's `may_serve`). A node still syncing (`syncing`) answers
+  digest requests with no buckets: the others would fetch their own rows back from it.
 - Asking: a banned peer (this node's reputation) or one its owner judged out (`avoids`:
   the peer daemon's ledger verdicts) is never asked, nor counted as a server we could ask
   (`sources`): a joiner does not spend its catch-up on identities its ledger already bans.
@@ -446,6 +447,7 @@ class Repair:
         refuses: Callable[[bytes], str | None],
         peers: Callable[[], Awaitable[list]],
         avoids: Callable[[bytes], bool] = lambda peer: False,
+        syncing: Callable[[], bool] = lambda: False,
     ) -> None:
         self.p2p = p2p
         self.run_id = run_id
@@ -457,6 +459,10 @@ class Repair:
         self.refuses = refuses
         self.avoids = avoids  # peers judged out (ledger bans): never asked, like refused ones
         self.peers = peers
+        # While this node syncs (a joiner's catch-up) it answers digests with none: its
+        # ledger is a partial copy of the others', and their anti-entropy fetched their
+        # own rows back from it (a joiner of a million rows: a third of each founder's CPU).
+        self.syncing = syncing
         self.behind: set[bytes] = set()  # peers whose last exchange left claimed rows out
         # Buckets wholly below this round are not fetched: a joiner that trusts a link of
         # this round syncs the rows after it first, and sets it back to 0 once ready.
@@ -489,6 +495,8 @@ class Repair:
 
         async def serve(peer, request: bytes) -> bytes:
             if decode_digest_request(request) != self.run_id or not self.may_serve(peer, 0):
+                return empty
+            if self.syncing():
                 return empty
             with timed(self.metrics.repair_serve_seconds.labels(label)):
                 digests = table.digests()
