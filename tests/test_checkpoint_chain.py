@@ -145,6 +145,12 @@ def test_the_ledger_counts_rows_below_a_round_and_its_replacements(tmp_path):
     rows = [p.row(r, (0.5,)) for r in range(6) for p in (alice, bob)]
     ledger.add([m for m, _ in rows], [e for _, e in rows])
     assert [ledger.count_below(r) for r in (0, 1, 3, 6, 99)] == [0, 2, 6, 12, 12]
+    ledger.bucket_digests(4)  # from here on, from the bucket counts add() keeps
+    later = [p.row(r, (0.5,)) for r in range(6, 9) for p in (alice, bob)]
+    ledger.add([m for m, _ in later], [e for _, e in later])
+    assert [ledger.count_below(r) for r in (0, 1, 3, 4, 6, 7, 8, 9, 99)] == [
+        0, 2, 6, 8, 12, 14, 16, 18, 18,
+    ]  # fmt: skip
     assert ledger.replacements == 0
     twin, envelope = alice.row(2, (0.25,))
     ledger.replace(twin, envelope)

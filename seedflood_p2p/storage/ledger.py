@@ -1017,11 +1017,20 @@ class Ledger:
             yield _message(*row)
 
     def count_below(self, round_: int) -> int:
-        """The rows of rounds < `round_` (one range count over the key)."""
+        """The rows of rounds < `round_`: from the bucket counts `add` keeps (and a range
+        count inside the last bucket) once `bucket_digests` has taken them, else one range
+        count over the key (0.6 s at ten million rows)."""
         if not self._mine():
             return 0
-        query = "SELECT COUNT(*) FROM messages WHERE round < ?"
-        return self._db.execute(query, (round_,)).fetchone()[0]
+        query = "SELECT COUNT(*) FROM messages WHERE round >= ? AND round < ?"
+        for bucket_rounds, counts in self._bucket_counts.items():
+            whole = round_ // bucket_rounds
+            below = sum(count for bucket, count in counts.items() if bucket < whole)
+            start = whole * bucket_rounds
+            if start < round_:
+                below += self._db.execute(query, (start, round_)).fetchone()[0]
+            return below
+        return self._db.execute(query, (0, round_)).fetchone()[0]
 
     def snapshot(self) -> LedgerRows | list[UpdateMessage]:
         """The update rows as they are now, in canonical order, read again on each pass
