@@ -163,6 +163,12 @@ def main() -> None:
         "--modes", default="first,background", help="the joiners to run, in this order"
     )
     parser.add_argument(
+        "--idle",
+        type=float,
+        default=0,
+        help="first measure the nodes' CPU over this many seconds with no joiner",
+    )
+    parser.add_argument(
         "--profile",
         default=None,
         help="record py-spy (GIL samples) on each joiner into this folder",
@@ -212,11 +218,21 @@ def main() -> None:
             link = _event(proc, "chain_link", args.timeout)
             print(name, "serves link", link["round"], flush=True)
         res["founders_serving_s"] = round(time.time() - t, 1)
+        if args.idle:  # what a node holding the history spends in steady state
+            nodes = {"bootstrap": boot.proc.pid, **{n: p.proc.pid for n, p in founders.items()}}
+            before = {n: _tree_cpu([pid]) for n, pid in nodes.items()}
+            time.sleep(args.idle)
+            res["idle"] = {"seconds": args.idle}
+            for n, pid in nodes.items():
+                spent = _cpu_between(before[n], _tree_cpu([pid]))
+                res["idle"][n] = {k: round(100 * v / args.idle, 1) for k, v in spent.items()}
+            print("idle, % of a core:", res["idle"], flush=True)
         pids = [p.proc.pid for p in founders.values()]
         profile = Path(args.profile) if args.profile else None
         res["joiners"] = [
             join(work, address, mode, mode, args.timeout, pids, profile)
             for mode in args.modes.split(",")
+            if mode
         ]
     finally:
         for proc in procs:
@@ -263,6 +279,18 @@ def markdown(res: dict) -> str:
             f"| `--history-sync {j['mode']}` | **{j['ready_s']} s** | "
             f"{j['ledger_rows_at_ready']:,} | {j['source']} | {checked} | {link} |"
         )
+    if "idle" in res:
+        idle = res["idle"]
+        lines += [
+            "",
+            f"Idle, before any joiner ({idle['seconds']:.0f} s), in % of a core: "
+            + "; ".join(
+                f"{n} " + ", ".join(f"{k} {v}" for k, v in idle[n].items())
+                for n in idle
+                if n != "seconds"
+            )
+            + ".",
+        ]
     cpu = [j for j in res["joiners"] if "cpu_s_until_ready" in j]
     if cpu:
         lines += [
