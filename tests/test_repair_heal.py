@@ -71,6 +71,32 @@ def test_a_long_partition_s_buckets_come_in_a_few_pages_not_one_each(tmp_path, m
     assert client.ledger.digest() == server.ledger.digest()
 
 
+def test_the_next_page_is_asked_for_while_this_one_is_checked_and_written(tmp_path, monkeypatch):
+    """A page's signatures and writes took ~70% of a page's time while the next page waited
+    to be asked for: it is asked for as soon as this one is decoded. The same pages, the
+    same rows; none asked past the last one."""
+    alice, server_id, client_id = Peer(), Peer(), Peer()
+    server, client = _node(tmp_path, server_id, "server"), _node(tmp_path, client_id, "client")
+    _add(server, [alice.row(r, (0.5,)) for r in range(40)])
+    calls = []
+    _route(monkeypatch, {server_id.id: server, client_id.id: client}, calls)
+    table = client.repair.tables[0]
+    table.page_rows = 8  # five pages
+    fetched_by_insert_end = []
+    insert = table.insert
+
+    async def insert_and_count(rows, who, sole):
+        intake = await insert(rows, who, sole)
+        fetched_by_insert_end.append(sum(name == "fetch" for _, name in calls))
+        return intake
+
+    table.insert = insert_and_count
+    assert asyncio.run(client.sync_with(_Id(server_id.id))) == 40
+    assert fetched_by_insert_end == [2, 3, 4, 5, 5]
+    assert [name for _, name in calls] == ["digest"] + ["fetch"] * 5
+    assert client.ledger.digest() == server.ledger.digest()
+
+
 def test_a_set_taken_in_is_not_fetched_again_from_anyone(tmp_path, monkeypatch):
     """After a partition each node's buckets differ from the other side's in rows it already
     holds: a bucket set fetched whole and taken in is skipped until the server's bucket

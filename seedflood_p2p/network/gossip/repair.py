@@ -48,6 +48,7 @@ Validation and hostile-input bounds, all here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -635,41 +636,58 @@ class Repair:
         lo = max(run[0][0] * BUCKET_ROUNDS, self.floor_round)  # a floor inside the bucket
         hi = min(run[-1][0] * BUCKET_ROUNDS + BUCKET_ROUNDS - 1, last_round)
         cursor = kind.first_cursor(lo)
-        while pages < MAX_EXCHANGE_PAGES:
-            data = await call(
-                kind.fetch_rpc, kind.encode_fetch_request(self.run_id, cursor, hi, limit)
-            )
-            pages += 1
-            try:
-                rows = kind.decode_rows(data, limit)
-                kind.check_rows_follow(rows, cursor, hi)
-            except Rejected as exc:
-                self._abort(server, "bad_reply", exchange)
-                self.admission.drop_reply(exc, server)
-                return None
-            keep = []
-            for row in rows:  # (record, envelope) pairs, ascending
-                bucket = row[0].round // BUCKET_ROUNDS
-                if got.get(bucket, 0) < claims.get(bucket, 0):
-                    got[bucket] += 1
-                    keep.append(row)
-                    received[bucket].append(row)
-            intake = await table.insert(keep, server, sole_server)
-            exchange.new[kind.name] += intake.new
-            if intake.bad:
-                # one bad row: no honest peer serves it (see reputation.PENALTIES)
-                self._abort(server, "bad_page", exchange, "bad_page")
-                return None
-            for round_ in intake.unsettled:
-                settled[round_ // BUCKET_ROUNDS] = False
-            for round_ in intake.server_only:
-                backfill[round_ // BUCKET_ROUNDS] = True
-            if len(rows) < limit or all(got[b] >= claims[b] for b in claims):
-                break
-            cursor = kind.key(rows[-1][0])
-        else:  # the page budget ran out inside this run
-            exchange.left_out = True
-            return pages
+
+        def ask(after: tuple) -> asyncio.Task:
+            request = kind.encode_fetch_request(self.run_id, after, hi, limit)
+            return asyncio.ensure_future(call(kind.fetch_rpc, request))
+
+        # The next page is asked for as soon as this one is decoded, so the server builds it
+        # and it travels while this one's signatures are checked and its rows written.
+        ahead = ask(cursor)
+        try:
+            while pages < MAX_EXCHANGE_PAGES:
+                data = await ahead
+                ahead = None
+                pages += 1
+                try:
+                    rows = kind.decode_rows(data, limit)
+                    kind.check_rows_follow(rows, cursor, hi)
+                except Rejected as exc:
+                    self._abort(server, "bad_reply", exchange)
+                    self.admission.drop_reply(exc, server)
+                    return None
+                keep = []
+                for row in rows:  # (record, envelope) pairs, ascending
+                    bucket = row[0].round // BUCKET_ROUNDS
+                    if got.get(bucket, 0) < claims.get(bucket, 0):
+                        got[bucket] += 1
+                        keep.append(row)
+                        received[bucket].append(row)
+                more = len(rows) == limit and not all(got[b] >= claims[b] for b in claims)
+                if more:
+                    cursor = kind.key(rows[-1][0])
+                    if pages < MAX_EXCHANGE_PAGES:
+                        ahead = ask(cursor)
+                intake = await table.insert(keep, server, sole_server)
+                exchange.new[kind.name] += intake.new
+                if intake.bad:
+                    # one bad row: no honest peer serves it (see reputation.PENALTIES)
+                    self._abort(server, "bad_page", exchange, "bad_page")
+                    return None
+                for round_ in intake.unsettled:
+                    settled[round_ // BUCKET_ROUNDS] = False
+                for round_ in intake.server_only:
+                    backfill[round_ // BUCKET_ROUNDS] = True
+                if not more:
+                    break
+            else:  # the page budget ran out inside this run
+                exchange.left_out = True
+                return pages
+        finally:
+            if ahead is not None:  # the exchange ended early: the page asked ahead is not read
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    await ahead
         taken = self._taken[kind.name]
         for bucket, claimed in run:
             whole = bucket * BUCKET_ROUNDS + BUCKET_ROUNDS - 1 <= hi
