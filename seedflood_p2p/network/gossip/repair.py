@@ -495,9 +495,11 @@ class Repair:
         empty = msgpack.packb([])
 
         async def serve(peer, request: bytes) -> bytes:
-            if decode_digest_request(request) != self.run_id or not self.may_serve(peer, 0):
-                return empty
-            if self.syncing():
+            if (
+                decode_digest_request(request) != self.run_id
+                or not self.may_serve(peer, 0)
+                or self.syncing()
+            ):
                 return empty
             with timed(self.metrics.repair_serve_seconds.labels(label)):
                 digests = table.digests()
