@@ -30,8 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from test_admission import RUN, Peer  # noqa: E402
-
+from harness.signer import RUN, Peer  # noqa: E402
 from seedflood_p2p.core.config import RunConfig  # noqa: E402
 from seedflood_p2p.network.gossip import repair  # noqa: E402
 from seedflood_p2p.network.gossip.flood import FloodNode  # noqa: E402
