@@ -18,6 +18,7 @@ from seedflood_p2p.network.transport.p2pd import (
     PubSubP2P,
     TransportError,
     _daemon_user_error,
+    fatal_line,
     remove_stale_sockets,
 )
 from seedflood_p2p.network.transport.pubsub import PubSubClient, TokenBucket
@@ -332,6 +333,22 @@ def test_daemon_failure_messages():
     assert "did not start in time" in str(
         _daemon_user_error("Daemon failed to start in 1.0 s", [], [])
     )
+
+
+def test_the_fatal_line_is_found_behind_a_late_dht_warning():
+    # p2pd's output when its bootstrap peer refuses, in the order CI once saw it: a DHT
+    # goroutine's JSON warning printed after the fatal plain-text line. hivemind reports
+    # only the last line, so the message named the DHT and not the bootstrap peer.
+    lines = [
+        '{"level":"info","logger":"dht/RtRefreshManager","msg":"starting refreshing cpl 0"}',
+        "2026/12/07 20:35:26 failed to connect to bootstrap peers",
+        '{"level":"warn","logger":"dht/RtRefreshManager","msg":"failed when refreshing"}',
+    ]
+    assert fatal_line(lines) == "2026/12/07 20:35:26 failed to connect to bootstrap peers"
+    assert fatal_line(lines[:1]) is None
+    boot = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWNPmpJQNY38FajxaxmYnAt9z8K8EdFoHXuwMUgrY6Ge2Q"
+    error = str(_daemon_user_error(f"Daemon failed to start: {fatal_line(lines)}", [], [boot]))
+    assert boot in error and "nc -vz 127.0.0.1 4001" in error
 
 
 def test_remove_stale_sockets(tmp_path):

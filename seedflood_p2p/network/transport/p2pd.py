@@ -19,6 +19,7 @@ import shutil
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,16 @@ _SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 class PubSubP2P(P2P):
     """hivemind's P2P with GossipSub enabled in the daemon; start it with `create_p2p`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # p2pd's last lines: hivemind reports only the very last one when the daemon exits,
+        # and a DHT goroutine's warning may land after the fatal line that says why.
+        self.output_tail: deque[str] = deque(maxlen=64)
+
+    def _log_p2pd_message(self, line: str) -> None:
+        self.output_tail.append(line)
+        P2P._log_p2pd_message(line)
 
     def _make_process_args(self, *args, **kwargs) -> list[str]:
         kwargs.update(pubsub=True, pubsubRouter="gossipsub", pubsubSign=True, pubsubSignStrict=True)
@@ -274,11 +285,14 @@ async def create_p2p(
         p2p.daemon_metrics = daemon_metrics
         return p2p
     except P2PDaemonError as e:
+        msg = str(e)
         if (failed := launch.get("p2p")) is not None:
             await failed.shutdown()
             with contextlib.suppress(OSError, KeyError):  # a daemon that exited leaves its socket
                 os.remove(failed.daemon_listen_maddr["unix"])
-        raise _daemon_user_error(str(e), host_maddrs, initial_peers) from e
+            if (fatal := fatal_line(failed.output_tail)) is not None:
+                msg = f"Daemon failed to start: {fatal}"
+        raise _daemon_user_error(msg, host_maddrs, initial_peers) from e
     finally:
         _launch.reset(token)
 
@@ -323,6 +337,15 @@ async def relay_counters(p2p: P2P, timeout: float = 5.0) -> dict[str, int] | Non
             with contextlib.suppress(ValueError):
                 out[RELAY_COUNTERS[name]] = int(float(number))
     return out
+
+
+def fatal_line(lines: Sequence[str]) -> str | None:
+    """The line p2pd died with: its last plain-text line (Go's `log.Fatal`), not the JSON
+    log records its goroutines may still print around it; None if it printed none."""
+    for line in reversed(lines):
+        if line and not line.startswith("{"):
+            return line
+    return None
 
 
 def _daemon_user_error(msg: str, host_maddrs: Sequence[str], initial_peers: Sequence[str]):
