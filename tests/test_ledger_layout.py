@@ -279,7 +279,7 @@ def test_a_first_layout_file_converts_in_place_and_reads_as_a_fresh_one(tmp_path
     db.close()
 
 
-def test_fresh_rows_store_8_byte_seqnos_as_small_distances(tmp_path):
+def test_fresh_rows_store_8_byte_seqnos_as_distances_from_one_a_round(tmp_path):
     with _fresh(tmp_path / "l.sqlite") as ledger:
         kinds = dict(
             ledger._db.execute(
@@ -288,10 +288,19 @@ def test_fresh_rows_store_8_byte_seqnos_as_small_distances(tmp_path):
             ).fetchall()
         )
         assert kinds == {"integer": 23, "blob": 1}  # the 3-byte seqno stays a blob
-        largest = ledger._db.execute(
-            "SELECT MAX(ABS(seqno)) FROM messages WHERE typeof(seqno) = 'integer'"
-        ).fetchone()[0]
-        assert largest == 5000  # peer 3's restart: 1000 a round below its first
+        stored = {
+            bytes(peer): sorted(v for (v,) in ledger._db.execute(
+                "SELECT m.seqno FROM messages m JOIN peers p ON p.id = m.peer "
+                "WHERE p.peer = ? AND typeof(m.seqno) = 'integer'", (peer,)
+            ))
+            for (peer,) in ledger._db.execute("SELECT peer FROM peers")
+        }  # fmt: skip
+        # Counting up one a round, across 2^64 and across SQLite's signed 64 bits: all 0,
+        # which SQLite stores in no bytes at all (serial type 8).
+        assert stored[KEYS[0][1]] == [0] * 6 and stored[KEYS[1][1]] == [0] * 6
+        assert stored[KEYS[2][1]] == [0, 1, 2, 3, 4, 5]  # two a round: one more each round
+        # peer 3's restart: 1000 a round below its first, and the round counted up
+        assert stored[KEYS[3][1]] == [-5005, -4004, -3003, -1001, 0]
         # Every signature still checks: the seqnos are the ones signed.
         assert ledger.verify(verify_pubsub_signature, "FIX", 1, own_peer=OWN).signed == 24
 
@@ -366,6 +375,64 @@ def test_a_second_layout_file_gains_the_bucket_digest_table_and_keeps_its_rows(t
         assert len(ledger) == len(msgs) and ledger.digest() == digest
         assert ledger.bucket_digests(64) == buckets
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT
         kept = db.execute("SELECT bucket, count FROM bucket_digests ORDER BY bucket").fetchall()
     assert kept == [(0, 128), (1, 128)]  # the buckets below the newest (2: rounds 128-129)
+
+
+def _int64(value: int) -> int:
+    value %= U64
+    return value - U64 if value >> 63 else value
+
+
+def test_a_third_layout_file_reads_the_same_and_keeps_its_peers_seqno_bases(tmp_path):
+    """Layout 3 stored an 8-byte seqno as its distance from the peer's first (peers.
+    seqno_base); layout 4 from its first minus its round, plus the row's round. A layout-3
+    file gains the column in place: its rows and peers stay as they are and read back the
+    same, its peers' new rows go on against their base, and new peers get an origin."""
+    path = tmp_path / "l.sqlite"
+    with _fresh(path) as ledger:
+        expected = _reads(ledger)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # written as layout 3 wrote it
+        origins = dict(db.execute("SELECT id, seqno_origin FROM peers"))
+        for number, origin in origins.items():
+            if origin is None:
+                continue
+            base = _int64(origin + 1_000)  # any value: the file's first row set it
+            db.execute("UPDATE peers SET seqno_base = ? WHERE id = ?", (base, number))
+            for round_, stored in db.execute(
+                "SELECT round, seqno FROM messages WHERE peer = ? AND typeof(seqno) = "
+                "'integer'", (number,)
+            ).fetchall():  # fmt: skip
+                db.execute(
+                    "UPDATE messages SET seqno = ? WHERE peer = ? AND round = ?",
+                    (_int64(origin + round_ + stored - base), number, round_),
+                )
+        db.execute("ALTER TABLE peers RENAME TO peers_layout4")
+        db.execute(  # the table as layout 3 created it
+            "CREATE TABLE peers (id INTEGER PRIMARY KEY, peer BLOB NOT NULL UNIQUE, "
+            "seqno_base INTEGER)"
+        )
+        db.execute("INSERT INTO peers SELECT id, peer, seqno_base FROM peers_layout4")
+        db.execute("DROP TABLE peers_layout4")
+        db.execute("PRAGMA user_version = 3")
+    with Ledger(path, RUN) as ledger:
+        assert _reads(ledger) == expected
+        old_peer, new_key = KEYS[ORDER[0]], _key(9)
+        later = [_update(ORDER[0], 6, (1.0,))]
+        data, seqno = encode_update(RUN, 6, (2.0,)), (12_345).to_bytes(8, "big")
+        signature = new_key[0].sign(signed_bytes(new_key[1], data, seqno, topic_for(RUN)))
+        later.append((UpdateMessage(6, new_key[1], (2.0,)), Envelope(data, seqno, signature)))
+        ledger.add([m for m, _ in later], [e for _, e in later])
+        assert ledger.signed_after(5, b"\xff" * 64, 6, 10) == sorted(
+            later, key=lambda row: row[0].peer
+        )  # both read back as signed
+        rows = ledger._db.execute(
+            "SELECT p.seqno_base IS NOT NULL, p.seqno_origin, m.seqno FROM messages m "
+            "JOIN peers p ON p.id = m.peer WHERE m.round = 6 ORDER BY p.seqno_base IS NULL"
+        ).fetchall()
+        assert rows[0][:2] == (True, None)  # the old peer: still against its base
+        assert rows[1] == (False, 12_345 - 6, 0)  # the new peer: an origin, stored as 0
+        assert ledger.verify(verify_pubsub_signature, "FIX", 1, own_peer=OWN).signed == 26
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == LAYOUT == 4

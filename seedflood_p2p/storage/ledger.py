@@ -17,9 +17,10 @@ flushes first).
 The run's manifest is stored beside the messages, so a ledger file alone is
 enough to rebuild the model from the base weights.
 
-The layout (issue 46: ~119 B a row, from 247.5) stores the run id once, names peers by a
-small number and an 8-byte seqno by its distance from the sender's first (`_SCHEMA`);
-a file of the first layout is converted in place when opened (PRAGMA user_version).
+The layout (issue 46: ~117 B a row, from 247.5) stores the run id once, names peers by a
+small number and an 8-byte seqno by its distance from what the sender's first seqno and
+the row's round predict (`_SCHEMA`); a file of an older layout is converted in place when
+opened (PRAGMA user_version).
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ log = logging.getLogger("seedflood.ledger")
 # file in place when it opens it (`_convert_first_layout`), in one transaction. 3 adds
 # `bucket_digests` (a file of layout 2 gains the empty table when it is opened); an older
 # seedflood refuses a layout-3 file, as it would write rows without updating the table.
-LAYOUT = 3
+# 4 adds `peers.seqno_origin` (a layout-3 file gains the column when opened; its peers with a
+# `seqno_base` keep theirs): an older seedflood would misread the seqnos stored against it.
+LAYOUT = 4
 
 # One run a file: its id is stored once, in meta under RUN_KEY (set by the first row).
 RUN_KEY = "run_id"
@@ -70,7 +73,8 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS peers (
         id INTEGER PRIMARY KEY,
         peer BLOB NOT NULL UNIQUE,
-        seqno_base INTEGER  -- the first 8-byte seqno stored of the peer, as a signed int64
+        seqno_base INTEGER,  -- layout 3: the peer's first 8-byte seqno, as a signed int64
+        seqno_origin INTEGER  -- layout 4: that seqno minus its row's round (signed int64)
     )""",
     # `scalars` and `round` are also inside `data` (the signed payload), kept anyway: rows
     # without an envelope (local runs, our own not yet echoed) have only these, reading
@@ -78,16 +82,20 @@ _SCHEMA = (
     # against the payload (2 bytes a row for k = 1).
     # `seqno`: go-libp2p-pubsub signs an 8-byte big-endian counter that starts at the
     # publisher's nanosecond clock (~2^60, so 8 bytes as an INTEGER too) and counts up one
-    # a message. So an 8-byte seqno is stored as an INTEGER, its distance from the peer's
-    # `seqno_base` modulo 2^64 (1-3 bytes while the publisher runs, up to 8 across its
-    # restarts: never more than the blob); any other seqno as the BLOB it is (rows
-    # converted from layout 0 keep theirs). Read back exactly (`_seqno_bytes`).
+    # a message. A peer publishes one update a round (audit records only on a mismatch),
+    # so its seqno is predicted by its first one and the row's round: an 8-byte seqno is
+    # stored as an INTEGER, seqno - peers.seqno_origin - round modulo 2^64 (0: no bytes at
+    # all in SQLite's record, while the publisher runs and skips no round; 1-2 bytes
+    # after skipped rounds or published audit records; up to 8 across its restarts:
+    # never more than the blob). Peers of a layout-3 file that have a `seqno_base` keep
+    # seqno - seqno_base. Any other seqno is the BLOB it is (rows converted from layout 0
+    # keep theirs). Read back exactly (`_seqno_bytes`).
     """CREATE TABLE IF NOT EXISTS messages (
         round INTEGER NOT NULL,
         peer INTEGER NOT NULL,  -- peers.id
         scalars BLOB NOT NULL,  -- little-endian float16, one per direction (as on the wire)
         data BLOB,          -- the signed GossipSub envelope (NULL for local-only runs)
-        seqno,              -- INTEGER: seqno - peers.seqno_base (mod 2^64); or BLOB: itself
+        seqno,              -- INTEGER: seqno - origin - round (mod 2^64); or BLOB: itself
         signature BLOB,
         PRIMARY KEY (round, peer)
     ) WITHOUT ROWID""",
@@ -172,12 +180,17 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value >> 63 else value
 
 
-def _seqno_bytes(stored: object, base: object) -> object:
+def _seqno_bytes(stored: object, base: object, origin: object, round_: object) -> object:
     """A `messages.seqno` as signed: an INTEGER is its distance from the peer's
-    `seqno_base`; anything else (a BLOB, NULL, a damaged cell) is returned as it is, and
-    so is an INTEGER without a base (then `verify` calls the envelope malformed)."""
-    if isinstance(stored, int) and isinstance(base, int):
-        return ((base + stored) & _U64).to_bytes(8, "big")
+    `seqno_origin` + the row's round (or, for a peer of a layout-3 file, from its
+    `seqno_base`); anything else (a BLOB, NULL, a damaged cell) is returned as it is, and
+    so is an INTEGER without an origin or base (then `verify` calls the envelope
+    malformed)."""
+    if isinstance(stored, int):
+        if isinstance(origin, int) and isinstance(round_, int):
+            return ((origin + round_ + stored) & _U64).to_bytes(8, "big")
+        if isinstance(base, int):
+            return ((base + stored) & _U64).to_bytes(8, "big")
     return stored
 
 
@@ -347,13 +360,22 @@ def _audit_record(
     )
 
 
+@dataclass(frozen=True)
+class _SeqnoRef:
+    """What a peer's 8-byte seqnos are stored against: `value` + the row's round (layout 4,
+    `peers.seqno_origin`), or `value` alone (`by_round` False: a layout-3 `seqno_base`)."""
+
+    value: int
+    by_round: bool
+
+
 @dataclass
 class _Pending:
     """What a write transaction looked up or numbered (`Ledger._peer_id`), cached only
-    once it commits: peer id -> peers.id, and peers.id -> seqno_base."""
+    once it commits: peer id -> peers.id, and peers.id -> its seqno reference."""
 
     ids: dict[bytes, int] = field(default_factory=dict)
-    bases: dict[int, int] = field(default_factory=dict)
+    bases: dict[int, _SeqnoRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -403,7 +425,7 @@ class Ledger:
         self._syncer: _WalSyncer | None = None  # sync_in_background: fsyncs off the caller
         self._file_run: str | None = None  # the run the file's rows belong to (RUN_KEY)
         self._peer_ids: dict[bytes, int] = {}  # peers.id of peers committed (`_peer_id`)
-        self._seqno_bases: dict[int, int] = {}  # peers.seqno_base committed
+        self._seqno_bases: dict[int, _SeqnoRef] = {}  # each peer's, committed
         # Rows this object replaced (`replace`): with a count of the rows below a round,
         # whether those rows are still the ones read before (chain.ChainTail).
         self.replacements = 0
@@ -433,7 +455,7 @@ class Ledger:
         return self._db.execute("PRAGMA user_version").fetchone()[0]
 
     def _set_up(self) -> None:
-        """Create the tables of a new file, or convert a file of the first layout: in one
+        """Create the tables of a new file, or convert a file of an older layout: in one
         transaction (another process opening the same file waits, then finds it done)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
@@ -448,6 +470,9 @@ class Ledger:
                 self._convert_first_layout()
             for statement in _SCHEMA:
                 self._db.execute(statement)
+            peer_columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
+            if "seqno_origin" not in peer_columns:  # a file of layout 1-3
+                self._db.execute("ALTER TABLE peers ADD COLUMN seqno_origin INTEGER")
             self._db.execute(f"PRAGMA user_version = {LAYOUT}")
             self._db.execute("COMMIT")
         except BaseException:
@@ -635,23 +660,31 @@ class Ledger:
             pending.ids[peer] = got
         return got
 
-    def _envelope_columns(self, number: int, env: Envelope | None, pending: _Pending) -> tuple:
-        """(data, seqno, signature) as `messages` stores them for peer `number`: an 8-byte
-        seqno as its distance from the peer's `seqno_base` (set by its first one)."""
+    def _envelope_columns(
+        self, number: int, round_: int, env: Envelope | None, pending: _Pending
+    ) -> tuple:
+        """(data, seqno, signature) as `messages` stores them for peer `number`'s row of
+        `round_`: an 8-byte seqno as its distance from the peer's `seqno_origin` (its first
+        one's seqno minus round) + `round_`."""
         data, seqno, signature = _envelope_columns(env)
         if not (isinstance(seqno, bytes) and len(seqno) == 8):
             return data, seqno, signature
         value = int.from_bytes(seqno, "big")
-        base = self._seqno_bases.get(number, pending.bases.get(number))
-        if base is None:
-            query = "SELECT seqno_base FROM peers WHERE id = ?"
-            base = self._db.execute(query, (number,)).fetchone()[0]
-            if not isinstance(base, int):  # the peer's first: its base
-                base = _int64(value)
-                query = "UPDATE peers SET seqno_base = ? WHERE id = ?"
-                self._db.execute(query, (base, number))
-            pending.bases[number] = base
-        return data, _int64(value - base), signature
+        ref = self._seqno_bases.get(number, pending.bases.get(number))
+        if ref is None:
+            query = "SELECT seqno_base, seqno_origin FROM peers WHERE id = ?"
+            base, origin = self._db.execute(query, (number,)).fetchone()
+            if isinstance(origin, int):
+                ref = _SeqnoRef(origin, by_round=True)
+            elif isinstance(base, int):  # a peer of a layout-3 file
+                ref = _SeqnoRef(base, by_round=False)
+            else:  # the peer's first: its origin
+                ref = _SeqnoRef(_int64(value - round_), by_round=True)
+                query = "UPDATE peers SET seqno_origin = ? WHERE id = ?"
+                self._db.execute(query, (ref.value, number))
+            pending.bases[number] = ref
+        predicted = ref.value + round_ if ref.by_round else ref.value
+        return data, _int64(value - predicted), signature
 
     def _committed(self, pending: _Pending) -> None:
         """The transaction `pending` was filled in committed: cache its peers."""
@@ -681,7 +714,7 @@ class Ledger:
                 number = self._peer_id(m.peer, pending)
                 rows.append(
                     (m.round, number, pack_scalars(m.scalars))
-                    + self._envelope_columns(number, env, pending)
+                    + self._envelope_columns(number, m.round, env, pending)
                 )
             # Admission has already dropped what the ledger holds, so all are new but for a
             # race: one statement for the batch, and row by row only when one was ignored.
@@ -881,9 +914,13 @@ class Ledger:
             self._db.execute(
                 "UPDATE messages SET scalars = ?, data = ?, seqno = ?, signature = ? "
                 "WHERE round = ? AND peer = ?",
-                (pack_scalars(message.scalars), *self._envelope_columns(number, envelope, pending),
-                 message.round, number),
-            )  # fmt: skip
+                (
+                    pack_scalars(message.scalars),
+                    *self._envelope_columns(number, message.round, envelope, pending),
+                    message.round,
+                    number,
+                ),
+            )
             self._insert_losing(UpdateMessage(message.round, message.peer, old))
             self._db.execute("DELETE FROM bucket_digests WHERE kind = 'messages'")
             self._db.execute("COMMIT")
@@ -970,7 +1007,11 @@ class Ledger:
                 self._db.execute(
                     "UPDATE messages SET data = ?, seqno = ?, signature = ? WHERE "
                     "round = ? AND peer = ? AND signature IS NULL",
-                    (*self._envelope_columns(row[0], envelope, pending), message.round, row[0]),
+                    (
+                        *self._envelope_columns(row[0], message.round, envelope, pending),
+                        message.round,
+                        row[0],
+                    ),
                 )
             self._db.execute("COMMIT")
             self._committed(pending)
@@ -1274,14 +1315,14 @@ class Ledger:
         if not self._mine():
             return []
         rows = self._db.execute(  # (round, peer id bytes) > (round_, peer), as a row value
-            f"SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
-            f"FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? AND (m.round > ? OR p.peer > ?)"
-            f" AND m.signature IS NOT NULL {_BY_PEER} LIMIT ?",
+            "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base, "
+            f"p.seqno_origin FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? "
+            f"AND (m.round > ? OR p.peer > ?) AND m.signature IS NOT NULL {_BY_PEER} LIMIT ?",
             (round_, max_round, round_, peer, limit),
         ).fetchall()
         return [
-            (_message(r, p, s), Envelope(bytes(d), bytes(_seqno_bytes(q, b)), bytes(g)))
-            for r, p, s, d, q, g, b in rows
+            (_message(r, p, s), Envelope(bytes(d), bytes(_seqno_bytes(q, b, o, r)), bytes(g)))
+            for r, p, s, d, q, g, b, o in rows
         ]
 
     def unsigned(self, peer: bytes) -> list[UpdateMessage]:
@@ -1421,11 +1462,11 @@ class Ledger:
 
         mine = self._mine()
         rows = self._db.execute(  # LEFT JOIN: a row whose peer number names no peer is named
-            "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
-            f"FROM messages m LEFT JOIN peers p ON p.id = m.peer {_BY_PEER}"
+            "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base, "
+            f"p.seqno_origin FROM messages m LEFT JOIN peers p ON p.id = m.peer {_BY_PEER}"
         )
-        for round_, peer, packed, data, seqno, signature, base in rows if mine else ():
-            envelope = [data, _seqno_bytes(seqno, base), signature]
+        for round_, peer, packed, data, seqno, signature, base, origin in rows if mine else ():
+            envelope = [data, _seqno_bytes(seqno, base, origin, round_), signature]
             if trusted is not None and envelope[0] is not None and (peer, round_) in trusted:
                 signed += 1  # byte for byte a row checked before (see above)
                 skipped += 1
@@ -1513,7 +1554,8 @@ class Ledger:
 
 
 _ROW_COLUMNS = (
-    "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base "
+    "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base, "
+    "p.seqno_origin "
     f"FROM {_MESSAGES} {_BY_PEER}"
 )
 
@@ -1522,12 +1564,12 @@ def _rows_sha256(db: sqlite3.Connection | None, rows: Container[tuple[bytes, int
     """`Ledger.rows_sha256` of the rows `db` reads (None: none) that are in `rows` (None:
     every row)."""
     h = hashlib.sha256()
-    for round_, peer, scalars, data, seqno, signature, base in (
+    for round_, peer, scalars, data, seqno, signature, base, origin in (
         db.execute(_ROW_COLUMNS) if db is not None else ()
     ):
         if rows is None or (peer, round_) in rows:
             h.update(str(round_).encode() + b"|" + peer)
-            for column in (scalars, data, _seqno_bytes(seqno, base), signature):
+            for column in (scalars, data, _seqno_bytes(seqno, base, origin, round_), signature):
                 h.update(b"|%d|" % (-1 if column is None else len(column)))
                 h.update(column or b"")
     return h.hexdigest()
