@@ -416,7 +416,8 @@ def trusting_join(path: Path, work: Path, behind: int) -> dict:
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import make_estimator
     from seedflood_p2p.storage.checkpoint import read_checkpoint_meta
-    from seedflood_p2p.storage.ledger import Ledger, digest_of
+    from seedflood_p2p.storage.digests import digest_of
+    from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model
 
     server = Ledger.open_existing(path)
@@ -606,7 +607,8 @@ def checkpoint_and_tail(path: Path, work: Path, behind: int) -> dict:
     from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.storage.ledger import Ledger, digest_of
+    from seedflood_p2p.storage.digests import digest_of
+    from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model
 
     ledger = Ledger.open_existing(path)
@@ -733,7 +735,7 @@ def markdown(res: dict) -> str:
         "",
         "## Disk: where a row's bytes go",
         "",
-        f"Layout {d['layout']} (issue 46: storage/ledger.py `_SCHEMA`) beside layout 0, the "
+        f"Layout {d['layout']} (issue 46: storage/layout.py `SCHEMA`) beside layout 0, the "
         "first (measured by this bench before, same command; layout 0's seqno is 8 bytes "
         "whatever its value). A layout-0 file is converted in place when a peer opens it.",
         "",

@@ -108,7 +108,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.storage.ledger import Ledger, digest_of
+    from seedflood_p2p.storage.digests import digest_of
+    from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model
 
     out: dict = {

@@ -109,7 +109,8 @@ def restart(directory: Path, path: str) -> dict:
     from peer.latejoin import LateJoin
     from seedflood_p2p.algorithm.live import LedgerCut, LiveModel
     from seedflood_p2p.algorithm.subcge import make_estimator
-    from seedflood_p2p.storage.ledger import Ledger, digest_of
+    from seedflood_p2p.storage.digests import digest_of
+    from seedflood_p2p.storage.ledger import Ledger
     from seedflood_p2p.workload.models import load_model
 
     torch.set_num_threads(1)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from seedflood_p2p.apps.localnet import NodeProcess
 from seedflood_p2p.protocol.message import UpdateMessage, unpack_scalars
-from seedflood_p2p.storage.ledger import Ledger, digest_of
+from seedflood_p2p.storage.digests import digest_of
+from seedflood_p2p.storage.ledger import Ledger
 
 SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "netns-testnet.sh"
 HOSTS = 5  # h1: bootstrap, h2..h5: peers; the cut: {h1, h2, h3} | {h4, h5}

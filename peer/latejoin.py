@@ -51,7 +51,8 @@ from seedflood_p2p.storage.checkpoint import (
     write_checkpoint,
 )
 from seedflood_p2p.storage.cut import cut_contains
-from seedflood_p2p.storage.ledger import Ledger, digest_within
+from seedflood_p2p.storage.digests import digest_within
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.peer")
 NO_HISTORY = 1 << 62  # a repair floor above every round: no bucket is fetched

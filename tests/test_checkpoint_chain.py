@@ -35,7 +35,8 @@ from seedflood_p2p.protocol.framing import Rejected
 from seedflood_p2p.protocol.message import UpdateMessage, quantize_scalars
 from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.storage.checkpoint import read_checkpoint_meta, tensors_sha256
-from seedflood_p2p.storage.ledger import Ledger, digest_of
+from seedflood_p2p.storage.digests import digest_of
+from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
 CONFIG = RunConfig(
@@ -444,7 +445,7 @@ def test_the_history_check_runs_in_a_child_process_with_the_same_answers(tmp_pat
 
     from peer.latejoin import _digest_in_child
     from seedflood_p2p.storage.cut import cut_contains, encode_cut
-    from seedflood_p2p.storage.ledger import digest_within
+    from seedflood_p2p.storage.digests import digest_within
 
     rows = _messages(12, 3)
     link_rows = [m for m in rows if m.round < LINK]

@@ -87,7 +87,7 @@ def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_
     record's smaller `at`) drops them, so no stale digest survives a restart."""
     from seedflood_p2p.protocol.message import AuditRecord
     from seedflood_p2p.storage import ledger as ledger_module
-    from seedflood_p2p.storage.ledger import audit_set_digest, set_digest
+    from seedflood_p2p.storage.digests import audit_set_digest, set_digest
 
     path = tmp_path / "l.sqlite"
     msgs = _msgs(10, 3)  # buckets of 4 rounds: 0, 1 (kept) and 2 (the newest)
@@ -100,9 +100,9 @@ def test_bucket_digests_are_kept_in_the_file_and_dropped_when_a_row_changes(tmp_
     assert first[1] == (12, set_digest(m for m in msgs if 4 <= m.round < 8))
     with Ledger(path, "run") as b:
         hashed = []
-        real = ledger_module._row_member_hash
+        real = ledger_module.row_member_hash
         monkeypatch.setattr(
-            ledger_module, "_row_member_hash", lambda r, p, s: hashed.append(r) or real(r, p, s)
+            ledger_module, "row_member_hash", lambda r, p, s: hashed.append(r) or real(r, p, s)
         )
         assert b.bucket_digests(4) == first
         assert sorted(set(hashed)) == [8, 9]  # only the newest bucket was read and hashed
@@ -150,12 +150,12 @@ def test_the_growing_bucket_hashes_only_its_new_rows(tmp_path, monkeypatch):
     every summary and repair exchange was a fifth of a flooded daemon's CPU), and its
     digest is always the full set digest, through late rows, a new bucket and a replace."""
     from seedflood_p2p.storage import ledger as ledger_module
-    from seedflood_p2p.storage.ledger import set_digest
+    from seedflood_p2p.storage.digests import set_digest
 
     hashed = []
-    real = ledger_module._row_member_hash
+    real = ledger_module.row_member_hash
     monkeypatch.setattr(
-        ledger_module, "_row_member_hash", lambda r, p, s: hashed.append((r, p)) or real(r, p, s)
+        ledger_module, "row_member_hash", lambda r, p, s: hashed.append((r, p)) or real(r, p, s)
     )
     msgs = _msgs(12, 5)
     random.Random(1).shuffle(msgs)

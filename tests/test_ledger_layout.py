@@ -18,7 +18,9 @@ from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
 from seedflood_p2p.protocol.framing import topic_for
 from seedflood_p2p.protocol.message import AuditRecord, Envelope, UpdateMessage, pack_scalars
 from seedflood_p2p.protocol.update import encode_update
-from seedflood_p2p.storage.ledger import LAYOUT, Ledger, digest_of
+from seedflood_p2p.storage.digests import digest_of
+from seedflood_p2p.storage.layout import LAYOUT
+from seedflood_p2p.storage.ledger import Ledger
 
 # The first layout (user_version 0), as seedflood wrote it before issue 46: kept here to
 # write such files.
@@ -418,7 +420,7 @@ def test_a_third_layout_file_reads_the_same_and_keeps_its_peers_seqno_bases(tmp_
         db.execute("PRAGMA user_version = 3")
     with Ledger(path, RUN) as ledger:
         assert _reads(ledger) == expected
-        old_peer, new_key = KEYS[ORDER[0]], _key(9)
+        new_key = _key(9)
         later = [_update(ORDER[0], 6, (1.0,))]
         data, seqno = encode_update(RUN, 6, (2.0,)), (12_345).to_bytes(8, "big")
         signature = new_key[0].sign(signed_bytes(new_key[1], data, seqno, topic_for(RUN)))

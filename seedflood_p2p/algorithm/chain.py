@@ -46,7 +46,7 @@ from seedflood_p2p.storage.checkpoint import (
     write_checkpoint,
 )
 from seedflood_p2p.storage.cut import CutEncoder
-from seedflood_p2p.storage.ledger import RunningDigest, digest_of
+from seedflood_p2p.storage.digests import RunningDigest, digest_of
 
 log = logging.getLogger("seedflood.chain")
 

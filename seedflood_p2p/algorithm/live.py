@@ -57,13 +57,8 @@ from seedflood_p2p.storage.checkpoint import (
     write_checkpoint,
 )
 from seedflood_p2p.storage.cut import CutEncoder, CutRanges, cut_contains
-from seedflood_p2p.storage.ledger import (
-    Ledger,
-    RunningDigest,
-    digest_of,
-    digest_within,
-    row_digest,
-)
+from seedflood_p2p.storage.digests import RunningDigest, digest_of, digest_within, row_digest
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.live")
 

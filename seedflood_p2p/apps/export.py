@@ -85,7 +85,8 @@ def rebuild_from_ledger(path: Path, base: Path | None) -> tuple[Any, Any, RunCon
     from seedflood_p2p.algorithm.replay import replay
     from seedflood_p2p.apps.local import counted_updates
     from seedflood_p2p.network.transport.identity import verify_pubsub_signature
-    from seedflood_p2p.storage.ledger import Ledger, digest_of
+    from seedflood_p2p.storage.digests import digest_of
+    from seedflood_p2p.storage.ledger import Ledger
 
     ledger = Ledger.open_existing(path)
     try:

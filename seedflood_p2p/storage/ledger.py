@@ -17,10 +17,11 @@ flushes first).
 The run's manifest is stored beside the messages, so a ledger file alone is
 enough to rebuild the model from the base weights.
 
-The layout (issue 46: ~117 B a row, from 247.5) stores the run id once, names peers by a
-small number and an 8-byte seqno by its distance from what the sender's first seqno and
-the row's round predict (`_SCHEMA`); a file of an older layout is converted in place when
-opened (PRAGMA user_version).
+The file's layout (`storage/layout.py`: ~117 B a row, from 247.5) stores the run id once,
+names peers by a small number and an 8-byte seqno by its distance from what the sender's
+first seqno and the row's round predict; a file of an older layout is converted in place
+when opened. The digests are `storage/digests.py`'s, the background fsync
+`storage/wal_sync.py`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import logging
 import math
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,168 +50,35 @@ from seedflood_p2p.protocol.message import (
     unpack_scalars,
 )
 from seedflood_p2p.protocol.update import MAX_UPDATE_BYTES, check_envelope
+from seedflood_p2p.storage.digests import (
+    audit_member_hash,
+    digest_of,
+    digest_within,
+    member_set_digest,
+    row_member_hash,
+)
+from seedflood_p2p.storage.layout import (
+    BY_PEER,
+    LAYOUT,
+    MESSAGES,
+    PEER_ID,
+    RUN_KEY,
+    SeqnoRef,
+    envelope_columns,
+    int64,
+    layout_of,
+    seqno_bytes,
+    set_up,
+)
+from seedflood_p2p.storage.wal_sync import WalSyncer
 
 log = logging.getLogger("seedflood.ledger")
-
-# The file's layout: PRAGMA user_version. 0 is the first (issue 46 made the second): the
-# run id (64 characters) and the peer id (38 bytes) in every row; `Ledger` converts such a
-# file in place when it opens it (`_convert_first_layout`), in one transaction. 3 adds
-# `bucket_digests` (a file of layout 2 gains the empty table when it is opened); an older
-# seedflood refuses a layout-3 file, as it would write rows without updating the table.
-# 4 adds `peers.seqno_origin` (a layout-3 file gains the column when opened; its peers with a
-# `seqno_base` keep theirs): an older seedflood would misread the seqnos stored against it.
-LAYOUT = 4
-
-# One run a file: its id is stored once, in meta under RUN_KEY (set by the first row).
-RUN_KEY = "run_id"
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    # Update rows name their sender by a small integer (2 bytes a row for up to 32,767
-    # peers, instead of its 38-byte id). The id's order means nothing: every iteration
-    # that feeds a digest, a replay or repair orders by the peer id bytes (`_BY_PEER`).
-    """CREATE TABLE IF NOT EXISTS peers (
-        id INTEGER PRIMARY KEY,
-        peer BLOB NOT NULL UNIQUE,
-        seqno_base INTEGER,  -- layout 3: the peer's first 8-byte seqno, as a signed int64
-        seqno_origin INTEGER  -- layout 4: that seqno minus its row's round (signed int64)
-    )""",
-    # `scalars` and `round` are also inside `data` (the signed payload), kept anyway: rows
-    # without an envelope (local runs, our own not yet echoed) have only these, reading
-    # them back needs no msgpack decoding (replay, digests), and `verify` compares them
-    # against the payload (2 bytes a row for k = 1).
-    # `seqno`: go-libp2p-pubsub signs an 8-byte big-endian counter that starts at the
-    # publisher's nanosecond clock (~2^60, so 8 bytes as an INTEGER too) and counts up one
-    # a message. A peer publishes one update a round (audit records only on a mismatch),
-    # so its seqno is predicted by its first one and the row's round: an 8-byte seqno is
-    # stored as an INTEGER, seqno - peers.seqno_origin - round modulo 2^64 (0: no bytes at
-    # all in SQLite's record, while the publisher runs and skips no round; 1-2 bytes
-    # after skipped rounds or published audit records; up to 8 across its restarts:
-    # never more than the blob). Peers of a layout-3 file that have a `seqno_base` keep
-    # seqno - seqno_base. Any other seqno is the BLOB it is (rows converted from layout 0
-    # keep theirs). Read back exactly (`_seqno_bytes`).
-    """CREATE TABLE IF NOT EXISTS messages (
-        round INTEGER NOT NULL,
-        peer INTEGER NOT NULL,  -- peers.id
-        scalars BLOB NOT NULL,  -- little-endian float16, one per direction (as on the wire)
-        data BLOB,          -- the signed GossipSub envelope (NULL for local-only runs)
-        seqno,              -- INTEGER: seqno - origin - round (mod 2^64); or BLOB: itself
-        signature BLOB,
-        PRIMARY KEY (round, peer)
-    ) WITHOUT ROWID""",
-    # Audit records (issue 11): auditor recomputed (accused, round) and got scalars; what
-    # they decide is algorithm/audit_rules.py:judge, a pure function of this table and
-    # messages. Peers by their id bytes here: a few rows a round, and their orders (below,
-    # and audit repair's cursor) compare two peer ids.
-    """CREATE TABLE IF NOT EXISTS audits (
-        accused BLOB NOT NULL,
-        round INTEGER NOT NULL,
-        auditor BLOB NOT NULL,
-        scalars BLOB NOT NULL,
-        data BLOB,          -- the auditor's signed GossipSub envelope (NULL: not yet echoed)
-        seqno BLOB,
-        signature BLOB,
-        at INTEGER,         -- the auditor's round when it published (NULL: older record)
-        PRIMARY KEY (accused, round, auditor, scalars)
-    ) WITHOUT ROWID""",
-    # Audit repair serves and digests records in (round, accused, auditor, scalars) order.
-    "CREATE INDEX IF NOT EXISTS audits_by_round ON audits (round, accused, auditor, scalars)",
-    # Ticket revocations (network/peers/tickets.py): the run creator's signed `data` says
-    # the holder's updates of rounds >= round never count
-    # (algorithm/probation.py:Standing.revoked).
-    """CREATE TABLE IF NOT EXISTS revocations (
-        holder BLOB NOT NULL,
-        round INTEGER NOT NULL,
-        data BLOB NOT NULL,
-        PRIMARY KEY (data)
-    )""",  # a rowid table: SQLite 3.40's quick_check misreads this key WITHOUT ROWID
-    # The losing copies of equivocations (issue 45): scalars a (peer, round) was signed with
-    # besides the row `messages` keeps (`keeps_new`), in the order they lost. Local
-    # evidence for an audit's retry only (peer/state_rewind.py): an honest sender may have
-    # trained on a state holding a copy that lost later. Never digested, repaired or
-    # replayed. At most MAX_LOSING_COPIES per (peer, round), the first to lose always among
-    # them.
-    """CREATE TABLE IF NOT EXISTS replaced (
-        round INTEGER NOT NULL,
-        peer BLOB NOT NULL,
-        scalars BLOB NOT NULL,
-        PRIMARY KEY (round, peer, scalars)
-    )""",  # a rowid table: the rowid is the order they lost in
-    # Set digests of buckets below the newest (`bucket_digests`), kept so that a daemon
-    # holding a long ledger does not hash every row again at start (issue 46: 51 of the
-    # 57 s a start took at ten million rows). Valid while the bucket holds `count` rows:
-    # the tables only grow, and what changes a row in place (an equivocation's `replace`,
-    # a record's smaller `at`) deletes its table's digests in the same transaction.
-    """CREATE TABLE IF NOT EXISTS bucket_digests (
-        kind TEXT NOT NULL,             -- 'messages' or 'audits'
-        bucket_rounds INTEGER NOT NULL,
-        bucket INTEGER NOT NULL,
-        count INTEGER NOT NULL,
-        digest BLOB NOT NULL,
-        PRIMARY KEY (kind, bucket_rounds, bucket)
-    ) WITHOUT ROWID""",
-)
-
-# Update rows with their sender's id bytes, in canonical order (round, peer id bytes): the
-# scan walks `messages` in round order (its key) and sorts each round's rows by peer.
-# CROSS JOIN keeps `messages` the outer loop.
-_MESSAGES = "messages m CROSS JOIN peers p ON p.id = m.peer"
-_BY_PEER = "ORDER BY m.round, p.peer"
-# The id of the peer bound to the next `?` (NULL: none, so it matches no row).
-_PEER_ID = "(SELECT id FROM peers WHERE peer = ?)"
 
 # Losing copies kept per (peer, round) (`Ledger.keep_losing`): the first copy to lose (the
 # one peers most likely trained on before the other arrived) and at most two more. Each
 # costs an audit of a later update one retry at most (peer/state_rewind.py caps those), and
 # an author that signs many copies of one round is banned at the second anyway.
 MAX_LOSING_COPIES = 3
-
-
-def _envelope_columns(env: Envelope | None) -> tuple:
-    return (None, None, None) if env is None else (env.data, env.seqno, env.signature)
-
-
-_U64 = (1 << 64) - 1
-
-
-def _int64(value: int) -> int:
-    """`value` modulo 2^64, as the signed 64-bit integer SQLite stores."""
-    value &= _U64
-    return value - (1 << 64) if value >> 63 else value
-
-
-def _seqno_bytes(stored: object, base: object, origin: object, round_: object) -> object:
-    """A `messages.seqno` as signed: an INTEGER is its distance from the peer's
-    `seqno_origin` + the row's round (or, for a peer of a layout-3 file, from its
-    `seqno_base`); anything else (a BLOB, NULL, a damaged cell) is returned as it is, and
-    so is an INTEGER without an origin or base (then `verify` calls the envelope
-    malformed)."""
-    if isinstance(stored, int):
-        if isinstance(origin, int) and isinstance(round_, int):
-            return ((origin + round_ + stored) & _U64).to_bytes(8, "big")
-        if isinstance(base, int):
-            return ((base + stored) & _U64).to_bytes(8, "big")
-    return stored
-
-
-def digest_of(messages: Iterable[UpdateMessage]) -> str:
-    """The ledger digest of `messages` (canonical order): what `Ledger.digest` returns."""
-    digest = RunningDigest()
-    for m in messages:
-        digest.add(m)
-    return digest.hexdigest()
-
-
-def digest_within(
-    messages: Iterable[UpdateMessage], covered: Container[tuple[bytes, int]]
-) -> tuple[int, str]:
-    """(count, `digest_of`) of the messages (canonical order) whose (peer, round) is in
-    `covered` (a cut): what a trusted link's rows are checked against."""
-    inside = RunningDigest()
-    for m in messages:
-        if (m.peer, m.round) in covered:
-            inside.add(m)
-    return inside.count, inside.hexdigest()
 
 
 def digest_within_file(path: str | Path, cut: dict[str, list[list[int]]]) -> tuple[int, str]:
@@ -238,47 +105,6 @@ def digest_within_main() -> None:
     json.dump(list(digest_within_file(asked["path"], asked["cut"])), sys.stdout)
 
 
-class RunningDigest:
-    """`digest_of`, fed one message at a time (canonical order), for a pass that does
-    other work with each row too (a restart's, `LiveModel.restore`)."""
-
-    def __init__(self) -> None:
-        self._h = hashlib.sha256()
-        self.count = 0
-
-    def add(self, message: UpdateMessage) -> None:
-        self.add_hash(_message_hash(message))
-
-    def add_hash(self, h: bytes) -> None:
-        """Add a row by its `row_digest` (computed once for several digests)."""
-        self._h.update(h)
-        self.count += 1
-
-    def copy(self) -> RunningDigest:
-        """This digest so far, to be fed on apart (a chain link's, `ChainTail`)."""
-        other = RunningDigest()
-        other._h, other.count = self._h.copy(), self.count
-        return other
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
-
-
-def row_digest(m: UpdateMessage) -> bytes:
-    """A row's part of the ledger digest (`digest_of`: SHA-256 over these, in order)."""
-    return _message_hash(m)
-
-
-def _message_hash(m: UpdateMessage) -> bytes:
-    body = m.round.to_bytes(8, "little") + len(m.peer).to_bytes(2, "little") + m.peer
-    return hashlib.sha256(body + pack_scalars(m.scalars)).digest()[:8]
-
-
-def _set_member_hash(m: UpdateMessage) -> bytes:
-    """Full SHA-256 of one message, as a member of a bucket's set digest."""
-    return _row_member_hash(m.round, m.peer, pack_scalars(m.scalars))
-
-
 def _gapped(first: int, last: int, inside: int, low: int, high: int) -> bool:
     """Does a peer whose rows span [first, last], `inside` of them in [low, high], miss a
     round of [max(low, first + 1), min(high, last - 1)]? Its first and last rows lie
@@ -301,12 +127,6 @@ def _marks(items: Sequence) -> str:
     return ",".join("?" * len(items))
 
 
-def _row_member_hash(round_: int, peer: bytes, scalars: bytes) -> bytes:
-    """`_set_member_hash` of a row as stored: its scalars are the wire's float16 bytes."""
-    body = round_.to_bytes(8, "little") + len(peer).to_bytes(2, "little") + peer
-    return hashlib.sha256(body + scalars).digest()
-
-
 @dataclass
 class _BucketMembers:
     """A growing bucket's member hashes, sorted, and the rows (peer numbers by round)
@@ -316,35 +136,9 @@ class _BucketMembers:
     hashes: list[bytes] = field(default_factory=list)
 
 
-def set_digest(messages: Iterable[UpdateMessage]) -> bytes:
-    """The set digest `bucket_digests` gives a bucket holding exactly `messages`."""
-    return _set_digest(_set_member_hash(m) for m in messages)
-
-
-def _audit_member_hash(r: AuditRecord) -> bytes:
-    """Full SHA-256 of one audit record, as a member of an audit bucket's set digest. It
-    covers `at` (-1: not carried): two ledgers that kept copies differing only in `at`
-    differ here, so repair brings them the smaller (`Ledger.add_audits`)."""
-    body = r.round.to_bytes(8, "little")
-    for peer in (r.accused, r.auditor):
-        body += len(peer).to_bytes(2, "little") + peer
-    at = r.at.to_bytes(8, "little", signed=True)
-    return hashlib.sha256(body + pack_scalars(r.scalars) + at).digest()
-
-
-def audit_set_digest(records: Iterable[AuditRecord]) -> bytes:
-    """The set digest `audit_bucket_digests` gives a bucket holding exactly `records`."""
-    return _set_digest(_audit_member_hash(r) for r in records)
-
-
-def _set_digest(member_hashes: Iterable[bytes]) -> bytes:
-    """SHA-256 over sorted member hashes: a set digest, independent of order."""
-    return hashlib.sha256(b"".join(sorted(member_hashes))).digest()
-
-
 def _every_message(db: sqlite3.Connection) -> Iterator[UpdateMessage]:
     """Every update row `db` reads, in canonical order (a snapshot's, a child's check)."""
-    for row in db.execute(f"SELECT m.round, p.peer, m.scalars FROM {_MESSAGES} {_BY_PEER}"):
+    for row in db.execute(f"SELECT m.round, p.peer, m.scalars FROM {MESSAGES} {BY_PEER}"):
         yield _message(*row)
 
 
@@ -360,22 +154,13 @@ def _audit_record(
     )
 
 
-@dataclass(frozen=True)
-class _SeqnoRef:
-    """What a peer's 8-byte seqnos are stored against: `value` + the row's round (layout 4,
-    `peers.seqno_origin`), or `value` alone (`by_round` False: a layout-3 `seqno_base`)."""
-
-    value: int
-    by_round: bool
-
-
 @dataclass
 class _Pending:
     """What a write transaction looked up or numbered (`Ledger._peer_id`), cached only
     once it commits: peer id -> peers.id, and peers.id -> its seqno reference."""
 
     ids: dict[bytes, int] = field(default_factory=dict)
-    bases: dict[int, _SeqnoRef] = field(default_factory=dict)
+    bases: dict[int, SeqnoRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -422,10 +207,10 @@ class Ledger:
         # by add() (`bucket_digests` is asked every second; a GROUP BY over every row took
         # 0.27 s at a million rows)
         self._bucket_counts: dict[int, dict[int, int]] = {}
-        self._syncer: _WalSyncer | None = None  # sync_in_background: fsyncs off the caller
+        self._syncer: WalSyncer | None = None  # sync_in_background: fsyncs off the caller
         self._file_run: str | None = None  # the run the file's rows belong to (RUN_KEY)
         self._peer_ids: dict[bytes, int] = {}  # peers.id of peers committed (`_peer_id`)
-        self._seqno_bases: dict[int, _SeqnoRef] = {}  # each peer's, committed
+        self._seqno_bases: dict[int, SeqnoRef] = {}  # each peer's, committed
         # Rows this object replaced (`replace`): with a count of the rows below a round,
         # whether those rows are still the ones read before (chain.ChainTail).
         self.replacements = 0
@@ -439,8 +224,8 @@ class Ledger:
             check = self._db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(check)
-            if self._layout() != LAYOUT:
-                self._set_up()
+            if layout_of(self._db) != LAYOUT:
+                set_up(self._db, self.path)
         except sqlite3.OperationalError as exc:  # before its base class DatabaseError
             raise UserError(f"cannot open ledger {self.path} ({exc}): check the path") from None
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a damaged schema: the
@@ -449,96 +234,6 @@ class Ledger:
                 f"ledger {self.path} is corrupt or not a seedflood ledger ({exc}): move it "
                 "aside and let the peer re-sync from the network, or rebuild it from a "
                 "peer's copy"
-            ) from None
-
-    def _layout(self) -> int:
-        return self._db.execute("PRAGMA user_version").fetchone()[0]
-
-    def _set_up(self) -> None:
-        """Create the tables of a new file, or convert a file of an older layout: in one
-        transaction (another process opening the same file waits, then finds it done)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            layout = self._layout()
-            if layout > LAYOUT:
-                raise UserError(
-                    f"ledger {self.path} was written by a newer seedflood (layout {layout}, "
-                    f"this version reads {LAYOUT} and older): upgrade seedflood-p2p"
-                )
-            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
-            if layout == 0 and "messages" in tables:
-                self._convert_first_layout()
-            for statement in _SCHEMA:
-                self._db.execute(statement)
-            peer_columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
-            if "seqno_origin" not in peer_columns:  # a file of layout 1-3
-                self._db.execute("ALTER TABLE peers ADD COLUMN seqno_origin INTEGER")
-            self._db.execute(f"PRAGMA user_version = {LAYOUT}")
-            self._db.execute("COMMIT")
-        except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
-
-    def _convert_first_layout(self) -> None:
-        """Rewrite a ledger of layout 0 (run id and peer id bytes in every row) into this
-        one, inside the caller's transaction: same rows, same values, peers numbered in id
-        order, losing copies and revocations keeping their rowids (their order)."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
-        if "scalars" not in columns:
-            raise UserError(
-                f"ledger {self.path} was written by an older seedflood (one float32 "
-                "scalar per message); this version carries k float16 scalars and cannot "
-                "continue that run: use a new --data-dir, or the older seedflood-p2p"
-            )
-        try:
-            audit_columns = {row[1] for row in self._db.execute("PRAGMA table_info(audits)")}
-            if "at" not in audit_columns:  # an older version's records: without it
-                self._db.execute("ALTER TABLE audits ADD COLUMN at INTEGER")
-            runs = [
-                row[0]
-                for row in self._db.execute(
-                    "SELECT run_id FROM messages UNION SELECT run_id FROM audits UNION "
-                    "SELECT run_id FROM revocations UNION SELECT run_id FROM replaced"
-                )
-            ]
-            if len(runs) > 1:
-                raise UserError(
-                    f"cannot convert ledger {self.path} to this version's layout: it holds "
-                    f"rows of {len(runs)} runs, and a ledger now holds one; keep it for the "
-                    "older seedflood-p2p, and use a new --data-dir"
-                )
-            old_rows = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
-            self._db.execute("DROP INDEX IF EXISTS audits_by_round")
-            for table in ("messages", "audits", "revocations", "replaced"):
-                self._db.execute(f"ALTER TABLE {table} RENAME TO {table}_layout0")
-            for statement in _SCHEMA:
-                self._db.execute(statement)
-            for statement in (
-                "INSERT INTO peers (peer) SELECT DISTINCT peer FROM messages_layout0 ORDER BY peer",
-                "INSERT INTO messages SELECT o.round, p.id, o.scalars, o.data, o.seqno, "
-                "o.signature FROM messages_layout0 o JOIN peers p ON p.peer = o.peer",
-                "INSERT INTO audits (accused, round, auditor, scalars, data, seqno, "
-                "signature, at) SELECT accused, round, auditor, scalars, data, seqno, "
-                "signature, at FROM audits_layout0",
-                "INSERT INTO revocations (rowid, holder, round, data) "
-                "SELECT rowid, holder, round, data FROM revocations_layout0",
-                "INSERT INTO replaced (rowid, round, peer, scalars) "
-                "SELECT rowid, round, peer, scalars FROM replaced_layout0",
-            ):
-                self._db.execute(statement)
-            new_rows = self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
-            if new_rows != old_rows:
-                raise sqlite3.DatabaseError(f"{new_rows} rows converted of {old_rows}")
-            if runs:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (RUN_KEY, runs[0]))
-            for table in ("messages", "audits", "revocations", "replaced"):
-                self._db.execute(f"DROP TABLE {table}_layout0")
-        except sqlite3.Error as exc:
-            raise UserError(
-                f"cannot convert ledger {self.path} to this version's layout ({exc}); "
-                "nothing was changed: free disk space and retry, or use the older "
-                "seedflood-p2p"
             ) from None
 
     @classmethod
@@ -589,7 +284,7 @@ class Ledger:
         if self._syncer is not None or str(self.path) == ":memory:":
             return
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._syncer = _WalSyncer(Path(f"{self.path}-wal"), self._fsync)
+        self._syncer = WalSyncer(Path(f"{self.path}-wal"), self._fsync)
         self._mark_committed()  # anything before, written under FULL, is durable anyway
 
     def _fsync(self, fd: int) -> None:
@@ -660,13 +355,13 @@ class Ledger:
             pending.ids[peer] = got
         return got
 
-    def _envelope_columns(
+    def _stored_envelope(
         self, number: int, round_: int, env: Envelope | None, pending: _Pending
     ) -> tuple:
         """(data, seqno, signature) as `messages` stores them for peer `number`'s row of
         `round_`: an 8-byte seqno as its distance from the peer's `seqno_origin` (its first
         one's seqno minus round) + `round_`."""
-        data, seqno, signature = _envelope_columns(env)
+        data, seqno, signature = envelope_columns(env)
         if not (isinstance(seqno, bytes) and len(seqno) == 8):
             return data, seqno, signature
         value = int.from_bytes(seqno, "big")
@@ -675,16 +370,16 @@ class Ledger:
             query = "SELECT seqno_base, seqno_origin FROM peers WHERE id = ?"
             base, origin = self._db.execute(query, (number,)).fetchone()
             if isinstance(origin, int):
-                ref = _SeqnoRef(origin, by_round=True)
+                ref = SeqnoRef(origin, by_round=True)
             elif isinstance(base, int):  # a peer of a layout-3 file
-                ref = _SeqnoRef(base, by_round=False)
+                ref = SeqnoRef(base, by_round=False)
             else:  # the peer's first: its origin
-                ref = _SeqnoRef(_int64(value - round_), by_round=True)
+                ref = SeqnoRef(int64(value - round_), by_round=True)
                 query = "UPDATE peers SET seqno_origin = ? WHERE id = ?"
                 self._db.execute(query, (ref.value, number))
             pending.bases[number] = ref
         predicted = ref.value + round_ if ref.by_round else ref.value
-        return data, _int64(value - predicted), signature
+        return data, int64(value - predicted), signature
 
     def _committed(self, pending: _Pending) -> None:
         """The transaction `pending` was filled in committed: cache its peers."""
@@ -714,7 +409,7 @@ class Ledger:
                 number = self._peer_id(m.peer, pending)
                 rows.append(
                     (m.round, number, pack_scalars(m.scalars))
-                    + self._envelope_columns(number, m.round, env, pending)
+                    + self._stored_envelope(number, m.round, env, pending)
                 )
             # Admission has already dropped what the ledger holds, so all are new but for a
             # race: one statement for the batch, and row by row only when one was ignored.
@@ -768,14 +463,14 @@ class Ledger:
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO audits (accused, round, auditor, scalars, "
                     "data, seqno, signature, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    key + _envelope_columns(env) + (at,),
+                    key + envelope_columns(env) + (at,),
                 )
                 if not cur.rowcount:
                     cur = self._db.execute(
                         "UPDATE audits SET data = ?, seqno = ?, signature = ?, at = ? WHERE "
                         "accused = ? AND round = ? AND auditor = ? AND "
                         "scalars = ? AND COALESCE(at, -1) > ?",
-                        _envelope_columns(env) + (at, *key, r.at),
+                        envelope_columns(env) + (at, *key, r.at),
                     )
                     replaced |= bool(cur.rowcount)
                 if cur.rowcount:
@@ -860,7 +555,7 @@ class Ledger:
                     "UPDATE audits SET data = ?, seqno = ?, signature = ? WHERE "
                     "accused = ? AND round = ? AND auditor = ? AND scalars = ? "
                     "AND signature IS NULL",
-                    (*_envelope_columns(envelope), r.accused, r.round, r.auditor,
+                    (*envelope_columns(envelope), r.accused, r.round, r.auditor,
                      pack_scalars(r.scalars)),
                 )  # fmt: skip
                 changed += cur.rowcount
@@ -916,7 +611,7 @@ class Ledger:
                 "WHERE round = ? AND peer = ?",
                 (
                     pack_scalars(message.scalars),
-                    *self._envelope_columns(number, message.round, envelope, pending),
+                    *self._stored_envelope(number, message.round, envelope, pending),
                     message.round,
                     number,
                 ),
@@ -1008,7 +703,7 @@ class Ledger:
                     "UPDATE messages SET data = ?, seqno = ?, signature = ? WHERE "
                     "round = ? AND peer = ? AND signature IS NULL",
                     (
-                        *self._envelope_columns(row[0], message.round, envelope, pending),
+                        *self._stored_envelope(row[0], message.round, envelope, pending),
                         message.round,
                         row[0],
                     ),
@@ -1055,8 +750,8 @@ class Ledger:
             return
         upper = (1 << 62) if max_round is None else max_round
         rows = self._db.execute(
-            f"SELECT m.round, p.peer, m.scalars FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? "
-            f"{_BY_PEER}",
+            f"SELECT m.round, p.peer, m.scalars FROM {MESSAGES} WHERE m.round BETWEEN ? AND ? "
+            f"{BY_PEER}",
             (min_round, upper),
         )
         for row in rows:
@@ -1113,7 +808,7 @@ class Ledger:
             ]
             if not numbers:
                 return {}
-        query = f"SELECT p.peer, m.round FROM {_MESSAGES} WHERE m.round >= ?"
+        query = f"SELECT p.peer, m.round FROM {MESSAGES} WHERE m.round >= ?"
         out: dict[bytes, list[int]] = {}
         # a peer is in one part only, and each part comes in round order
         for part in [None] if numbers is None else _parts(numbers):
@@ -1139,7 +834,7 @@ class Ledger:
     def payload_of(self, peer: bytes, round_: int) -> bytes | None:
         """The signed envelope's payload of `peer`'s update of `round_` (None: no such row,
         or a row logged without one yet: local-only, or our own not yet echoed)."""
-        query = f"SELECT data FROM messages WHERE round = ? AND peer = {_PEER_ID}"
+        query = f"SELECT data FROM messages WHERE round = ? AND peer = {PEER_ID}"
         row = self._db.execute(query, (round_, peer)).fetchone()
         return None if row is None or row[0] is None or not self._mine() else bytes(row[0])
 
@@ -1164,8 +859,8 @@ class Ledger:
             "audits",
             bucket_rounds,
             self._audit_bucket_cache,
-            lambda key, lo, hi, growing: _set_digest(
-                _audit_member_hash(r) for r in self.audits(lo, hi)
+            lambda key, lo, hi, growing: member_set_digest(
+                audit_member_hash(r) for r in self.audits(lo, hi)
             ),
         )
 
@@ -1236,7 +931,7 @@ class Ledger:
             for number, peer, scalars in rows:
                 if number not in known:
                     known.add(number)
-                    new.append(_row_member_hash(round_, bytes(peer), bytes(scalars)))
+                    new.append(row_member_hash(round_, bytes(peer), bytes(scalars)))
         if new:
             new.sort()
             members.hashes.extend(new)
@@ -1273,7 +968,7 @@ class Ledger:
         if not self._mine():
             return {}
         rows = self._db.execute(
-            f"SELECT p.peer, COUNT(*), MIN(m.round), MAX(m.round) FROM {_MESSAGES} GROUP BY m.peer"
+            f"SELECT p.peer, COUNT(*), MIN(m.round), MAX(m.round) FROM {MESSAGES} GROUP BY m.peer"
         ).fetchall()
         return {bytes(peer): (n, lo, hi) for peer, n, lo, hi in rows}
 
@@ -1283,7 +978,7 @@ class Ledger:
         if not self._mine():
             return
         rows = self._db.execute(
-            f"SELECT m.round, p.peer FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? {_BY_PEER}",
+            f"SELECT m.round, p.peer FROM {MESSAGES} WHERE m.round BETWEEN ? AND ? {BY_PEER}",
             (min_round, max_round),
         )
         for round_, peer in rows:
@@ -1304,7 +999,7 @@ class Ledger:
         if not self._mine():
             return {}
         rows = self._db.execute(
-            f"SELECT p.peer, MAX(m.round) FROM {_MESSAGES} GROUP BY m.peer"
+            f"SELECT p.peer, MAX(m.round) FROM {MESSAGES} GROUP BY m.peer"
         ).fetchall()
         return {bytes(peer): round_ for peer, round_ in rows}
 
@@ -1316,12 +1011,12 @@ class Ledger:
             return []
         rows = self._db.execute(  # (round, peer id bytes) > (round_, peer), as a row value
             "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base, "
-            f"p.seqno_origin FROM {_MESSAGES} WHERE m.round BETWEEN ? AND ? "
-            f"AND (m.round > ? OR p.peer > ?) AND m.signature IS NOT NULL {_BY_PEER} LIMIT ?",
+            f"p.seqno_origin FROM {MESSAGES} WHERE m.round BETWEEN ? AND ? "
+            f"AND (m.round > ? OR p.peer > ?) AND m.signature IS NOT NULL {BY_PEER} LIMIT ?",
             (round_, max_round, round_, peer, limit),
         ).fetchall()
         return [
-            (_message(r, p, s), Envelope(bytes(d), bytes(_seqno_bytes(q, b, o, r)), bytes(g)))
+            (_message(r, p, s), Envelope(bytes(d), bytes(seqno_bytes(q, b, o, r)), bytes(g)))
             for r, p, s, d, q, g, b, o in rows
         ]
 
@@ -1330,7 +1025,7 @@ class Ledger:
         if not self._mine():
             return []
         rows = self._db.execute(
-            f"SELECT round, scalars FROM messages WHERE peer = {_PEER_ID} AND "
+            f"SELECT round, scalars FROM messages WHERE peer = {PEER_ID} AND "
             "signature IS NULL ORDER BY round",
             (peer,),
         ).fetchall()
@@ -1347,7 +1042,7 @@ class Ledger:
         return out
 
     def scalars_of(self, peer: bytes, round_: int) -> tuple[float, ...] | None:
-        query = f"SELECT scalars FROM messages WHERE round = ? AND peer = {_PEER_ID}"
+        query = f"SELECT scalars FROM messages WHERE round = ? AND peer = {PEER_ID}"
         row = self._db.execute(query, (round_, peer)).fetchone()
         return None if row is None or not self._mine() else unpack_scalars(row[0])
 
@@ -1463,10 +1158,10 @@ class Ledger:
         mine = self._mine()
         rows = self._db.execute(  # LEFT JOIN: a row whose peer number names no peer is named
             "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base, "
-            f"p.seqno_origin FROM messages m LEFT JOIN peers p ON p.id = m.peer {_BY_PEER}"
+            f"p.seqno_origin FROM messages m LEFT JOIN peers p ON p.id = m.peer {BY_PEER}"
         )
         for round_, peer, packed, data, seqno, signature, base, origin in rows if mine else ():
-            envelope = [data, _seqno_bytes(seqno, base, origin, round_), signature]
+            envelope = [data, seqno_bytes(seqno, base, origin, round_), signature]
             if trusted is not None and envelope[0] is not None and (peer, round_) in trusted:
                 signed += 1  # byte for byte a row checked before (see above)
                 skipped += 1
@@ -1556,7 +1251,7 @@ class Ledger:
 _ROW_COLUMNS = (
     "SELECT m.round, p.peer, m.scalars, m.data, m.seqno, m.signature, p.seqno_base, "
     "p.seqno_origin "
-    f"FROM {_MESSAGES} {_BY_PEER}"
+    f"FROM {MESSAGES} {BY_PEER}"
 )
 
 
@@ -1569,7 +1264,7 @@ def _rows_sha256(db: sqlite3.Connection | None, rows: Container[tuple[bytes, int
     ):
         if rows is None or (peer, round_) in rows:
             h.update(str(round_).encode() + b"|" + peer)
-            for column in (scalars, data, _seqno_bytes(seqno, base, origin, round_), signature):
+            for column in (scalars, data, seqno_bytes(seqno, base, origin, round_), signature):
                 h.update(b"|%d|" % (-1 if column is None else len(column)))
                 h.update(column or b"")
     return h.hexdigest()
@@ -1628,122 +1323,6 @@ class LedgerRows:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
-
-
-class _WalSyncer:
-    """The thread that fsyncs a ledger's WAL behind its commits (`sync_in_background`).
-
-    Commits are numbered (`generation`); the thread fsyncs the WAL whenever commits are
-    owed and then marks every commit made before that fsync began durable, so one fsync
-    covers all the commits made while the previous one ran (group commit). The fsync goes
-    through its own descriptor of the -wal file: on Linux fsync flushes the file, whoever
-    wrote it. SQLite itself fsyncs the WAL before it copies it into the database (a
-    checkpoint), so a reset WAL never holds the only copy of a row."""
-
-    def __init__(self, wal: Path, fsync: Callable[[int], None]) -> None:
-        self.wal = wal
-        self.fsync = fsync
-        self.generation = 0  # commits made
-        self.synced = 0  # commits known to be on disk
-        self.error: OSError | None = None
-        self._cond = threading.Condition()
-        self._waiters: list[tuple[int, object, object]] = []  # (generation, loop, future)
-        self._stopping = False
-        self._fd: int | None = None
-        self._thread = threading.Thread(target=self._run, name="ledger-fsync", daemon=True)
-        self._thread.start()
-
-    def committed(self) -> None:
-        with self._cond:
-            self.generation += 1
-            self._cond.notify_all()
-
-    def caught_up(self) -> bool:
-        return self.synced >= self.generation
-
-    def wait(self, generation: int) -> None:
-        with self._cond:
-            while self.synced < generation and self.error is None:
-                self._cond.wait()
-            self._raise()
-
-    async def wait_async(self, generation: int) -> None:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        with self._cond:
-            if self.synced >= generation or self.error is not None:
-                self._raise()
-                return
-            self._waiters.append((generation, loop, future))
-        await future
-        self._raise()  # woken by a failed fsync: nothing after it is durable
-
-    def stop(self) -> None:
-        """Sync what is owed, then end the thread (close)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._raise()
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise UserError(
-                f"cannot sync ledger {self.wal} to disk ({self.error}): check the disk "
-                "and restart the peer"
-            )
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self.synced >= self.generation and not self._stopping:
-                    self._cond.wait()
-                if self.synced >= self.generation:  # stopping, nothing owed
-                    return
-                target = self.generation
-            try:
-                self._fsync_wal()
-            except OSError as exc:
-                with self._cond:
-                    self.error = exc
-                    self._cond.notify_all()
-                    self._wake(everyone=True)
-                return
-            with self._cond:
-                self.synced = max(self.synced, target)
-                self._cond.notify_all()
-                self._wake()
-
-    def _fsync_wal(self) -> None:
-        if self._fd is not None and os.fstat(self._fd).st_nlink == 0:
-            os.close(self._fd)  # the WAL was deleted and made anew: sync the new one
-            self._fd = None
-        if self._fd is None:
-            try:
-                self._fd = os.open(self.wal, os.O_RDONLY)
-            except FileNotFoundError:  # no WAL: every commit was checkpointed (synced)
-                return
-        self.fsync(self._fd)
-
-    def _wake(self, everyone: bool = False) -> None:
-        """Resolve the event-loop waiters this sync covers (under the lock)."""
-        keep = []
-        for generation, loop, future in self._waiters:
-            if everyone or generation <= self.synced:
-                loop.call_soon_threadsafe(_resolve, future)
-            else:
-                keep.append((generation, loop, future))
-        self._waiters = keep
-
-
-def _resolve(future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _lenient_text(raw: bytes) -> str:

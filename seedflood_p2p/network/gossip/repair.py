@@ -86,7 +86,8 @@ from seedflood_p2p.protocol.repair import (
     decode_digests,
 )
 from seedflood_p2p.protocol.update import quorum_round
-from seedflood_p2p.storage.ledger import Ledger, audit_set_digest, set_digest
+from seedflood_p2p.storage.digests import audit_set_digest, set_digest
+from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.node")
 
