@@ -1,8 +1,8 @@
 """GossipSub signatures checked in bulk: by signer, and in worker processes.
 
 Repair pages, a late joiner's sync and a restarted peer's ledger check verify thousands of
-rows (`identity.verify_pubsub_signature`, ~100-160 us each on these CPUs). pyca/cryptography
-holds the GIL through an Ed25519 check, so a thread does not free the event loop: it only
+rows (`identity.verify_pubsub_signature`, ~50-100 us each on these CPUs: `verify_ed25519`).
+An Ed25519 check holds the GIL, so a thread does not free the event loop: it only
 shares the interpreter with it, 5 ms at a time. `SignaturePool` sends large batches to
 worker processes instead (each a bare `python -c`, importing only this module: no torch,
 no hivemind), split across as many as the machine has cores, and checks small ones inline.
@@ -21,6 +21,8 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+
+from nacl.bindings import crypto_sign_open
 
 SIGN_PREFIX = b"libp2p-pubsub:"
 ED25519_PREFIX = bytes.fromhex("002408011220")  # = core.checks.ED25519_PEER_ID_PREFIX
@@ -55,30 +57,45 @@ def signed_bytes(sender: bytes, data: bytes, seqno: bytes, topic: str) -> bytes:
     return SIGN_PREFIX + body
 
 
-def check_many(items: Sequence[Item]) -> list[bool]:
-    """Each item's signature check (`identity.verify_pubsub_signature`'s answer), one
-    public key object per signer. Only Ed25519 peer ids can be checked offline."""
+def verify_ed25519(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    """Is `signature` `public_key`'s Ed25519 signature of `message`, by OpenSSL's rule
+    (pyca/cryptography, the rule this project has always applied)?
+
+    libsodium (PyNaCl) checks first: 49 us a check on this machine against OpenSSL's 93
+    (bench/results/ed25519.md). Both test the same cofactorless equation against the given
+    R bytes and refuse S >= L; libsodium also refuses small-order and non-canonical points.
+    So what it accepts, OpenSSL accepts too: its yes is final, and only its no (a forged
+    or odd signature: rare, and bounded by the callers' budgets) is asked of OpenSSL, so
+    the answer is OpenSSL's for every input (tests/test_ed25519.py: the edge cases)."""
+    if len(signature) == 64:  # crypto_sign_open reads the signature off the front
+        try:
+            crypto_sign_open(signature + message, public_key)
+            return True
+        except Exception:  # BadSignatureError, or a key length it refuses: OpenSSL decides
+            pass
+    return _openssl_verify(public_key, signature, message)
+
+
+def _openssl_verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    keys: dict[bytes, object] = {}
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+def check_many(items: Sequence[Item]) -> list[bool]:
+    """Each item's signature check (`identity.verify_pubsub_signature`'s answer). Only
+    Ed25519 peer ids can be checked offline."""
     out = []
     for sender, data, seqno, topic, signature in items:
         if len(sender) != 38 or not sender.startswith(ED25519_PREFIX):
             out.append(False)
             continue
-        key = keys.get(sender)
-        if key is None:
-            try:
-                key = keys[sender] = Ed25519PublicKey.from_public_bytes(sender[6:])
-            except ValueError:
-                out.append(False)
-                continue
-        try:
-            key.verify(signature, signed_bytes(sender, data, seqno, topic))
-            out.append(True)
-        except (InvalidSignature, ValueError, TypeError):
-            out.append(False)
+        out.append(verify_ed25519(sender[6:], signature, signed_bytes(sender, data, seqno, topic)))
     return out
 
 
