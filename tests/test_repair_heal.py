@@ -383,3 +383,45 @@ def test_audit_records_are_repaired_by_the_same_code_as_updates(tmp_path, monkey
     asyncio.run(client.sync_with(_Id(server_id.id)))
     assert client.bans.is_banned(server_id.id)
     assert forged not in client.ledger.audits()
+
+
+def test_rows_checked_at_once_by_two_callers_each_get_their_own_answer(tmp_path):
+    """`Admission._verify_once` with two callers whose rows overlap, in other orders: each
+    row is checked once, and every caller gets each row's own answer, a forged one among
+    them (the waiter reads its rows' answers from the first caller's batch by place)."""
+    import threading
+    import time
+
+    from seedflood_p2p.protocol.message import Envelope
+
+    alice, bob, me = Peer(), Peer(), Peer()
+    node = _node(tmp_path, me, "me")
+    good = [p.row(r, (0.5,)) for r in range(6) for p in (alice, bob)]
+    message, envelope = good[5]
+    forged = (message, Envelope(envelope.data, envelope.seqno, bytes(64)))
+    first = good[:5] + [forged] + good[6:9]
+    second = [good[8], forged, good[1], good[10], good[11], good[0]]
+    checked, started = [], threading.Event()
+    verify = node.admission.verify
+
+    def slow_verify(*args):
+        checked.append(args)
+        started.set()
+        time.sleep(0.01)  # long enough that the second caller finds the rows in check
+        return verify(*args)
+
+    node.admission.verify = slow_verify
+
+    async def both():
+        one = asyncio.create_task(node.admission._verify_once(first))
+        await asyncio.to_thread(started.wait)
+        two = asyncio.create_task(node.admission._verify_once(second))
+        return await one, await two
+
+    answers_first, answers_second = asyncio.run(both())
+    assert [a is None for a in answers_first] == [True] * 5 + [False] + [True] * 3
+    assert [a is None for a in answers_second] == [True, False, True, True, True, True]
+    assert answers_second[1].reason == answers_first[5].reason == "bad_signature"
+    # each distinct row once: the 9 of the first call, and the second's 2 it did not hold
+    assert len(checked) == len(first) + 2
+    assert node.admission._verifying == {}

@@ -62,7 +62,10 @@ PINNED = {
     # as before but not held against its sender (`Admission.catching_up`)
     # and for repair cost, not rules: a repair page's held rows are read in one query
     # (`Admission.repair`), the same lookups as one query per row; same verdicts
-    "0.2": "35b2bf52c0e2fde7c3e0dad9274f858410e1a9f756683bc1adf30775b09210a6",
+    # and for repair cost again: rows checked at once share one future, not one each
+    # (`Admission._verify_once`); the same checks, each row its own answer; and each
+    # check timed without a context manager (`_verify_rows`)
+    "0.2": "e000020dd67566fea3a3f66525d59e18f2dc00a4803830c794eefddc2af865ab",
 }
 
 
