@@ -25,6 +25,7 @@ from seedflood_p2p import __version__
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.flags import MAX_INT, bounded
+from seedflood_p2p.core.heap import freeze_startup_heap
 from seedflood_p2p.network.host import HostSettings, NetworkHost
 from seedflood_p2p.network.monitoring.metrics import value
 from seedflood_p2p.network.monitoring.runpage import (
@@ -232,6 +233,7 @@ async def serve(settings: BootstrapSettings, config: RunConfig) -> None:
             # A restarted bootstrap node's ledger is stale: a joiner served from it alone
             # would start rounds behind (seen: "ready at round 13" with 56 rows at round 74).
             node.not_ready = "restarted: syncing with the run's other nodes first"
+        freeze_startup_heap()  # everything loaded: the collector need not walk it again
         await host.start_node(round_of=lambda: node.newest_round)
         if config.basis_sha256:
             from seedflood_p2p.storage.artifacts import write_schedule

@@ -56,6 +56,7 @@ from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.core.config import MAX_ROUND, RunConfig
 from seedflood_p2p.core.errors import UserError
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
+from seedflood_p2p.core.heap import freeze_startup_heap
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.gossip.peer_table import PeerTable
 from seedflood_p2p.network.host import HostSettings, NetworkHost
@@ -235,6 +236,7 @@ class PeerDaemon:
         node, live, prefix_caches = self._wire_message_path(host, joined)
         rounds, services = await self._wire_rounds(host, joined, node, live, prefix_caches)
         base_scored = await self._score_base_model(rounds, joined.ledger)
+        freeze_startup_heap()  # everything loaded: the collector need not walk it again
         await self._go_online(host, joined.ledger, rounds, services)
         await self._sync_then_start(host, joined, node, rounds)
         return await self._train_then_leave(rounds, base_scored)
