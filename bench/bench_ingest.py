@@ -973,7 +973,8 @@ def write_md(done: dict, path: Path) -> None:
         lines += [
             "",
             f"Ed25519 GossipSub signature check in Python (`verify_pubsub_signature`, "
-            f"cryptography/OpenSSL, CPU time): {done['verify_us']:.1f} us each. For gossip "
+            "libsodium, OpenSSL only for its no since the eighteenth session, CPU time): "
+            f"{done['verify_us']:.1f} us each. For gossip "
             "p2pd makes this check in Go (inside its CPU above) before Python sees the "
             "message; Python makes it for repair rows only.",
         ]
