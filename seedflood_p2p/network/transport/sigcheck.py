@@ -144,7 +144,7 @@ class _Worker:
     def send(self, items: Sequence[Item]) -> None:
         import msgpack
 
-        payload = msgpack.packb([list(item) for item in items])
+        payload = msgpack.packb(items)  # tuples pack as arrays: no per-item list copy
         self.proc.stdin.write(_LEN.pack(len(payload)) + payload)
         self.proc.stdin.flush()
 
