@@ -78,6 +78,10 @@ class CutRanges:
     def __len__(self) -> int:
         return self._rows
 
+    def last_round(self) -> int:
+        """The newest round any range reaches (-1: no rows)."""
+        return max((lasts[-1] for lasts in self._lasts.values() if lasts), default=-1)
+
 
 def cut_contains(cut: dict[str, list[list[int]]]) -> CutRanges:
     """The (peer, round) rows of an `encode_cut` value; ValueError if it is malformed."""
