@@ -158,8 +158,8 @@ class Admission:
         # A ticketed run: only holders of a valid ticket signed by the run creator
         self.tickets = tickets if tickets is not None and tickets.required else None
         self.sender_rate = PeerBuckets(SENDER_RATE, SENDER_BURST)
-        # rows being checked by a repair exchange now -> its result (`_verify_once`)
-        # rows being checked: key -> (the checking call's future, the row's place in it)
+        # rows a repair exchange is checking now (`_verify_once`): key -> (the checking
+        # call's future, the row's place in its results)
         self._verifying: dict[tuple, tuple[asyncio.Future, int]] = {}
         self.log_limit = LogLimiter()
         self.newest_round = ledger.max_round()  # the highest round held: shown, not trusted
@@ -343,7 +343,7 @@ class Admission:
         whose row another is checking waits for that check's result, a pure function of
         the same bytes. After a partition heals, a node repairs from every newly connected
         peer at once, and each brought the same rows: every signature was checked 2-3
-        times (the check is the largest cost of repair, ~100 us a row, holding the GIL).
+        times (the check is the largest cost of repair, ~45-90 us a row, holding the GIL).
         Ed25519 checks run in a thread: it keeps the event loop (gossip) running during a
         long late-join sync (80,000 rows: 13 s of checks)."""
         keys = [_row_key(message, envelope) for message, envelope in rows]

@@ -1,4 +1,4 @@
-"""GossipSub signatures checked in bulk: by signer, and in worker processes.
+"""GossipSub signatures checked in bulk, in worker processes.
 
 Repair pages, a late joiner's sync and a restarted peer's ledger check verify thousands of
 rows (`identity.verify_pubsub_signature`, ~50-100 us each on these CPUs: `verify_ed25519`).
@@ -6,8 +6,8 @@ An Ed25519 check holds the GIL, so a thread does not free the event loop: it onl
 shares the interpreter with it, 5 ms at a time. `SignaturePool` sends large batches to
 worker processes instead (each a bare `python -c`, importing only this module: no torch,
 no hivemind), split across as many as the machine has cores, and checks small ones inline.
-`check_many` is the same check for a batch in one process, with one key object per signer
-and the signed bytes encoded by hand (`signed_bytes`, byte for byte what
+`check_many` is the same check for a batch in one process, with the signed bytes encoded
+by hand (`signed_bytes`, byte for byte what
 go-libp2p-pubsub signs: the tests compare it with the protobuf library's encoding).
 """
 
