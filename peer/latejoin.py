@@ -7,6 +7,7 @@ and the chain itself, built and served to later joiners.
     restore    own checkpoint + later rows | fetched chain link + later rows | replay
                (audited runs: the settled state of the first round, `restore_settled`)
     chain      link R built once the own round is R + checkpoint_settle, then served
+               (audited runs: the rows that count in the settled prefix R, chain.py)
 
 With `--history-sync background` (a run with a chain, no audits) a joiner without its
 own checkpoint fetches the quorum's link first, syncs only the rows after it, and is
@@ -31,7 +32,7 @@ from peer.applied_rows import AppliedRows
 from peer.audit_duty import PeerAudits
 from peer.behaviour import Behaviour
 from peer.settings import PeerSettings
-from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, link_round
+from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, SettledCount, link_round
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
@@ -108,15 +109,10 @@ class LateJoin:
 
     # -- the chain ---------------------------------------------------------------------
     async def make_chain(self) -> list[CheckpointServer]:
-        """The chain builder and its server, if the run has a chain and no audits (audited
-        runs build none); the services to start on the flood node's daemon."""
+        """The chain builder and its server, if the run has a chain (in an audited run its
+        links are settled states: algorithm/chain.py); the services to start on the flood
+        node's daemon."""
         if not self.config.checkpoint_every:
-            return []
-        if self.audits is not None:
-            log.warning(
-                "extra.checkpoint_every is ignored: the run has audits (on unless its "
-                "manifest sets extra.audit = false), and audited runs build no chain"
-            )
             return []
         self.chain = await self.run(self._make_chain)
         self.server = CheckpointServer(self.node, self.behaviour.served_chunk)
@@ -146,16 +142,21 @@ class LateJoin:
         if target <= self.chain_round:
             return
         ledger, tail, meta = self.ledger, self.chain.tail, None
+        count = self._settled_count(target)
         if tail is not None and tail.round < target:  # its period's rows onto the last link
             rows = list(ledger.messages(tail.round, target - 1))
             below = ledger.count_below(tail.round)
-            meta = await self.run(self.chain.extend, rows, target, below, ledger.replacements)
+            meta = await self.run(
+                self.chain.extend, rows, target, below, ledger.replacements, count
+            )
         if meta is None:  # the first link of this process, or rows below the last changed
             # all rows below it, read on the model thread from a snapshot: at ten million
             # rows the read alone takes ~36 s, which on the event loop stalled the rounds
             replaced, snapshot = ledger.replacements, ledger.snapshot()
             try:
-                meta = await self.run(_build_from_all, self.chain, snapshot, target, replaced)
+                meta = await self.run(
+                    _build_from_all, self.chain, snapshot, target, replaced, count
+                )
             finally:
                 _close(snapshot)
         self.chain_round = target
@@ -185,6 +186,16 @@ class LateJoin:
                 }
             },
         )
+
+    def _settled_count(self, target: int) -> SettledCount | None:
+        """In an audited run, the rows link `target` holds: those counted in the settled
+        prefix `target` by the ledger's standing as last judged (records that took effect
+        before `target` have arrived by now, `checkpoint_settle` rounds later; one that
+        comes later still is a late row's case). None without audits: every row."""
+        if self.audits is None:
+            return None
+        standing = self.audits.standing
+        return SettledCount(standing or self.audits.judge(), target)
 
     def status(self) -> dict:
         """The checkpoint fetched at start (if any), what was refused, the newest link."""
@@ -234,6 +245,13 @@ class LateJoin:
             return False
         if (s.data_dir / "checkpoint.json").exists() or s.checkpoint_fetch == "never":
             return False
+        if self.audits is not None:
+            log.warning(
+                "--history-sync background is ignored: not built for audited runs yet "
+                "(a trusted settled state needs the audit records and the rows they audit "
+                "first, docs/ROADMAP.md); the whole history is synced first"
+            )
+            return False
         if self.config.round_sized or self.config.momentum:
             log.warning(
                 "--history-sync background is ignored: under this run's %s a late row "
@@ -264,7 +282,7 @@ class LateJoin:
                 return await self.restore_model(peers)
             finally:
                 self.node.repair.floor_round = 0  # the history now comes by repair
-        return await self.restore_settled(first_round)
+        return await self.restore_settled(first_round, peers)
 
     def choose_checkpoint(self, offer) -> str | None:
         """The joiner's rule: take the checkpoint if downloading it (its size at
@@ -591,11 +609,13 @@ class LateJoin:
         finally:
             cut.close()
 
-    async def restore_settled(self, first_round: int) -> str:
+    async def restore_settled(self, first_round: int, peers: list = ()) -> str:
         """Audited runs: weights = base + the counted updates of rounds < first_round - lag
         (the state round `first_round` trains on); the later ones stay pending. From our
         checkpoint (written at stop, of every row then: the rows it holds that this state
-        does not are taken back), else by replay. The ledger is streamed from a snapshot in
+        does not are taken back), else from a link of the run's chain a quorum of `peers`
+        offers (a settled state of an older round: the rows counted since are added, those
+        no longer counted taken back), else by replay. The ledger is streamed from a snapshot in
         one pass, which also fills the audits' account of what the weights hold
         (`SettledState`): memory does not grow with the ledger's rows."""
         audits = self.audits
@@ -608,18 +628,44 @@ class LateJoin:
             lambda m: judged.counts_in(m.peer, m.round, first_round),
             audits.restoring(),
         )
+        directory, fetched = await self._settled_source(peers)
         cut = self.live.streamed_cut()
         try:
-            how = await self.run(
-                self.live.restore, cut, self.s.data_dir, state.observe, state.holds
-            )
+            how = await self.run(self.live.restore, cut, directory, state.observe, state.holds)
         finally:
             cut.close()
         await self.run(self.live.advance, state.limit)  # momentum: the state of `limit`
         audits.applied = state.account
         audits.waiting = state.waiting
         self.live.receive(state.later)
-        return how + f" (settled state of round {first_round})"
+        how += f" (settled state of round {first_round})"
+        if fetched is None:
+            return how
+        if how.startswith("replay"):  # its rows are not the ledger's: refused, replayed
+            self._count_refused({"ledger": 1})
+            log.warning(
+                "the fetched checkpoint of round %d does not match this ledger: refused, "
+                "the ledger was replayed instead",
+                fetched.offer.meta["round"],
+                extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
+            )
+            return how
+        self.fetched_meta = read_checkpoint_meta(directory)  # rebuilt after ready
+        return f"fetched {how} from {len(fetched.peers)} peers"
+
+    async def _settled_source(self, peers: list) -> tuple[Path, object]:
+        """Where an audited restore starts from: our own checkpoint if we have one (the data
+        dir), else a link of the run's chain that a quorum offers (the chain dir, and the
+        FetchResult), else nothing to start from (the data dir: a replay)."""
+        s = self.s
+        if not peers or self.chain is None or s.checkpoint_fetch == "never":
+            return s.data_dir, None
+        if (s.data_dir / "checkpoint.json").exists():
+            return s.data_dir, None
+        result = await self._fetch(peers, self.choose_checkpoint)
+        if result is None:
+            return s.data_dir, None
+        return s.data_dir / CHAIN_DIR, result
 
 
 class SettledState:
@@ -705,11 +751,13 @@ async def _digest_in_child(path: Path, cut: dict) -> tuple[int, str]:
     return int(count), str(digest)
 
 
-def _build_from_all(chain: CheckpointChain, rows, target: int, replaced: int) -> dict | None:
+def _build_from_all(
+    chain: CheckpointChain, rows, target: int, replaced: int, count: SettledCount | None
+) -> dict | None:
     """`chain.build` of the snapshot's rows of rounds < target (canonical order: they end
     where the first row of round `target` begins)."""
     return chain.build(
-        list(itertools.takewhile(lambda m: m.round < target, rows)), target, replaced
+        list(itertools.takewhile(lambda m: m.round < target, rows)), target, replaced, count
     )
 
 

@@ -19,6 +19,14 @@ not, the chain is rebuilt from the base (the same replays, so again the same byt
 peer with those rows). The builder works on a second copy of the model (memory: the
 trainable weights twice more, base and scratch), on the model thread, between rounds.
 
+In an audited run (audits on, the default) a peer's model is not base + ledger but a
+settled state (probation.py): base + the rows that count by the ledger's records. Link j
+there holds the rows of rounds < jP that count in the settled prefix jP, S_{jP+lag}
+(`SettledCount`), a function of the rows of rounds < jP and the records that took effect
+before jP, so honest peers again build it alike; a record of a ban or a vouch that takes
+effect later changes what the next link holds (a joiner restoring from this one takes
+such rows back or adds them, as an audited restart does from its own checkpoint).
+
 Each link after the first a process builds costs its period's rows, not the whole ledger
 (`ChainTail`): the builder keeps what its newest link stands on (the count, running digest
 and cut of the rows below it) and extends that while the ledger still holds exactly those
@@ -28,6 +36,7 @@ rows. At ten million rows a link built from all of them took a pass over the led
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +44,7 @@ from pathlib import Path
 import torch
 
 from seedflood_p2p.algorithm.basis import BasisSchedule
+from seedflood_p2p.algorithm.probation import Standing
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import trainable_tensors
 from seedflood_p2p.core.config import RunConfig
@@ -67,6 +77,48 @@ def write_link(directory: Path, weights: dict, config: RunConfig, rows: list, ro
     return _write(directory, weights, config, round_, ChainTail.of(rows, round_))
 
 
+@dataclass(frozen=True)
+class SettledCount:
+    """The rows an audited run's link of round `held` holds: those that count in the
+    settled prefix `held` (`Standing.counts_at`), by the ledger's standing now."""
+
+    standing: Standing
+    held: int
+
+    def counts(self, m: UpdateMessage) -> bool:
+        return self.standing.counts_at(m.peer, m.round, self.held)
+
+    def key(self, below: int) -> tuple:
+        """What `counts` reads for the rows of rounds < `below`: two keys that are equal give
+        the same answer for every such row (so a link may be extended over them, `extend`).
+        Sufficient, not necessary: a difference may still leave the answers alike."""
+        held, standing = self.held, self.standing
+        span = standing.span(held)  # `BanSpan.count_from` is what `counts` asks
+        vouched = frozenset(
+            key for key, at in span.vouched_at.items() if at < held and key[1] < below
+        )
+        # An earned peer's rows of rounds > r_k count by establishment from w_k, and w_k
+        # does not grow with k: those counted by `held` are the rounds after the first r_k
+        # whose w_k < held. Below `below`, that is one number a peer.
+        firsts = {}
+        for peer, (rounds, times) in span.steps.items():
+            first = next((r for r, w in zip(rounds, times) if w < held), None)
+            if first is not None and first < below - 1:
+                firsts[peer] = first
+        return (
+            standing.enabled,
+            standing.founders,
+            span.banned,
+            tuple(sorted(standing.revoked.items())),
+            vouched,
+            tuple(sorted(firsts.items())),
+        )
+
+
+def _counted(rows: list[UpdateMessage], count: SettledCount | None) -> list[UpdateMessage]:
+    return rows if count is None else [m for m in rows if count.counts(m)]
+
+
 def _write(
     directory: Path, weights: dict, config: RunConfig, round_: int, below: ChainTail
 ) -> dict:
@@ -80,38 +132,54 @@ def _write(
         "ledger_cut": below.cut.encoded(),
         "weights_sha256": tensors_sha256(weights),
     }
+    if below.key is not None:  # an audited run's: the rows that count in the settled prefix
+        meta["settled"] = True
     write_checkpoint(directory, weights, meta)
     return meta
 
 
 @dataclass
 class ChainTail:
-    """What a link stands on: the rows of rounds < `round` (their count, running digest
-    and cut) and the ledger's replacement count when they were read (`Ledger.replacements`).
-    The ledger only adds rows, or replaces one by the equivocation rule, so while it holds
-    as many rows below `round` as then and has replaced none since, it holds these rows."""
+    """What a link stands on: the rows of rounds < `round` it holds (their count, running
+    digest and cut), the ledger's rows below `round` (`seen`, the rows held among them) and
+    its replacement count when they were read (`Ledger.replacements`). The ledger only adds
+    rows, or replaces one by the equivocation rule, so while it holds as many rows below
+    `round` as then and has replaced none since, it holds these rows. In an audited run,
+    `key` is what decided which of them count (`SettledCount.key`)."""
 
     round: int
     rows: int
     digest: RunningDigest
     cut: CutEncoder
     replaced: int = 0
+    seen: int = 0
+    key: tuple | None = None
 
     @classmethod
-    def of(cls, rows: list[UpdateMessage], round_: int, replaced: int = 0) -> ChainTail:
-        """The tail of `rows` (canonical order, all of rounds < round_)."""
-        tail = cls(round_, 0, RunningDigest(), CutEncoder(), replaced)
-        tail.extend(rows)
+    def of(
+        cls,
+        rows: list[UpdateMessage],
+        round_: int,
+        replaced: int = 0,
+        count: SettledCount | None = None,
+    ) -> ChainTail:
+        """The tail of `rows` (canonical order, all of rounds < round_), holding those that
+        `count` counts (all without it)."""
+        key = None if count is None else count.key(round_)
+        tail = cls(round_, 0, RunningDigest(), CutEncoder(), replaced, 0, key)
+        tail.extend(rows, count)
         return tail
 
-    def extend(self, rows: list[UpdateMessage]) -> None:
-        for m in rows:
+    def extend(self, rows: list[UpdateMessage], count: SettledCount | None = None) -> None:
+        held = _counted(rows, count)
+        for m in held:
             self.digest.add(m)
             self.cut.add(m.peer, m.round)
-        self.rows += len(rows)
+        self.rows += len(held)
+        self.seen += len(rows)
 
     def copy(self) -> ChainTail:
-        return ChainTail(self.round, self.rows, self.digest.copy(), self.cut.copy(), self.replaced)
+        return dataclasses.replace(self, digest=self.digest.copy(), cut=self.cut.copy())
 
 
 class CheckpointChain:
@@ -143,19 +211,33 @@ class CheckpointChain:
         except (FileNotFoundError, ValueError):
             return None
 
-    def build(self, rows: list[UpdateMessage], target: int, replaced: int = 0) -> dict | None:
+    def build(
+        self,
+        rows: list[UpdateMessage],
+        target: int,
+        replaced: int = 0,
+        count: SettledCount | None = None,
+    ) -> dict | None:
         """Make the link on disk link `target`; `rows` = the ledger's rows of rounds < target
-        (canonical order), read when the ledger's replacement count was `replaced`. Returns
-        its JSON (None for target 0: the base is no link)."""
+        (canonical order), read when the ledger's replacement count was `replaced`; in an
+        audited run the link holds those that `count` counts. Returns its JSON (None for
+        target 0: the base is no link)."""
         if target <= 0 or target % self.period:
             return None
         self.tail = None
+        tail = ChainTail.of(rows, target, replaced, count)
+        rows = _counted(rows, count)
         meta = self.current()
         start = 0
-        if meta is not None and meta.get("round", 0) <= target and self._holds(meta, rows):
+        if (
+            meta is not None
+            and meta.get("round", 0) <= target
+            and bool(meta.get("settled")) == (count is not None)
+            and self._holds(meta, rows)
+        ):
             self._load(read_checkpoint_weights(self.directory, "cpu"))
             if meta["round"] == target:
-                self.tail = ChainTail.of(rows, target, replaced)
+                self.tail = tail
                 return meta
             start = meta["round"]
         else:
@@ -168,35 +250,43 @@ class CheckpointChain:
             self._load(self.base)
         for low in range(start, target, self.period):
             self._replay([m for m in rows if low <= m.round < low + self.period])
-        tail = ChainTail.of(rows, target, replaced)
         meta = _write(self.directory, self.weights(), self.config, target, tail)
         self.tail = tail
         return meta
 
     def extend(
-        self, rows: list[UpdateMessage], target: int, rows_below: int, replaced: int
+        self,
+        rows: list[UpdateMessage],
+        target: int,
+        rows_below: int,
+        replaced: int,
+        count: SettledCount | None = None,
     ) -> dict | None:
         """Make link `target` from the newest link built here (`tail`) and `rows`, the
         ledger's rows of rounds in [tail round, target); `rows_below`: the ledger's rows of
-        rounds < tail round now, `replaced`: its replacement count now. The same tensors and
-        JSON as `build` of all rows (the same replays, in the same order, onto the same
-        weights). None when it cannot (no tail, or the rows below it changed: a late row or
-        a replacement): then `build`."""
+        rounds < tail round now, `replaced`: its replacement count now, `count`: as for
+        `build`. The same tensors and JSON as `build` of all rows (the same replays, in the
+        same order, onto the same weights). None when it cannot (no tail, or the rows below
+        it changed: a late row or a replacement; in an audited run, a ban, vouch or
+        establishment since that changes which of them count): then `build`."""
         tail = self.tail
         if (
             tail is None
             or target <= tail.round
             or target % self.period
-            or rows_below != tail.rows
+            or rows_below != tail.seen
             or replaced != tail.replaced
+            or tail.key != (None if count is None else count.key(tail.round))
         ):
             return None
         self.tail = None  # the scratch leaves the tail's weights
+        held = _counted(rows, count)
         for low in range(tail.round, target, self.period):
-            self._replay([m for m in rows if low <= m.round < low + self.period])
+            self._replay([m for m in held if low <= m.round < low + self.period])
         extended = tail.copy()
         extended.round = target
-        extended.extend(rows)
+        extended.extend(rows, count)
+        extended.key = None if count is None else count.key(target)
         meta = _write(self.directory, self.weights(), self.config, target, extended)
         self.tail = extended
         return meta
