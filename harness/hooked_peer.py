@@ -4,7 +4,7 @@ honest peers catch it or cope: `seedflood peer` run with a `Behaviour` of its ow
 outside the product, is the only way to run such a peer.
 
     python harness/hooked_peer.py [--log-format json] peer
-        [--cheat HOW] [--checkpoint corrupt|forge] [--drop-incoming F]
+        [--cheat HOW] [--checkpoint corrupt|forge|forge-far] [--drop-incoming F]
         [--equivocate ROUND[:LATER]] [--trace-memory FILE] FLAGS...
 
 FLAGS are those of `seedflood peer`. The misbehaviours:
@@ -16,6 +16,8 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
                              after its own ledger's standing has it established, for good
     --checkpoint corrupt     serve checkpoint chunks with a flipped byte
     --checkpoint forge       offer a forged chain link (a tensor shifted, hashes consistent)
+    --checkpoint forge-far   ... with every tensor shifted far: a model whose updates an
+                             audit tells from the run's (a joiner's self-check refuses it)
     --drop-incoming F        discard this fraction of incoming gossip (repair fills it in)
     --equivocate R[:L]       sign a second update for the first round >= R whose honest
                              first scalar is positive (`twin`: every scalar made smaller,
@@ -106,9 +108,9 @@ def _turned(peer: bytes, ledger: Ledger) -> bool:
     return peer in _TURNED
 
 
-def forge_link(directory: Path) -> Path:
-    """A copy of the chain link in `directory` with one tensor shifted, its hashes made
-    consistent (DIRECTORY/forged)."""
+def forge_link(directory: Path, far: bool = False) -> Path:
+    """A copy of the chain link in `directory` with one tensor shifted by 0.01 (`far`:
+    every tensor by 0.5), its hashes made consistent (DIRECTORY/forged)."""
     from seedflood_p2p.storage.checkpoint import (
         read_checkpoint_meta,
         read_checkpoint_weights,
@@ -117,8 +119,8 @@ def forge_link(directory: Path) -> Path:
     )
 
     weights = read_checkpoint_weights(directory, "cpu")
-    first = sorted(weights)[0]
-    weights[first] = weights[first] + 0.01
+    for name in sorted(weights) if far else sorted(weights)[:1]:
+        weights[name] = weights[name] + (0.5 if far else 0.01)
     meta = read_checkpoint_meta(directory)
     meta["weights_sha256"] = tensors_sha256(weights)
     forged = directory / "forged"
@@ -211,8 +213,8 @@ class Hooked(Behaviour):
         return cheated(self.cheat, message, ledger) if self.cheat else message
 
     async def served_link(self, directory: Path) -> Path:
-        if self.checkpoint == "forge":
-            return await asyncio.to_thread(forge_link, directory)
+        if self.checkpoint in ("forge", "forge-far"):
+            return await asyncio.to_thread(forge_link, directory, self.checkpoint == "forge-far")
         return directory
 
     def served_chunk(self, data: bytes) -> bytes:
@@ -279,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("command", choices=["peer"], help="as `seedflood peer`")
     parser.add_argument("--cheat", choices=sorted(CHEATS), default="")
-    parser.add_argument("--checkpoint", choices=["corrupt", "forge"], default="")
+    parser.add_argument("--checkpoint", choices=["corrupt", "forge", "forge-far"], default="")
     parser.add_argument("--drop-incoming", type=fraction, default=0.0)
     parser.add_argument("--equivocate", type=parse_equivocation, default=None)
     parser.add_argument("--trace-memory", type=Path, default=None, metavar="FILE")

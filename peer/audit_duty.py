@@ -94,6 +94,9 @@ __all__ = [
 # counting is O(peers), 0.7 ms at 10,000, once per admitted batch before; liveness itself
 # moves on the scale of the liveness timeout (60 s), and draws are our own choice.
 LIVE_COUNT_SECONDS = 1.0
+# Updates a joiner restored from a fetched link recomputes before it trains (`self_check`):
+# each is a few forward passes; a majority must match.
+SELF_CHECKS = 5
 
 
 class PeerAudits:
@@ -558,6 +561,42 @@ class PeerAudits:
                 record = AuditRecord(peer, round_, self.peer_id, recomputed, self.round)
                 out.append((record, mismatch))
         return out
+
+    def self_check(
+        self, trained_round: int, engine, tokenizer, task, most: int = SELF_CHECKS
+    ) -> tuple[int, int]:
+        """Does our model make what the run makes? Recompute up to `most` recent updates of
+        distinct other peers that count (founders first), each on the state its sender
+        trained on, as an audit does but with no record, no vote and no count; (matched,
+        recomputed). A joiner restored from a link peers offered runs it before it trains:
+        weights its rows do not make would have its own updates convicted."""
+        st, rule = self.standing, self.settings.rule
+        founders = st.founders if st is not None and st.enabled else frozenset()
+        chosen: dict[bytes, UpdateMessage] = {}
+        low = max(0, trained_round - MAX_REWIND)
+        for round_ in range(trained_round - self.delay, low - 1, -1):
+            for m in self.ledger.messages(round_, round_):
+                if m.peer == self.peer_id or m.peer in chosen or m.peer in self.banned:
+                    continue
+                if st is not None and not st.counts(m.peer, m.round):
+                    continue
+                chosen[m.peer] = m
+        jobs = sorted(chosen.values(), key=lambda m: (m.peer not in founders, -m.round))[:most]
+        matched = 0
+        for m in jobs:
+            rebuilt = self.rewind.recompute(
+                m.peer,
+                m.round,
+                m.scalars,
+                decode_held(self.ledger.payload_of(m.peer, m.round)),
+                self.applied,
+                self.waiting,
+                lambda m=m: self._recompute(m, engine, tokenizer, task),
+                rule.mismatches,
+                0,
+            )
+            matched += not rule.mismatches(m.scalars, rebuilt.recomputed)
+        return matched, len(jobs)
 
     def _is_probation_work(self, peer: bytes, why: str) -> bool:
         """Is an audit of `peer`'s update paid from the verification budget: a probation

@@ -464,6 +464,15 @@ class PeerDaemon:
             joined.joiner.asset_paths,
             self.behaviour,
         )
+        if self.audits is not None:  # a link's settled state is checked before it trains
+            audits, engine = self.audits.audits, live.engine
+
+            def verify_settled(first_round: int):
+                return self.model_thread.run(
+                    audits.self_check, first_round, engine, joined.tokenizer, joined.task
+                )
+
+            late_join.verify_settled = verify_settled
         services = await late_join.make_chain()
         late_join.hold_history()
         node.not_ready = "starting: syncing with the run first"

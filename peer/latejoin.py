@@ -48,6 +48,7 @@ from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.checkpoint import (
     read_checkpoint_meta,
+    read_checkpoint_weights,
     tensors_sha256,
     write_checkpoint,
 )
@@ -106,6 +107,9 @@ class LateJoin:
         # the link the model was restored from, until `check_link` has rebuilt it
         self.fetched_meta: dict | None = None
         self.trusted_round: int | None = None  # the link trusted at join, until checked
+        # audited runs: (matched, recomputed) of others' recent updates on the restored
+        # model (`PeerAudits.self_check` on the model thread; set by the daemon)
+        self.verify_settled: Callable[[int], Awaitable[tuple[int, int]]] | None = None
 
     # -- the chain ---------------------------------------------------------------------
     async def make_chain(self) -> list[CheckpointServer]:
@@ -438,7 +442,8 @@ class LateJoin:
         honest link's tensors come out bit for bit. A difference means the peers that
         offered it served weights its rows do not make: logged as an error, the rebuilt link
         replaces it in the chain dir (this peer then serves the right one), and the live
-        model is rebuilt by replay. True if they matched."""
+        model is rebuilt by replay (in an audited run, moved by what the link was off by:
+        its settled state is not base + ledger). True if they matched."""
         meta, chain = self.fetched_meta, self.chain
         covered = cut_contains(meta["ledger_cut"])
         started = time.monotonic()
@@ -487,12 +492,22 @@ class LateJoin:
         log.error(
             "the fetched link of round %d is not base + its rows: %s offered weights its "
             "rows do not make (forged, or another float arithmetic); the link is rebuilt "
-            "and the model rebuilt by replay of the ledger",
+            "and the model %s",
             meta["round"],
             ", ".join(offerers) or "its offerers",
+            "moved by what the link was off by"
+            if self.audits is not None
+            else "rebuilt by replay of the ledger",
             extra={"fields": fields},
         )
         link = {**meta, "weights_sha256": rebuilt}  # the JSON `write_link` makes for them
+        if self.audits is not None:
+            # a settled state is not base + ledger: the model moves by what the link was
+            # off by (it was restored from the link, the same difference on every weight)
+            fetched = await self.run(read_checkpoint_weights, chain.directory, "cpu")
+            await self.run(write_checkpoint, chain.directory, weights, link)
+            await self.run(self.live.shift, {k: weights[k] - fetched[k] for k in weights})
+            return False
         await self.run(write_checkpoint, chain.directory, weights, link)
         await self._rebuild()
         return False
@@ -615,32 +630,30 @@ class LateJoin:
         checkpoint (written at stop, of every row then: the rows it holds that this state
         does not are taken back), else from a link of the run's chain a quorum of `peers`
         offers (a settled state of an older round: the rows counted since are added, those
-        no longer counted taken back), else by replay. The ledger is streamed from a snapshot in
-        one pass, which also fills the audits' account of what the weights hold
+        no longer counted taken back; kept only if the model then recomputes others' recent
+        updates, `verify_settled`), else by replay. The ledger is streamed from a snapshot
+        in one pass, which also fills the audits' account of what the weights hold
         (`SettledState`): memory does not grow with the ledger's rows."""
         audits = self.audits
         judged = audits.judge()  # nothing applied yet: nothing to undo
         audits.standing, audits.banned = judged, dict(judged.banned)
         audits.round = first_round
-        state = SettledState(
-            first_round - audits.settings.lag,
-            # counted in S_first_round: vouches and establishments that took effect by then
-            lambda m: judged.counts_in(m.peer, m.round, first_round),
-            audits.restoring(),
-        )
         directory, fetched = await self._settled_source(peers)
+        refused = None
         cut = self.live.streamed_cut()
         try:
-            how = await self.run(self.live.restore, cut, directory, state.observe, state.holds)
+            how, state = await self._settle(cut, directory, first_round, judged)
+            if fetched is not None and not how.startswith("replay"):
+                refused = await self._refuse_settled(first_round, fetched)
+                if refused is not None:  # base + the ledger's counted rows, by replay
+                    await self.run(self.live.load_weights, await self.run(self._base_weights))
+                    how, state = await self._settle(cut, None, first_round, judged)
         finally:
             cut.close()
-        await self.run(self.live.advance, state.limit)  # momentum: the state of `limit`
-        audits.applied = state.account
-        audits.waiting = state.waiting
         self.live.receive(state.later)
         how += f" (settled state of round {first_round})"
-        if fetched is None:
-            return how
+        if fetched is None or refused is not None:
+            return how if refused is None else f"{how}: {refused}"
         if how.startswith("replay"):  # its rows are not the ledger's: refused, replayed
             self._count_refused({"ledger": 1})
             log.warning(
@@ -652,6 +665,67 @@ class LateJoin:
             return how
         self.fetched_meta = read_checkpoint_meta(directory)  # rebuilt after ready
         return f"fetched {how} from {len(fetched.peers)} peers"
+
+    async def _settle(
+        self, cut, directory: Path | None, first_round: int, judged
+    ) -> tuple[str, SettledState]:
+        """`LiveModel.restore` of the settled state of `first_round` by the standing
+        `judged`, from the checkpoint in `directory` if it holds (None: replay); the audits'
+        account and waiting rows put in place. How, and the state (its `later` rows still
+        to be received)."""
+        audits = self.audits
+        state = SettledState(
+            first_round - audits.settings.lag,
+            # counted in S_first_round: vouches and establishments that took effect by then
+            lambda m: judged.counts_in(m.peer, m.round, first_round),
+            audits.restoring(),
+        )
+        how = await self.run(self.live.restore, cut, directory, state.observe, state.holds)
+        await self.run(self.live.advance, state.limit)  # momentum: the state of `limit`
+        audits.applied = state.account
+        audits.waiting = state.waiting
+        return how, state
+
+    async def _refuse_settled(self, first_round: int, fetched) -> str | None:
+        """Why the model restored from the fetched link is refused, or None: it must make
+        what the run makes (`verify_settled`: others' recent updates, recomputed). A link
+        a quorum of colluders forged would otherwise have this peer's own updates
+        convicted by every honest auditor."""
+        if self.verify_settled is None:
+            return None
+        matched, checked = await self.verify_settled(first_round)
+        fields = {
+            "event": "link_self_check",
+            "round": fetched.offer.meta["round"],
+            "matched": matched,
+            "checked": checked,
+            "offered_by": fetched.peers,
+        }
+        if matched * 2 > checked or checked == 0:
+            log.info(
+                "the model restored from the fetched link of round %d recomputes %d of %d "
+                "recent updates of other peers as they published them: kept",
+                fields["round"],
+                matched,
+                checked,
+                extra={"fields": fields},
+            )
+            return None
+        self._count_refused({"forged_weights": 1})
+        log.error(
+            "the model restored from the fetched link of round %d recomputes only %d of %d "
+            "recent updates of other peers as they published them: %s offered weights the "
+            "run does not have (forged, or another float arithmetic); replaying the ledger",
+            fields["round"],
+            matched,
+            checked,
+            ", ".join(fetched.peers) or "its offerers",
+            extra={"fields": fields},
+        )
+        return (
+            f"the fetched link of round {fields['round']} was refused, {matched} of {checked} "
+            "recent updates recomputed"
+        )
 
     async def _settled_source(self, peers: list) -> tuple[Path, object]:
         """Where an audited restore starts from: our own checkpoint if we have one (the data

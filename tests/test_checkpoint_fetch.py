@@ -60,10 +60,19 @@ PEER_FLAGS = peer_flags(
 LIVE_VS_REPLAY_ATOL = 1e-5  # as tests/test_p2p.py: the same sums in another order
 
 
-def _run(work, run, servers: dict[str, list[str]], links: int, joiner: list[str] = ()) -> dict:
-    """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none; the
-    run finishes once the joiner is ready and logged `links` chain links (two rounds on),
-    and, with `--history-sync background` among its `joiner` flags, checked its history."""
+def _run(
+    work,
+    run,
+    servers: dict[str, list[str]],
+    links: int,
+    joiner: list[str] = (),
+    flags: list[str] = PEER_FLAGS,
+    wait_for: str | None = None,
+) -> dict:
+    """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none, each
+    with `flags`; the run finishes once the joiner is ready and logged `links` chain links
+    (two rounds on), and, with `--history-sync background` among its `joiner` flags,
+    checked its history (or logged the event `wait_for`)."""
     procs = []
     try:
         boot, address = start_bootstrap(work, run)
@@ -71,16 +80,19 @@ def _run(work, run, servers: dict[str, list[str]], links: int, joiner: list[str]
         peers = {}
         for name, extra in servers.items():
             start = start_hooked_peer if extra else start_peer
-            peers[name] = start(work, name, address, PEER_FLAGS + extra)
+            peers[name] = start(work, name, address, flags + extra)
             procs.append(peers[name])
         first = next(iter(peers.values()))
         first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
-        flags = [*PEER_FLAGS, "--checkpoint-fetch", "always", *joiner]
-        peers["j"] = start_peer(work, "j", address, flags)
+        peers["j"] = start_peer(
+            work, "j", address, [*flags, "--checkpoint-fetch", "always", *joiner]
+        )
         procs.append(peers["j"])
         ready = wait_event(peers["j"], "ready", timeout=600)
         if "background" in joiner and links:  # (a link fetched: its history checked)
             wait_event(peers["j"], "history_checked", timeout=300)
+        if wait_for is not None:
+            wait_event(peers["j"], wait_for, timeout=300)
         shown = wait_events(peers["j"], "chain_link", links, timeout=300)
         peers["j"].wait_round(max(e["round"] for e in [ready, *shown]) + 2, timeout=120)
         finish_all(peers, work)

@@ -1,0 +1,145 @@
+"""A late joiner of an audited run (audits on, the default) restores its settled state from
+a link of the run's chain that peers offer: real bootstrap and peer daemons on 127.0.0.1
+(tiny model), each with its own p2pd. An audited run's link holds the rows that count in
+a settled prefix (algorithm/chain.py `SettledCount`).
+
+    honest: A and B train, audit and serve links; J joins late with --checkpoint-fetch
+            always: it restores from the link both offer, recomputes A's and B's recent
+            updates on that model before it trains (`PeerAudits.self_check`: they match),
+            later rebuilds the link from its rows (the same tensors), and ends with the
+            others' ledger and a live model equal to the replay of it; nobody is convicted.
+    far:    A and B offer the same forged link (a quorum; harness/hooked_peer.py
+            --checkpoint forge-far: every tensor shifted), C is honest. J restores from it,
+            recomputes the others' updates, finds they do not match, names A and B, and
+            replays instead: it is never convicted for updates trained on weights the run
+            does not have, and ends as the others do.
+    near:   ... --checkpoint forge: one tensor shifted by 0.01, too little for an audit to
+            tell the updates apart (the self-check passes, and J's updates pass the others'
+            audits). J's rebuild of the link from its rows finds the forgery, names A and
+            B, and moves its model by what the link was off by: it ends as the others do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from test_checkpoint_fetch import _ends_equal, _final, _ready, _run
+
+from harness.cluster import AUDIT, AUDITED_RUN, peer_flags
+
+pytestmark = pytest.mark.slow
+ROUNDS = 120  # a cap: the run is finished once the joiner showed what the tests assert
+AUDITED_CHAIN_RUN = dataclasses.replace(
+    AUDITED_RUN, extra={"audit": AUDIT, "checkpoint_every": 8}, salt="audited-chain"
+)
+# lag 2 (AUDIT) holds with peers at most one round apart
+FLAGS = peer_flags(
+    until_round=ROUNDS,
+    metrics_port=0,
+    round_interval=1.0,
+    max_staleness=1,
+    round_deadline=3,
+    liveness_timeout=20,
+    min_peers=1,
+    checkpoint_settle=4,
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The honest and the two forged runs at once, each on its own bootstrap node."""
+    with ThreadPoolExecutor(3) as pool:
+        return {
+            "honest": pool.submit(
+                _run,
+                tmp_path_factory.mktemp("audited-honest"),
+                AUDITED_CHAIN_RUN,
+                {"a": [], "b": []},
+                1,  # one link of its own, after the fetched one was rebuilt and matched
+                flags=FLAGS,
+                wait_for="link_checked",
+            ),
+            **{
+                kind: pool.submit(
+                    _run,
+                    tmp_path_factory.mktemp(f"audited-{kind}"),
+                    dataclasses.replace(AUDITED_CHAIN_RUN, salt=f"audited-chain-{kind}"),
+                    {"a": ["--checkpoint", how], "b": ["--checkpoint", how], "c": []},
+                    0,
+                    flags=FLAGS,
+                    wait_for=event,
+                )
+                for kind, how, event in (
+                    ("far", "forge-far", "link_self_check"),
+                    ("near", "forge", "link_checked"),
+                )
+            },
+        }
+
+
+@pytest.fixture(scope="module")
+def honest(runs):
+    return runs["honest"].result()
+
+
+@pytest.fixture(scope="module")
+def far(runs):
+    return runs["far"].result()
+
+
+@pytest.fixture(scope="module")
+def near(runs):
+    return runs["near"].result()
+
+
+def _event(run, name: str, event: str) -> dict:
+    return next(e for e in run["peers"][name].events() if e.get("event") == event)
+
+
+def _verdicts(run, name: str) -> list:
+    return _final(run, name).get("audits", {}).get("banned", {})
+
+
+def test_an_audited_joiner_restores_its_settled_state_from_the_link_two_peers_offer(honest):
+    ready = _ready(honest, "j")
+    source = ready["source"]
+    assert source.startswith("fetched checkpoint of round") and "settled state of round" in source
+    assert source.endswith("from 2 peers"), ready
+    check = _event(honest, "j", "link_self_check")
+    assert check["checked"] == 2 and check["matched"] == 2, check  # A's and B's updates
+    rebuilt = _event(honest, "j", "link_checked")
+    assert rebuilt["match"] is True, rebuilt
+    assert _final(honest, "j")["checkpoint"]["refused"] == {}
+    _ends_equal(honest, ["a", "b", "j"])
+    for name in ("a", "b", "j"):
+        assert not _verdicts(honest, name), name
+
+
+def test_a_forged_settled_link_is_found_before_the_joiner_trains(far):
+    check = _event(far, "j", "link_self_check")
+    assert check["checked"] == 3 and check["matched"] == 0, check  # A's, B's and C's
+    a, b = (_final(far, n)["peer_id"] for n in ("a", "b"))
+    assert set(check["offered_by"]) == {a, b}
+    ready = _ready(far, "j")
+    assert ready["source"].startswith("replay of") and "was refused" in ready["source"], ready
+    assert _final(far, "j")["checkpoint"]["refused"].get("forged_weights") == 1
+    _ends_equal(far, ["a", "b", "c", "j"])
+    for name in ("a", "b", "c", "j"):  # J's updates were never trained on the forged link
+        assert not _verdicts(far, name), name
+
+
+def test_a_link_forged_within_the_audit_bound_is_found_by_its_rebuild_and_undone(near):
+    check = _event(near, "j", "link_self_check")
+    assert check["checked"] == 3 and check["matched"] == 3, check  # too near to tell
+    ready = _ready(near, "j")
+    assert ready["source"].startswith("fetched checkpoint of round"), ready
+    rebuilt = _event(near, "j", "link_checked")
+    assert rebuilt["match"] is False, rebuilt
+    a, b = (_final(near, n)["peer_id"] for n in ("a", "b"))
+    assert set(rebuilt["offered_by"]) == {a, b}
+    assert _final(near, "j")["checkpoint"]["refused"].get("forged_weights") == 1
+    _ends_equal(near, ["a", "b", "c", "j"])  # the model moved back onto the run's
+    for name in ("a", "b", "c", "j"):
+        assert not _verdicts(near, name), name
