@@ -118,6 +118,12 @@ class LateJoin:
         node's daemon."""
         if not self.config.checkpoint_every:
             return []
+        if self.config.momentum:  # (refused in unaudited runs: RunConfig.daemon_problem)
+            log.warning(
+                "extra.checkpoint_every is ignored: the chain's links do not carry the "
+                "velocity, and this audited run trains with momentum"
+            )
+            return []
         self.chain = await self.run(self._make_chain)
         self.server = CheckpointServer(self.node, self.behaviour.served_chunk)
         return [self.server]
