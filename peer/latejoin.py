@@ -341,18 +341,23 @@ class LateJoin:
         result = None if self.fetch_failed else await self._fetch(peers, self.choose_checkpoint)
         if result is None:
             return await self._restore_from(s.data_dir)
-        how = await self._restore_from(chain_dir)
-        if how.startswith("replay"):  # its cut or its tensors did not check out: replayed
+        return self._took(await self._restore_from(chain_dir), result)
+
+    def _took(self, how: str, fetched) -> str:
+        """After a restore from the fetched link (`fetched`, a FetchResult): refused and
+        counted if it did not check out (its cut or tensors: `how` is a replay), else kept
+        to be rebuilt after ready (`check_link`). How, for the log."""
+        if how.startswith("replay"):
             self._count_refused({"ledger": 1})
             log.warning(
                 "the fetched checkpoint of round %d does not match this ledger: refused, "
                 "the ledger was replayed instead",
-                result.offer.meta["round"],
+                fetched.offer.meta["round"],
                 extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
             )
             return how
-        self.fetched_meta = read_checkpoint_meta(chain_dir)  # rebuilt after ready
-        return f"fetched {how} from {len(result.peers)} peers"
+        self.fetched_meta = read_checkpoint_meta(self.s.data_dir / CHAIN_DIR)
+        return f"fetched {how} from {len(fetched.peers)} peers"
 
     async def _fetch(self, peers: list, choose: Callable):
         """`fetch_checkpoint` of the quorum's link into the chain dir, logged and counted;
@@ -660,17 +665,7 @@ class LateJoin:
         how += f" (settled state of round {first_round})"
         if fetched is None or refused is not None:
             return how if refused is None else f"{how}: {refused}"
-        if how.startswith("replay"):  # its rows are not the ledger's: refused, replayed
-            self._count_refused({"ledger": 1})
-            log.warning(
-                "the fetched checkpoint of round %d does not match this ledger: refused, "
-                "the ledger was replayed instead",
-                fetched.offer.meta["round"],
-                extra={"fields": {"event": "checkpoint_refused", "why": "ledger"}},
-            )
-            return how
-        self.fetched_meta = read_checkpoint_meta(directory)  # rebuilt after ready
-        return f"fetched {how} from {len(fetched.peers)} peers"
+        return self._took(how, fetched)
 
     async def _settle(
         self, cut, directory: Path | None, first_round: int, judged

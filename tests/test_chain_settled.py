@@ -11,25 +11,21 @@ import random
 import numpy as np
 import pytest
 import torch
+from test_checkpoint_chain import CONFIG, ED25519_ID, _chain, _files
 
-from seedflood_p2p.algorithm.chain import CheckpointChain, SettledCount
+from seedflood_p2p.algorithm.chain import SettledCount
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.probation import standing
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import make_estimator
-from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
-CONFIG = RunConfig(
-    model="tiny-llama", rank=4, refresh_period=5, lr=1e-2, n_ref=3, extra={"checkpoint_every": 4}
-)
 LAG = 1
 AUDIT = AuditSettings(enabled=True, lag=LAG, quorum=2)
 DELAY = AUDIT.delay
-ED25519_ID = bytes.fromhex("002408011220")
 F = [ED25519_ID + bytes([1 + i]) * 32 for i in range(3)]  # founders
 N = ED25519_ID + b"\x10" * 32  # a newcomer the founders vouch for
 C = ED25519_ID + b"\x20" * 32  # a cheater the founders convict
@@ -64,16 +60,6 @@ def _ledger(ban_at: int | None, vouch_at: tuple[int, int] = (6, 7)):
 
 def _standing(rows, records):
     return standing({(m.round, m.peer): m.scalars for m in rows}, records, AUDIT, PROBATION)
-
-
-def _chain(directory) -> CheckpointChain:
-    return CheckpointChain(load_model(CONFIG.model)[0], CONFIG, directory)
-
-
-def _files(directory) -> tuple[bytes, bytes]:
-    return (directory / "checkpoint.safetensors").read_bytes(), (
-        directory / "checkpoint.json"
-    ).read_bytes()
 
 
 def _replayed(rows) -> dict:
