@@ -504,13 +504,13 @@ class LiveModel:
         return self.engine.matrices[0].weight.device
 
     @torch.no_grad()
-    @torch.no_grad()
     def shift(self, delta: dict[str, torch.Tensor]) -> None:
         """Add `delta` to the trainable weights: a model restored from a checkpoint whose
         tensors were off by `delta` (peer/latejoin.py `check_weights`, audited runs)."""
         weights = self.weights()
         self.load_weights({k: t + delta[k].to(t.device, t.dtype) for k, t in weights.items()})
 
+    @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         # Check every tensor before writing any: a bad file must leave the base weights
         # untouched, since the replay that follows starts from them.
