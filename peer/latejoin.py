@@ -7,7 +7,8 @@ and the chain itself, built and served to later joiners.
     restore    own checkpoint + later rows | fetched chain link + later rows | replay
                (audited runs: the settled state of the first round, `restore_settled`)
     chain      link R built once the own round is R + checkpoint_settle, then served
-               (audited runs: the rows that count in the settled prefix R, chain.py)
+               (audited runs: the rows that count in a settled prefix, chain.py; built
+               SETTLED_MARGIN rounds later)
 
 With `--history-sync background` (a run with a chain, no audits) a joiner without its
 own checkpoint fetches the quorum's link first, syncs only the rows after it, and is
@@ -32,7 +33,13 @@ from peer.applied_rows import AppliedRows
 from peer.audit_duty import PeerAudits
 from peer.behaviour import Behaviour
 from peer.settings import PeerSettings
-from seedflood_p2p.algorithm.chain import CHAIN_DIR, CheckpointChain, SettledCount, link_round
+from seedflood_p2p.algorithm.chain import (
+    CHAIN_DIR,
+    SETTLED_MARGIN,
+    CheckpointChain,
+    SettledCount,
+    link_round,
+)
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
@@ -148,7 +155,8 @@ class LateJoin:
         (`round_`: the peer's round)."""
         if self.chain is None or self.fetched_meta is not None:
             return  # no link built on a fetched link not yet checked (`check_link`)
-        target = link_round(round_, self.chain.period, self.s.checkpoint_settle)
+        settle = self.s.checkpoint_settle + (SETTLED_MARGIN if self.audits is not None else 0)
+        target = link_round(round_, self.chain.period, settle)
         if target <= self.chain_round:
             return
         ledger, tail, meta = self.ledger, self.chain.tail, None
@@ -199,13 +207,13 @@ class LateJoin:
 
     def _settled_count(self, target: int) -> SettledCount | None:
         """In an audited run, the rows link `target` holds: those counted in the settled
-        prefix `target` by the ledger's standing as last judged (records that took effect
-        before `target` have arrived by now, `checkpoint_settle` rounds later; one that
-        comes later still is a late row's case). None without audits: every row."""
+        prefix `target` + SETTLED_MARGIN by the ledger's standing as last judged (records
+        that took effect before it have arrived by now, `checkpoint_settle` rounds later;
+        one that comes later still is a late row's case). None without audits: every row."""
         if self.audits is None:
             return None
         standing = self.audits.standing
-        return SettledCount(standing or self.audits.judge(), target)
+        return SettledCount(standing or self.audits.judge(), target + SETTLED_MARGIN)
 
     def status(self) -> dict:
         """The checkpoint fetched at start (if any), what was refused, the newest link."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_checkpoint_chain import CONFIG, ED25519_ID, _chain, _files
 
-from seedflood_p2p.algorithm.chain import SettledCount
+from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, SettledCount
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.probation import standing
 from seedflood_p2p.algorithm.replay import replay
@@ -78,7 +78,7 @@ def test_a_settled_link_holds_the_rows_that_count_in_its_prefix(tmp_path):
     # ban takes effect after round 8); the founders' all
     assert {m.peer for m in held} == {*F, N, C}
     assert len(held) < len([m for m in rows if m.round < 8])
-    assert meta["settled"] is True and meta["ledger_messages"] == len(held)
+    assert meta["settled_prefix"] == 8 and meta["ledger_messages"] == len(held)
     rebuilt = _replayed(held)
     # link = base + its rows, replayed a period at a time: the same sums as one replay of
     # them in another grouping, to float32 rounding
@@ -88,7 +88,7 @@ def test_a_settled_link_holds_the_rows_that_count_in_its_prefix(tmp_path):
     plain = _chain(tmp_path / "plain")
     plain.build([m for m in rows if m.round < 8], 8)
     assert _files(tmp_path) != _files(tmp_path / "plain")
-    assert "settled" not in json.loads(_files(tmp_path / "plain")[1])
+    assert "settled_prefix" not in json.loads(_files(tmp_path / "plain")[1])
 
 
 def test_a_ban_taking_effect_later_leaves_the_link_and_empties_the_next_of_the_cheater(
@@ -196,3 +196,23 @@ def test_a_joiner_restores_the_settled_state_from_an_older_link(tmp_path):
     expected = _replayed([m for m in rows if keep(m)])
     for name, tensor in live.weights().items():
         torch.testing.assert_close(tensor, expected[name], atol=1e-5, rtol=0)
+
+
+def test_with_the_margin_a_link_is_extended_over_vouches_that_came_after_its_round(tmp_path):
+    """Rows just below a link are vouched after its round (a probationer's updates are
+    audited rounds later): the links of an audited run are of the settled prefix
+    SETTLED_MARGIN rounds later, so those vouches took effect already and `extend` goes
+    on; with no margin the key moves and the link is built from all rows."""
+    rows, records = _ledger(ban_at=None, vouch_at=(5, 6))  # rounds 1 and 2, in effect at 5, 6
+    st = _standing(rows, records)
+    below4 = len([m for m in rows if m.round < 4])
+    new = [m for m in rows if 4 <= m.round < 8]
+    bare = _chain(tmp_path / "bare")
+    bare.build([m for m in rows if m.round < 4], 4, count=SettledCount(st, 4))
+    assert bare.extend(new, 8, below4, 0, SettledCount(st, 8)) is None  # vouched since 4
+    step = _chain(tmp_path / "step")
+    step.build([m for m in rows if m.round < 4], 4, count=SettledCount(st, 4 + SETTLED_MARGIN))
+    assert step.extend(new, 8, below4, 0, SettledCount(st, 8 + SETTLED_MARGIN)) is not None
+    direct = _chain(tmp_path / "direct")
+    direct.build([m for m in rows if m.round < 8], 8, count=SettledCount(st, 8 + SETTLED_MARGIN))
+    assert _files(tmp_path / "step") == _files(tmp_path / "direct")

@@ -68,11 +68,13 @@ def _run(
     joiner: list[str] = (),
     flags: list[str] = PEER_FLAGS,
     wait_for: str | None = None,
+    join_round: int = 13,  # link 8 is built at round 12 (settle 4) and served
 ) -> dict:
     """SERVERS: {name: hooked_peer.py flags}, a `seedflood peer` for those with none, each
-    with `flags`; the run finishes once the joiner is ready and logged `links` chain links
-    (two rounds on), and, with `--history-sync background` among its `joiner` flags,
-    checked its history (or logged the event `wait_for`)."""
+    with `flags`; the joiner starts once the first is at `join_round`; the run finishes once
+    the joiner is ready and logged `links` chain links (two rounds on), and, with
+    `--history-sync background` among its `joiner` flags, checked its history (or logged the
+    event `wait_for`)."""
     procs = []
     try:
         boot, address = start_bootstrap(work, run)
@@ -83,7 +85,7 @@ def _run(
             peers[name] = start(work, name, address, flags + extra)
             procs.append(peers[name])
         first = next(iter(peers.values()))
-        first.wait_round(13)  # link 8 is built at round 12 (settle 4) and served
+        first.wait_round(join_round)
         peers["j"] = start_peer(
             work, "j", address, [*flags, "--checkpoint-fetch", "always", *joiner]
         )

@@ -28,9 +28,12 @@ import pytest
 from test_checkpoint_fetch import _ends_equal, _final, _ready, _run
 
 from harness.cluster import AUDIT, AUDITED_RUN, peer_flags
+from seedflood_p2p.algorithm.chain import SETTLED_MARGIN
 
 pytestmark = pytest.mark.slow
-ROUNDS = 120  # a cap: the run is finished once the joiner showed what the tests assert
+ROUNDS = 240  # a cap: the run is finished once the joiner showed what the tests assert
+# link 8 of an audited run: built at round 8 + SETTLED_MARGIN + settle 4, then served
+JOIN_ROUND = 8 + SETTLED_MARGIN + 4 + 1
 AUDITED_CHAIN_RUN = dataclasses.replace(
     AUDITED_RUN, extra={"audit": AUDIT, "checkpoint_every": 8}, salt="audited-chain"
 )
@@ -38,7 +41,7 @@ AUDITED_CHAIN_RUN = dataclasses.replace(
 FLAGS = peer_flags(
     until_round=ROUNDS,
     metrics_port=0,
-    round_interval=1.0,
+    round_interval=0.6,
     max_staleness=1,
     round_deadline=3,
     liveness_timeout=20,
@@ -60,6 +63,7 @@ def runs(tmp_path_factory):
                 1,  # one link of its own, after the fetched one was rebuilt and matched
                 flags=FLAGS,
                 wait_for="link_checked",
+                join_round=JOIN_ROUND,
             ),
             **{
                 kind: pool.submit(
@@ -70,6 +74,7 @@ def runs(tmp_path_factory):
                     0,
                     flags=FLAGS,
                     wait_for=event,
+                    join_round=JOIN_ROUND,
                 )
                 for kind, how, event in (
                     ("far", "forge-far", "link_self_check"),

@@ -21,11 +21,14 @@ trainable weights twice more, base and scratch), on the model thread, between ro
 
 In an audited run (audits on, the default) a peer's model is not base + ledger but a
 settled state (probation.py): base + the rows that count by the ledger's records. Link j
-there holds the rows of rounds < jP that count in the settled prefix jP, S_{jP+lag}
-(`SettledCount`), a function of the rows of rounds < jP and the records that took effect
-before jP, so honest peers again build it alike; a record of a ban or a vouch that takes
-effect later changes what the next link holds (a joiner restoring from this one takes
-such rows back or adds them, as an audited restart does from its own checkpoint).
+there holds the rows of rounds < jP that count in the settled prefix jP + SETTLED_MARGIN
+(`SettledCount`), a function of the rows of rounds < jP + SETTLED_MARGIN and the records
+that took effect before it, so honest peers again build it alike. The margin is why the
+next link can still be extended from this one: an honest auditor audits an update at most
+MAX_REWIND (30) rounds after its round, so no vouch and no establishment that takes effect
+later changes which of these rows count; only a ban (or a vouch lost with its voucher's)
+does, and then the next link is built from all rows (a joiner restoring from this one
+takes such rows back or adds them, as an audited restart does from its own checkpoint).
 
 Each link after the first a process builds costs its period's rows, not the whole ledger
 (`ChainTail`): the builder keeps what its newest link stands on (the count, running digest
@@ -61,6 +64,10 @@ from seedflood_p2p.storage.digests import RunningDigest, digest_of
 log = logging.getLogger("seedflood.chain")
 
 CHAIN_DIR = "chain"  # under the data dir
+# Rounds between an audited link's rows and the settled prefix that decides which count:
+# beyond peer/state_rewind.py MAX_REWIND (30) plus a peer's lead on the run (max ahead).
+# Every builder must use the same value (it is in each link's JSON: `settled_prefix`).
+SETTLED_MARGIN = 40
 
 
 def link_round(round_: int, period: int, settle: int) -> int:
@@ -79,8 +86,9 @@ def write_link(directory: Path, weights: dict, config: RunConfig, rows: list, ro
 
 @dataclass(frozen=True)
 class SettledCount:
-    """The rows an audited run's link of round `held` holds: those that count in the
-    settled prefix `held` (`Standing.counts_at`), by the ledger's standing now."""
+    """The rows an audited run's link holds: those that count in the settled prefix `held`
+    (`Standing.counts_at`; the link of round R: held = R + SETTLED_MARGIN), by the ledger's
+    standing now."""
 
     standing: Standing
     held: int
@@ -132,8 +140,8 @@ def _write(
         "ledger_cut": below.cut.encoded(),
         "weights_sha256": tensors_sha256(weights),
     }
-    if below.key is not None:  # an audited run's: the rows that count in the settled prefix
-        meta["settled"] = True
+    if below.held is not None:  # an audited run's: the rows that count in a settled prefix
+        meta["settled_prefix"] = below.held
     write_checkpoint(directory, weights, meta)
     return meta
 
@@ -154,6 +162,7 @@ class ChainTail:
     replaced: int = 0
     seen: int = 0
     key: tuple | None = None
+    held: int | None = None  # the settled prefix whose counted rows these are
 
     @classmethod
     def of(
@@ -165,8 +174,8 @@ class ChainTail:
     ) -> ChainTail:
         """The tail of `rows` (canonical order, all of rounds < round_), holding those that
         `count` counts (all without it)."""
-        key = None if count is None else count.key(round_)
-        tail = cls(round_, 0, RunningDigest(), CutEncoder(), replaced, 0, key)
+        key, held = (None, None) if count is None else (count.key(round_), count.held)
+        tail = cls(round_, 0, RunningDigest(), CutEncoder(), replaced, 0, key, held)
         tail.extend(rows, count)
         return tail
 
@@ -232,7 +241,7 @@ class CheckpointChain:
         if (
             meta is not None
             and meta.get("round", 0) <= target
-            and bool(meta.get("settled")) == (count is not None)
+            and meta.get("settled_prefix") == (None if count is None else count.held)
             and self._holds(meta, rows)
         ):
             self._load(read_checkpoint_weights(self.directory, "cpu"))
@@ -286,7 +295,8 @@ class CheckpointChain:
         extended = tail.copy()
         extended.round = target
         extended.extend(rows, count)
-        extended.key = None if count is None else count.key(target)
+        if count is not None:
+            extended.key, extended.held = count.key(target), count.held
         meta = _write(self.directory, self.weights(), self.config, target, extended)
         self.tail = extended
         return meta
