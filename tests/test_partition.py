@@ -38,12 +38,15 @@ def test_partition_heals_to_one_ledger(tmp_path):
     assert result["peer_ids"][HOSTS] in seen[2]["named"], seen
     # Both sides trained on through the cut.
     assert all(r > 8 for r in result["rounds_at_heal"].values()), result["rounds_at_heal"]
-    # One ledger, with every round every peer trained, after the heal (a peer may start at
-    # round 1, or jump to the quorum round once the sides meet again: harness rounds_trained;
-    # a jump is bounded by the window, max_behind = 30 rounds).
+    # One ledger, with every round every peer trained, after the heal (a peer may start a
+    # few rounds late, or jump to the quorum round once the sides meet again: harness
+    # rounds_trained; a jump is bounded by the window, max_behind = 30 rounds). A start at
+    # round <= 5: rounds are 0.4 s, and a peer that loads its model 2 s after the others
+    # on a busy machine starts there (CI failed once at `first <= 1`); every round it did
+    # train is in the one ledger all the same (`expected_rows`).
     assert result["ledgers_identical"], result["ledger_digests"]
     assert result["bootstrap_rows"] == result["expected_rows"], (result["trained"], result)
-    assert all(t["skipped"] <= 30 and t["first"] <= 1 for t in result["trained"].values()), (
+    assert all(t["skipped"] <= 30 and t["first"] <= 5 for t in result["trained"].values()), (
         result["trained"],  # named first: the whole result is cut short in pytest's report
         result["rounds_at_heal"],
     )
