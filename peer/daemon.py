@@ -473,6 +473,7 @@ class PeerDaemon:
                 )
 
             late_join.verify_settled = verify_settled
+        late_join.spawn = host.spawn  # links are built in the background
         services = await late_join.make_chain()
         late_join.hold_history()
         node.not_ready = "starting: syncing with the run first"

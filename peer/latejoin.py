@@ -26,7 +26,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
 from peer.applied_rows import AppliedRows
@@ -36,6 +36,7 @@ from peer.settings import PeerSettings
 from seedflood_p2p.algorithm.chain import (
     CHAIN_DIR,
     SETTLED_MARGIN,
+    STEP_ROWS,
     CheckpointChain,
     SettledCount,
     link_round,
@@ -117,6 +118,10 @@ class LateJoin:
         # audited runs: (matched, recomputed) of others' recent updates on the restored
         # model (`PeerAudits.self_check` on the model thread; set by the daemon)
         self.verify_settled: Callable[[int], Awaitable[tuple[int, int]]] | None = None
+        # starts a background task that the daemon cancels at shutdown (NetworkHost.spawn;
+        # None: a link is built in the caller's await)
+        self.spawn: Callable[[Coroutine, str], asyncio.Task] | None = None
+        self._building: asyncio.Task | None = None  # the link being built, if any
 
     # -- the chain ---------------------------------------------------------------------
     async def make_chain(self) -> list[CheckpointServer]:
@@ -152,13 +157,46 @@ class LateJoin:
 
     async def extend_chain(self, round_: int) -> None:
         """Build and serve the newest settled link of the run's checkpoint chain, if due
-        (`round_`: the peer's round)."""
-        if self.chain is None or self.fetched_meta is not None:
-            return  # no link built on a fetched link not yet checked (`check_link`)
+        (`round_`: the peer's round): in the background, one build at a time, when the
+        daemon gave a way to start tasks (`spawn`), so rounds go on while a link is built
+        from all rows; else here."""
+        if self.chain is None or self.fetched_meta is not None or self._building is not None:
+            return  # (no link built on a fetched link not yet checked: `check_link`)
         settle = self.s.checkpoint_settle + (SETTLED_MARGIN if self.audits is not None else 0)
         target = link_round(round_, self.chain.period, settle)
         if target <= self.chain_round:
             return
+        if self.spawn is None:
+            await self._extend(target)
+        else:
+            self._building = self.spawn(self._extend(target), "chain-link")
+
+    async def _extend(self, target: int) -> None:
+        """Build link `target` (from the newest link built here if it can, else from all
+        rows, a model-thread step at a time) and serve it."""
+        try:
+            meta = await self._link(target)
+            await self._serve(target, meta)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # (the chain is a service: the rounds go on without it)
+            self.chain_round = target  # not tried again until the next link is due
+            log.error(
+                "checkpoint chain: building link of round %d failed: %r",
+                target,
+                exc,
+                exc_info=exc,
+                extra={"fields": {"event": "chain_link_failed", "round": target}},
+            )
+        finally:
+            self._building = None
+
+    async def _link(self, target: int) -> dict:
+        """Link `target`'s JSON, once built: its period's rows onto the newest link built
+        here, or from all rows below it. Those are read from a snapshot and replayed on the
+        model thread a step at a time (`CheckpointChain.build_steps`): at ten million rows
+        the read alone takes ~36 s and the replay minutes, which in one call stalled the
+        rounds."""
         ledger, tail, meta = self.ledger, self.chain.tail, None
         count = self._settled_count(target)
         if tail is not None and tail.round < target:  # its period's rows onto the last link
@@ -167,16 +205,50 @@ class LateJoin:
             meta = await self.run(
                 self.chain.extend, rows, target, below, ledger.replacements, count
             )
-        if meta is None:  # the first link of this process, or rows below the last changed
-            # all rows below it, read on the model thread from a snapshot: at ten million
-            # rows the read alone takes ~36 s, which on the event loop stalled the rounds
-            replaced, snapshot = ledger.replacements, ledger.snapshot()
+        if meta is not None:
+            return meta
+        # the first link of this process, or rows below the last one changed
+        replaced, snapshot = ledger.replacements, ledger.snapshot()
+        try:
+            rows = await self._rows_below(snapshot, target)
+        finally:
+            _close(snapshot)
+        steps = self.chain.build_steps(rows, target, replaced, count)
+        built: dict = {}
+
+        def step() -> bool:
             try:
-                meta = await self.run(
-                    _build_from_all, self.chain, snapshot, target, replaced, count
-                )
-            finally:
-                _close(snapshot)
+                next(steps)
+            except StopIteration as done:
+                built["meta"] = done.value
+                return False
+            return True
+
+        while await self.run(step):
+            pass
+        return built["meta"]
+
+    async def _rows_below(self, snapshot, target: int) -> list[UpdateMessage]:
+        """The snapshot's rows of rounds < target (canonical order), read on the model
+        thread STEP_ROWS a call."""
+        rows: list[UpdateMessage] = []
+        it = iter(snapshot)
+
+        def pull() -> bool:
+            taken = 0
+            for m in itertools.islice(it, STEP_ROWS):
+                if m.round >= target:
+                    return False
+                rows.append(m)
+                taken += 1
+            return taken == STEP_ROWS
+
+        while await self.run(pull):
+            pass
+        return rows
+
+    async def _serve(self, target: int, meta: dict) -> None:
+        """Offer the link just built to joiners (and log it)."""
         self.chain_round = target
         try:
             offer = await self.server.publish(
@@ -832,16 +904,6 @@ async def _digest_in_child(path: Path, cut: dict) -> tuple[int, str]:
         raise RuntimeError(f"exit {proc.returncode}: {last[0]}")
     count, digest = json.loads(out)
     return int(count), str(digest)
-
-
-def _build_from_all(
-    chain: CheckpointChain, rows, target: int, replaced: int, count: SettledCount | None
-) -> dict | None:
-    """`chain.build` of the snapshot's rows of rounds < target (canonical order: they end
-    where the first row of round `target` begins)."""
-    return chain.build(
-        list(itertools.takewhile(lambda m: m.round < target, rows)), target, replaced, count
-    )
 
 
 def _close(rows) -> None:

@@ -520,3 +520,34 @@ def test_repair_plans_no_bucket_wholly_below_the_floor():
 
     assert wanted(0) == [0, 1, 2, 3, 4]
     assert wanted(floor) == [2, 3, 4]
+
+
+def test_a_link_is_built_a_step_at_a_time_with_the_same_bytes(tmp_path, monkeypatch):
+    """`build_steps` (what a peer runs on its model thread, training between the steps)
+    yields after every STEP_ROWS rows of each pass and after each period's replay, and
+    writes the bytes `build` writes, from the base or from an older link on disk."""
+    import seedflood_p2p.algorithm.chain as chain_module
+
+    monkeypatch.setattr(chain_module, "STEP_ROWS", 5)
+    rows = _messages(12, 3)
+    below8 = [m for m in rows if m.round < 8]
+    stepped = _chain(tmp_path / "stepped")
+    steps = stepped.build_steps(below8, 8)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            meta = done.value
+            break
+        yields += 1
+    assert yields == 24 // 5 + 1 + 2  # a pass over 24 rows, 5 a step; two periods replayed
+    assert meta["round"] == 8 and stepped.tail.round == 8
+    whole = _chain(tmp_path / "whole")
+    whole.build(below8, 8)
+    assert _files(tmp_path / "stepped") == _files(tmp_path / "whole")
+    # from the link on disk: its rows checked a step at a time, one period replayed
+    later = _chain(tmp_path / "stepped")  # a new process: the link on disk, no tail
+    later.build([m for m in rows if m.round < 12], 12)
+    _chain(tmp_path / "whole12").build([m for m in rows if m.round < 12], 12)
+    assert _files(tmp_path / "stepped") == _files(tmp_path / "whole12")

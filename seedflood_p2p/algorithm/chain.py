@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from bisect import bisect_left
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +61,12 @@ from seedflood_p2p.storage.checkpoint import (
     write_checkpoint,
 )
 from seedflood_p2p.storage.cut import CutEncoder
-from seedflood_p2p.storage.digests import RunningDigest, digest_of
+from seedflood_p2p.storage.digests import RunningDigest
 
 log = logging.getLogger("seedflood.chain")
 
 CHAIN_DIR = "chain"  # under the data dir
+STEP_ROWS = 100_000  # rows a step of a pass over all rows takes (`build_steps`): ~0.1-0.3 s
 # Rounds between an audited link's rows and the settled prefix that decides which count:
 # beyond peer/state_rewind.py MAX_REWIND (30) plus a peer's lead on the run (max ahead).
 # Every builder must use the same value (it is in each link's JSON: `settled_prefix`).
@@ -231,18 +234,41 @@ class CheckpointChain:
         (canonical order), read when the ledger's replacement count was `replaced`; in an
         audited run the link holds those that `count` counts. Returns its JSON (None for
         target 0: the base is no link)."""
+        steps = self.build_steps(rows, target, replaced, count)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def build_steps(
+        self,
+        rows: list[UpdateMessage],
+        target: int,
+        replaced: int = 0,
+        count: SettledCount | None = None,
+    ) -> Generator[None, None, dict | None]:
+        """`build`, a step at a time: it yields after every STEP_ROWS rows of a pass and
+        after each period's replay, so that a caller on the model thread lets training run
+        between steps (peer/latejoin.py: at ten million rows a build is minutes of work).
+        Returns what `build` returns. The scratch model is the builder's until it ends."""
         if target <= 0 or target % self.period:
             return None
         self.tail = None
-        tail = ChainTail.of(rows, target, replaced, count)
-        rows = _counted(rows, count)
+        tail = ChainTail.of([], target, replaced, count)
+        held: list[UpdateMessage] = []
+        for low in range(0, len(rows), STEP_ROWS):
+            chunk = rows[low : low + STEP_ROWS]
+            tail.extend(chunk, count)
+            held += _counted(chunk, count)
+            yield
         meta = self.current()
         start = 0
         if (
             meta is not None
             and meta.get("round", 0) <= target
             and meta.get("settled_prefix") == (None if count is None else count.held)
-            and self._holds(meta, rows)
+            and (yield from self._holds(meta, held))
         ):
             self._load(read_checkpoint_weights(self.directory, "cpu"))
             if meta["round"] == target:
@@ -257,8 +283,14 @@ class CheckpointChain:
                     meta.get("round"),
                 )
             self._load(self.base)
+        i = bisect_left([m.round for m in held], start)
         for low in range(start, target, self.period):
-            self._replay([m for m in rows if low <= m.round < low + self.period])
+            j = i
+            while j < len(held) and held[j].round < low + self.period:
+                j += 1
+            self._replay(held[i:j])
+            i = j
+            yield
         meta = _write(self.directory, self.weights(), self.config, target, tail)
         self.tail = tail
         return meta
@@ -301,11 +333,17 @@ class CheckpointChain:
         self.tail = extended
         return meta
 
-    def _holds(self, meta: dict, rows: list[UpdateMessage]) -> bool:
-        """The link on disk is the chain's for these rows: same rows below its round, and
-        its tensors hash as recorded."""
-        below = [m for m in rows if m.round < meta["round"]]
-        if len(below) != meta.get("ledger_messages") or digest_of(below) != meta.get(
+    def _holds(self, meta: dict, rows: list[UpdateMessage]) -> Generator[None, None, bool]:
+        """The link on disk is the chain's for these rows (canonical order): same rows below
+        its round, and its tensors hash as recorded. Yields every STEP_ROWS rows."""
+        digest = RunningDigest()
+        for low in range(0, len(rows), STEP_ROWS):
+            for m in rows[low : low + STEP_ROWS]:
+                if m.round >= meta["round"]:
+                    break
+                digest.add(m)
+            yield
+        if digest.count != meta.get("ledger_messages") or digest.hexdigest() != meta.get(
             "ledger_digest"
         ):
             return False

@@ -190,6 +190,7 @@ class NetworkHost:
     def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
         """A background task of the caller's, cancelled first at shutdown."""
         task = asyncio.create_task(coro, name=name)
+        self._tasks = [t for t in self._tasks if not t.done()]  # one a chain link, and on
         self._tasks.append(task)
         return task
 
