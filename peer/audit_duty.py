@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -563,25 +564,53 @@ class PeerAudits:
         return out
 
     def self_check(
-        self, trained_round: int, engine, tokenizer, task, most: int = SELF_CHECKS
+        self,
+        trained_round: int,
+        engine,
+        tokenizer,
+        task,
+        exclude: frozenset[bytes] = frozenset(),
+        most: int = SELF_CHECKS,
     ) -> tuple[int, int]:
         """Does our model make what the run makes? Recompute up to `most` recent updates of
-        distinct other peers that count (founders first), each on the state its sender
-        trained on, as an audit does but with no record, no vote and no count; (matched,
-        recomputed). A joiner restored from a link peers offered runs it before it trains:
-        weights its rows do not make would have its own updates convicted."""
+        distinct other peers that count, each on the states its sender may have trained on,
+        as an audit does but with no record, no vote and no count; (matched, recomputed).
+        A joiner restored from a link peers offered runs it before it trains: weights its
+        rows do not make would have its own updates convicted.
+
+        Whose updates: not those of `exclude` (the link's offerers: colluders could
+        publish updates made on their own forged weights) unless nobody else's can be
+        checked, nor of a peer any record accuses; under probation only established
+        peers', founders first; the rest drawn at random with this process's own
+        randomness, not by recency, so a few fresh keys cannot choose to be the ones
+        checked."""
         st, rule = self.standing, self.settings.rule
-        founders = st.founders if st is not None and st.enabled else frozenset()
+        probation = st is not None and st.enabled
+        accused = {
+            r.accused
+            for r in self.ledger.audits()
+            if (claimed := self.ledger.scalars_of(r.accused, r.round)) is not None
+            and rule.mismatches(claimed, r.scalars)
+        }
+        skip = accused | set(self.banned) | {self.peer_id}
         chosen: dict[bytes, UpdateMessage] = {}
         low = max(0, trained_round - MAX_REWIND)
         for round_ in range(trained_round - self.delay, low - 1, -1):
             for m in self.ledger.messages(round_, round_):
-                if m.peer == self.peer_id or m.peer in chosen or m.peer in self.banned:
+                if m.peer in skip or m.peer in chosen:
                     continue
                 if st is not None and not st.counts(m.peer, m.round):
                     continue
+                if probation and m.peer not in st.established:
+                    continue
                 chosen[m.peer] = m
-        jobs = sorted(chosen.values(), key=lambda m: (m.peer not in founders, -m.round))[:most]
+        draw = random.SystemRandom()
+        order = sorted(
+            chosen.values(),
+            key=lambda m: (not probation or m.peer not in st.founders, draw.random()),
+        )
+        others = [m for m in order if m.peer not in exclude]
+        jobs = (others or order)[:most]
         matched = 0
         for m in jobs:
             rebuilt = self.rewind.recompute(
@@ -593,7 +622,6 @@ class PeerAudits:
                 self.waiting,
                 lambda m=m: self._recompute(m, engine, tokenizer, task),
                 rule.mismatches,
-                0,
             )
             matched += not rule.mismatches(m.scalars, rebuilt.recomputed)
         return matched, len(jobs)

@@ -467,9 +467,14 @@ class PeerDaemon:
         if self.audits is not None:  # a link's settled state is checked before it trains
             audits, engine = self.audits.audits, live.engine
 
-            def verify_settled(first_round: int):
+            def verify_settled(first_round: int, offerers: frozenset[bytes]):
                 return self.model_thread.run(
-                    audits.self_check, first_round, engine, joined.tokenizer, joined.task
+                    audits.self_check,
+                    first_round,
+                    engine,
+                    joined.tokenizer,
+                    joined.task,
+                    offerers,
                 )
 
             late_join.verify_settled = verify_settled

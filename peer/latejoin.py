@@ -55,6 +55,8 @@ from seedflood_p2p.protocol.message import UpdateMessage
 from seedflood_p2p.protocol.repair import BUCKET_ROUNDS
 from seedflood_p2p.protocol.update import quorum_round
 from seedflood_p2p.storage.checkpoint import (
+    META_FILE,
+    WEIGHTS_FILE,
     read_checkpoint_meta,
     read_checkpoint_weights,
     tensors_sha256,
@@ -117,11 +119,14 @@ class LateJoin:
         self.trusted_round: int | None = None  # the link trusted at join, until checked
         # audited runs: (matched, recomputed) of others' recent updates on the restored
         # model (`PeerAudits.self_check` on the model thread; set by the daemon)
-        self.verify_settled: Callable[[int], Awaitable[tuple[int, int]]] | None = None
+        self.verify_settled: (
+            Callable[[int, frozenset[bytes]], Awaitable[tuple[int, int]]] | None
+        ) = None
         # starts a background task that the daemon cancels at shutdown (NetworkHost.spawn;
         # None: a link is built in the caller's await)
         self.spawn: Callable[[Coroutine, str], asyncio.Task] | None = None
         self._building: asyncio.Task | None = None  # the link being built, if any
+        self._failed_round = 0  # a link whose build failed (logged): not tried again
 
     # -- the chain ---------------------------------------------------------------------
     async def make_chain(self) -> list[CheckpointServer]:
@@ -164,7 +169,7 @@ class LateJoin:
             return  # (no link built on a fetched link not yet checked: `check_link`)
         settle = self.s.checkpoint_settle + (SETTLED_MARGIN if self.audits is not None else 0)
         target = link_round(round_, self.chain.period, settle)
-        if target <= self.chain_round:
+        if target <= max(self.chain_round, self._failed_round):
             return
         if self.spawn is None:
             await self._extend(target)
@@ -180,7 +185,7 @@ class LateJoin:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # (the chain is a service: the rounds go on without it)
-            self.chain_round = target  # not tried again until the next link is due
+            self._failed_round = target  # not tried again until the next link is due
             log.error(
                 "checkpoint chain: building link of round %d failed: %r",
                 target,
@@ -211,8 +216,8 @@ class LateJoin:
         replaced, snapshot = ledger.replacements, ledger.snapshot()
         try:
             rows = await self._rows_below(snapshot, target)
-        finally:
-            _close(snapshot)
+        finally:  # on the model thread, after any read of it still running there
+            await asyncio.shield(self.run(_close, snapshot))
         steps = self.chain.build_steps(rows, target, replaced, count)
         built: dict = {}
 
@@ -597,7 +602,8 @@ class LateJoin:
             # off by (it was restored from the link, the same difference on every weight)
             fetched = await self.run(read_checkpoint_weights, chain.directory, "cpu")
             await self.run(write_checkpoint, chain.directory, weights, link)
-            await self.run(self.live.shift, {k: weights[k] - fetched[k] for k in weights})
+            delta = {k: weights[k].float() - fetched[k].float() for k in weights}
+            await self.run(self.live.shift, delta)
             return False
         await self.run(write_checkpoint, chain.directory, weights, link)
         await self._rebuild()
@@ -737,6 +743,7 @@ class LateJoin:
             if fetched is not None and not how.startswith("replay"):
                 refused = await self._refuse_settled(first_round, fetched)
                 if refused is not None:  # base + the ledger's counted rows, by replay
+                    _discard_link(directory)  # never built on, nor served, by this peer
                     await self.run(self.live.load_weights, await self.run(self._base_weights))
                     how, state = await self._settle(cut, None, first_round, judged)
         finally:
@@ -774,7 +781,15 @@ class LateJoin:
         convicted by every honest auditor."""
         if self.verify_settled is None:
             return None
-        matched, checked = await self.verify_settled(first_round)
+        import base58
+
+        offerers = frozenset(base58.b58decode(p) for p in fetched.peers)
+        try:
+            matched, checked = await self.verify_settled(first_round, offerers)
+        except Exception as exc:  # unchecked is not good: refused, the ledger replayed
+            log.error("checking the fetched link's state failed: %r", exc, exc_info=exc)
+            self._count_refused({"unchecked": 1})
+            return f"the fetched link of round {fetched.offer.meta['round']} could not be checked"
         fields = {
             "event": "link_self_check",
             "round": fetched.offer.meta["round"],
@@ -782,7 +797,7 @@ class LateJoin:
             "checked": checked,
             "offered_by": fetched.peers,
         }
-        if matched * 2 > checked or checked == 0:
+        if matched * 2 > checked > 0:
             log.info(
                 "the model restored from the fetched link of round %d recomputes %d of %d "
                 "recent updates of other peers as they published them: kept",
@@ -792,6 +807,15 @@ class LateJoin:
                 extra={"fields": fields},
             )
             return None
+        if checked == 0:  # nothing to check it against: the safe way is the replay
+            self._count_refused({"unchecked": 1})
+            log.warning(
+                "the fetched link of round %d is not used: no recent update of another "
+                "peer to check its state against; replaying the ledger",
+                fields["round"],
+                extra={"fields": fields},
+            )
+            return f"the fetched link of round {fields['round']} was not checked"
         self._count_refused({"forged_weights": 1})
         log.error(
             "the model restored from the fetched link of round %d recomputes only %d of %d "
@@ -904,6 +928,13 @@ async def _digest_in_child(path: Path, cut: dict) -> tuple[int, str]:
         raise RuntimeError(f"exit {proc.returncode}: {last[0]}")
     count, digest = json.loads(out)
     return int(count), str(digest)
+
+
+def _discard_link(directory: Path) -> None:
+    """Remove the link in `directory` (a fetched one refused): the chain's builder would
+    otherwise find its rows right, its hashes consistent, and build on it."""
+    for name in (META_FILE, WEIGHTS_FILE):
+        (directory / name).unlink(missing_ok=True)
 
 
 def _close(rows) -> None:

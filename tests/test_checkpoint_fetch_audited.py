@@ -5,13 +5,14 @@ a settled prefix (algorithm/chain.py `SettledCount`).
 
     honest: A and B train, audit and serve links; J joins late with --checkpoint-fetch
             always: it restores from the link both offer, recomputes A's and B's recent
-            updates on that model before it trains (`PeerAudits.self_check`: they match),
+            updates on that model before it trains (`PeerAudits.self_check`; the offerers'
+            own, since nobody else's can be checked: they match),
             later rebuilds the link from its rows (the same tensors), and ends with the
             others' ledger and a live model equal to the replay of it; nobody is convicted.
     far:    A and B offer the same forged link (a quorum; harness/hooked_peer.py
             --checkpoint forge-far: every tensor shifted), C is honest. J restores from it,
-            recomputes the others' updates, finds they do not match, names A and B, and
-            replays instead: it is never convicted for updates trained on weights the run
+            recomputes C's update (not the offerers'), finds it does not match, names A
+            and B, and replays instead: it is never convicted for updates trained on weights the run
             does not have, and ends as the others do.
     near:   ... --checkpoint forge: one tensor shifted by 0.01, too little for an audit to
             tell the updates apart (the self-check passes, and J's updates pass the others'
@@ -22,6 +23,7 @@ a settled prefix (algorithm/chain.py `SettledCount`).
 from __future__ import annotations
 
 import dataclasses
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -113,7 +115,8 @@ def test_an_audited_joiner_restores_its_settled_state_from_the_link_two_peers_of
     assert source.startswith("fetched checkpoint of round") and "settled state of round" in source
     assert source.endswith("from 2 peers"), ready
     check = _event(honest, "j", "link_self_check")
-    assert check["checked"] == 2 and check["matched"] == 2, check  # A's and B's updates
+    # A's and B's updates: the offerers' own, as nobody else's can be checked
+    assert check["checked"] == 2 and check["matched"] == 2, check
     rebuilt = _event(honest, "j", "link_checked")
     assert rebuilt["match"] is True, rebuilt
     assert _final(honest, "j")["checkpoint"]["refused"] == {}
@@ -124,12 +127,19 @@ def test_an_audited_joiner_restores_its_settled_state_from_the_link_two_peers_of
 
 def test_a_forged_settled_link_is_found_before_the_joiner_trains(far):
     check = _event(far, "j", "link_self_check")
-    assert check["checked"] == 3 and check["matched"] == 0, check  # A's, B's and C's
+    assert check["checked"] == 1 and check["matched"] == 0, check  # C's: not the offerers'
+
     a, b = (_final(far, n)["peer_id"] for n in ("a", "b"))
     assert set(check["offered_by"]) == {a, b}
     ready = _ready(far, "j")
     assert ready["source"].startswith("replay of") and "was refused" in ready["source"], ready
     assert _final(far, "j")["checkpoint"]["refused"].get("forged_weights") == 1
+    # the refused link left J's chain dir: J never builds on it nor serves it
+    forged = json.loads((far["work"] / "a" / "chain" / "forged" / "checkpoint.json").read_text())
+    kept = far["work"] / "j" / "chain" / "checkpoint.json"
+    assert not kept.exists() or (
+        json.loads(kept.read_text())["weights_sha256"] != forged["weights_sha256"]
+    )
     _ends_equal(far, ["a", "b", "c", "j"])
     for name in ("a", "b", "c", "j"):  # J's updates were never trained on the forged link
         assert not _verdicts(far, name), name
@@ -137,7 +147,7 @@ def test_a_forged_settled_link_is_found_before_the_joiner_trains(far):
 
 def test_a_link_forged_within_the_audit_bound_is_found_by_its_rebuild_and_undone(near):
     check = _event(near, "j", "link_self_check")
-    assert check["checked"] == 3 and check["matched"] == 3, check  # too near to tell
+    assert check["checked"] == 1 and check["matched"] == 1, check  # C's: too near to tell
     ready = _ready(near, "j")
     assert ready["source"].startswith("fetched checkpoint of round"), ready
     rebuilt = _event(near, "j", "link_checked")

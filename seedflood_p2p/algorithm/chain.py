@@ -24,11 +24,13 @@ settled state (probation.py): base + the rows that count by the ledger's records
 there holds the rows of rounds < jP that count in the settled prefix jP + SETTLED_MARGIN
 (`SettledCount`), a function of the rows of rounds < jP + SETTLED_MARGIN and the records
 that took effect before it, so honest peers again build it alike. The margin is why the
-next link can still be extended from this one: an honest auditor audits an update at most
-MAX_REWIND (30) rounds after its round, so no vouch and no establishment that takes effect
-later changes which of these rows count; only a ban (or a vouch lost with its voucher's)
-does, and then the next link is built from all rows (a joiner restoring from this one
-takes such rows back or adds them, as an audited restart does from its own checkpoint).
+next link can usually still be extended from this one: an honest auditor audits an update
+at most MAX_REWIND (30) rounds after its round, so most vouches and establishments that
+concern these rows have taken effect. What can still change which of them count: a ban (or
+a vouch lost with its voucher's), and a probationer's draw-audit match, which vouches only
+from when its author is established, maybe much later. Then the next link is built from
+all rows (a joiner restoring from this one takes such rows back or adds them, as an
+audited restart does from its own checkpoint).
 
 Each link after the first a process builds costs its period's rows, not the whole ledger
 (`ChainTail`): the builder keeps what its newest link stands on (the count, running digest

@@ -190,7 +190,8 @@ class NetworkHost:
     def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
         """A background task of the caller's, cancelled first at shutdown."""
         task = asyncio.create_task(coro, name=name)
-        self._tasks = [t for t in self._tasks if not t.done()]  # one a chain link, and on
+        # (one a chain link, and on; a task that failed stays, for the shutdown's gather)
+        self._tasks = [t for t in self._tasks if not t.done() or _failed(t)]
         self._tasks.append(task)
         return task
 
@@ -261,3 +262,8 @@ class NetworkHost:
             ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()),
             extra={"fields": {"event": "stopped", **{k: round(v, 3) for k, v in took.items()}}},
         )
+
+
+def _failed(task: asyncio.Task) -> bool:
+    """Did a finished task end with an exception (not read here)?"""
+    return not task.cancelled() and task.exception() is not None
