@@ -585,32 +585,20 @@ class PeerAudits:
         randomness, not by recency, so a few fresh keys cannot choose to be the ones
         checked."""
         st, rule = self.standing, self.settings.rule
-        probation = st is not None and st.enabled
         accused = {
             r.accused
             for r in self.ledger.audits()
             if (claimed := self.ledger.scalars_of(r.accused, r.round)) is not None
             and rule.mismatches(claimed, r.scalars)
         }
-        skip = accused | set(self.banned) | {self.peer_id}
-        chosen: dict[bytes, UpdateMessage] = {}
         low = max(0, trained_round - MAX_REWIND)
-        for round_ in range(trained_round - self.delay, low - 1, -1):
-            for m in self.ledger.messages(round_, round_):
-                if m.peer in skip or m.peer in chosen:
-                    continue
-                if st is not None and not st.counts(m.peer, m.round):
-                    continue
-                if probation and m.peer not in st.established:
-                    continue
-                chosen[m.peer] = m
-        draw = random.SystemRandom()
-        order = sorted(
-            chosen.values(),
-            key=lambda m: (not probation or m.peer not in st.founders, draw.random()),
+        recent = (
+            m
+            for round_ in range(trained_round - self.delay, low - 1, -1)
+            for m in self.ledger.messages(round_, round_)
         )
-        others = [m for m in order if m.peer not in exclude]
-        jobs = (others or order)[:most]
+        skip = accused | set(self.banned) | {self.peer_id}
+        jobs = choose_self_checks(recent, st, skip, exclude, most, random.SystemRandom())
         matched = 0
         for m in jobs:
             rebuilt = self.rewind.recompute(
@@ -650,6 +638,34 @@ class PeerAudits:
     def _on_settled(self, round_: int, counted_too: list[UpdateMessage], compute):
         """`compute()` on S_round plus `counted_too` (`StateRewind.on_settled`)."""
         return self.rewind.on_settled(round_, self.applied, self.waiting, counted_too, compute)
+
+
+def choose_self_checks(
+    recent: Iterable[UpdateMessage],
+    standing: Standing | None,
+    skip: set[bytes],
+    exclude: frozenset[bytes],
+    most: int,
+    draw: random.Random,
+) -> list[UpdateMessage]:
+    """The updates `PeerAudits.self_check` recomputes: of `recent` (newest rounds first),
+    each peer's newest that counts, none of `skip`; under probation only established
+    peers', founders first; the rest in `draw`'s random order; none of `exclude` (a link's
+    offerers) unless nobody else has one. At most `most`."""
+    probation = standing is not None and standing.enabled
+    chosen: dict[bytes, UpdateMessage] = {}
+    for m in recent:
+        if m.peer in skip or m.peer in chosen:
+            continue
+        if standing is not None and not standing.counts(m.peer, m.round):
+            continue
+        if probation and m.peer not in standing.established:
+            continue
+        chosen[m.peer] = m
+    founders = standing.founders if probation else frozenset()
+    order = sorted(chosen.values(), key=lambda m: (m.peer not in founders, draw.random()))
+    others = [m for m in order if m.peer not in exclude]
+    return (others or order)[:most]
 
 
 class DaemonAudits:
