@@ -111,7 +111,13 @@ class LateJoin:
         self.chain: CheckpointChain | None = None  # the run's checkpoint chain (if it has one)
         self.server: CheckpointServer | None = None
         self.chain_round = 0  # the newest link built and served
-        self.info: dict = {"fetched": None, "refused": {}, "history": None, "link_check": None}
+        self.info: dict = {
+            "fetched": None,
+            "refused": {},
+            "history": None,
+            "link_check": None,
+            "self_check": None,  # audited runs: a fetched link's state, checked before ready
+        }
         self.trusting = False  # will this join trust a link (`hold_history`)?
         self.fetch_failed = False  # a trusting join found no link to trust
         # the link the model was restored from, until `check_link` has rebuilt it
@@ -797,6 +803,7 @@ class LateJoin:
             "checked": checked,
             "offered_by": fetched.peers,
         }
+        self.info["self_check"] = {k: v for k, v in fields.items() if k != "event"}
         if matched * 2 > checked > 0:
             log.info(
                 "the model restored from the fetched link of round %d recomputes %d of %d "

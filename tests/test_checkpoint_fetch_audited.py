@@ -117,6 +117,7 @@ def test_an_audited_joiner_restores_its_settled_state_from_the_link_two_peers_of
     check = _event(honest, "j", "link_self_check")
     # A's and B's updates: the offerers' own, as nobody else's can be checked
     assert check["checked"] == 2 and check["matched"] == 2, check
+    assert _final(honest, "j")["checkpoint"]["self_check"]["matched"] == 2  # in its status
     rebuilt = _event(honest, "j", "link_checked")
     assert rebuilt["match"] is True, rebuilt
     assert _final(honest, "j")["checkpoint"]["refused"] == {}
