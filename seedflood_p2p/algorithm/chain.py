@@ -184,13 +184,18 @@ class ChainTail:
         tail.extend(rows, count)
         return tail
 
-    def extend(self, rows: list[UpdateMessage], count: SettledCount | None = None) -> None:
+    def extend(
+        self, rows: list[UpdateMessage], count: SettledCount | None = None
+    ) -> list[UpdateMessage]:
+        """Add `rows` (canonical order, after those it holds); the ones it holds of them
+        (those `count` counts)."""
         held = _counted(rows, count)
         for m in held:
             self.digest.add(m)
             self.cut.add(m.peer, m.round)
         self.rows += len(held)
         self.seen += len(rows)
+        return held
 
     def copy(self) -> ChainTail:
         return dataclasses.replace(self, digest=self.digest.copy(), cut=self.cut.copy())
@@ -260,9 +265,7 @@ class CheckpointChain:
         tail = ChainTail.of([], target, replaced, count)
         held: list[UpdateMessage] = []
         for low in range(0, len(rows), STEP_ROWS):
-            chunk = rows[low : low + STEP_ROWS]
-            tail.extend(chunk, count)
-            held += _counted(chunk, count)
+            held += tail.extend(rows[low : low + STEP_ROWS], count)
             yield
         meta = self.current()
         start = 0
@@ -323,12 +326,11 @@ class CheckpointChain:
         ):
             return None
         self.tail = None  # the scratch leaves the tail's weights
-        held = _counted(rows, count)
-        for low in range(tail.round, target, self.period):
-            self._replay([m for m in held if low <= m.round < low + self.period])
         extended = tail.copy()
         extended.round = target
-        extended.extend(rows, count)
+        held = extended.extend(rows, count)
+        for low in range(tail.round, target, self.period):
+            self._replay([m for m in held if low <= m.round < low + self.period])
         if count is not None:
             extended.key, extended.held = count.key(target), count.held
         meta = _write(self.directory, self.weights(), self.config, target, extended)
@@ -338,13 +340,15 @@ class CheckpointChain:
     def _holds(self, meta: dict, rows: list[UpdateMessage]) -> Generator[None, None, bool]:
         """The link on disk is the chain's for these rows (canonical order): same rows below
         its round, and its tensors hash as recorded. Yields every STEP_ROWS rows."""
-        digest = RunningDigest()
+        digest, below = RunningDigest(), meta["round"]
         for low in range(0, len(rows), STEP_ROWS):
             for m in rows[low : low + STEP_ROWS]:
-                if m.round >= meta["round"]:
+                if m.round >= below:
                     break
                 digest.add(m)
             yield
+            if rows[min(low + STEP_ROWS, len(rows)) - 1].round >= below:
+                break  # (canonical order: no row below it is left)
         if digest.count != meta.get("ledger_messages") or digest.hexdigest() != meta.get(
             "ledger_digest"
         ):
