@@ -261,6 +261,7 @@ def run_partition(
         peers[2].wait_round(warmup_rounds, timeout=180)
         peers[HOSTS].wait_round(warmup_rounds, timeout=60)
 
+        rounds_at_cut = {h: p.last_round() for h, p in peers.items()}
         testnet.cut(True)
         cut_at = time.time()
         # host -> the status' network view when it first said so, with every peer it
@@ -333,6 +334,7 @@ def run_partition(
             "tails": {h: peers[h].tail(15) for h, c in codes.items() if c != 0},
             "partitioned_seen": partitioned_seen,
             "peer_ids": {h: f["peer_id"] for h, f in finals.items()},
+            "rounds_at_cut": rounds_at_cut,
             "rounds_at_heal": rounds_at_heal,
             "first_reconnection_after_heal_s": heal,
             "heal_round": heal_round,
