@@ -119,7 +119,8 @@ def forge_link(directory: Path, far: bool = False) -> Path:
     )
 
     weights = read_checkpoint_weights(directory, "cpu")
-    for name in sorted(weights) if far else sorted(weights)[:1]:
+    names = [n for n in sorted(weights) if weights[n].is_floating_point()]  # not a summary
+    for name in names if far else names[:1]:
         weights[name] = weights[name] + (0.5 if far else 0.01)
     meta = read_checkpoint_meta(directory)
     meta["weights_sha256"] = tensors_sha256(weights)

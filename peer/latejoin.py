@@ -36,6 +36,7 @@ from peer.settings import PeerSettings
 from seedflood_p2p.algorithm.chain import (
     CHAIN_DIR,
     SETTLED_MARGIN,
+    STANDING,
     STEP_ROWS,
     CheckpointChain,
     SettledCount,
@@ -58,6 +59,7 @@ from seedflood_p2p.storage.checkpoint import (
     META_FILE,
     WEIGHTS_FILE,
     read_checkpoint_meta,
+    read_checkpoint_tensor,
     read_checkpoint_weights,
     tensors_sha256,
     write_checkpoint,
@@ -296,7 +298,17 @@ class LateJoin:
         if self.audits is None:
             return None
         standing = self.audits.standing
-        return SettledCount(standing or self.audits.judge(), target + SETTLED_MARGIN)
+        # what the link's standing summary is made of (a trusting joiner's standing, below
+        # the link): the ledger's records and the claims they audit, read here; the summary
+        # reads only those that took effect in the link's prefix, which all have by now
+        records = tuple(self.ledger.audits())
+        return SettledCount(
+            standing or self.audits.judge(),
+            target + SETTLED_MARGIN,
+            records,
+            self.ledger.claims((r.round, r.accused) for r in records),
+            self.audits.settings,
+        )
 
     def status(self) -> dict:
         """The checkpoint fetched at start (if any), what was refused, the newest link."""
@@ -569,7 +581,11 @@ class LateJoin:
             weights = await self.run(chain.weights)
         finally:
             _close(rows)
-        rebuilt = await asyncio.to_thread(tensors_sha256, weights)
+        # an audited link's file also holds its standing summary, which no replay makes:
+        # the rebuilt file holds the fetched one's (algorithm/standing_summary.py)
+        summary = await self.run(read_checkpoint_tensor, chain.directory, STANDING)
+        extra = {} if summary is None else {STANDING: summary}
+        rebuilt = await asyncio.to_thread(tensors_sha256, {**weights, **extra})
         match = rebuilt == meta["weights_sha256"]
         offerers = (self.info["fetched"] or {}).get("peers", [])
         fields = {
@@ -607,11 +623,11 @@ class LateJoin:
             # a settled state is not base + ledger: the model moves by what the link was
             # off by (it was restored from the link, the same difference on every weight)
             fetched = await self.run(read_checkpoint_weights, chain.directory, "cpu")
-            await self.run(write_checkpoint, chain.directory, weights, link)
+            await self.run(write_checkpoint, chain.directory, {**weights, **extra}, link)
             delta = {k: weights[k].float() - fetched[k].float() for k in weights}
             await self.run(self.live.shift, delta)
             return False
-        await self.run(write_checkpoint, chain.directory, weights, link)
+        await self.run(write_checkpoint, chain.directory, {**weights, **extra}, link)
         await self._rebuild()
         return False
 

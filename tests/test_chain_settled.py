@@ -13,13 +13,16 @@ import pytest
 import torch
 from test_checkpoint_chain import CONFIG, ED25519_ID, _chain, _files
 
-from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, SettledCount
+from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, STANDING, SettledCount
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.probation import standing
 from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.standing_summary import StandingSummary, summarize
 from seedflood_p2p.algorithm.subcge import make_estimator
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
+from seedflood_p2p.protocol.held_state import state_digest
 from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage, quantize_scalars
+from seedflood_p2p.storage.checkpoint import read_checkpoint_tensor
 from seedflood_p2p.storage.ledger import Ledger
 from seedflood_p2p.workload.models import load_model
 
@@ -216,3 +219,65 @@ def test_with_the_margin_a_link_is_extended_over_vouches_that_came_after_its_rou
     direct = _chain(tmp_path / "direct")
     direct.build([m for m in rows if m.round < 8], 8, count=SettledCount(st, 8 + SETTLED_MARGIN))
     assert _files(tmp_path / "step") == _files(tmp_path / "direct")
+
+
+def _count(st, held, rows, records) -> SettledCount:
+    """`SettledCount` as the daemon makes it (peer/latejoin.py `_settled_count`): with
+    what the standing was judged on, so the link carries its standing summary."""
+    claims = {(m.round, m.peer): m.scalars for m in rows}
+    audited = {(r.round, r.accused) for r in records}
+    return SettledCount(
+        st, held, tuple(records), {k: c for k, c in claims.items() if k in audited}, AUDIT
+    )
+
+
+def test_an_audited_link_carries_its_standing_summary_and_held_digest(tmp_path):
+    """What a joiner trusting the link needs of the rows below it: the standing summary
+    (a tensor of the link's file, so the file's hash covers it) of the records that took
+    effect in its prefix, and the held-state digest of its rows. Builders with and without
+    the later records write the same bytes; extended, the same bytes as built."""
+    rows, records = _ledger(ban_at=10, vouch_at=(2 + DELAY, 3 + DELAY))
+    claims = {(m.round, m.peer): m.scalars for m in rows}
+    late = AuditRecord(N, 4, F[2], claims[(4, N)], 30)  # a vouch taking effect after 12
+    st = _standing(rows, [*records, late])
+    chain = _chain(tmp_path / "a")
+    meta = chain.build(
+        [m for m in rows if m.round < 8], 8, count=_count(st, 12, rows, [*records, late])
+    )
+    held = [m for m in rows if m.round < 8 and st.counts_at(m.peer, m.round, 12)]
+    assert meta["held_digest"] == f"{state_digest((m.peer, m.round) for m in held):016x}"
+    tensor = read_checkpoint_tensor(tmp_path / "a", STANDING)
+    summary = StandingSummary.decode(tensor.numpy().tobytes())
+    assert summary == summarize(claims, records, AUDIT, 8, 12, {*F, N, C})
+    # the vouches, and C's conviction (its records take effect at 10, in the prefix 12)
+    assert len(summary.matches) == 4 and len(summary.cases) == 1
+    assert meta["standing_summary"] == {
+        "bytes": tensor.numel(),
+        "matches": 4,
+        "cases": 1,
+        "peers": 5,
+    }
+    # a builder that has not seen the late vouch writes the same bytes
+    other = _chain(tmp_path / "b")
+    other.build(
+        [m for m in rows if m.round < 8],
+        8,
+        count=_count(_standing(rows, records), 12, rows, records),
+    )
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    # extended over a period whose records changed nothing below: the bytes of a build
+    below = len([m for m in rows if m.round < 8])
+    new = [m for m in rows if 8 <= m.round < 12]
+    assert chain.extend(new, 12, below, 0, _count(st, 16, rows, [*records, late])) is not None
+    direct = _chain(tmp_path / "c")
+    direct.build([m for m in rows if m.round < 12], 12, count=_count(st, 16, rows, records))
+    assert _files(tmp_path / "a") == _files(tmp_path / "c")
+    # the link restores as before: the summary is no weight
+    model, _ = load_model(CONFIG.model)
+    ledger = Ledger(":memory:", CONFIG.run_id)
+    ledger.add(rows)
+    live = LiveModel(make_estimator(model, CONFIG), ledger)
+    how = live.restore(
+        live.cut(), tmp_path / "c", None, lambda m: st.counts_in(m.peer, m.round, 20)
+    )
+    assert how.startswith("checkpoint of round 12"), how

@@ -30,7 +30,9 @@ import pytest
 from test_checkpoint_fetch import _ends_equal, _final, _ready, _run
 
 from harness.cluster import AUDIT, AUDITED_RUN, peer_flags
-from seedflood_p2p.algorithm.chain import SETTLED_MARGIN
+from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, STANDING
+from seedflood_p2p.algorithm.standing_summary import StandingSummary
+from seedflood_p2p.storage.checkpoint import read_checkpoint_tensor
 
 pytestmark = pytest.mark.slow
 ROUNDS = 240  # a cap: the run is finished once the joiner showed what the tests assert
@@ -121,6 +123,12 @@ def test_an_audited_joiner_restores_its_settled_state_from_the_link_two_peers_of
     rebuilt = _event(honest, "j", "link_checked")
     assert rebuilt["match"] is True, rebuilt
     assert _final(honest, "j")["checkpoint"]["refused"] == {}
+    # the link carries what a joiner trusting it will need (algorithm/standing_summary.py):
+    # the standing summary, inside the file the quorum agreed on, and the held digest
+    link = json.loads((honest["work"] / "j" / "chain" / "checkpoint.json").read_text())
+    assert link["standing_summary"]["peers"] >= 2 and len(link["held_digest"]) == 16, link
+    summary = read_checkpoint_tensor(honest["work"] / "j" / "chain", STANDING)
+    assert StandingSummary.decode(summary.numpy().tobytes()).below == link["round"]
     _ends_equal(honest, ["a", "b", "j"])
     for name in ("a", "b", "j"):
         assert not _verdicts(honest, name), name

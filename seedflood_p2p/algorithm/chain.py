@@ -44,8 +44,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 from bisect import bisect_left
-from collections.abc import Generator
-from dataclasses import dataclass
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,9 +53,12 @@ import torch
 from seedflood_p2p.algorithm.basis import BasisSchedule
 from seedflood_p2p.algorithm.probation import Standing
 from seedflood_p2p.algorithm.replay import replay
+from seedflood_p2p.algorithm.standing_summary import StandingSummary, summarize
 from seedflood_p2p.algorithm.subcge import trainable_tensors
 from seedflood_p2p.core.config import RunConfig
-from seedflood_p2p.protocol.message import UpdateMessage
+from seedflood_p2p.core.extra_settings import AuditSettings
+from seedflood_p2p.protocol.held_state import MASK, row_hash
+from seedflood_p2p.protocol.message import AuditRecord, UpdateMessage
 from seedflood_p2p.storage.checkpoint import (
     read_checkpoint_meta,
     read_checkpoint_weights,
@@ -73,6 +76,9 @@ STEP_ROWS = 100_000  # rows a step of a pass over all rows takes (`build_steps`)
 # beyond peer/state_rewind.py MAX_REWIND (30) plus a peer's lead on the run (max ahead).
 # Every builder must use the same value (it is in each link's JSON: `settled_prefix`).
 SETTLED_MARGIN = 40
+# An audited link's standing summary (standing_summary.py), a uint8 tensor in its file
+# beside the weights: the file's hash, which a quorum of offers agrees on, covers it.
+STANDING = "standing/summary"
 
 
 def link_round(round_: int, period: int, settle: int) -> int:
@@ -97,6 +103,11 @@ class SettledCount:
 
     standing: Standing
     held: int
+    # What the standing was judged on: the records, the claims of the rows they audit and
+    # the audit settings. Given them, the link carries its standing summary (`summary`).
+    records: tuple[AuditRecord, ...] = ()
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]] = field(default_factory=dict)
+    settings: AuditSettings | None = None
 
     def counts(self, m: UpdateMessage) -> bool:
         return self.standing.counts_at(m.peer, m.round, self.held)
@@ -127,15 +138,34 @@ class SettledCount:
             tuple(sorted(firsts.items())),
         )
 
+    def summary(self, below: int, seen: frozenset[bytes]) -> StandingSummary | None:
+        """The standing summary of the link of round `below` (the records about its rows
+        that took effect in its prefix; `seen`: the peers with rows below it); None
+        without what the standing was judged on."""
+        if self.settings is None:
+            return None
+        return summarize(self.claims, self.records, self.settings, below, self.held, seen)
+
 
 def _counted(rows: list[UpdateMessage], count: SettledCount | None) -> list[UpdateMessage]:
     return rows if count is None else [m for m in rows if count.counts(m)]
 
 
 def _write(
-    directory: Path, weights: dict, config: RunConfig, round_: int, below: ChainTail
+    directory: Path,
+    weights: dict,
+    config: RunConfig,
+    round_: int,
+    below: ChainTail,
+    count: SettledCount | None = None,
 ) -> dict:
-    """Link `round_`'s files: its weights and the JSON of the rows `below` it."""
+    """Link `round_`'s files: its weights and the JSON of the rows `below` it; in an audited
+    run also what a joiner trusting it needs (`count`): the held-state digest of its rows
+    and the standing summary (its bytes a tensor of the file, STANDING)."""
+    summary = None if count is None else count.summary(round_, frozenset(below.peers))
+    if summary is not None:
+        data = summary.encode()
+        weights = {**weights, STANDING: torch.frombuffer(bytearray(data), dtype=torch.uint8)}
     meta = {
         "run_id": config.run_id,
         "round": round_,
@@ -147,6 +177,14 @@ def _write(
     }
     if below.held is not None:  # an audited run's: the rows that count in a settled prefix
         meta["settled_prefix"] = below.held
+        meta["held_digest"] = f"{below.held_digest:016x}"  # protocol/held_state.py
+    if summary is not None:
+        meta["standing_summary"] = {
+            "bytes": len(data),
+            "matches": len(summary.matches),
+            "cases": len(summary.cases),
+            "peers": len(summary.seen),
+        }
     write_checkpoint(directory, weights, meta)
     return meta
 
@@ -168,6 +206,10 @@ class ChainTail:
     seen: int = 0
     key: tuple | None = None
     held: int | None = None  # the settled prefix whose counted rows these are
+    # audited runs: the peers with rows below `round` (counted or not: the standing's
+    # `seen`) and the held-state digest of the rows it holds (`held_state.state_digest`)
+    peers: set[bytes] = field(default_factory=set)
+    held_digest: int = 0
 
     @classmethod
     def of(
@@ -193,12 +235,20 @@ class ChainTail:
         for m in held:
             self.digest.add(m)
             self.cut.add(m.peer, m.round)
+        if count is not None:
+            self.peers.update(m.peer for m in rows)
+            total = self.held_digest
+            for m in held:  # a ledger holds one row a key: each key counted once
+                total += row_hash(m.peer, m.round)
+            self.held_digest = total & MASK
         self.rows += len(held)
         self.seen += len(rows)
         return held
 
     def copy(self) -> ChainTail:
-        return dataclasses.replace(self, digest=self.digest.copy(), cut=self.cut.copy())
+        return dataclasses.replace(
+            self, digest=self.digest.copy(), cut=self.cut.copy(), peers=set(self.peers)
+        )
 
 
 class CheckpointChain:
@@ -296,7 +346,7 @@ class CheckpointChain:
             self._replay(held[i:j])
             i = j
             yield
-        meta = _write(self.directory, self.weights(), self.config, target, tail)
+        meta = _write(self.directory, self.weights(), self.config, target, tail, count)
         self.tail = tail
         return meta
 
@@ -333,7 +383,7 @@ class CheckpointChain:
             self._replay([m for m in held if low <= m.round < low + self.period])
         if count is not None:
             extended.key, extended.held = count.key(target), count.held
-        meta = _write(self.directory, self.weights(), self.config, target, extended)
+        meta = _write(self.directory, self.weights(), self.config, target, extended, count)
         self.tail = extended
         return meta
 

@@ -60,6 +60,15 @@ def read_checkpoint_weights(directory: Path, device: str | torch.device) -> dict
     return load_file(Path(directory) / WEIGHTS_FILE, device=str(device))
 
 
+def read_checkpoint_tensor(directory: Path, name: str) -> torch.Tensor | None:
+    """One tensor of the checkpoint file, without reading the others; None if it has none
+    of that name."""
+    from safetensors import safe_open
+
+    with safe_open(Path(directory) / WEIGHTS_FILE, framework="pt", device="cpu") as f:
+        return f.get_tensor(name) if name in f.keys() else None  # noqa: SIM118 - not a dict
+
+
 def tensors_sha256(weights: dict[str, torch.Tensor]) -> str:
     """SHA-256 over the tensors in name order (name, dtype, shape, bytes): a checkpoint
     file whose tensors do not hash to its JSON's `weights_sha256` is damaged or edited."""
