@@ -67,7 +67,8 @@ from peer.state_rewind import (
 from seedflood_p2p.algorithm.audit_rules import audit_rate, recompute, selects
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.probation import NEVER, Standing, standing_of_ledger
+from seedflood_p2p.algorithm.probation import NEVER, Standing, ledger_inputs
+from seedflood_p2p.algorithm.probation import standing as standing_of
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
@@ -287,7 +288,12 @@ class PeerAudits:
     def judge(self) -> Standing:
         """What counts: who the ledger bans, who is established, which updates are vouched (a
         pure function of its updates and audit records, `probation.standing`)."""
-        after = standing_of_ledger(self.ledger, self.settings, self.probation)
+        return self.judge_of(ledger_inputs(self.ledger))
+
+    def judge_of(self, inputs: tuple) -> Standing:
+        """`judge` of what `probation.ledger_inputs` read (any thread: a pure function)."""
+        claims, records, revoked, seen = inputs
+        after = standing_of(claims, records, self.settings, self.probation, revoked, seen)
         self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
         return after
 
@@ -779,7 +785,11 @@ class DaemonAudits:
         The daemon only disconnects it (`on_ban`) and stops waiting for it, asking it for
         repair and auditing it: its rows still reach us, relayed by others or repaired."""
         audits = self.audits
-        after = audits.judge()
+        # Read here, where the ledger is written; judged in a thread: at a hundred thousand
+        # records a judgement is seconds of CPU (bench/results/judge-scale.md), which on the
+        # event loop stalled gossip, repair and the rounds for as long.
+        inputs = ledger_inputs(audits.ledger)
+        after = await asyncio.to_thread(audits.judge_of, inputs)
         before = audits.standing
         if (
             before is not None

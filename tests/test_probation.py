@@ -407,3 +407,77 @@ def test_status_shows_probation_vouches_and_the_backlog():
         x.startswith("probation")
         for x in format_status({"banned": [], "audits": {**audits, "probation": None}}).splitlines()
     )
+
+
+def _timed_by_passes(founders, matches, vouches, banned):
+    """`probation._timed` as it was until the twentieth session: passes over every match
+    until no time moves (the reference its Dijkstra order must equal)."""
+    from collections import defaultdict
+
+    from seedflood_p2p.algorithm.probation import ALWAYS
+
+    banned = frozenset(banned)
+    est = {p: ALWAYS for p in founders - banned}
+    while True:
+        vouched, per_peer = {}, defaultdict(list)
+        for key, auditors in matches.items():
+            if key[0] in banned or key[0] in founders:
+                continue
+            times = [max(e, est[q]) for q, e in auditors.items() if q in est]
+            if times:
+                vouched[key] = min(times)
+                per_peer[key[0]].append(vouched[key])
+        after = dict(est)
+        for peer, times in per_peer.items():
+            if len(times) >= vouches:
+                after[peer] = sorted(times)[vouches - 1]
+        if after == est:
+            return vouched, est
+        est = after
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_times_settled_in_order_are_those_of_repeated_passes(seed):
+    """`_timed` (members settled in the order of their times) gives exactly the vouch and
+    establishment times of the passes it replaced, on random chains of vouches: newcomers
+    vouching for newcomers, several auditors an update, banned peers, founders audited."""
+    from seedflood_p2p.algorithm.probation import _timed
+
+    rng = random.Random(seed)
+    peers = [bytes([i]) * 4 for i in range(rng.randrange(3, 30))]
+    founders = frozenset(rng.sample(peers, rng.randrange(1, 4)))
+    matches = {}
+    for _ in range(rng.randrange(0, 400)):
+        accused, t = rng.choice(peers), rng.randrange(60)
+        auditors = matches.setdefault((accused, t), {})
+        for q in rng.sample(peers, rng.randrange(1, 4)):
+            if q != accused:
+                auditors[q] = t + 4 + rng.randrange(0, 30)
+    banned = frozenset(rng.sample(peers, rng.randrange(0, 3)))
+    vouches = rng.randrange(1, 4)
+    assert _timed(founders, matches, vouches, banned) == _timed_by_passes(
+        founders, matches, vouches, banned
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_judging_only_the_accused_updates_gives_the_standing_of_all_records(seed, monkeypatch):
+    """`standing` hands `judge` and `ban_spans` only the records of updates some record
+    mismatches (`_accusations`): the same standing as with every record, on random
+    ledgers with convictions, refutations, an auditor's two records for one update and a
+    record about a row nobody has (tests/test_standing_summary.py's)."""
+    from test_standing_summary import AUDIT as SETTINGS
+    from test_standing_summary import PROBATION as SEEDS
+    from test_standing_summary import _ledger
+
+    import seedflood_p2p.algorithm.probation as probation
+
+    claims, records = _ledger(seed)
+    for settings in (SEEDS, ProbationSettings()):  # probation on and off
+        fast = standing(claims, records, SETTINGS, settings)
+        with monkeypatch.context() as m:
+            m.setattr(probation, "_accusations", lambda claims, records, settings: records)
+            every = standing(claims, records, SETTINGS, settings)
+        assert fast == every
+        assert len(probation._accusations(claims, records, SETTINGS)) < len(records)
+    assert fast.judgement.cases  # (there were cases to judge)

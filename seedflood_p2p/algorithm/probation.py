@@ -241,28 +241,47 @@ def _timed(
 ) -> tuple[dict[tuple[bytes, int], int], dict[bytes, int]]:
     """When each update is vouched and each member established, as effective rounds: the
     earliest solution of v[(p, r)] = min over matching auditors q of max(e, est[q]),
-    est[p] = the `vouches`-th smallest v of p's updates (founders ALWAYS). Iterated from
-    "never" down: each pass only moves times earlier, so it ends, on the times the
-    prefix rule gives (module docstring). The `banned` neither vouch nor are vouched for."""
+    est[p] = the `vouches`-th smallest v of p's updates (founders ALWAYS), on the times the
+    prefix rule gives (module docstring). The `banned` neither vouch nor are vouched for.
+
+    Members are settled in the order of their times, as Dijkstra settles nodes: a time
+    an auditor settled at T gives is max(e, T) >= T, so once every member settled before T
+    has given its times, no later one can move a peer's `vouches`-th smallest below T
+    (nor change it, if it is T). One pass over each member's matches, not one pass over
+    all matches per step of the chain of establishments (at a hundred thousand records,
+    seconds each)."""
     banned = frozenset(banned)
-    est = {p: ALWAYS for p in founders - banned}
-    while True:
-        vouched: dict[tuple[bytes, int], int] = {}
-        per_peer: dict[bytes, list[int]] = defaultdict(list)
-        for key, auditors in matches.items():
-            if key[0] in banned or key[0] in founders:
+    by_auditor: dict[bytes, list[tuple[tuple[bytes, int], int]]] = defaultdict(list)
+    for key, auditors in matches.items():
+        if key[0] in banned or key[0] in founders:
+            continue
+        for q, e in auditors.items():
+            by_auditor[q].append((key, e))
+    vouched: dict[tuple[bytes, int], int] = {}
+    times_of: dict[bytes, dict[tuple[bytes, int], int]] = defaultdict(dict)  # p -> its v
+    est: dict[bytes, int] = {}
+    tentative = {p: ALWAYS for p in founders - banned}
+    heap = [(ALWAYS, p) for p in sorted(tentative)]
+    while heap:
+        t, q = heapq.heappop(heap)
+        if q in est or tentative[q] != t:
+            continue  # settled already, or a time since improved on
+        est[q] = t
+        for key, e in by_auditor.get(q, ()):
+            time = max(e, t)
+            if vouched.get(key, NEVER) <= time:
                 continue
-            times = [max(e, est[q]) for q, e in auditors.items() if q in est]
-            if times:
-                vouched[key] = min(times)
-                per_peer[key[0]].append(vouched[key])
-        after = dict(est)
-        for peer, times in per_peer.items():
-            if len(times) >= vouches:
-                after[peer] = sorted(times)[vouches - 1]
-        if after == est:
-            return vouched, est
-        est = after
+            vouched[key] = time
+            peer = key[0]
+            times = times_of[peer]
+            times[key] = time
+            if peer in est or len(times) < vouches or time >= tentative.get(peer, NEVER):
+                continue  # settled, too few vouched updates, or its k-th smallest stays
+            kth = heapq.nsmallest(vouches, times.values())[-1]
+            if kth < tentative.get(peer, NEVER):
+                tentative[peer] = kth
+                heapq.heappush(heap, (kth, peer))
+    return vouched, est
 
 
 def _established(
@@ -367,9 +386,12 @@ def _standing(
     seen: Iterable[bytes] | None = None,
 ) -> Standing:
     records = list(records)
+    # Only a case with a mismatch can ban anyone (`judge`): the verdicts are those of its
+    # records alone, and a pass over every case is seconds at a hundred thousand records.
+    accused = _accusations(claims, records, settings)
     if not probation.enabled:
-        judgement = judge(claims, records, settings)
-        spans = ban_spans(claims, records, settings)
+        judgement = judge(claims, accused, settings)
+        spans = ban_spans(claims, accused, settings)
         bans = tuple(BanSpan(start, banned) for start, banned in spans)
         return Standing(
             False, frozenset(), frozenset(), {}, {}, judgement, lag=settings.lag, bans=bans
@@ -377,12 +399,33 @@ def _standing(
     chosen = choose_records(records)
     matches = _matches(claims, chosen, settings)
     first = _established(probation.founders, matches, probation.vouches)
-    judgement = judge(claims, records, settings, voters=first, court=probation.founders)
+    judgement = judge(claims, accused, settings, voters=first, court=probation.founders)
     # who votes from when: the times of establishment without bans (step 2's `first`)
     _, voting_from = _timed(probation.founders, matches, probation.vouches, ())
-    spans = ban_spans(claims, records, settings, voting_from, probation.founders)
+    spans = ban_spans(claims, accused, settings, voting_from, probation.founders)
     seen = frozenset(peer for _, peer in claims) if seen is None else frozenset(seen)
     return _settle(probation, settings.lag, matches, judgement, seen, spans)
+
+
+def _accusations(
+    claims: Mapping[tuple[int, bytes], tuple[float, ...]],
+    records: list[AuditRecord],
+    settings: AuditSettings,
+) -> list[AuditRecord]:
+    """The records about updates that some record (not the accused's own) mismatches: all
+    that `judge` and `ban_spans` decide anything from."""
+    rule = settings.rule
+    cases = set()
+    for r in records:
+        claimed = claims.get((r.round, r.accused))
+        if (
+            claimed is not None
+            and r.auditor != r.accused
+            and (r.accused, r.round) not in cases
+            and rule.mismatches(claimed, r.scalars)
+        ):
+            cases.add((r.accused, r.round))
+    return [r for r in records if (r.accused, r.round) in cases]
 
 
 def _timing(
@@ -419,11 +462,14 @@ def _settle(
     under the bans of each prefix (`spans`)."""
     banned = set(judgement.banned)
     members = _established(probation.founders, matches, probation.vouches, excluded=banned)
-    vouched = {
-        key: frozenset(auditors.keys() & members)
-        for key, auditors in matches.items()
-        if auditors.keys() & members and key[0] not in banned
-    }
+    vouched = {}
+    for key, auditors in matches.items():
+        if key[0] in banned:
+            continue
+        # (not `auditors.keys() & members`: that walks all the members for every update)
+        matched = frozenset(q for q in auditors if q in members)
+        if matched:
+            vouched[key] = matched
     rounds_of: dict[bytes, list[int]] = defaultdict(list)
     for peer, round_ in sorted(vouched):
         if peer in members and peer not in probation.founders:
@@ -461,10 +507,19 @@ def standing_of_ledger(
 ) -> Standing:
     """`standing` over a ledger's updates, audit records and ticket revocations: the rows
     the records audit, and who has rows (`seen`), are all it reads of the updates."""
+    claims, records, revoked, seen = ledger_inputs(ledger)
+    return standing(claims, records, settings, probation, revoked, seen)
+
+
+def ledger_inputs(
+    ledger: Ledger,
+) -> tuple[dict, list[AuditRecord], dict[bytes, int], set[bytes]]:
+    """What `standing_of_ledger` reads of a ledger: the claims of the rows the records
+    audit, the records, the revocations (`revoked_rounds`) and who has rows. A daemon reads
+    them where it writes the ledger and judges them in a thread."""
     records = ledger.audits()
     claims = ledger.claims((r.round, r.accused) for r in records)
-    revoked = revoked_rounds(ledger.revocations())
-    return standing(claims, records, settings, probation, revoked, ledger.peers())
+    return claims, records, revoked_rounds(ledger.revocations()), ledger.peers()
 
 
 def rounds_to_count(
