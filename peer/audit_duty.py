@@ -67,7 +67,7 @@ from peer.state_rewind import (
 from seedflood_p2p.algorithm.audit_rules import audit_rate, recompute, selects
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
-from seedflood_p2p.algorithm.probation import NEVER, Standing, ledger_inputs
+from seedflood_p2p.algorithm.probation import NEVER, Standing, revoked_rounds
 from seedflood_p2p.algorithm.probation import standing as standing_of
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
@@ -129,6 +129,10 @@ class PeerAudits:
         self.secret = secret  # our private draw: a sender cannot predict its auditors
         self.peer_id = peer_id
         self.ledger = ledger
+        # the claims judgements read (`read_inputs`): a row's scalars change only when an
+        # equivocation replaces it (the ledger's `replacements`), so they are read once
+        self._claims: dict[tuple[int, bytes], tuple[float, ...]] = {}
+        self._claims_replaced = 0
         self.live = live
         self.intake = intake  # the flood node's (None in the daemon: DaemonAudits uses it)
         # The bans of the state the weights were last checked against (`_bans_moved`).
@@ -288,10 +292,22 @@ class PeerAudits:
     def judge(self) -> Standing:
         """What counts: who the ledger bans, who is established, which updates are vouched (a
         pure function of its updates and audit records, `probation.standing`)."""
-        return self.judge_of(ledger_inputs(self.ledger))
+        return self.judge_of(self.read_inputs())
+
+    def read_inputs(self) -> tuple:
+        """`probation.ledger_inputs`, the claims read only for records new since the last
+        call (at a hundred thousand records the claims were half of the read)."""
+        ledger = self.ledger
+        records = ledger.audits()
+        if ledger.replacements != self._claims_replaced:
+            self._claims, self._claims_replaced = {}, ledger.replacements
+        claims = self._claims
+        claims.update(ledger.claims({(r.round, r.accused) for r in records} - claims.keys()))
+        revoked = revoked_rounds(ledger.revocations())
+        return dict(claims), records, revoked, ledger.peers()  # (a copy: judged in a thread)
 
     def judge_of(self, inputs: tuple) -> Standing:
-        """`judge` of what `probation.ledger_inputs` read (any thread: a pure function)."""
+        """`judge` of what `read_inputs` read (any thread: a pure function)."""
         claims, records, revoked, seen = inputs
         after = standing_of(claims, records, self.settings, self.probation, revoked, seen)
         self.verdicts = sum(1 for c in after.judgement.cases if c.outcome != "open")
@@ -788,7 +804,7 @@ class DaemonAudits:
         # Read here, where the ledger is written; judged in a thread: at a hundred thousand
         # records a judgement is seconds of CPU (bench/results/judge-scale.md), which on the
         # event loop stalled gossip, repair and the rounds for as long.
-        inputs = ledger_inputs(audits.ledger)
+        inputs = audits.read_inputs()
         after = await asyncio.to_thread(audits.judge_of, inputs)
         before = audits.standing
         if (

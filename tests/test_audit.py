@@ -21,6 +21,7 @@ from seedflood_p2p.algorithm.audit_rules import (
     verdict_changes,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.probation import standing_of_ledger
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.subcge import SubCGE
 from seedflood_p2p.algorithm.trainer import zo_step
@@ -822,4 +823,29 @@ def test_the_held_digest_follows_the_rows_applied(tmp_path):
     assert audits.held_digest() == state_digest((m.peer, m.round) for m in rows)
     audits.applied = [m for m in audits.applied if m.peer == A]  # a ban took B's rows back
     assert audits.held_digest() == state_digest((m.peer, m.round) for m in rows if m.peer == A)
+    ledger.close()
+
+
+def test_a_judgement_reads_a_claim_again_after_its_row_is_replaced(tmp_path):
+    """`PeerAudits.read_inputs` keeps the claims it read (a row's scalars change only by
+    an equivocation's replacement): a replaced row's new scalars, and a row that arrives
+    after a record about it, are what the next judgement reads, as a fresh read would."""
+    from peer.audit_duty import PeerAudits
+    from seedflood_p2p.network.gossip.audit_intake import AuditIntake
+
+    model, _ = load_model("tiny-llama")
+    ledger = Ledger(tmp_path / "l.sqlite", CONFIG.run_id)
+    live = LiveModel(SubCGE(model, CONFIG), ledger)
+    settings = AuditSettings(enabled=True, lag=0, quorum=2)
+    ledger.add([UpdateMessage(0, B, (0.5,)), UpdateMessage(0, A, (0.25,))])
+    # two mismatches of B's 0.5, and a record about a row (D, 0) not yet in the ledger
+    ledger.add_audits([AuditRecord(B, 0, q, (1.5,), 4) for q in (A, C)])
+    ledger.add_audits([AuditRecord(D, 0, A, (2.0,), 4), AuditRecord(D, 0, C, (2.0,), 4)])
+    audits = PeerAudits(settings, b"secret", C, ledger, live, AuditIntake(ledger, 1))
+    assert set(audits.judge().banned) == {B}
+    ledger.replace(UpdateMessage(0, B, (1.5,)), None)  # the claim the records now match
+    ledger.add([UpdateMessage(0, D, (-1.0,))])  # the row the other records mismatch
+    cached = audits.judge()
+    assert set(cached.banned) == {D}
+    assert cached == standing_of_ledger(ledger, settings, audits.probation)
     ledger.close()

@@ -441,7 +441,7 @@ def test_the_times_settled_in_order_are_those_of_repeated_passes(seed):
     """`_timed` (members settled in the order of their times) gives exactly the vouch and
     establishment times of the passes it replaced, on random chains of vouches: newcomers
     vouching for newcomers, several auditors an update, banned peers, founders audited."""
-    from seedflood_p2p.algorithm.probation import _timed
+    from seedflood_p2p.algorithm.probation import _by_auditor, _timed
 
     rng = random.Random(seed)
     peers = [bytes([i]) * 4 for i in range(rng.randrange(3, 30))]
@@ -455,9 +455,10 @@ def test_the_times_settled_in_order_are_those_of_repeated_passes(seed):
                 auditors[q] = t + 4 + rng.randrange(0, 30)
     banned = frozenset(rng.sample(peers, rng.randrange(0, 3)))
     vouches = rng.randrange(1, 4)
-    assert _timed(founders, matches, vouches, banned) == _timed_by_passes(
-        founders, matches, vouches, banned
-    )
+    reference = _timed_by_passes(founders, matches, vouches, banned)
+    assert _timed(founders, matches, vouches, banned) == reference
+    index = _by_auditor(founders, matches)  # made once for every span's times
+    assert _timed(founders, matches, vouches, banned, index) == reference
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -67,13 +67,14 @@ PINNED = {
     # check timed without a context manager (`_verify_rows`)
     # and for judging cost at scale, not rules: `_timed` settles members in the order of
     # their times (one pass, not one per step of a chain of establishments), `judge` and
-    # `ban_spans` get only the records of accused updates, the vouchers of an update are
+    # `ban_spans` get only the records of accused updates, every span's times share one
+    # index of the matches by auditor, the vouchers of an update are
     # found without walking every member, and what a ledger gives the standing is read
     # apart (`ledger_inputs`, so a daemon judges in a thread); the same standing
     # (tests/test_probation.py:
     # test_the_times_settled_in_order_are_those_of_repeated_passes,
     # test_judging_only_the_accused_updates_gives_the_standing_of_all_records)
-    "0.2": "fc51a5158d98b9680ff0bb2a92f51a0c3136f1d7f20b5de9de2a60167bbe5c8f",
+    "0.2": "7171c2cff5fb60875de184acb44117195270f3f9f2717a246fa8f72f5829b242",
 }
 
 

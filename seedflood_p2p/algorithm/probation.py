@@ -238,6 +238,7 @@ def _timed(
     matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
     vouches: int,
     banned: Iterable[bytes],
+    index: Mapping[bytes, list[tuple[tuple[bytes, int], int]]] | None = None,
 ) -> tuple[dict[tuple[bytes, int], int], dict[bytes, int]]:
     """When each update is vouched and each member established, as effective rounds: the
     earliest solution of v[(p, r)] = min over matching auditors q of max(e, est[q]),
@@ -249,14 +250,9 @@ def _timed(
     has given its times, no later one can move a peer's `vouches`-th smallest below T
     (nor change it, if it is T). One pass over each member's matches, not one pass over
     all matches per step of the chain of establishments (at a hundred thousand records,
-    seconds each)."""
+    seconds each). `index`: `_by_auditor(founders, matches)`, made once for many calls."""
     banned = frozenset(banned)
-    by_auditor: dict[bytes, list[tuple[tuple[bytes, int], int]]] = defaultdict(list)
-    for key, auditors in matches.items():
-        if key[0] in banned or key[0] in founders:
-            continue
-        for q, e in auditors.items():
-            by_auditor[q].append((key, e))
+    by_auditor = _by_auditor(founders, matches) if index is None else index
     vouched: dict[tuple[bytes, int], int] = {}
     times_of: dict[bytes, dict[tuple[bytes, int], int]] = defaultdict(dict)  # p -> its v
     est: dict[bytes, int] = {}
@@ -268,6 +264,8 @@ def _timed(
             continue  # settled already, or a time since improved on
         est[q] = t
         for key, e in by_auditor.get(q, ()):
+            if key[0] in banned:
+                continue
             time = max(e, t)
             if vouched.get(key, NEVER) <= time:
                 continue
@@ -282,6 +280,19 @@ def _timed(
                 tentative[peer] = kth
                 heapq.heappush(heap, (kth, peer))
     return vouched, est
+
+
+def _by_auditor(
+    founders: frozenset[bytes], matches: Mapping[tuple[bytes, int], Mapping[bytes, int]]
+) -> dict[bytes, list[tuple[tuple[bytes, int], int]]]:
+    """auditor -> [((peer, round), effective round)] of its matches of non-founders'
+    updates (a founder's count without a vouch)."""
+    out: dict[bytes, list[tuple[tuple[bytes, int], int]]] = defaultdict(list)
+    for key, auditors in matches.items():
+        if key[0] not in founders:
+            for q, e in auditors.items():
+                out[q].append((key, e))
+    return out
 
 
 def _established(
@@ -432,10 +443,12 @@ def _timing(
     probation: ProbationSettings,
     matches: Mapping[tuple[bytes, int], Mapping[bytes, int]],
     banned: Iterable[bytes],
+    index: Mapping[bytes, list[tuple[tuple[bytes, int], int]]] | None = None,
 ) -> tuple[dict[tuple[bytes, int], int], dict[bytes, tuple], dict[bytes, int]]:
     """The times without the `banned` (module docstring): vouch effective rounds, each
-    earned peer's steps (its updates of rounds > r_k count from w_k), establishments."""
-    vouched_at, est = _timed(probation.founders, matches, probation.vouches, banned)
+    earned peer's steps (its updates of rounds > r_k count from w_k), establishments.
+    `index`: as for `_timed`."""
+    vouched_at, est = _timed(probation.founders, matches, probation.vouches, banned, index)
     per_peer: dict[bytes, list[int]] = defaultdict(list)
     for peer, round_ in vouched_at:
         per_peer[peer].append(round_)
@@ -476,15 +489,16 @@ def _settle(
             rounds_of[peer].append(round_)
     since = {peer: rounds[probation.vouches - 1] for peer, rounds in rounds_of.items()}
     timings: dict[frozenset[bytes], tuple] = {}
+    index = _by_auditor(probation.founders, matches)  # one for every span's times
     bans = []
     for start, banned_then in spans:
         if banned_then not in timings:
-            timings[banned_then] = _timing(probation, matches, banned_then)
+            timings[banned_then] = _timing(probation, matches, banned_then, index)
         vouched_at, steps, _ = timings[banned_then]
         bans.append(BanSpan(start, banned_then, vouched_at, steps))
     final = frozenset(banned)
     if final not in timings:  # the last span's bans are the whole ledger's (the same judge)
-        timings[final] = _timing(probation, matches, final)
+        timings[final] = _timing(probation, matches, final, index)
     vouched_at, steps, est = timings[final]
     return Standing(
         True,
