@@ -177,6 +177,18 @@ class AppliedRows:
         self._freeze(old)
         return cut
 
+    def hold_unseen(self, total: int) -> None:
+        """The weights also hold rows this account cannot name yet: a trusted link's, whose
+        held-state hash sum is `total` (its JSON's `held_digest`, peer/latejoin.py). They
+        count in the digest from now on; `hold_seen` names them once the history is in."""
+        self.frozen_total = (self.frozen_total + total) & MASK
+
+    def hold_seen(self, rows: Iterable[UpdateMessage], total: int) -> None:
+        """The rows of `hold_unseen(total)`, now in the ledger: frozen like any old row
+        (their hashes then count once, as theirs)."""
+        self.frozen_total = (self.frozen_total - total) & MASK
+        self._freeze(rows)
+
     def _freeze(self, rows: Iterable[UpdateMessage]) -> None:
         for m in rows:
             packed = self._frozen.get(m.peer)

@@ -69,6 +69,7 @@ from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.prefix_cache import ExamplePrefixCache
 from seedflood_p2p.algorithm.probation import NEVER, Standing, revoked_rounds
 from seedflood_p2p.algorithm.probation import standing as standing_of
+from seedflood_p2p.algorithm.standing_summary import StandingSummary
 from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 from seedflood_p2p.network.gossip.audit_intake import AuditIntake
 from seedflood_p2p.protocol.audit_record import audit_topic_for, encode_audit
@@ -133,6 +134,12 @@ class PeerAudits:
         # equivocation replaces it (the ledger's `replacements`), so they are read once
         self._claims: dict[tuple[int, bytes], tuple[float, ...]] = {}
         self._claims_replaced = 0
+        # A joiner trusting an audited link before its history (peer/latejoin.py): the
+        # link's standing summary stands for the records about the rows below it, and
+        # `below_link(standing)` says why a judgement no longer lets the weights stand on
+        # it (None: they may). Both None once the history is in.
+        self.summary: StandingSummary | None = None
+        self.below_link: Callable[[Standing], str | None] | None = None
         self.live = live
         self.intake = intake  # the flood node's (None in the daemon: DaemonAudits uses it)
         # The bans of the state the weights were last checked against (`_bans_moved`).
@@ -304,7 +311,10 @@ class PeerAudits:
         claims = self._claims
         claims.update(ledger.claims({(r.round, r.accused) for r in records} - claims.keys()))
         revoked = revoked_rounds(ledger.revocations())
-        return dict(claims), records, revoked, ledger.peers()  # (a copy: judged in a thread)
+        if self.summary is not None:  # (new dicts: judged in a thread)
+            claims, records, seen = self.summary.inputs(claims, records, ledger.peers())
+            return claims, records, revoked, seen
+        return dict(claims), records, revoked, ledger.peers()
 
     def judge_of(self, inputs: tuple) -> Standing:
         """`judge` of what `read_inputs` read (any thread: a pure function)."""
@@ -717,6 +727,12 @@ class DaemonAudits:
         # them, costs one pass over the ledger, not one each.
         self._judging: asyncio.Future | None = None
         self._stale = False
+        # Cleared while the weights stand on a trusted link that a judgement no longer
+        # lets them stand on (`PeerAudits.below_link`): the rounds wait (peer/rounds.py)
+        # until the history is in and the model rebuilt (peer/latejoin.py), since what
+        # this peer trained meanwhile would be convicted by every auditor.
+        self.settled = asyncio.Event()
+        self.settled.set()
 
     @property
     def standing(self) -> Standing | None:
@@ -806,6 +822,16 @@ class DaemonAudits:
         # event loop stalled gossip, repair and the rounds for as long.
         inputs = audits.read_inputs()
         after = await asyncio.to_thread(audits.judge_of, inputs)
+        if audits.below_link is not None and self.settled.is_set():
+            why = audits.below_link(after)
+            if why is not None:
+                self.settled.clear()
+                log.warning(
+                    "the trusted link no longer holds what counts below its round (%s): "
+                    "not training until its history is in",
+                    why,
+                    extra={"fields": {"event": "trust_paused", "why": why}},
+                )
         before = audits.standing
         if (
             before is not None

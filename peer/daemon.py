@@ -478,6 +478,7 @@ class PeerDaemon:
                 )
 
             late_join.verify_settled = verify_settled
+            late_join.settled = self.audits.settled  # cleared while a trust cannot stand
         late_join.spawn = host.spawn  # links are built in the background
         services = await late_join.make_chain()
         late_join.hold_history()

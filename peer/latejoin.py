@@ -41,8 +41,10 @@ from seedflood_p2p.algorithm.chain import (
     CheckpointChain,
     SettledCount,
     link_round,
+    settled_alike,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.standing_summary import StandingSummary
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
 from seedflood_p2p.network.monitoring.metrics import NodeMetrics
@@ -125,6 +127,10 @@ class LateJoin:
         # the link the model was restored from, until `check_link` has rebuilt it
         self.fetched_meta: dict | None = None
         self.trusted_round: int | None = None  # the link trusted at join, until checked
+        self._trusted_fetch = None  # its FetchResult (an audited join's self-check reads it)
+        # audited runs: set while the weights may stand on a trusted link (the daemon's
+        # DaemonAudits.settled: the rounds wait while it is clear)
+        self.settled: asyncio.Event | None = None
         # audited runs: (matched, recomputed) of others' recent updates on the restored
         # model (`PeerAudits.self_check` on the model thread; set by the daemon)
         self.verify_settled: (
@@ -358,13 +364,6 @@ class LateJoin:
             return False
         if (s.data_dir / "checkpoint.json").exists() or s.checkpoint_fetch == "never":
             return False
-        if self.audits is not None:
-            log.warning(
-                "--history-sync background is ignored: not built for audited runs yet "
-                "(a trusted settled state needs the audit records and the rows they audit "
-                "first, docs/ROADMAP.md); the whole history is synced first"
-            )
-            return False
         if self.config.round_sized or self.config.momentum:
             log.warning(
                 "--history-sync background is ignored: under this run's %s a late row "
@@ -382,6 +381,7 @@ class LateJoin:
             self.fetch_failed = True  # not asked again after the sync (`restore_model`)
             return None
         self.trusted_round = result.offer.meta["round"]
+        self._trusted_fetch = result
         return self.trusted_round
 
     # -- restore -----------------------------------------------------------------------
@@ -395,7 +395,10 @@ class LateJoin:
                 return await self.restore_model(peers)
             finally:
                 self.node.repair.floor_round = 0  # the history now comes by repair
-        return await self.restore_settled(first_round, peers)
+        try:
+            return await self.restore_settled(first_round, peers)
+        finally:
+            self.node.repair.floor_round = 0
 
     def choose_checkpoint(self, offer) -> str | None:
         """The joiner's rule: take the checkpoint if downloading it (its size at
@@ -669,6 +672,8 @@ class LateJoin:
             verdict = live.history_verdict(*await self._digest_history())
             if verdict is None:
                 continue
+            if verdict and self.audits is not None:
+                verdict = await self._summary_holds()
             fields = {
                 "event": "history_checked",
                 "trusted_round": self.trusted_round,
@@ -688,11 +693,15 @@ class LateJoin:
             else:
                 log.error(
                     "the history differs from the trusted link of round %d (the peers that "
-                    "offered it served other rows than they hold, or lost some): rebuilding "
-                    "the model by replay of the ledger",
+                    "offered it served other rows than they hold, or lost some%s): "
+                    "rebuilding the model by replay of the ledger",
                     self.trusted_round,
+                    ", or its standing summary other records" if self.audits else "",
                     extra={"fields": fields},
                 )
+            if self.audits is not None:
+                await self._settle_history(verdict)
+            elif not verdict:
                 await self._rebuild()
             live.end_trust()
             self.info["history"] = {
@@ -704,6 +713,72 @@ class LateJoin:
             self.trusted_round = None
             return verdict
         return True  # (the trust ended elsewhere: nothing left to check)
+
+    async def _summary_holds(self) -> bool:
+        """Audited runs, the trusted link's rows in the ledger: does its standing summary
+        say what this peer's own records say, once repair has brought every record its
+        sources hold (`sync_until_complete`)? The summary of the ledger's records about
+        the rows below the link, made as builders make it, must be the same bytes."""
+        from seedflood_p2p.algorithm.standing_summary import summarize
+
+        await self.node.sync_until_complete(await self.node.connected_peers())
+        trusted, ledger = self.audits.summary, self.ledger
+        if trusted is None:
+            return True
+        records = ledger.audits(0, trusted.below - 1)
+        claims = ledger.claims((r.round, r.accused) for r in records)
+        own = summarize(
+            claims,
+            records,
+            self.audits.settings,
+            trusted.below,
+            trusted.held,
+            frozenset(ledger.peers(below=trusted.below)),
+        )
+        return own.encode() == trusted.encode()
+
+    async def _settle_history(self, verdict: bool) -> None:
+        """Audited runs, the trusted link's history checked: the standing from the ledger
+        alone from now on. Held (`verdict`, and no judgement stopped the rounds): the
+        account of what the weights hold gets the link's rows (a later ban takes them
+        back as anyone's), read a step at a time on the model thread. Else the model is
+        rebuilt: the settled state of the round we train, by replay."""
+        audits, meta = self.audits, self.live.trusted_meta
+        audits.summary = audits.below_link = None
+        paused = self.settled is not None and not self.settled.is_set()
+        if verdict and not paused:
+            covered, below = self.live.trusted, meta["round"]
+            total = int(meta["held_digest"], 16)
+            snapshot = self.ledger.snapshot()
+            rows = iter(snapshot)
+
+            def step() -> bool:
+                nonlocal total
+                chunk = list(itertools.islice(rows, STEP_ROWS))
+                held = [m for m in chunk if m.round < below and (m.peer, m.round) in covered]
+                audits.applied.hold_seen(held, total)
+                total = 0
+                return len(chunk) == STEP_ROWS and chunk[-1].round < below
+
+            try:
+                while await self.run(step):
+                    pass
+            finally:
+                await asyncio.shield(self.run(_close, snapshot))
+        else:
+            self.live.end_trust()  # every row the ledger takes is applied again
+            await self.run(self.live.load_weights, await self.run(self._base_weights))
+            judged = audits.judge()
+            audits.standing, audits.banned = judged, dict(judged.banned)
+            cut = self.live.streamed_cut()
+            try:
+                how, state = await self._settle(cut, None, audits.round, judged)
+            finally:
+                cut.close()
+            self.live.receive(state.later)
+            log.info("model rebuilt: %s", how, extra={"fields": {"event": "rebuilt", "how": how}})
+        if self.settled is not None:
+            self.settled.set()
 
     async def _rebuild(self) -> None:
         """The model = base + the ledger, by replay: the trusted link was not what its rows
@@ -753,6 +828,10 @@ class LateJoin:
         updates, `verify_settled`), else by replay. The ledger is streamed from a snapshot
         in one pass, which also fills the audits' account of what the weights hold
         (`SettledState`): memory does not grow with the ledger's rows."""
+        if self.trusted_round is not None:
+            how = await self._restore_settled_trusting(first_round)
+            if how is not None:
+                return how
         audits = self.audits
         judged = audits.judge()  # nothing applied yet: nothing to undo
         audits.standing, audits.banned = judged, dict(judged.banned)
@@ -775,6 +854,103 @@ class LateJoin:
         if fetched is None or refused is not None:
             return how if refused is None else f"{how}: {refused}"
         return self._took(how, fetched)
+
+    async def _restore_settled_trusting(self, first_round: int) -> str | None:
+        """Audited runs, `--history-sync background`: the settled state of `first_round`
+        from the fetched link, trusted, and the rows after it, before the history. The
+        standing below the link comes from the link's standing summary
+        (algorithm/standing_summary.py); the link is stood on only if what counts below
+        its round is the same in the state of `first_round` as in its prefix
+        (`settled_alike`) and the model then recomputes others' recent updates
+        (`verify_settled`). None when it is not: the history is synced (and the link
+        restored from the usual way, or the ledger replayed)."""
+        audits, lag = self.audits, self.audits.settings.lag
+        chain_dir, round_ = self.s.data_dir / CHAIN_DIR, self.trusted_round
+        try:
+            meta = read_checkpoint_meta(chain_dir)
+            summary = _summary_of(chain_dir, meta)
+            held_digest = int(meta["held_digest"], 16)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return await self._no_trust(f"its standing summary cannot be used ({exc})")
+        audits.summary = summary
+        judged = audits.judge()  # nothing applied yet: nothing to undo
+        why = self._below_link(judged, summary, first_round - lag)
+        if why is not None:
+            audits.summary = None
+            return await self._no_trust(why)
+        audits.standing, audits.banned = judged, dict(judged.banned)
+        audits.round = first_round
+        self.live.trust(meta)
+        state = SettledState(
+            first_round - lag,
+            lambda m: judged.counts_in(m.peer, m.round, first_round),
+            audits.restoring(),
+        )
+        cut = self.live.streamed_cut()  # right after `trust`, on the event loop
+        try:
+            how = await self.run(
+                self.live.restore_trusting, cut, chain_dir, state.observe, state.holds
+            )
+        finally:
+            cut.close()
+        if how is None:  # its tensors refused (logged): the history first
+            audits.summary = None
+            self._count_refused({"weights": 1})
+            return await self._no_trust("its weights were refused", keep_link=False)
+        state.account.hold_unseen(held_digest)  # the link's rows, in the held-state digest
+        audits.applied, audits.waiting = state.account, state.waiting
+        self.live.receive(state.later)
+        refused = await self._refuse_settled(first_round, self._trusted_fetch)
+        if refused is not None:
+            _discard_link(chain_dir)  # never built on, nor served, by this peer
+            self.live.end_trust()
+            audits.summary = None
+            await self.run(self.live.load_weights, await self.run(self._base_weights))
+            return await self._no_trust(refused, keep_link=False)
+        self.fetched_meta = meta
+        audits.below_link = lambda st: self._below_link(st, summary, audits.round - lag)
+        self.info["history"] = {
+            "trusted_round": round_,
+            "rows": meta["ledger_messages"],
+            "held_at_ready": self.live.trusted_held,
+            "held": self.live.trusted_held,
+            "checked": False,
+            "standing_summary": meta.get("standing_summary"),
+        }
+        peers = len(self._trusted_fetch.peers)
+        return f"fetched {how} (settled state of round {first_round}) from {peers} peers"
+
+    def _below_link(self, standing, summary, held: int) -> str | None:
+        """Why the weights cannot stand on the trusted link under `standing` in the
+        settled prefix `held` (None: they can): what counts below its round changed since
+        its prefix, or the ledger holds a record about a row below it, which the summary
+        does not say (a late vouch or accusation: only the history can judge it)."""
+        if not settled_alike(standing, summary.below, summary.held, held):
+            return (
+                f"what counts below round {summary.below} changed since its settled prefix "
+                f"{summary.held} (a ban, a vouch or an establishment since)"
+            )
+        if self.ledger.audits(0, summary.below - 1):
+            return f"an audit record about a row below round {summary.below} arrived"
+        return None
+
+    async def _no_trust(self, why: str, keep_link: bool = True) -> None:
+        """The fetched link is not trusted (`why`, logged): the whole history is synced, and
+        the settled restore goes on as without `--history-sync background` (from this link
+        if `keep_link`, checked as any fetched link is; else by replay)."""
+        log.warning(
+            "the fetched link of round %s is not trusted before its history: %s; syncing "
+            "the whole history first",
+            self.trusted_round,
+            why,
+            extra={"fields": {"event": "trust_refused", "why": why}},
+        )
+        self.trusted_round = None
+        if not keep_link:
+            self._trusted_fetch, self.fetch_failed = None, True
+        self.node.repair.floor_round = 0
+        await self.node.sync_until_complete(await self.node.connected_peers())
+        return None
 
     async def _settle(
         self, cut, directory: Path | None, first_round: int, judged
@@ -860,10 +1036,13 @@ class LateJoin:
         dir), else a link of the run's chain that a quorum offers (the chain dir, and the
         FetchResult), else nothing to start from (the data dir: a replay)."""
         s = self.s
-        if not peers or self.chain is None or s.checkpoint_fetch == "never":
+        if not peers or self.chain is None or s.checkpoint_fetch == "never" or self.fetch_failed:
             return s.data_dir, None
         if (s.data_dir / "checkpoint.json").exists():
             return s.data_dir, None
+        if self._trusted_fetch is not None:  # fetched to trust, not trusted: restored from
+            result, self._trusted_fetch = self._trusted_fetch, None
+            return s.data_dir / CHAIN_DIR, result
         result = await self._fetch(peers, self.choose_checkpoint)
         if result is None:
             return s.data_dir, None
@@ -951,6 +1130,21 @@ async def _digest_in_child(path: Path, cut: dict) -> tuple[int, str]:
         raise RuntimeError(f"exit {proc.returncode}: {last[0]}")
     count, digest = json.loads(out)
     return int(count), str(digest)
+
+
+def _summary_of(directory: Path, meta: dict) -> StandingSummary:
+    """The standing summary in the link file of `directory` (`meta`: its JSON), checked
+    to be the one of its round and settled prefix; ValueError naming what is wrong."""
+    tensor = read_checkpoint_tensor(directory, STANDING)
+    if tensor is None:
+        raise ValueError("the link has none (built by an older version?)")
+    summary = StandingSummary.decode(tensor.numpy().tobytes())
+    if summary.below != meta["round"] or summary.held != meta.get("settled_prefix"):
+        raise ValueError(
+            f"it is of rows below {summary.below} in prefix {summary.held}, the link of "
+            f"round {meta['round']} in prefix {meta.get('settled_prefix')}"
+        )
+    return summary
 
 
 def _discard_link(directory: Path) -> None:

@@ -395,6 +395,10 @@ class Rounds:
             schedule.in_round = True
             if self.node.fatal is not None:
                 raise self.node.fatal
+            if audits is not None and not audits.settled.is_set():
+                self.set_state("waiting for the history behind the trusted link")
+                await audits.settled.wait()
+                self.set_state("training")
             self.catch_up()
             self.node.admission.own_round = schedule.round
             await self.pacing.wait_ready(schedule.round)

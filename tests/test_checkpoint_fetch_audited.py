@@ -56,9 +56,33 @@ FLAGS = peer_flags(
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The honest and the two forged runs at once, each on its own bootstrap node."""
-    with ThreadPoolExecutor(3) as pool:
+    """The honest and the two forged runs, and both trusting ones, at once, each on its own
+    bootstrap node."""
+    background = ["--history-sync", "background"]
+    with ThreadPoolExecutor(5) as pool:
         return {
+            "trusting": pool.submit(
+                _run,
+                tmp_path_factory.mktemp("audited-trusting"),
+                dataclasses.replace(AUDITED_CHAIN_RUN, salt="audited-chain-trusting"),
+                {"a": [], "b": []},
+                1,
+                joiner=background,
+                flags=FLAGS,
+                wait_for="link_checked",
+                join_round=JOIN_ROUND,
+            ),
+            "trusting_far": pool.submit(
+                _run,
+                tmp_path_factory.mktemp("audited-trusting-far"),
+                dataclasses.replace(AUDITED_CHAIN_RUN, salt="audited-chain-trusting-far"),
+                {"a": ["--checkpoint", "forge-far"], "b": ["--checkpoint", "forge-far"], "c": []},
+                0,
+                joiner=background,
+                flags=FLAGS,
+                wait_for="link_self_check",
+                join_round=JOIN_ROUND,
+            ),
             "honest": pool.submit(
                 _run,
                 tmp_path_factory.mktemp("audited-honest"),
@@ -86,6 +110,16 @@ def runs(tmp_path_factory):
                 )
             },
         }
+
+
+@pytest.fixture(scope="module")
+def trusting(runs):
+    return runs["trusting"].result()
+
+
+@pytest.fixture(scope="module")
+def trusting_far(runs):
+    return runs["trusting_far"].result()
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +201,51 @@ def test_a_link_forged_within_the_audit_bound_is_found_by_its_rebuild_and_undone
     _ends_equal(near, ["a", "b", "c", "j"])  # the model moved back onto the run's
     for name in ("a", "b", "c", "j"):
         assert not _verdicts(near, name), name
+
+
+def _events(run, name: str, *events: str) -> list[dict]:
+    return [e for e in run["peers"][name].events() if e.get("event") in events]
+
+
+def test_an_audited_joiner_trusts_the_link_and_its_summary_before_the_history(trusting):
+    """`--history-sync background` in an audited run: J syncs only the rows and records
+    from the link's round on, judges with the link's standing summary below it, restores
+    its settled state from the link and trains; the history arrives, digests as the link
+    says and its records make the same summary; J ends as the others do."""
+    ready = _ready(trusting, "j")
+    assert ready["source"].startswith("fetched trusted checkpoint of round"), ready
+    assert "settled state of round" in ready["source"], ready
+    history = _final(trusting, "j")["checkpoint"]["history"]
+    assert history["held_at_ready"] == 0 < history["rows"], history  # no row of the link
+    assert history["standing_summary"]["peers"] >= 2, history
+    check = _event(trusting, "j", "link_self_check")
+    assert check["checked"] == 2 and check["matched"] == 2, check
+    assert _event(trusting, "j", "history_checked")["match"] is True
+    assert _event(trusting, "j", "link_checked")["match"] is True
+    assert not _events(trusting, "j", "trust_refused", "trust_paused", "rebuilt")
+    _ends_equal(trusting, ["a", "b", "j"])
+    for name in ("a", "b", "j"):
+        assert not _verdicts(trusting, name), name
+
+
+def test_a_forged_link_is_not_trusted_and_the_joiner_syncs_and_replays(trusting_far):
+    """A and B offer the same forged link (every tensor shifted) to a joiner that would
+    trust it: its self-check on C's update fails, the link is removed, and J syncs the
+    whole history and replays, trains, and ends as the others do."""
+    check = _event(trusting_far, "j", "link_self_check")
+    assert check["matched"] == 0 < check["checked"], check
+    (refused,) = _events(trusting_far, "j", "trust_refused")
+    assert "recent updates recomputed" in refused["why"], refused
+    ready = _ready(trusting_far, "j")
+    assert ready["source"].startswith("replay"), ready
+    assert _final(trusting_far, "j")["checkpoint"]["refused"].get("forged_weights") == 1
+    # the refused link left J's chain dir (a link there now is one J built itself)
+    work = trusting_far["work"]
+    forged = json.loads((work / "a" / "chain" / "forged" / "checkpoint.json").read_text())
+    kept = work / "j" / "chain" / "checkpoint.json"
+    assert not kept.exists() or (
+        json.loads(kept.read_text())["weights_sha256"] != forged["weights_sha256"]
+    )
+    _ends_equal(trusting_far, ["a", "b", "c", "j"])
+    for name in ("a", "b", "c", "j"):  # J's updates were never trained on the forged link
+        assert not _verdicts(trusting_far, name), name

@@ -147,6 +147,13 @@ class SettledCount:
         return summarize(self.claims, self.records, self.settings, below, self.held, seen)
 
 
+def settled_alike(standing: Standing, below: int, link_held: int, held: int) -> bool:
+    """Do the rows of rounds < `below` count in the settled prefix `held` as in a link's
+    prefix `link_held`, by `standing`? (`SettledCount.key`: sufficient, not necessary.)
+    A joiner holding only the rows from that link on may stand on it while they do."""
+    return SettledCount(standing, link_held).key(below) == SettledCount(standing, held).key(below)
+
+
 def _counted(rows: list[UpdateMessage], count: SettledCount | None) -> list[UpdateMessage]:
     return rows if count is None else [m for m in rows if count.counts(m)]
 

@@ -321,12 +321,20 @@ class LiveModel:
             raise ValueError("its cut does not hold as many rows as it says")
         self.trusted, self.trusted_meta = covered, meta
 
-    def restore_trusting(self, cut: LedgerCut, directory: Path) -> str | None:
+    def restore_trusting(
+        self,
+        cut: LedgerCut,
+        directory: Path,
+        observe: Callable[[UpdateMessage], None] | None = None,
+        keep: Callable[[UpdateMessage], bool] | None = None,
+    ) -> str | None:
         """Weights = the link in `directory` (trusted: `trust` was called with its meta)
-        + the cut's rows it does not cover. The link's own rows are not checked here; the
-        ledger may lack them (`check_history` checks them once they arrive). None, the
-        weights untouched and `trusted` cleared, if its tensors are refused: the caller
-        then syncs the whole history and replays."""
+        + the cut's rows it does not cover that `keep` (default: all; an audited run's
+        settled state). The link's own rows are not checked here; the ledger may lack them
+        (`check_history` checks them once they arrive). `observe` sees each of the other
+        rows once, in order (as in `restore`). None, the weights untouched and `trusted`
+        cleared, if its tensors are refused: the caller then syncs the whole history and
+        replays."""
         meta, covered = self.trusted_meta, self.trusted
         if meta is None or covered is None:
             raise ValueError("restore_trusting without a trusted link (call trust first)")
@@ -334,7 +342,10 @@ class LiveModel:
         for m in cut.messages:
             if (m.peer, m.round) in covered:
                 self.trusted_held += 1
-            else:
+                continue
+            if observe is not None:
+                observe(m)
+            if keep is None or keep(m):
                 tail.append(m)
         how = self._restore_from_checkpoint(cut, directory, meta, covered, tail, [])
         if how is None:

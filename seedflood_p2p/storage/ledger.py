@@ -820,12 +820,14 @@ class Ledger:
                 out.setdefault(bytes(peer), []).append(round_)
         return out
 
-    def peers(self) -> set[bytes]:
-        """Every peer with at least one row: who the run is known to have."""
+    def peers(self, below: int | None = None) -> set[bytes]:
+        """Every peer with at least one row (of a round < `below`, if given): who the run
+        is known to have."""
         if not self._mine():
             return set()
+        where = "" if below is None else f" WHERE round < {int(below)}"
         query = (
-            "SELECT p.peer FROM (SELECT DISTINCT peer FROM messages) m "
+            f"SELECT p.peer FROM (SELECT DISTINCT peer FROM messages{where}) m "
             "JOIN peers p ON p.id = m.peer"
         )
         return {bytes(row[0]) for row in self._db.execute(query)}
