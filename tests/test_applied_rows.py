@@ -254,3 +254,35 @@ def test_an_honest_update_still_matches_with_old_rows_packed(tmp_path):
     assert not mismatch and audits.counts["held_exact"] == 1
     assert audits.counts["late_state_retries"] == 0
     ledger.close()
+
+
+def test_a_trusted_links_rows_count_in_the_digest_before_they_are_known():
+    """A joiner trusting a link holds its rows in the weights before the ledger does:
+    `hold_unseen(the link's held digest)` counts them in the held-state digest at once;
+    `hold_seen(rows, total)` (in chunks, the total once) names them when the history is in,
+    and the account is then the one of a restore that held them all along: the same digest,
+    the same rows taken back by a ban."""
+    rng = random.Random(3)
+    link = [_row(rng, t, p) for t in range(20) for p in PEERS]
+    after = [_row(rng, t, p) for t in range(20, 30) for p in PEERS]
+    digests = HeldDigests()
+    whole = AppliedRows(digests.row_hash, frozen_after=12)
+    whole.reset(link + after, 30)
+    trusting = AppliedRows(digests.row_hash, frozen_after=12)
+    trusting.reset(after, 30)
+
+    def digest(a: AppliedRows) -> int:
+        return digests.of(a.recent, a.frozen_total, a.is_frozen)
+
+    trusting.hold_unseen(_digest(link))
+    assert digest(trusting) == digest(whole) == _digest(link + after)
+    trusting.hold_seen(link[:40], _digest(link))
+    trusting.hold_seen(link[40:], 0)
+    assert digest(trusting) == digest(whole)
+    banned = PEERS[1]
+
+    def counts(peer, round_):
+        return peer != banned
+
+    assert _same(trusting.take_back(counts, [banned]), whole.take_back(counts, [banned]))
+    assert digest(trusting) == digest(whole)

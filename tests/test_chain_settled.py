@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_checkpoint_chain import CONFIG, ED25519_ID, _chain, _files
 
-from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, STANDING, SettledCount
+from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, STANDING, SettledCount, settled_alike
 from seedflood_p2p.algorithm.live import LiveModel
 from seedflood_p2p.algorithm.probation import standing
 from seedflood_p2p.algorithm.replay import replay
@@ -281,3 +281,17 @@ def test_an_audited_link_carries_its_standing_summary_and_held_digest(tmp_path):
         live.cut(), tmp_path / "c", None, lambda m: st.counts_in(m.peer, m.round, 20)
     )
     assert how.startswith("checkpoint of round 12"), how
+
+
+def test_a_joiner_stands_on_a_link_only_while_what_counts_below_it_is_unchanged():
+    """`settled_alike`: a joiner holding only the rows from link 8 on may stand on it in a
+    later state while the rows below 8 count there as in the link's prefix; a ban that
+    takes effect after the prefix (C's, at 10) ends that: the link holds C's rows, which the
+    joiner cannot take back without them."""
+    rows, records = _ledger(ban_at=None, vouch_at=(2 + DELAY, 3 + DELAY))
+    st = _standing(rows, records)
+    assert all(settled_alike(st, 8, 8 + SETTLED_MARGIN, held) for held in (48, 60, 200))
+    rows, records = _ledger(ban_at=10 + SETTLED_MARGIN)  # in effect after the prefix 48
+    st = _standing(rows, records)
+    assert settled_alike(st, 8, 8 + SETTLED_MARGIN, 8 + SETTLED_MARGIN + 1)
+    assert not settled_alike(st, 8, 8 + SETTLED_MARGIN, 10 + SETTLED_MARGIN + 2)
