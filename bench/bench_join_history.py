@@ -158,6 +158,12 @@ def main() -> None:
     parser.add_argument("--period", type=int, default=50)
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "join-history"))
     parser.add_argument("--name", default="join-history")
+    parser.add_argument(
+        "--audited",
+        action="store_true",
+        help="audits on (the default of a real run): a chain of settled states, each link "
+        "with its standing summary; the joiners restore the settled state",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument(
         "--modes", default="first,background", help="the joiners to run, in this order"
@@ -182,8 +188,12 @@ def main() -> None:
     from harness.cluster import peer_flags
     from seedflood_p2p.apps.localnet import start_bootstrap, start_peer
 
-    run = bootstrap_config(run_config(1, extra={"checkpoint_every": args.period, "audit": False}))
-    work = Path(args.work_dir) / f"p{args.peers}-r{args.rounds}-P{args.period}"
+    extra = {"checkpoint_every": args.period}
+    if not args.audited:
+        extra["audit"] = False
+    run = bootstrap_config(run_config(1, extra=extra))
+    audited = "-audited" if args.audited else ""
+    work = Path(args.work_dir) / f"p{args.peers}-r{args.rounds}-P{args.period}{audited}"
     work.mkdir(parents=True, exist_ok=True)
     history = work / "history.sqlite"
     res = {
@@ -191,6 +201,7 @@ def main() -> None:
         "peers": args.peers,
         "rounds": args.rounds,
         "period": args.period,
+        "audited": args.audited,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "synthesis": synthesise(history, args.peers, args.rounds, 1, config=run),
     }
@@ -217,6 +228,15 @@ def main() -> None:
             _event(proc, "ready", args.timeout)
             link = _event(proc, "chain_link", args.timeout)
             print(name, "serves link", link["round"], flush=True)
+        if args.audited:
+            # the link of round ROUNDS (every synthetic row), and only the founders' own
+            # updates recent: a joiner's self-check recomputes recent updates, and the
+            # synthetic ones are random scalars, no step anyone could recompute
+            from seedflood_p2p.algorithm.chain import SETTLED_MARGIN
+
+            settle = args.rounds + SETTLED_MARGIN + FLAGS["checkpoint_settle"] + 1
+            for proc in founders.values():
+                proc.wait_round(settle, timeout=args.timeout)
         res["founders_serving_s"] = round(time.time() - t, 1)
         if args.idle:  # what a node holding the history spends in steady state
             nodes = {"bootstrap": boot.proc.pid, **{n: p.proc.pid for n, p in founders.items()}}
@@ -253,10 +273,11 @@ def markdown(res: dict) -> str:
         f"`{res['command'].strip()}`",
         "",
         f"{res['peers']:,} synthetic peers x {res['rounds']:,} rounds (signed, replayable), a "
-        f"checkpoint chain every {res['period']} rounds, no audits; a bootstrap node and two "
-        "founders on 127.0.0.1 hold the history, the founders serve the links; each joiner is "
-        "a new `seedflood "
-        "peer` process with its own p2pd, timed from its start (interpreter, imports, p2pd, "
+        f"checkpoint chain every {res['period']} rounds, "
+        f"{'audits on (settled links)' if res.get('audited') else 'no audits'}; a bootstrap "
+        "node and two founders on 127.0.0.1 hold the history, the founders serve the links; "
+        "each joiner is a new `seedflood peer` process with its own p2pd, timed from its "
+        "start (interpreter, imports, p2pd, "
         f"join included). Load average {res['loadavg_start']} at start, "
         f"{res['loadavg_end']} at the end; 2 cores shared by everything.",
         "",

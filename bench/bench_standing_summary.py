@@ -63,14 +63,14 @@ def synthetic(peers: int, rounds: int, seed: int = 0, accused: float = 0.001):
     return ids, claims, records
 
 
-def measure(peers: int, rounds: int) -> dict:
-    from seedflood_p2p.algorithm.chain import SETTLED_MARGIN
+def measure(peers: int, rounds: int, accused: float) -> dict:
+    from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, settled_alike
     from seedflood_p2p.algorithm.probation import standing
     from seedflood_p2p.algorithm.standing_summary import StandingSummary, summarize
     from seedflood_p2p.core.extra_settings import AuditSettings, ProbationSettings
 
     audit = AuditSettings(enabled=True, lag=1)
-    ids, claims, records = synthetic(peers, rounds)
+    ids, claims, records = synthetic(peers, rounds, accused=accused)
     probation = ProbationSettings(founders=frozenset(ids[:4]), vouches=3)
     link = rounds * 3 // 4 // 10 * 10  # the link's round; the joiner holds the rest
     held = link + SETTLED_MARGIN
@@ -100,6 +100,9 @@ def measure(peers: int, rounds: int) -> dict:
     joiner = standing(inputs[0], inputs[1], audit, probation, None, inputs[2])
     joiner_s = time.perf_counter() - started
     assert joiner == full, "the summary's standing differs from the whole ledger's"
+    started = time.perf_counter()  # the joiner's trust check (peer/latejoin.py)
+    alike = settled_alike(joiner, link, held, rounds + 10)
+    alike_s = time.perf_counter() - started
     records_below = sum(1 for r in records if r.round < link)
     return {
         "peers": peers,
@@ -116,6 +119,9 @@ def measure(peers: int, rounds: int) -> dict:
         "decode_s": round(decode_s, 3),
         "standing_full_s": round(full_s, 3),
         "standing_from_summary_s": round(joiner_s, 3),
+        "settled_alike_s": round(alike_s, 3),
+        "settled_alike": alike,
+        "accused": accused,
         "same_standing": True,
     }
 
@@ -124,35 +130,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--accused", type=float, default=0.001)
     parser.add_argument("--name", default="standing-summary")
     args = parser.parse_args()
     rows = []
     for rounds in args.rounds:
         print(f"{args.peers} peers x {rounds} rounds ...", flush=True)
-        rows.append(measure(args.peers, rounds))
+        rows.append(measure(args.peers, rounds, args.accused))
         print(json.dumps(rows[-1]), flush=True)
         (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
         f"# Standing summary (`python bench/bench_standing_summary.py --peers {args.peers} "
-        f"--rounds {' '.join(map(str, args.rounds))}`)",
+        f"--rounds {' '.join(map(str, args.rounds))} --accused {args.accused} --name "
+        f"{args.name}`)",
         "",
-        "Synthetic runs at the production audit rate (~0.1 records a row, 1 in 1,000 audits an "
-        "accusation re-checked by 3 others). The link at 3/4 of the run; the joiner holds "
+        "Synthetic runs at the production audit rate (~0.1 records a row; a share "
+        f"{args.accused} of the audits accusations, each re-checked by 3 others). The link "
+        "at 3/4 of the run; the joiner holds "
         "the rows and records from its round on. *signed records* = the records below the "
         f"link at ~{SIGNED_AUDIT_ROW} B each in repair pages (what a joiner syncs today, "
         "besides every row). The joiner's standing was asserted equal to the whole "
         "ledger's in every row. One run each, this 2-core machine.",
         "",
         "| rows | records below link | summary | B/record | signed records | summarize | "
-        "encode | decode | standing, whole ledger | standing, summary + tail |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "encode | decode | standing, whole ledger | standing, summary + tail | trust check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['rows']:,} | {r['records_below_link']:,} | {r['summary_bytes'] / 2**20:.2f} "
             f"MiB | {r['bytes_per_record']} | {r['signed_records_bytes_estimate'] / 2**20:.1f} "
             f"MiB | {r['summarize_s']} s | {r['encode_s']} s | {r['decode_s']} s | "
-            f"{r['standing_full_s']} s | {r['standing_from_summary_s']} s |"
+            f"{r['standing_full_s']} s | {r['standing_from_summary_s']} s | "
+            f"{r['settled_alike_s']} s |"
         )
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -482,3 +482,44 @@ def test_judging_only_the_accused_updates_gives_the_standing_of_all_records(seed
         assert fast == every
         assert len(probation._accusations(claims, records, SETTINGS)) < len(records)
     assert fast.judgement.cases  # (there were cases to judge)
+
+
+def test_the_times_after_fresh_keys_bans_are_those_made_anew(monkeypatch):
+    """A settled prefix whose bans add only peers that were never established (fresh keys
+    convicted: each ban a new prefix's ban set) gets its times from the prefix before by
+    leaving those peers' updates out (`_timing_after`), not by a `_timed` over every
+    match: the same standing as making every span's times anew."""
+    import seedflood_p2p.algorithm.probation as probation
+
+    founders = [bytes([1, i]) * 4 for i in range(3)]
+    earned = [bytes([2, i]) * 4 for i in range(3)]  # vouched by founders, established
+    fresh = [bytes([3, i]) * 4 for i in range(6)]  # convicted one after another
+    settings = AuditSettings(enabled=True, lag=1, quorum=2)
+    seeds = ProbationSettings(founders=frozenset(founders), vouches=2)
+    claims, records = {}, []
+    for t in range(40):
+        for p in founders + earned + fresh:
+            claims[(t, p)] = (0.25 + t / 64,)
+    for i, p in enumerate(earned):  # vouched: matches by founders
+        for t in (1, 2, 3):
+            records.append(AuditRecord(p, t, founders[t % 3], claims[(t, p)], t + 4 + i))
+    for i, p in enumerate(fresh):  # one cheat each, convicted by two founders, in turn
+        t = 5 + 4 * i
+        wrong = (claims[(t, p)][0] + 1.0,)
+        records += [AuditRecord(p, t, q, wrong, t + 4 + i) for q in founders[:2]]
+        records.append(AuditRecord(p, t + 1, earned[0], claims[(t + 1, p)], t + 6))  # a vouch
+    derived = []
+    real = probation._timing_after
+
+    def counted(timings, banned):
+        out = real(timings, banned)
+        derived.append(out is not None)
+        return out
+
+    monkeypatch.setattr(probation, "_timing_after", counted)
+    fast = standing(claims, records, settings, seeds)
+    monkeypatch.setattr(probation, "_timing_after", lambda timings, banned: None)
+    anew = standing(claims, records, settings, seeds)
+    assert fast == anew
+    assert set(fast.banned) == set(fresh) and len(fast.bans) == len(fresh) + 1
+    assert sum(derived) == len(fresh)  # every later span's times derived
