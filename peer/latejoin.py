@@ -766,16 +766,31 @@ class LateJoin:
             finally:
                 await asyncio.shield(self.run(_close, snapshot))
         else:
+            if self.settled is not None:
+                self.settled.clear()  # no round trains on a half-rebuilt model
+            base = await self.run(self._base_weights)
             self.live.end_trust()  # every row the ledger takes is applied again
-            await self.run(self.live.load_weights, await self.run(self._base_weights))
             judged = audits.judge()
             audits.standing, audits.banned = judged, dict(judged.banned)
+            first = audits.round
+            state = SettledState(
+                first - audits.settings.lag,
+                lambda m: judged.counts_in(m.peer, m.round, first),
+                audits.restoring(),
+            )
             cut = self.live.streamed_cut()
+
+            def rebuild() -> str:  # one model-thread call: base, then the replay
+                self.live.load_weights(base)
+                return self.live.restore(cut, None, state.observe, state.holds)
+
             try:
-                how, state = await self._settle(cut, None, audits.round, judged)
+                how = await self.run(rebuild)
             finally:
                 cut.close()
+            audits.applied, audits.waiting = state.account, state.waiting
             self.live.receive(state.later)
+            how += f" (settled state of round {first})"
             log.info("model rebuilt: %s", how, extra={"fields": {"event": "rebuilt", "how": how}})
         if self.settled is not None:
             self.settled.set()
