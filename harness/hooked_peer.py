@@ -14,6 +14,8 @@ FLAGS are those of `seedflood peer`. The misbehaviours:
                              honestly
     --cheat turn             honest while on probation, then "flip" from the first update
                              after its own ledger's standing has it established, for good
+    --cheat-from R           cheat only in rounds >= R (honest before: its rows below R
+                             count, in the model and in the chain's links)
     --checkpoint corrupt     serve checkpoint chunks with a flipped byte
     --checkpoint forge       offer a forged chain link (a tensor shifted, hashes consistent)
     --checkpoint forge-far   ... with every tensor shifted far: a model whose updates an
@@ -204,14 +206,23 @@ def install_equivocation(round_: int, later: int) -> None:
 class Hooked(Behaviour):
     """The misbehaviours the flags ask for; honest in everything else."""
 
-    def __init__(self, cheat: str = "", checkpoint: str = "", drop_incoming: float = 0.0):
+    def __init__(
+        self,
+        cheat: str = "",
+        checkpoint: str = "",
+        drop_incoming: float = 0.0,
+        cheat_from: int = 0,
+    ):
         self.cheat = cheat
+        self.cheat_from = cheat_from
         self.checkpoint = checkpoint
         self.drop_incoming = drop_incoming
         self.losses = random.Random()
 
     def update(self, message: UpdateMessage, ledger: Ledger) -> UpdateMessage:
-        return cheated(self.cheat, message, ledger) if self.cheat else message
+        if not self.cheat or message.round < self.cheat_from:
+            return message
+        return cheated(self.cheat, message, ledger)
 
     async def served_link(self, directory: Path) -> Path:
         if self.checkpoint in ("forge", "forge-far"):
@@ -282,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("command", choices=["peer"], help="as `seedflood peer`")
     parser.add_argument("--cheat", choices=sorted(CHEATS), default="")
+    parser.add_argument("--cheat-from", type=int, default=0, metavar="R")
     parser.add_argument("--checkpoint", choices=["corrupt", "forge", "forge-far"], default="")
     parser.add_argument("--drop-incoming", type=fraction, default=0.0)
     parser.add_argument("--equivocate", type=parse_equivocation, default=None)
@@ -295,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_format, "INFO")
     if args.trace_memory is not None:
         trace_memory(args.trace_memory)
-    behaviour = Hooked(args.cheat, args.checkpoint, args.drop_incoming)
+    behaviour = Hooked(args.cheat, args.checkpoint, args.drop_incoming, args.cheat_from)
     if args.equivocate is not None:
         install_equivocation(*args.equivocate)
     try:

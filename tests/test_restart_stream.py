@@ -54,6 +54,7 @@ def _peer(ledger: Ledger, data_dir) -> tuple[LiveModel, PeerAudits, LateJoin]:
     join = LateJoin.__new__(LateJoin)  # what restore_settled reads, and nothing else
     join.s = types.SimpleNamespace(data_dir=data_dir)
     join.live, join.audits, join.run = live, audits, on_model_thread
+    join.trusted_round = None  # (no link trusted: a restart)
     return live, audits, join
 
 
