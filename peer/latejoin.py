@@ -44,6 +44,7 @@ from seedflood_p2p.algorithm.chain import (
     settled_alike,
 )
 from seedflood_p2p.algorithm.live import LiveModel
+from seedflood_p2p.algorithm.probation import NEVER
 from seedflood_p2p.algorithm.standing_summary import StandingSummary
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
@@ -889,7 +890,8 @@ class LateJoin:
             return await self._no_trust(f"its standing summary cannot be used ({exc})")
         audits.summary = summary
         judged = audits.judge()  # nothing applied yet: nothing to undo
-        why = self._below_link(judged, summary, first_round - lag)
+        in_link = cut_contains(meta["ledger_cut"]).peers  # the peers with rows in the link
+        why = self._below_link(judged, summary, in_link)
         if why is not None:
             audits.summary = None
             return await self._no_trust(why)
@@ -923,7 +925,7 @@ class LateJoin:
             await self.run(self.live.load_weights, await self.run(self._base_weights))
             return await self._no_trust(refused, keep_link=False)
         self.fetched_meta = meta
-        audits.below_link = lambda st: self._below_link(st, summary, audits.round - lag)
+        audits.below_link = lambda st: self._below_link(st, summary, in_link)
         self.info["history"] = {
             "trusted_round": round_,
             "rows": meta["ledger_messages"],
@@ -932,15 +934,18 @@ class LateJoin:
             "checked": False,
             "standing_summary": meta.get("standing_summary"),
         }
-        peers = len(self._trusted_fetch.peers)
-        return f"fetched {how} (settled state of round {first_round}) from {peers} peers"
+        offered = len(self._trusted_fetch.peers)
+        return f"fetched {how} (settled state of round {first_round}) from {offered} peers"
 
-    def _below_link(self, standing, summary, held: int) -> str | None:
-        """Why the weights cannot stand on the trusted link under `standing` in the
-        settled prefix `held` (None: they can): what counts below its round changed since
-        its prefix, or the ledger holds a record about a row below it, which the summary
-        does not say (a late vouch or accusation: only the history can judge it)."""
-        if not settled_alike(standing, summary.below, summary.held, held):
+    def _below_link(self, standing, summary, peers: frozenset[bytes]) -> str | None:
+        """Why the weights cannot stand on the trusted link under `standing` (None: they
+        can): what counts below its round in some settled state to come differs from its
+        prefix (a ban of one of the `peers` with rows in it, a vouch or an establishment
+        after it: the rows to take back or add are not here; the future states, since a
+        verdict is known rounds before the state it is in trains), or the ledger holds a
+        record about a row below it, which the summary does not say (a late vouch or
+        accusation: only the history can judge it)."""
+        if not settled_alike(standing, summary.below, summary.held, NEVER, peers):
             return (
                 f"what counts below round {summary.below} changed since its settled prefix "
                 f"{summary.held} (a ban, a vouch or an establishment since)"

@@ -15,7 +15,7 @@ from test_checkpoint_chain import CONFIG, ED25519_ID, _chain, _files
 
 from seedflood_p2p.algorithm.chain import SETTLED_MARGIN, STANDING, SettledCount, settled_alike
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import standing
+from seedflood_p2p.algorithm.probation import NEVER, standing
 from seedflood_p2p.algorithm.replay import replay
 from seedflood_p2p.algorithm.standing_summary import StandingSummary, summarize
 from seedflood_p2p.algorithm.subcge import make_estimator
@@ -295,3 +295,6 @@ def test_a_joiner_stands_on_a_link_only_while_what_counts_below_it_is_unchanged(
     st = _standing(rows, records)
     assert settled_alike(st, 8, 8 + SETTLED_MARGIN, 8 + SETTLED_MARGIN + 1)
     assert not settled_alike(st, 8, 8 + SETTLED_MARGIN, 10 + SETTLED_MARGIN + 2)
+    # the peers with rows in the link: C's ban matters to a link holding C's rows only
+    assert not settled_alike(st, 8, 8 + SETTLED_MARGIN, NEVER, frozenset([*F, N, C]))
+    assert settled_alike(st, 8, 8 + SETTLED_MARGIN, NEVER, frozenset([*F, N]))

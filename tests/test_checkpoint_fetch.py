@@ -161,10 +161,14 @@ def _ready(run, name) -> dict:
 
 
 def _replay(run, name) -> tuple[str, dict]:
+    """What `seedflood replay` rebuilds from NAME's ledger: the updates that count (a
+    convicted peer's are void) onto the base."""
+    from seedflood_p2p.apps.local import counted_updates
+
     with Ledger.open_existing(run["work"] / name / "ledger.sqlite") as ledger:
         config = ledger.config
         model, _ = load_model(config.model)
-        replay(model, config, ledger.messages())
+        replay(model, config, counted_updates(ledger, config)[0])
     weights = {m.name: m.weight.detach().clone() for m in make_estimator(model, config).matrices}
     return weights_sha256(model), weights
 

@@ -18,6 +18,17 @@ a settled prefix (algorithm/chain.py `SettledCount`).
             tell the updates apart (the self-check passes, and J's updates pass the others'
             audits). J's rebuild of the link from its rows finds the forgery, names A and
             B, and moves its model by what the link was off by: it ends as the others do.
+
+With --history-sync background (J trusts the link and its standing summary before the
+history, algorithm/standing_summary.py):
+
+    trusting:     A and B honest: J is ready with no row below the link, trains, and its
+                  history and the link check out.
+    trusting_far: A and B offer a forged link: J's self-check refuses it, J syncs the
+                  history and replays.
+    paused:       X honest until after J joined, then cheating: convicted while J's
+                  history is still coming (J repairs every 20 s). J stops training until the
+                  history is in, then rebuilds its settled state; it is never convicted.
 """
 
 from __future__ import annotations
@@ -59,8 +70,21 @@ def runs(tmp_path_factory):
     """The honest and the two forged runs, and both trusting ones, at once, each on its own
     bootstrap node."""
     background = ["--history-sync", "background"]
-    with ThreadPoolExecutor(5) as pool:
+    cheat = ["--cheat", "flip", "--cheat-from", str(JOIN_ROUND + 8)]
+    with ThreadPoolExecutor(6) as pool:
         return {
+            "paused": pool.submit(
+                _run,
+                tmp_path_factory.mktemp("audited-paused"),
+                dataclasses.replace(AUDITED_CHAIN_RUN, salt="audited-chain-paused"),
+                {"a": [], "b": [], "c": [], "x": cheat},
+                0,
+                # the history comes by repair every 20 s: the verdict on X comes first
+                joiner=[*background, "--repair-interval", "20"],
+                flags=FLAGS,
+                wait_for="rebuilt",
+                join_round=JOIN_ROUND,
+            ),
             "trusting": pool.submit(
                 _run,
                 tmp_path_factory.mktemp("audited-trusting"),
@@ -110,6 +134,11 @@ def runs(tmp_path_factory):
                 )
             },
         }
+
+
+@pytest.fixture(scope="module")
+def paused(runs):
+    return runs["paused"].result()
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +278,28 @@ def test_a_forged_link_is_not_trusted_and_the_joiner_syncs_and_replays(trusting_
     _ends_equal(trusting_far, ["a", "b", "c", "j"])
     for name in ("a", "b", "c", "j"):  # J's updates were never trained on the forged link
         assert not _verdicts(trusting_far, name), name
+
+
+def test_a_verdict_on_a_peer_in_the_trusted_link_stops_the_joiner_until_its_history(paused):
+    """X trains honestly, so its rows are in the link J trusts, then cheats from a round
+    after J joined and is convicted while J's history is still coming. The link's state
+    holds X's rows, which J cannot take back without them: J stops training as soon as
+    the verdict is known (before the state it bans X in), and once the history is in,
+    rebuilds its settled state and trains on. J is never convicted; X is, everywhere."""
+    ready = _ready(paused, "j")
+    assert ready["source"].startswith("fetched trusted checkpoint of round"), ready
+    (stop,) = _events(paused, "j", "trust_paused")
+    assert "changed since its settled prefix" in stop["why"], stop
+    rebuilt = _event(paused, "j", "rebuilt")
+    assert _event(paused, "j", "history_checked")["match"] is True
+    # it stopped: at most the round in progress when the verdict came ends after it
+    between = [
+        e["round"]
+        for e in _events(paused, "j", "round")
+        if stop["time"] < e["time"] < rebuilt["time"]
+    ]
+    assert len(between) <= 1, between
+    x = _final(paused, "x")["peer_id"]
+    for name in ("a", "b", "c", "j"):
+        assert _verdicts(paused, name) == [x], name
+    _ends_equal(paused, ["a", "b", "c", "j"])

@@ -147,11 +147,34 @@ class SettledCount:
         return summarize(self.claims, self.records, self.settings, below, self.held, seen)
 
 
-def settled_alike(standing: Standing, below: int, link_held: int, held: int) -> bool:
+def settled_alike(
+    standing: Standing,
+    below: int,
+    link_held: int,
+    held: int,
+    peers: frozenset[bytes] | None = None,
+) -> bool:
     """Do the rows of rounds < `below` count in the settled prefix `held` as in a link's
     prefix `link_held`, by `standing`? (`SettledCount.key`: sufficient, not necessary.)
-    A joiner holding only the rows from that link on may stand on it while they do."""
-    return SettledCount(standing, link_held).key(below) == SettledCount(standing, held).key(below)
+    A joiner holding only the rows from that link on may stand on it while they do.
+    `peers`: those with rows in the link (its cut). A peer banned in `held` counts no row
+    there: its vouches and establishment are then left out of both keys, and unless it has
+    rows in the link (`peers`), its ban changes nothing the link holds either."""
+    link, now = (SettledCount(standing, h).key(below) for h in (link_held, held))
+    banned = now[2]
+
+    def counted(key: tuple) -> tuple:
+        enabled, founders, bans, revoked, vouched, firsts = key
+        return (
+            enabled,
+            founders,
+            bans if peers is None else bans & peers,
+            revoked,
+            frozenset(k for k in vouched if k[0] not in banned),
+            tuple(f for f in firsts if f[0] not in banned),
+        )
+
+    return counted(link) == counted(now)
 
 
 def _counted(rows: list[UpdateMessage], count: SettledCount | None) -> list[UpdateMessage]:

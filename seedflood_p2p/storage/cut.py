@@ -67,6 +67,11 @@ class CutRanges:
                 lasts.append(last)
                 self._rows += last - first + 1
 
+    @property
+    def peers(self) -> frozenset[bytes]:
+        """The peers with at least one row in the cut."""
+        return frozenset(peer for peer, firsts in self._firsts.items() if firsts)
+
     def __contains__(self, row: tuple[bytes, int]) -> bool:
         peer, round_ = row
         firsts = self._firsts.get(peer)
