@@ -183,11 +183,16 @@ class AppliedRows:
         count in the digest from now on; `hold_seen` names them once the history is in."""
         self.frozen_total = (self.frozen_total + total) & MASK
 
-    def hold_seen(self, rows: Iterable[UpdateMessage], total: int) -> None:
-        """The rows of `hold_unseen(total)`, now in the ledger: frozen like any old row
-        (their hashes then count once, as theirs)."""
-        self.frozen_total = (self.frozen_total - total) & MASK
-        self._freeze(rows)
+    def hold_seen(self, rows: Iterable[UpdateMessage]) -> None:
+        """Some rows of `hold_unseen`, now in the ledger: frozen like any old row. Their
+        hashes move from the unseen total to theirs, so the digest is the same after each
+        call (the rows of a trusted link may be named a chunk at a time while the peer
+        trains and publishes its digest)."""
+        for m in rows:
+            packed = self._frozen.get(m.peer)
+            if packed is None or not packed.has(m.round):  # (a key counts once)
+                self.frozen_total = (self.frozen_total - self.row_hash((m.peer, m.round))) & MASK
+            self._freeze((m,))
 
     def _freeze(self, rows: Iterable[UpdateMessage]) -> None:
         for m in rows:

@@ -140,6 +140,10 @@ class PeerAudits:
         # it (None: they may). Both None once the history is in.
         self.summary: StandingSummary | None = None
         self.below_link: Callable[[Standing], str | None] | None = None
+        self.records_below: list[AuditRecord] = []  # the ledger's, about rows below the link
+        # Moved on whenever what a judgement's inputs stand for changes (the summary taken
+        # or dropped, the account rebuilt): a judgement read before is dropped, not applied.
+        self.generation = 0
         self.live = live
         self.intake = intake  # the flood node's (None in the daemon: DaemonAudits uses it)
         # The bans of the state the weights were last checked against (`_bans_moved`).
@@ -312,6 +316,7 @@ class PeerAudits:
         claims.update(ledger.claims({(r.round, r.accused) for r in records} - claims.keys()))
         revoked = revoked_rounds(ledger.revocations())
         if self.summary is not None:  # (new dicts: judged in a thread)
+            self.records_below = [r for r in records if r.round < self.summary.below]
             claims, records, seen = self.summary.inputs(claims, records, ledger.peers())
             return claims, records, revoked, seen
         return dict(claims), records, revoked, ledger.peers()
@@ -820,8 +825,12 @@ class DaemonAudits:
         # Read here, where the ledger is written; judged in a thread: at a hundred thousand
         # records a judgement is seconds of CPU (bench/results/judge-scale.md), which on the
         # event loop stalled gossip, repair and the rounds for as long.
+        generation = audits.generation
         inputs = audits.read_inputs()
         after = await asyncio.to_thread(audits.judge_of, inputs)
+        if audits.generation != generation:  # read before a summary or account changed
+            self._stale = True  # judged again, from what stands now
+            return
         if audits.below_link is not None and self.settled.is_set():
             why = audits.below_link(after)
             if why is not None:

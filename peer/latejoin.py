@@ -44,7 +44,7 @@ from seedflood_p2p.algorithm.chain import (
     settled_alike,
 )
 from seedflood_p2p.algorithm.live import LiveModel
-from seedflood_p2p.algorithm.probation import NEVER
+from seedflood_p2p.algorithm.probation import NEVER, effective_round
 from seedflood_p2p.algorithm.standing_summary import StandingSummary
 from seedflood_p2p.core.config import RunConfig
 from seedflood_p2p.network.gossip.flood import FloodNode
@@ -73,6 +73,7 @@ from seedflood_p2p.storage.ledger import Ledger
 
 log = logging.getLogger("seedflood.peer")
 NO_HISTORY = 1 << 62  # a repair floor above every round: no bucket is fetched
+PAUSE_LIMIT = 300.0  # seconds an audited joiner stops for its trusted link's history, at most
 
 
 def start_round(ledger: Ledger, peer_id: bytes) -> int:
@@ -551,6 +552,11 @@ class LateJoin:
             raise
         except Exception as exc:  # the link stays unchecked: no link of ours is built on it
             log.error("checking the fetched link failed: %r", exc, exc_info=exc)
+            if self.settled is not None and not self.settled.is_set():
+                log.error(
+                    "training stays stopped: the model cannot stand on the trusted link and "
+                    "was not rebuilt; restart the peer (it syncs and restores again)"
+                )
             return
         self.fetched_meta = None
 
@@ -656,9 +662,27 @@ class LateJoin:
         child process: `_digest_history`). A match ends the trust; a difference rebuilds
         the model by replay of the ledger. Logged either way; True on a match."""
         live, meta = self.live, self.live.trusted_meta
-        started, seen = time.monotonic(), -1
+        started, seen, stopped = time.monotonic(), -1, None
         while live.trusted is not None:
             await asyncio.sleep(interval)
+            if self.settled is not None and not self.settled.is_set():
+                stopped = stopped or time.monotonic()
+                if time.monotonic() - stopped > max(PAUSE_LIMIT, 20 * interval):
+                    # the history the link names never came in full (rows no source holds,
+                    # or a cut naming rows nobody signed): the rounds do not wait for ever,
+                    # the settled state is rebuilt from the history the sources have
+                    log.warning(
+                        "the history behind the trusted link of round %d is still not in "
+                        "after %.0f s stopped: rebuilding from the history the run holds",
+                        self.trusted_round,
+                        time.monotonic() - stopped,
+                        extra={"fields": {"event": "trust_given_up"}},
+                    )
+                    await self.node.sync_until_complete(await self.node.connected_peers())
+                    await self._settle_history(False)
+                    live.end_trust()
+                    self.trusted_round = None
+                    return False
             # rows in the buckets that start below the link's round (repair's cached
             # counts): at least the link's rows before a pass over the ledger can find them
             held = sum(
@@ -700,8 +724,9 @@ class LateJoin:
                     ", or its standing summary other records" if self.audits else "",
                     extra={"fields": fields},
                 )
+            rebuilt = False
             if self.audits is not None:
-                await self._settle_history(verdict)
+                rebuilt = await self._settle_history(verdict)
             elif not verdict:
                 await self._rebuild()
             live.end_trust()
@@ -712,7 +737,7 @@ class LateJoin:
                 "seconds": fields["seconds"],
             }
             self.trusted_round = None
-            return verdict
+            return verdict and not rebuilt
         return True  # (the trust ended elsewhere: nothing left to check)
 
     async def _summary_holds(self) -> bool:
@@ -738,27 +763,24 @@ class LateJoin:
         )
         return own.encode() == trusted.encode()
 
-    async def _settle_history(self, verdict: bool) -> None:
+    async def _settle_history(self, verdict: bool) -> bool:
         """Audited runs, the trusted link's history checked: the standing from the ledger
-        alone from now on. Held (`verdict`, and no judgement stopped the rounds): the
-        account of what the weights hold gets the link's rows (a later ban takes them
-        back as anyone's), read a step at a time on the model thread. Else the model is
-        rebuilt: the settled state of the round we train, by replay."""
+        alone from now on. Held (`verdict`, and no judgement stopped the rounds meanwhile):
+        the account of what the weights hold names the link's rows (a later ban takes them
+        back as anyone's), a step at a time on the model thread, the trust's checks still
+        on. Else the settled state of the round we train is rebuilt by replay, with the
+        rounds stopped, and the link is removed (nothing is built on it). True if rebuilt."""
         audits, meta = self.audits, self.live.trusted_meta
-        audits.summary = audits.below_link = None
-        paused = self.settled is not None and not self.settled.is_set()
-        if verdict and not paused:
+        if verdict and self.settled is not None and self.settled.is_set():
             covered, below = self.live.trusted, meta["round"]
-            total = int(meta["held_digest"], 16)
             snapshot = self.ledger.snapshot()
             rows = iter(snapshot)
 
             def step() -> bool:
-                nonlocal total
                 chunk = list(itertools.islice(rows, STEP_ROWS))
-                held = [m for m in chunk if m.round < below and (m.peer, m.round) in covered]
-                audits.applied.hold_seen(held, total)
-                total = 0
+                audits.applied.hold_seen(
+                    m for m in chunk if m.round < below and (m.peer, m.round) in covered
+                )
                 return len(chunk) == STEP_ROWS and chunk[-1].round < below
 
             try:
@@ -766,35 +788,43 @@ class LateJoin:
                     pass
             finally:
                 await asyncio.shield(self.run(_close, snapshot))
-        else:
-            if self.settled is not None:
-                self.settled.clear()  # no round trains on a half-rebuilt model
-            base = await self.run(self._base_weights)
-            self.live.end_trust()  # every row the ledger takes is applied again
-            judged = audits.judge()
-            audits.standing, audits.banned = judged, dict(judged.banned)
-            first = audits.round
-            state = SettledState(
-                first - audits.settings.lag,
-                lambda m: judged.counts_in(m.peer, m.round, first),
-                audits.restoring(),
-            )
-            cut = self.live.streamed_cut()
+        paused = self.settled is not None and not self.settled.is_set()
+        audits.summary, audits.below_link, audits.records_below = None, None, []
+        audits.generation += 1  # a judgement read with the summary is not applied
+        if verdict and not paused:
+            return False
+        if self.settled is not None:
+            self.settled.clear()  # no round starts on a half-rebuilt model
+        _discard_link(self.s.data_dir / CHAIN_DIR)
+        base = await self.run(self._base_weights)
+        self.live.end_trust()  # every row the ledger takes is applied again
+        judged = await asyncio.to_thread(audits.judge_of, audits.read_inputs())
+        audits.standing, audits.banned = judged, dict(judged.banned)
+        first = audits.round
+        state = SettledState(
+            first - audits.settings.lag,
+            lambda m: judged.counts_in(m.peer, m.round, first),
+            audits.restoring(),
+        )
+        cut = self.live.streamed_cut()
 
-            def rebuild() -> str:  # one model-thread call: base, then the replay
-                self.live.load_weights(base)
-                return self.live.restore(cut, None, state.observe, state.holds)
+        def rebuild() -> str:  # one model-thread call: base, then the replay
+            self.live.load_weights(base)
+            return self.live.restore(cut, None, state.observe, state.holds)
 
-            try:
-                how = await self.run(rebuild)
-            finally:
-                cut.close()
-            audits.applied, audits.waiting = state.account, state.waiting
-            self.live.receive(state.later)
-            how += f" (settled state of round {first})"
-            log.info("model rebuilt: %s", how, extra={"fields": {"event": "rebuilt", "how": how}})
+        try:
+            how = await self.run(rebuild)
+        finally:
+            cut.close()
+        audits.applied, audits.waiting = state.account, state.waiting
+        audits.generation += 1
+        await self.run(audits.set_standing, judged)  # (after any queued before the rebuild)
+        self.live.receive(state.later)
+        how += f" (settled state of round {first})"
+        log.info("model rebuilt: %s", how, extra={"fields": {"event": "rebuilt", "how": how}})
         if self.settled is not None:
             self.settled.set()
+        return True
 
     async def _rebuild(self) -> None:
         """The model = base + the ledger, by replay: the trusted link was not what its rows
@@ -950,8 +980,14 @@ class LateJoin:
                 f"what counts below round {summary.below} changed since its settled prefix "
                 f"{summary.held} (a ban, a vouch or an establishment since)"
             )
-        if self.ledger.audits(0, summary.below - 1):
-            return f"an audit record about a row below round {summary.below} arrived"
+        settings = self.audits.settings
+        for r in self.audits.records_below:  # (the history's own: the summary's prefix)
+            if effective_round(r, settings) >= summary.held:
+                return (
+                    f"an audit record about a row below round {summary.below} that takes "
+                    f"effect after its settled prefix {summary.held} arrived (a late record "
+                    "the summary cannot hold)"
+                )
         return None
 
     async def _no_trust(self, why: str, keep_link: bool = True) -> None:

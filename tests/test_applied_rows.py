@@ -259,9 +259,9 @@ def test_an_honest_update_still_matches_with_old_rows_packed(tmp_path):
 def test_a_trusted_links_rows_count_in_the_digest_before_they_are_known():
     """A joiner trusting a link holds its rows in the weights before the ledger does:
     `hold_unseen(the link's held digest)` counts them in the held-state digest at once;
-    `hold_seen(rows, total)` (in chunks, the total once) names them when the history is in,
-    and the account is then the one of a restore that held them all along: the same digest,
-    the same rows taken back by a ban."""
+    `hold_seen(rows)` names them, a chunk at a time, when the history is in, the digest the
+    same after every chunk (the peer publishes it meanwhile), and the account is then the
+    one of a restore that held them all along: the same rows taken back by a ban."""
     rng = random.Random(3)
     link = [_row(rng, t, p) for t in range(20) for p in PEERS]
     after = [_row(rng, t, p) for t in range(20, 30) for p in PEERS]
@@ -276,9 +276,11 @@ def test_a_trusted_links_rows_count_in_the_digest_before_they_are_known():
 
     trusting.hold_unseen(_digest(link))
     assert digest(trusting) == digest(whole) == _digest(link + after)
-    trusting.hold_seen(link[:40], _digest(link))
-    trusting.hold_seen(link[40:], 0)
+    trusting.hold_seen(link[:40])
     assert digest(trusting) == digest(whole)
+    trusting.hold_seen(link[40:])
+    assert digest(trusting) == digest(whole)
+    assert trusting.frozen() == whole.frozen() + 2 * len(PEERS)  # (rounds 18, 19: frozen here)
     banned = PEERS[1]
 
     def counts(peer, round_):

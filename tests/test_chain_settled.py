@@ -298,3 +298,20 @@ def test_a_joiner_stands_on_a_link_only_while_what_counts_below_it_is_unchanged(
     # the peers with rows in the link: C's ban matters to a link holding C's rows only
     assert not settled_alike(st, 8, 8 + SETTLED_MARGIN, NEVER, frozenset([*F, N, C]))
     assert settled_alike(st, 8, 8 + SETTLED_MARGIN, NEVER, frozenset([*F, N]))
+
+
+def test_a_ban_of_the_links_prefix_lifted_later_ends_the_stand():
+    """P is falsely accused by two fresh keys (banned in the link's prefix: its rows are not
+    in the link), then three honest re-checks turn the case back: P's rows below the link
+    count in the states to come, and a joiner without them must not stand on the link
+    (a review's reproducer; the check compared bans of the link's own peers only)."""
+    settings = AuditSettings(enabled=True, lag=1, quorum=2)
+    p, h1, h2, h3, x1, x2 = (bytes([i]) * 4 for i in range(1, 7))
+    claims = {(t, q): (1.0,) for t in range(60) for q in (p, h1, h2, h3)}
+    records = [AuditRecord(p, 40, x, (2.0,), 45) for x in (x1, x2)]  # false, in the prefix
+    records += [AuditRecord(p, 40, h, (1.0,), 50) for h in (h1, h2, h3)]  # after it
+    st = standing(claims, records, settings, ProbationSettings())
+    held = 8 + SETTLED_MARGIN
+    assert not st.counts_at(p, 0, held) and st.counts_in(p, 0, 60)
+    in_link = frozenset([h1, h2, h3])
+    assert not settled_alike(st, 8, held, NEVER, in_link)

@@ -174,3 +174,28 @@ def test_a_non_canonical_encoding_is_refused():
     assert len(seen) > 1
     with pytest.raises(ValueError, match="canonical"):
         StandingSummary.decode(shuffled)
+
+
+def test_the_historys_own_records_do_not_end_a_joiners_stand_and_a_late_one_does():
+    """While a joiner trusts a link, repair brings the history's records about rows below
+    it: those of its prefix leave the stand as it is (a backdated one the summary lacks is
+    the history check's to find); one taking effect after the prefix, which the summary
+    cannot hold, ends it (peer/latejoin.py `_below_link`; a review found that every record
+    below the link ended it, so any run with vouches lost the trust)."""
+    import types
+
+    from peer.latejoin import LateJoin
+
+    claims, records = _ledger(0)
+    summary = _summary(claims, records)
+    join = LateJoin.__new__(LateJoin)  # what `_below_link` reads, and nothing else
+    below = [r for r in records if r.round < BELOW]
+    join.audits = types.SimpleNamespace(records_below=below, settings=AUDIT)
+    # a run that ended at BELOW: nothing below the link changes after its prefix
+    ended = standing({k: c for k, c in claims.items() if k[0] < BELOW}, below, AUDIT, PROBATION)
+    in_link = frozenset(p for (t, p) in claims if t < BELOW)
+    assert join._below_link(ended, summary, in_link) is None
+    r, p = next((r, p) for (r, p) in sorted(claims) if r < BELOW and p in NEWCOMERS)
+    late = AuditRecord(p, r, FOUNDERS[2], claims[(r, p)], HELD + 1)
+    join.audits.records_below = [*below, late]
+    assert "cannot hold" in join._below_link(ended, summary, in_link)

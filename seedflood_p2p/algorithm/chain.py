@@ -159,9 +159,12 @@ def settled_alike(
     A joiner holding only the rows from that link on may stand on it while they do.
     `peers`: those with rows in the link (its cut). A peer banned in `held` counts no row
     there: its vouches and establishment are then left out of both keys, and unless it has
-    rows in the link (`peers`), its ban changes nothing the link holds either."""
+    rows in the link (`peers`), its ban changes nothing the link holds either. A ban of
+    the link's prefix lifted by `held` (a case turned back) always differs."""
     link, now = (SettledCount(standing, h).key(below) for h in (link_held, held))
     banned = now[2]
+    if link[2] - banned:  # a ban lifted since: that peer's rows may count, not in the link
+        return False
 
     def counted(key: tuple) -> tuple:
         enabled, founders, bans, revoked, vouched, firsts = key
