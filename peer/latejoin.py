@@ -307,14 +307,15 @@ class LateJoin:
             return None
         standing = self.audits.standing
         # what the link's standing summary is made of (a trusting joiner's standing, below
-        # the link): the ledger's records and the claims they audit, read here; the summary
-        # reads only those that took effect in the link's prefix, which all have by now
-        records = tuple(self.ledger.audits())
+        # the link): the ledger's records and the claims they audit, as a judgement reads
+        # them (claims read once each); the summary reads only those that took effect in
+        # the link's prefix, which all have by now
+        claims, records, _, _ = self.audits.read_inputs()
         return SettledCount(
             standing or self.audits.judge(),
             target + SETTLED_MARGIN,
-            records,
-            self.ledger.claims((r.round, r.accused) for r in records),
+            tuple(records),
+            claims,
             self.audits.settings,
         )
 
@@ -973,8 +974,8 @@ class LateJoin:
         prefix (a ban of one of the `peers` with rows in it, a vouch or an establishment
         after it: the rows to take back or add are not here; the future states, since a
         verdict is known rounds before the state it is in trains), or the ledger holds a
-        record about a row below it, which the summary does not say (a late vouch or
-        accusation: only the history can judge it)."""
+        record about a row below it that took effect after its prefix, which the summary
+        cannot hold (a late vouch or accusation: only the history can judge it)."""
         if not settled_alike(standing, summary.below, summary.held, NEVER, peers):
             return (
                 f"what counts below round {summary.below} changed since its settled prefix "
